@@ -1,0 +1,494 @@
+package index
+
+import (
+	"fmt"
+	"slices"
+	"sync"
+)
+
+// Tree is the KV radix index of one partition: a prefix tree keyed by
+// LocalBlockHash, whose nodes record which (worker, rank, tier) hold that block,
+// plus, per worker rank and tier, a map from the engine's block hash to the node.
+//
+// Layout. Nodes live in one slice and refer to each other by uint32 index; a node
+// holds no pointer, so the garbage collector never scans the tree however large it
+// grows (see docs/index.md for the measured heap per entry). A node keeps its first
+// child inline, so walking a chain costs one indexed load per block; further
+// children live in one map keyed by (parent, local hash). Ownership is an interned
+// set id (sets.go).
+//
+// Semantics follow Dynamo's radix tree (router-core §4.2): a store walks down from
+// the parent the worker holds (ErrParentNotFound otherwise) creating nodes by local
+// hash; removal is per block and not cascading; a lookup credits a worker with the
+// leading query blocks it holds along the path. One deliberate difference: a node
+// that no worker holds any more keeps its subtree while other blocks below it are
+// held, so a worker that re-stores it is credited with the descendants it still
+// holds. Dynamo's own indexer harness (harness/reference.rs) accepts any score
+// between the "reachable" and the "held" prefix in that case; this tree reports
+// the held one, and the property test checks those bounds.
+//
+// Tree is not safe for concurrent use; Index wraps it with a lock.
+type Tree struct {
+	nodes    []node
+	freeIDs  []uint32
+	children map[childKey]uint32
+	sets     setTable
+
+	slots     map[WorkerKey]uint32
+	workers   []workerState // by slot
+	freeSlots []uint32
+}
+
+type node struct {
+	hash   uint64 // LocalBlockHash: the edge label from the parent
+	parent uint32
+	child  uint32 // first child kept inline; 0 = none (the root is never a child)
+	kids   uint32 // number of children, inline and in Tree.children
+	set    uint32 // interned owner set
+	refs   uint32 // (worker, tier, engine hash) entries pointing here
+	depth  uint32 // blocks from the root; used to order dumps
+}
+
+type childKey struct {
+	parent uint32
+	hash   uint64
+}
+
+type workerState struct {
+	key    WorkerKey
+	lookup [numTiers]map[uint64]uint32 // engine hash → node
+}
+
+const root = 0
+
+// NewTree returns an empty tree.
+func NewTree() *Tree {
+	return &Tree{
+		nodes:    make([]node, 1, 1024),
+		children: make(map[childKey]uint32),
+		sets:     newSetTable(),
+		slots:    make(map[WorkerKey]uint32),
+	}
+}
+
+func (t *Tree) child(cur uint32, h uint64) uint32 {
+	n := &t.nodes[cur]
+	c := n.child
+	if c != 0 && t.nodes[c].hash == h {
+		return c
+	}
+	if n.kids > 1 || (n.kids == 1 && c == 0) {
+		return t.children[childKey{cur, h}]
+	}
+	return 0
+}
+
+func (t *Tree) newChild(parent uint32, h uint64) uint32 {
+	nd := node{hash: h, parent: parent, depth: t.nodes[parent].depth + 1}
+	var id uint32
+	if k := len(t.freeIDs); k > 0 {
+		id = t.freeIDs[k-1]
+		t.freeIDs = t.freeIDs[:k-1]
+		t.nodes[id] = nd
+	} else {
+		id = uint32(len(t.nodes))
+		t.nodes = append(t.nodes, nd)
+	}
+	p := &t.nodes[parent]
+	if p.child == 0 {
+		p.child = id
+	} else {
+		t.children[childKey{parent, h}] = id
+	}
+	p.kids++
+	return id
+}
+
+// reclaim frees n, and then its ancestors, while they are held by nobody, named
+// by no engine hash and have no children.
+func (t *Tree) reclaim(id uint32) {
+	for id != root {
+		n := &t.nodes[id]
+		if n.set != 0 || n.refs != 0 || n.kids != 0 {
+			return
+		}
+		parent := n.parent
+		p := &t.nodes[parent]
+		if p.child == id {
+			p.child = 0
+		} else {
+			delete(t.children, childKey{parent, n.hash})
+		}
+		p.kids--
+		*n = node{}
+		t.freeIDs = append(t.freeIDs, id)
+		id = parent
+	}
+}
+
+func (t *Tree) setOwner(id uint32, e ownerElem, add bool) {
+	n := &t.nodes[id]
+	to := t.sets.with(n.set, e, add)
+	if to == n.set {
+		return
+	}
+	t.sets.acquire(to)
+	t.sets.release(n.set)
+	n.set = to
+}
+
+func (t *Tree) slotFor(w WorkerKey) uint32 {
+	if s, ok := t.slots[w]; ok {
+		return s
+	}
+	var s uint32
+	if k := len(t.freeSlots); k > 0 {
+		s = t.freeSlots[k-1]
+		t.freeSlots = t.freeSlots[:k-1]
+		t.workers[s] = workerState{key: w}
+	} else {
+		s = uint32(len(t.workers))
+		t.workers = append(t.workers, workerState{key: w})
+	}
+	t.slots[w] = s
+	return s
+}
+
+// findExt resolves a worker's engine hash to a node, preferring tier first: a
+// lower-tier block's parent may live in another tier (an offloaded child of a
+// block still on the device).
+func (t *Tree) findExt(ws *workerState, first Tier, h uint64) (uint32, bool) {
+	if id, ok := ws.lookup[first][h]; ok {
+		return id, true
+	}
+	for tier := range numTiers {
+		if tier == first {
+			continue
+		}
+		if id, ok := ws.lookup[tier][h]; ok {
+			return id, true
+		}
+	}
+	return 0, false
+}
+
+// Apply applies one event. A Removed event naming unknown blocks still removes the
+// others and reports ErrBlockNotFound.
+func (t *Tree) Apply(ev *Event) error {
+	if ev.Tier >= numTiers {
+		return fmt.Errorf("%w: tier %d", ErrInvalidEvent, ev.Tier)
+	}
+	switch ev.Kind {
+	case EventStored:
+		return t.store(ev.Worker, ev.Tier, ev.Parent, ev.HasParent, ev.Blocks)
+	case EventRemoved:
+		return t.remove(ev.Worker, ev.Tier, ev.Hashes)
+	case EventCleared:
+		t.clearTier(ev.Worker, ev.Tier)
+		return nil
+	}
+	return fmt.Errorf("%w: kind %d", ErrInvalidEvent, ev.Kind)
+}
+
+func validChain(parent uint64, hasParent bool, blocks []Block) bool {
+	// Chains are short (≤ a few hundred blocks per event); a quadratic scan beats
+	// allocating a set for the common handful.
+	for i, b := range blocks {
+		if hasParent && b.Ext == parent {
+			return false
+		}
+		for _, prev := range blocks[:i] {
+			if prev.Ext == b.Ext {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+func (t *Tree) store(w WorkerKey, tier Tier, parent uint64, hasParent bool, blocks []Block) error {
+	if len(blocks) > 64 {
+		if !validChainLong(parent, hasParent, blocks) {
+			return fmt.Errorf("%w: repeated engine hash in a stored chain of worker %v", ErrInvalidBlockSequence, w)
+		}
+	} else if !validChain(parent, hasParent, blocks) {
+		return fmt.Errorf("%w: repeated engine hash in a stored chain of worker %v", ErrInvalidBlockSequence, w)
+	}
+	slot, known := t.slots[w]
+	cur := uint32(root)
+	if hasParent {
+		if !known {
+			return fmt.Errorf("%w: worker %v holds no blocks (parent %d)", ErrParentNotFound, w, parent)
+		}
+		id, ok := t.findExt(&t.workers[slot], tier, parent)
+		if !ok {
+			return fmt.Errorf("%w: worker %v parent %d", ErrParentNotFound, w, parent)
+		}
+		cur = id
+	}
+	if len(blocks) == 0 {
+		return nil
+	}
+	if !known {
+		slot = t.slotFor(w)
+	}
+	ws := &t.workers[slot]
+	lk := ws.lookup[tier]
+	if lk == nil {
+		lk = make(map[uint64]uint32)
+		ws.lookup[tier] = lk
+	}
+	e := elemOf(slot, tier)
+	for _, b := range blocks {
+		c := t.child(cur, b.Local)
+		if c == 0 {
+			c = t.newChild(cur, b.Local)
+		}
+		if old, ok := lk[b.Ext]; !ok {
+			lk[b.Ext] = c
+			t.nodes[c].refs++
+		} else if old != c {
+			// The engine reused a hash for other content: move the handle and
+			// drop the stale holding. reclaim cannot free cur or c: both are
+			// held or named by an engine hash.
+			lk[b.Ext] = c
+			t.nodes[c].refs++
+			t.nodes[old].refs--
+			t.setOwner(old, e, false)
+			t.reclaim(old)
+		}
+		t.setOwner(c, e, true)
+		cur = c
+	}
+	return nil
+}
+
+func validChainLong(parent uint64, hasParent bool, blocks []Block) bool {
+	seen := make(map[uint64]struct{}, len(blocks)+1)
+	if hasParent {
+		seen[parent] = struct{}{}
+	}
+	for _, b := range blocks {
+		if _, dup := seen[b.Ext]; dup {
+			return false
+		}
+		seen[b.Ext] = struct{}{}
+	}
+	return true
+}
+
+func (t *Tree) remove(w WorkerKey, tier Tier, hashes []uint64) error {
+	slot, ok := t.slots[w]
+	var lk map[uint64]uint32
+	if ok {
+		lk = t.workers[slot].lookup[tier]
+	}
+	missing := 0
+	e := elemOf(slot, tier)
+	for i, h := range hashes {
+		id, ok := lk[h]
+		if !ok {
+			// A hash repeated within one event is not missing (Dynamo's batched
+			// removal accepts [4, 2, 2]).
+			if !slices.Contains(hashes[:i], h) {
+				missing++
+			}
+			continue
+		}
+		delete(lk, h)
+		t.nodes[id].refs--
+		t.setOwner(id, e, false)
+		t.reclaim(id)
+	}
+	if missing > 0 {
+		return fmt.Errorf("%w: worker %v: %d of %d removed blocks", ErrBlockNotFound, w, missing, len(hashes))
+	}
+	return nil
+}
+
+func (t *Tree) clearTier(w WorkerKey, tier Tier) {
+	slot, ok := t.slots[w]
+	if !ok {
+		return
+	}
+	ws := &t.workers[slot]
+	lk := ws.lookup[tier]
+	e := elemOf(slot, tier)
+	for h, id := range lk {
+		delete(lk, h)
+		t.nodes[id].refs--
+		t.setOwner(id, e, false)
+		t.reclaim(id)
+	}
+	ws.lookup[tier] = nil
+}
+
+// RemoveRank drops every block of one worker rank in every tier.
+func (t *Tree) RemoveRank(w WorkerKey) {
+	slot, ok := t.slots[w]
+	if !ok {
+		return
+	}
+	for tier := range numTiers {
+		t.clearTier(w, tier)
+	}
+	delete(t.slots, w)
+	t.workers[slot] = workerState{}
+	t.freeSlots = append(t.freeSlots, slot)
+}
+
+// RemoveWorker drops every rank of a worker (deregistration, lease loss).
+func (t *Tree) RemoveWorker(workerID uint64) {
+	var ranks []WorkerKey
+	for w := range t.slots {
+		if w.WorkerID == workerID {
+			ranks = append(ranks, w)
+		}
+	}
+	for _, w := range ranks {
+		t.RemoveRank(w)
+	}
+}
+
+// Workers lists the worker ranks that have sent events to this tree.
+func (t *Tree) Workers() []WorkerKey {
+	out := make([]WorkerKey, 0, len(t.slots))
+	for w := range t.slots {
+		out = append(out, w)
+	}
+	return out
+}
+
+// Stats describe the tree's size.
+type Stats struct {
+	Nodes     int // live tree nodes, root excluded
+	Entries   int // (block, worker rank, tier) entries
+	OwnerSets int // distinct interned owner sets
+	Workers   int // worker ranks with state
+}
+
+// Stats counts the tree's contents.
+func (t *Tree) Stats() Stats {
+	s := Stats{Nodes: len(t.nodes) - 1 - len(t.freeIDs), OwnerSets: t.sets.live(), Workers: len(t.slots)}
+	for _, ws := range t.workers {
+		for _, lk := range ws.lookup {
+			s.Entries += len(lk)
+		}
+	}
+	return s
+}
+
+// matchScratch is the per-lookup candidate list, pooled so lookups do not
+// allocate. Candidates are kept sorted by slot, like owner sets.
+type candidate struct {
+	slot  uint32
+	phase Tier   // tier whose run the worker is in
+	start uint32 // depth at which that run began
+	runs  [numTiers]uint32
+}
+
+var scratchPool = sync.Pool{New: func() any { s := make([]candidate, 0, 64); return &s }}
+
+// Match walks the query's local block hashes from the root and appends one
+// Overlap per worker rank that holds at least the first block in some tier.
+// With earlyExit the walk stops once a single candidate remains, so that
+// candidate's counts are lower bounds (Dynamo's early_exit).
+func (t *Tree) Match(locals []uint64, earlyExit bool, dst []Overlap) []Overlap {
+	sp := scratchPool.Get().(*[]candidate)
+	cands := (*sp)[:0]
+	cur := uint32(root)
+	depth := uint32(0)
+	prevSet := ^uint32(0)
+	for _, h := range locals {
+		c := t.child(cur, h)
+		if c == 0 {
+			break
+		}
+		set := t.nodes[c].set
+		if set != prevSet {
+			elems := t.sets.elems(set)
+			if prevSet == ^uint32(0) {
+				cands = seed(cands, elems)
+			} else {
+				cands, dst = t.advance(cands, elems, depth, dst)
+			}
+			prevSet = set
+			if len(cands) == 0 {
+				break
+			}
+		}
+		depth++
+		cur = c
+		if earlyExit && len(cands) == 1 {
+			break
+		}
+	}
+	for i := range cands {
+		dst = t.emit(&cands[i], depth, dst)
+	}
+	*sp = cands
+	scratchPool.Put(sp)
+	return dst
+}
+
+// seed starts a candidate for every slot in the first node's owner set, in the
+// first tier it holds that block in.
+func seed(cands []candidate, elems []ownerElem) []candidate {
+	for i := 0; i < len(elems); {
+		slot := elemSlot(elems[i])
+		cands = append(cands, candidate{slot: slot, phase: elemTier(elems[i])})
+		for i < len(elems) && elemSlot(elems[i]) == slot {
+			i++
+		}
+	}
+	return cands
+}
+
+// advance updates the candidates at a node whose owner set differs from the
+// previous node's: a candidate whose current tier is missing moves on to the next
+// tier it holds this block in (Device → Host → Disk → External) or drops out.
+func (t *Tree) advance(cands []candidate, elems []ownerElem, depth uint32, dst []Overlap) ([]candidate, []Overlap) {
+	j, kept := 0, 0
+	for i := range cands {
+		c := cands[i]
+		for j < len(elems) && elemSlot(elems[j]) < c.slot {
+			j++
+		}
+		var mask uint8
+		for k := j; k < len(elems) && elemSlot(elems[k]) == c.slot; k++ {
+			mask |= 1 << elemTier(elems[k])
+		}
+		if mask&(1<<c.phase) == 0 {
+			c.runs[c.phase] = depth - c.start
+			p := c.phase + 1
+			for p < numTiers && mask&(1<<p) == 0 {
+				p++
+			}
+			if p == numTiers {
+				c.phase = numTiers
+				dst = t.emit(&c, depth, dst)
+				continue
+			}
+			c.phase, c.start = p, depth
+		}
+		cands[kept] = c
+		kept++
+	}
+	return cands[:kept], dst
+}
+
+func (t *Tree) emit(c *candidate, depth uint32, dst []Overlap) []Overlap {
+	if c.phase < numTiers {
+		c.runs[c.phase] = depth - c.start
+		c.phase = numTiers
+	}
+	ws := &t.workers[c.slot]
+	return append(dst, Overlap{
+		Worker:   ws.key,
+		Device:   c.runs[TierDevice],
+		Host:     c.runs[TierHostPinned],
+		Disk:     c.runs[TierDisk],
+		External: c.runs[TierExternal],
+		TreeSize: uint32(len(ws.lookup[TierDevice])),
+	})
+}
