@@ -1,0 +1,167 @@
+package index
+
+import (
+	"math/rand/v2"
+	"runtime"
+	"runtime/debug"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/zeebo/xxh3"
+)
+
+// corpus builds an index shaped like chat traffic: families of conversations that
+// share a system-prompt prefix, each conversation cached on one of `workers`
+// workers together with its family prefix. It returns the index and the stored
+// prompts (local hashes), so lookups can hit real, deep prefixes.
+func corpus(tb testing.TB, entries, workers, promptBlocks, prefixBlocks int) (*Index, [][]uint64) {
+	tb.Helper()
+	ix, err := New(Config{BlockSize: 16})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	rng := rand.New(rand.NewPCG(1, 2))
+	const perFamily = 8
+	prompts := make([][]uint64, 0, entries/promptBlocks)
+	blocks := make([]Block, promptBlocks)
+	for n := 0; n < entries; n += promptBlocks {
+		conv := len(prompts)
+		family := conv / perFamily
+		local := make([]uint64, promptBlocks)
+		for i := range local {
+			if i < prefixBlocks {
+				local[i] = xxh3.HashSeed([]byte{byte(i), byte(i >> 8)}, uint64(family)+1)
+			} else {
+				local[i] = xxh3.HashSeed([]byte{byte(i), byte(i >> 8)}, uint64(conv)<<20|7)
+			}
+		}
+		wk := WorkerKey{WorkerID: uint64(rng.IntN(workers))}
+		for i := range blocks {
+			// Engine hashes: per worker, chained over the content.
+			blocks[i] = Block{Ext: xxh3.HashSeed([]byte{byte(i), byte(i >> 8)}, local[i]^wk.WorkerID*0x9e3779b97f4a7c15), Local: local[i]}
+		}
+		if err := ix.Apply(&Event{Worker: wk, Kind: EventStored, Blocks: blocks}); err != nil {
+			tb.Fatal(err)
+		}
+		prompts = append(prompts, local)
+	}
+	return ix, prompts
+}
+
+func percentile(sorted []time.Duration, p float64) float64 {
+	return float64(sorted[int(float64(len(sorted)-1)*p)].Nanoseconds())
+}
+
+// BenchmarkMatch128Blocks1MIndex: find_matches for a 128-block prompt against an
+// index of 1M (block, worker) entries over 64 workers (the core-I issue's target:
+// ≤ 2 µs median, ≤ 10 µs p99). Reports the latency distribution of single
+// lookups measured one by one.
+func BenchmarkMatch128Blocks1MIndex(b *testing.B) {
+	benchMatch(b, 1<<20, 64, 128, 32)
+}
+
+// BenchmarkMatch128Blocks1MIndex1024Workers is the same with 1,024 workers.
+func BenchmarkMatch128Blocks1MIndex1024Workers(b *testing.B) {
+	benchMatch(b, 1<<20, 1024, 128, 32)
+}
+
+func benchMatch(b *testing.B, entries, workers, promptBlocks, prefix int) {
+	ix, prompts := corpus(b, entries, workers, promptBlocks, prefix)
+	rng := rand.New(rand.NewPCG(3, 4))
+	order := rng.Perm(len(prompts))
+	dst := make([]Overlap, 0, workers)
+	lat := make([]time.Duration, 0, 1<<20)
+	b.ReportAllocs()
+	b.ResetTimer()
+	matched := 0
+	for i := 0; b.Loop(); i++ {
+		q := prompts[order[i%len(order)]]
+		t0 := time.Now()
+		dst = ix.Match(q, false, dst[:0])
+		if len(lat) < cap(lat) {
+			lat = append(lat, time.Since(t0))
+		}
+		matched += len(dst)
+	}
+	b.StopTimer()
+	if matched == 0 {
+		b.Fatal("no lookup matched")
+	}
+	slices.Sort(lat)
+	b.ReportMetric(percentile(lat, 0.50), "p50-ns")
+	b.ReportMetric(percentile(lat, 0.99), "p99-ns")
+	b.ReportMetric(float64(matched)/float64(b.N), "workers/lookup")
+}
+
+// BenchmarkApplyStoreRemove measures event application on one core: each op
+// stores a 16-block chain for one of 64 workers under a cached 32-block prefix
+// and removes it again (leaf-first, as engines evict). Reports block ops/s.
+func BenchmarkApplyStoreRemove(b *testing.B) {
+	ix, _ := corpus(b, 1<<20, 64, 128, 32)
+	const chainLen = 16
+	type job struct {
+		store, remove Event
+	}
+	jobs := make([]job, 4096)
+	for j := range jobs {
+		wk := WorkerKey{WorkerID: uint64(j % 64)}
+		parentLocal := []uint64{xxh3.HashSeed([]byte{0, 0}, 1)}
+		// A root-level parent block each worker holds.
+		pev := Event{Worker: wk, Kind: EventStored, Blocks: []Block{{Ext: 1<<63 | wk.WorkerID, Local: parentLocal[0]}}}
+		if err := ix.Apply(&pev); err != nil {
+			b.Fatal(err)
+		}
+		blocks := make([]Block, chainLen)
+		hashes := make([]uint64, chainLen)
+		for i := range blocks {
+			l := xxh3.HashSeed([]byte{byte(i), byte(j), byte(j >> 8)}, 99)
+			blocks[i] = Block{Ext: l ^ wk.WorkerID, Local: l}
+			hashes[chainLen-1-i] = blocks[i].Ext
+		}
+		jobs[j] = job{
+			store:  Event{Worker: wk, Kind: EventStored, Parent: pev.Blocks[0].Ext, HasParent: true, Blocks: blocks},
+			remove: Event{Worker: wk, Kind: EventRemoved, Hashes: hashes},
+		}
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; b.Loop(); i++ {
+		jb := &jobs[i%len(jobs)]
+		if err := ix.Apply(&jb.store); err != nil {
+			b.Fatal(err)
+		}
+		if err := ix.Apply(&jb.remove); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportMetric(float64(2*chainLen*b.N)/b.Elapsed().Seconds(), "block-ops/s")
+}
+
+// BenchmarkMemory10MEntries builds an index of 10M (block, worker) entries and
+// reports the live heap per entry and the time of a forced full GC. Run it with
+// -benchtime=1x (make bench does).
+func BenchmarkMemory10MEntries(b *testing.B) {
+	for b.Loop() {
+		runtime.GC()
+		var before, after runtime.MemStats
+		runtime.ReadMemStats(&before)
+		ix, _ := corpus(b, 10_000_000, 64, 128, 32)
+		runtime.GC()
+		runtime.ReadMemStats(&after)
+		entries := ix.Stats().Entries
+		t0 := time.Now()
+		runtime.GC()
+		gc := time.Since(t0)
+		var gcStats debug.GCStats
+		debug.ReadGCStats(&gcStats)
+		b.ReportMetric(float64(after.HeapAlloc-before.HeapAlloc)/float64(entries), "heap-B/entry")
+		b.ReportMetric(float64(entries), "entries")
+		b.ReportMetric(float64(ix.Stats().Nodes), "nodes")
+		b.ReportMetric(float64(gc.Microseconds())/1000, "forced-gc-ms")
+		if len(gcStats.Pause) > 0 {
+			b.ReportMetric(float64(gcStats.Pause[0].Microseconds())/1000, "last-stw-pause-ms")
+		}
+		runtime.KeepAlive(ix)
+	}
+}
