@@ -275,7 +275,7 @@ func (t *Tree) appendSnapshot(dst []RouterEvent) []RouterEvent {
 				}
 				return cmpU64(a.ext, b.ext)
 			})
-			p := t.nodes[n].parent
+			p := t.node(n).parent
 			kids[p] = append(kids[p], n)
 		}
 		for _, c := range kids {
@@ -291,8 +291,8 @@ func (t *Tree) appendSnapshot(dst []RouterEvent) []RouterEvent {
 		for len(stack) > 0 {
 			n := stack[len(stack)-1]
 			stack = stack[:len(stack)-1]
-			p := t.nodes[n].parent
-			local := Hash(t.nodes[n].hash)
+			p := t.node(n).parent
+			local := Hash(t.node(n).hash)
 			for _, e := range held[n] {
 				blk := StoredBlock{BlockHash: Hash(e.ext), TokensHash: local}
 				if openLast[e.tier] == p && p != root {

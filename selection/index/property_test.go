@@ -238,8 +238,8 @@ func runProperty(t *testing.T, seed uint64, tiered bool) {
 	for _, wk := range workers {
 		tr.RemoveWorker(wk.WorkerID)
 	}
-	if s := tr.Stats(); s != (Stats{}) || len(tr.nodes)-1 != len(tr.freeIDs) || len(tr.children) != 0 {
-		t.Fatalf("after removing every worker: %+v, %d nodes, %d free, %d children", s, len(tr.nodes)-1, len(tr.freeIDs), len(tr.children))
+	if s := tr.Stats(); s != (Stats{}) || int(tr.used)-1 != len(tr.freeIDs) || len(tr.children) != 0 {
+		t.Fatalf("after removing every worker: %+v, %d nodes, %d free, %d children", s, int(tr.used)-1, len(tr.freeIDs), len(tr.children))
 	}
 }
 

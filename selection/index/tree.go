@@ -29,7 +29,8 @@ import (
 //
 // Tree is not safe for concurrent use; Index wraps it with a lock.
 type Tree struct {
-	nodes    []node
+	pages    []*nodePage // node id → pages[id>>pageShift][id&pageMask]
+	used     uint32      // node ids handed out so far (live + free)
 	freeIDs  []uint32
 	children map[childKey]uint32
 	sets     setTable
@@ -49,6 +50,19 @@ type node struct {
 	depth  uint32 // blocks from the root; used to order dumps
 }
 
+// Nodes live in fixed-size pages rather than one growing slice: growing a
+// 10M-node slice would copy hundreds of megabytes under the write lock and stall
+// every lookup. A page holds no pointer, so the collector skips it.
+const (
+	pageShift = 13
+	pageSize  = 1 << pageShift
+	pageMask  = pageSize - 1
+)
+
+type nodePage [pageSize]node
+
+func (t *Tree) node(id uint32) *node { return &t.pages[id>>pageShift][id&pageMask] }
+
 type childKey struct {
 	parent uint32
 	hash   uint64
@@ -64,7 +78,8 @@ const root = 0
 // NewTree returns an empty tree.
 func NewTree() *Tree {
 	return &Tree{
-		nodes:    make([]node, 1, 1024),
+		pages:    []*nodePage{new(nodePage)},
+		used:     1, // the root
 		children: make(map[childKey]uint32),
 		sets:     newSetTable(),
 		slots:    make(map[WorkerKey]uint32),
@@ -72,9 +87,9 @@ func NewTree() *Tree {
 }
 
 func (t *Tree) child(cur uint32, h uint64) uint32 {
-	n := &t.nodes[cur]
+	n := t.node(cur)
 	c := n.child
-	if c != 0 && t.nodes[c].hash == h {
+	if c != 0 && t.node(c).hash == h {
 		return c
 	}
 	if n.kids > 1 || (n.kids == 1 && c == 0) {
@@ -84,17 +99,20 @@ func (t *Tree) child(cur uint32, h uint64) uint32 {
 }
 
 func (t *Tree) newChild(parent uint32, h uint64) uint32 {
-	nd := node{hash: h, parent: parent, depth: t.nodes[parent].depth + 1}
+	nd := node{hash: h, parent: parent, depth: t.node(parent).depth + 1}
 	var id uint32
 	if k := len(t.freeIDs); k > 0 {
 		id = t.freeIDs[k-1]
 		t.freeIDs = t.freeIDs[:k-1]
-		t.nodes[id] = nd
 	} else {
-		id = uint32(len(t.nodes))
-		t.nodes = append(t.nodes, nd)
+		id = t.used
+		t.used++
+		if int(id>>pageShift) == len(t.pages) {
+			t.pages = append(t.pages, new(nodePage))
+		}
 	}
-	p := &t.nodes[parent]
+	*t.node(id) = nd
+	p := t.node(parent)
 	if p.child == 0 {
 		p.child = id
 	} else {
@@ -108,12 +126,12 @@ func (t *Tree) newChild(parent uint32, h uint64) uint32 {
 // by no engine hash and have no children.
 func (t *Tree) reclaim(id uint32) {
 	for id != root {
-		n := &t.nodes[id]
+		n := t.node(id)
 		if n.set != 0 || n.refs != 0 || n.kids != 0 {
 			return
 		}
 		parent := n.parent
-		p := &t.nodes[parent]
+		p := t.node(parent)
 		if p.child == id {
 			p.child = 0
 		} else {
@@ -127,7 +145,7 @@ func (t *Tree) reclaim(id uint32) {
 }
 
 func (t *Tree) setOwner(id uint32, e ownerElem, add bool) {
-	n := &t.nodes[id]
+	n := t.node(id)
 	to := t.sets.with(n.set, e, add)
 	if to == n.set {
 		return
@@ -246,14 +264,14 @@ func (t *Tree) store(w WorkerKey, tier Tier, parent uint64, hasParent bool, bloc
 		}
 		if old, ok := lk[b.Ext]; !ok {
 			lk[b.Ext] = c
-			t.nodes[c].refs++
+			t.node(c).refs++
 		} else if old != c {
 			// The engine reused a hash for other content: move the handle and
 			// drop the stale holding. reclaim cannot free cur or c: both are
 			// held or named by an engine hash.
 			lk[b.Ext] = c
-			t.nodes[c].refs++
-			t.nodes[old].refs--
+			t.node(c).refs++
+			t.node(old).refs--
 			t.setOwner(old, e, false)
 			t.reclaim(old)
 		}
@@ -296,7 +314,7 @@ func (t *Tree) remove(w WorkerKey, tier Tier, hashes []uint64) error {
 			continue
 		}
 		delete(lk, h)
-		t.nodes[id].refs--
+		t.node(id).refs--
 		t.setOwner(id, e, false)
 		t.reclaim(id)
 	}
@@ -316,7 +334,7 @@ func (t *Tree) clearTier(w WorkerKey, tier Tier) {
 	e := elemOf(slot, tier)
 	for h, id := range lk {
 		delete(lk, h)
-		t.nodes[id].refs--
+		t.node(id).refs--
 		t.setOwner(id, e, false)
 		t.reclaim(id)
 	}
@@ -369,7 +387,7 @@ type Stats struct {
 
 // Stats counts the tree's contents.
 func (t *Tree) Stats() Stats {
-	s := Stats{Nodes: len(t.nodes) - 1 - len(t.freeIDs), OwnerSets: t.sets.live(), Workers: len(t.slots)}
+	s := Stats{Nodes: int(t.used) - 1 - len(t.freeIDs), OwnerSets: t.sets.live(), Workers: len(t.slots)}
 	for _, ws := range t.workers {
 		for _, lk := range ws.lookup {
 			s.Entries += len(lk)
@@ -404,7 +422,7 @@ func (t *Tree) Match(locals []uint64, earlyExit bool, dst []Overlap) []Overlap {
 		if c == 0 {
 			break
 		}
-		set := t.nodes[c].set
+		set := t.node(c).set
 		if set != prevSet {
 			elems := t.sets.elems(set)
 			if prevSet == ^uint32(0) {

@@ -1,0 +1,49 @@
+# kvselect — see README.md. Every target runs from a fresh clone with only Go.
+GO       ?= go
+PKGS     := ./...
+BENCHOUT := bench/out
+
+.PHONY: all build test test-short vet fmt-check bench bench-index bench-peer fuzz demo clean
+
+all: build test
+
+build:
+	$(GO) build -o bin/ ./cmd/...
+
+# The default test run (README, .ci/run): formatting, vet, race-enabled unit and
+# property tests, and the side-by-side bench module's tests.
+test: fmt-check vet
+	$(GO) test -race -count=1 $(PKGS)
+	cd bench/peer && $(GO) vet ./... && $(GO) test -count=1 ./...
+
+test-short:
+	$(GO) test -count=1 $(PKGS)
+
+vet:
+	$(GO) vet $(PKGS)
+
+fmt-check:
+	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+
+# Micro-benchmarks with allocation counts; compare runs with benchstat.
+bench:
+	mkdir -p $(BENCHOUT)
+	$(GO) test -run '^$$' -bench . -benchmem -count 5 ./selection/... | tee $(BENCHOUT)/micro.txt
+	$(GO) test -run '^$$' -bench Memory10M -benchtime 1x ./selection/index | tee $(BENCHOUT)/memory.txt
+	$(MAKE) bench-peer
+
+# Mooncake trace replay against kvselect's index and, in the same run, against
+# llm-d-kv-cache-manager's in-memory index (nested module, not in go.mod).
+bench-peer:
+	mkdir -p $(BENCHOUT)
+	cd bench/peer && $(GO) run . -trace ../testdata/mooncake/conversation_trace.jsonl.gz -json ../out/mooncake.json | tee ../out/mooncake.txt
+
+# The demo for now: replay the Mooncake trace through the index and print the table.
+demo:
+	$(GO) run ./cmd/kvbench index
+
+fuzz:
+	$(GO) test -run '^$$' -fuzz FuzzDecodeDump -fuzztime 60s ./selection/index
+
+clean:
+	rm -rf bin $(BENCHOUT)

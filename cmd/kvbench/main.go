@@ -1,0 +1,130 @@
+// Command kvbench measures kvselect. `kvbench index` replays a Mooncake trace
+// through a mock engine per worker into kvselect's KV index, timing every lookup
+// and the event application, and prints a table (and optionally JSON).
+//
+// The side-by-side run against llm-d-kv-cache-manager lives in the nested module
+// bench/peer (make bench-peer), so that peer never enters kvselect's go.mod.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"runtime/pprof"
+
+	"github.com/kvselect/kvselect/bench/kvtarget"
+	"github.com/kvselect/kvselect/bench/mooncake"
+	"github.com/kvselect/kvselect/bench/report"
+)
+
+const usage = `usage: kvbench index [flags]
+
+Subcommands:
+  index   replay a Mooncake trace against kvselect's KV index
+
+Run 'kvbench index -h' for the flags.
+`
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	if err := run(ctx, os.Args[1:], os.Stdout, os.Stderr); err != nil {
+		if !errors.Is(err, flag.ErrHelp) {
+			fmt.Fprintln(os.Stderr, "kvbench:", err)
+		}
+		os.Exit(2)
+	}
+}
+
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+		fmt.Fprint(stdout, usage)
+		return nil
+	}
+	switch args[0] {
+	case "index":
+		return runIndex(ctx, args[1:], stdout, stderr)
+	}
+	fmt.Fprint(stderr, usage)
+	return fmt.Errorf("unknown subcommand %q", args[0])
+}
+
+// MooncakeFlags are the replay settings shared by every trace-driven bench.
+type mooncakeFlags struct {
+	trace  string
+	cfg    mooncake.Config
+	assign string
+	json   string
+	prof   string
+}
+
+func (m *mooncakeFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&m.trace, "trace", "bench/testdata/mooncake/conversation_trace.jsonl.gz", "Mooncake trace (.jsonl or .jsonl.gz)")
+	fs.IntVar(&m.cfg.Workers, "workers", 64, "synthetic workers, one mock engine each")
+	fs.IntVar(&m.cfg.BlocksPerWorker, "blocks", 16384, "KV block pool per mock engine")
+	fs.StringVar(&m.assign, "assign", "random", "request placement: round-robin, prefix-hash or random")
+	fs.Uint64Var(&m.cfg.Seed, "seed", 1, "seed for -assign random")
+	fs.IntVar(&m.cfg.TraceDuplication, "dup", 1, "copies of the trace with disjoint block ids (scales the index)")
+	fs.IntVar(&m.cfg.MaxRequests, "max", 0, "replay at most this many requests (0 = all)")
+	fs.BoolVar(&m.cfg.BatchRemovals, "batch-removals", false, "one Removed event per request instead of one per block")
+	fs.StringVar(&m.json, "json", "", "also write the results as JSON to this file")
+	fs.StringVar(&m.prof, "cpuprofile", "", "write a CPU profile of the timed replay to this file")
+}
+
+func runIndex(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("kvbench index", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var m mooncakeFlags
+	m.register(fs)
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	a, err := mooncake.ParseAssign(m.assign)
+	if err != nil {
+		return err
+	}
+	m.cfg.Assign = a
+	reqs, err := mooncake.LoadTrace(m.trace)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stderr, "preparing %d requests on %d mock engines...\n", len(reqs)*max(m.cfg.TraceDuplication, 1), m.cfg.Workers)
+	w := mooncake.Prepare(m.cfg, reqs)
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	kv, err := kvtarget.New(512)
+	if err != nil {
+		return err
+	}
+	if m.prof != "" {
+		f, err := os.Create(m.prof)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
+	}
+	res := w.Run(kv)
+	if kv.Errors() > 0 {
+		return fmt.Errorf("the index rejected %d events of a well-formed replay", kv.Errors())
+	}
+	st := kv.Index().Stats()
+	fmt.Fprintf(stdout, "Mooncake replay: %s\n", m.trace)
+	fmt.Fprintf(stdout, "%d workers x %d blocks, %s placement, duplication %d; index now %d entries in %d nodes\n\n",
+		res.Config.Workers, res.Config.BlocksPerWorker, res.Config.Assign, res.Config.TraceDuplication, st.Entries, st.Nodes)
+	if err := report.Table(stdout, res); err != nil {
+		return err
+	}
+	if m.json != "" {
+		return report.WriteJSON(m.json, map[string]any{"results": []mooncake.Result{res}, "index": st})
+	}
+	return nil
+}
