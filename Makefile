@@ -28,7 +28,7 @@ fmt-check:
 # Micro-benchmarks with allocation counts; compare runs with benchstat.
 bench:
 	mkdir -p $(BENCHOUT)
-	$(GO) test -run '^$$' -bench . -benchmem -count 5 ./selection/... | tee $(BENCHOUT)/micro.txt
+	$(GO) test -run '^$$' -bench . -skip Memory10M -benchmem -count 5 ./selection/... | tee $(BENCHOUT)/micro.txt
 	$(GO) test -run '^$$' -bench Memory10M -benchtime 1x ./selection/index | tee $(BENCHOUT)/memory.txt
 	$(MAKE) bench-peer
 
@@ -36,7 +36,8 @@ bench:
 # llm-d-kv-cache-manager's in-memory index (nested module, not in go.mod).
 bench-peer:
 	mkdir -p $(BENCHOUT)
-	cd bench/peer && $(GO) run . -trace ../testdata/mooncake/conversation_trace.jsonl.gz -json ../out/mooncake.json | tee ../out/mooncake.txt
+	cd bench/peer && $(GO) run . -workers 16 -blocks 4096 -json ../out/peer-evicting.json | tee ../out/peer-evicting.txt
+	cd bench/peer && $(GO) run . -workers 64 -blocks 16384 -dup 4 -json ../out/peer-large.json | tee ../out/peer-large.txt
 
 # The demo for now: replay the Mooncake trace through the index and print the table.
 demo:

@@ -53,47 +53,21 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	return fmt.Errorf("unknown subcommand %q", args[0])
 }
 
-// MooncakeFlags are the replay settings shared by every trace-driven bench.
-type mooncakeFlags struct {
-	trace  string
-	cfg    mooncake.Config
-	assign string
-	json   string
-	prof   string
-}
-
-func (m *mooncakeFlags) register(fs *flag.FlagSet) {
-	fs.StringVar(&m.trace, "trace", "bench/testdata/mooncake/conversation_trace.jsonl.gz", "Mooncake trace (.jsonl or .jsonl.gz)")
-	fs.IntVar(&m.cfg.Workers, "workers", 64, "synthetic workers, one mock engine each")
-	fs.IntVar(&m.cfg.BlocksPerWorker, "blocks", 16384, "KV block pool per mock engine")
-	fs.StringVar(&m.assign, "assign", "random", "request placement: round-robin, prefix-hash or random")
-	fs.Uint64Var(&m.cfg.Seed, "seed", 1, "seed for -assign random")
-	fs.IntVar(&m.cfg.TraceDuplication, "dup", 1, "copies of the trace with disjoint block ids (scales the index)")
-	fs.IntVar(&m.cfg.MaxRequests, "max", 0, "replay at most this many requests (0 = all)")
-	fs.BoolVar(&m.cfg.BatchRemovals, "batch-removals", false, "one Removed event per request instead of one per block")
-	fs.StringVar(&m.json, "json", "", "also write the results as JSON to this file")
-	fs.StringVar(&m.prof, "cpuprofile", "", "write a CPU profile of the timed replay to this file")
-}
-
 func runIndex(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("kvbench index", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	var m mooncakeFlags
-	m.register(fs)
+	var m mooncake.Flags
+	m.Register(fs, "bench/testdata/mooncake/conversation_trace.jsonl.gz")
+	jsonOut := fs.String("json", "", "also write the results as JSON to this file")
+	prof := fs.String("cpuprofile", "", "write a CPU profile of the timed replay to this file")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	a, err := mooncake.ParseAssign(m.assign)
+	fmt.Fprintf(stderr, "preparing the workload (%d mock engines)...\n", m.Config.Workers)
+	w, err := m.Prepare()
 	if err != nil {
 		return err
 	}
-	m.cfg.Assign = a
-	reqs, err := mooncake.LoadTrace(m.trace)
-	if err != nil {
-		return err
-	}
-	fmt.Fprintf(stderr, "preparing %d requests on %d mock engines...\n", len(reqs)*max(m.cfg.TraceDuplication, 1), m.cfg.Workers)
-	w := mooncake.Prepare(m.cfg, reqs)
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -101,8 +75,8 @@ func runIndex(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if err != nil {
 		return err
 	}
-	if m.prof != "" {
-		f, err := os.Create(m.prof)
+	if *prof != "" {
+		f, err := os.Create(*prof)
 		if err != nil {
 			return err
 		}
@@ -117,14 +91,14 @@ func runIndex(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return fmt.Errorf("the index rejected %d events of a well-formed replay", kv.Errors())
 	}
 	st := kv.Index().Stats()
-	fmt.Fprintf(stdout, "Mooncake replay: %s\n", m.trace)
+	fmt.Fprintf(stdout, "Mooncake replay: %s\n", m.Trace)
 	fmt.Fprintf(stdout, "%d workers x %d blocks, %s placement, duplication %d; index now %d entries in %d nodes\n\n",
 		res.Config.Workers, res.Config.BlocksPerWorker, res.Config.Assign, res.Config.TraceDuplication, st.Entries, st.Nodes)
 	if err := report.Table(stdout, res); err != nil {
 		return err
 	}
-	if m.json != "" {
-		return report.WriteJSON(m.json, map[string]any{"results": []mooncake.Result{res}, "index": st})
+	if *jsonOut != "" {
+		return report.WriteJSON(*jsonOut, map[string]any{"results": []mooncake.Result{res}, "index": st})
 	}
 	return nil
 }

@@ -78,6 +78,9 @@ func (st *setTable) with(id uint32, e ownerElem, add bool) uint32 {
 		return st.memoTo
 	}
 	cur := st.sets[id].elems
+	if !add && len(cur) == 1 && cur[0] == e {
+		return 0 // the common eviction: a block's only owner lets go
+	}
 	i, found := slices.BinarySearch(cur, e)
 	if found == add {
 		return id
