@@ -10,9 +10,9 @@ import (
 // LocalBlockHash, whose nodes record which (worker, rank, tier) hold that block,
 // plus, per worker rank and tier, a map from the engine's block hash to the node.
 //
-// Layout. Nodes live in one slice and refer to each other by uint32 index; a node
-// holds no pointer, so the garbage collector never scans the tree however large it
-// grows (see docs/index.md for the measured heap per entry). A node keeps its first
+// Layout. Nodes live in fixed-size pages and refer to each other by uint32 index;
+// a node holds no pointer, so the garbage collector never scans the tree however
+// large it grows (docs/benchmarks.md has the measured heap per entry). A node keeps its first
 // child inline, so walking a chain costs one indexed load per block; further
 // children live in one map keyed by (parent, local hash). Ownership is an interned
 // set id (sets.go).
@@ -47,7 +47,6 @@ type node struct {
 	kids   uint32 // number of children, inline and in Tree.children
 	set    uint32 // interned owner set
 	refs   uint32 // (worker, tier, engine hash) entries pointing here
-	depth  uint32 // blocks from the root; used to order dumps
 }
 
 // Nodes live in fixed-size pages rather than one growing slice: growing a
@@ -99,7 +98,7 @@ func (t *Tree) child(cur uint32, h uint64) uint32 {
 }
 
 func (t *Tree) newChild(parent uint32, h uint64) uint32 {
-	nd := node{hash: h, parent: parent, depth: t.node(parent).depth + 1}
+	nd := node{hash: h, parent: parent}
 	var id uint32
 	if k := len(t.freeIDs); k > 0 {
 		id = t.freeIDs[k-1]

@@ -285,9 +285,17 @@ func TestTieredOverlap(t *testing.T) {
 			t.Errorf("%v: got %+v, want %+v", k, got[k], v)
 		}
 	}
-	g, c, d, l := want[w(1)].Cumulative()
-	if g != 2 || c != 4 || d != 6 || l != 6 {
-		t.Fatalf("cumulative = %d %d %d %d, want 2 4 6 6", g, c, d, l)
+	if got := want[w(1)].Cumulative(); got != (Breakdown{GPU: 2, CPU: 4, Disk: 6, LongestMatched: 6}) {
+		t.Fatalf("cumulative = %+v, want 2 4 6 6", got)
+	}
+	// A DP engine reports the max over its ranks, tier by tier.
+	per := PerInstance([]Overlap{
+		{Worker: WorkerKey{7, 0}, Device: 3},
+		{Worker: WorkerKey{7, 1}, Device: 1, Host: 4},
+		{Worker: WorkerKey{8, 0}, Disk: 2},
+	})
+	if per[7] != (Breakdown{GPU: 3, CPU: 5, Disk: 5, LongestMatched: 5}) || per[8] != (Breakdown{Disk: 2, LongestMatched: 2}) {
+		t.Fatalf("per instance = %+v", per)
 	}
 	// Removing a host block of worker 1 cuts its host run and the tiers after it.
 	mustApply(t, tr, onTier(removed(w(1), 4), TierHostPinned))

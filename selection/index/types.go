@@ -142,12 +142,33 @@ type Overlap struct {
 // Total is the number of leading query blocks the worker holds in any tier.
 func (o Overlap) Total() uint32 { return o.Device + o.Host + o.Disk + o.External }
 
-// Cumulative returns the standalone indexer's per-instance tier breakdown in
-// blocks: gpu = device, cpu = gpu + host, disk = cpu + disk + external, and the
-// longest match over all tiers.
-func (o Overlap) Cumulative() (gpu, cpu, disk, longest uint32) {
-	gpu = o.Device
-	cpu = gpu + o.Host
-	disk = cpu + o.Disk + o.External
-	return gpu, cpu, disk, disk
+// Breakdown is the standalone indexer's cumulative tier breakdown, in blocks:
+// GPU = device, CPU = GPU + host, Disk = CPU + disk + external, and the longest
+// match over all tiers. Token counts are blocks × block size.
+type Breakdown struct {
+	GPU, CPU, Disk, LongestMatched uint32
+}
+
+// Cumulative returns the rank's cumulative tier breakdown.
+func (o Overlap) Cumulative() Breakdown {
+	gpu := o.Device
+	cpu := gpu + o.Host
+	disk := cpu + o.Disk + o.External
+	return Breakdown{GPU: gpu, CPU: cpu, Disk: disk, LongestMatched: disk}
+}
+
+// PerInstance folds rank rows into one breakdown per worker, taking the max over
+// its data-parallel ranks tier by tier, as the standalone indexer reports a DP
+// engine.
+func PerInstance(overlaps []Overlap) map[uint64]Breakdown {
+	out := make(map[uint64]Breakdown, len(overlaps))
+	for _, o := range overlaps {
+		c := o.Cumulative()
+		b := out[o.Worker.WorkerID]
+		out[o.Worker.WorkerID] = Breakdown{
+			GPU: max(b.GPU, c.GPU), CPU: max(b.CPU, c.CPU), Disk: max(b.Disk, c.Disk),
+			LongestMatched: max(b.LongestMatched, c.LongestMatched),
+		}
+	}
+	return out
 }
