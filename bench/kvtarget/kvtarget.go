@@ -29,6 +29,15 @@ func New(blockSize uint32) (*Target, error) {
 	return &Target{ix: ix}, nil
 }
 
+// Reserve pre-sizes the index for workers 0..workers-1 holding up to blocks
+// each, as the selection service does from each worker's registered
+// total_kv_blocks.
+func (t *Target) Reserve(workers, blocks int) {
+	for w := range workers {
+		t.ix.Reserve(index.WorkerKey{WorkerID: uint64(w)}, index.TierDevice, blocks)
+	}
+}
+
 // Name identifies the target in result tables.
 func (t *Target) Name() string { return "kvselect" }
 

@@ -37,6 +37,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 	m.Register(fs, "../testdata/mooncake/conversation_trace.jsonl.gz")
 	runs := fs.Int("runs", 3, "replays per target, alternating; the median (by combined ops/s) is reported")
 	jsonOut := fs.String("json", "", "also write the results as JSON to this file")
+	noReserve := fs.Bool("no-reserve", false, "do not pre-size kvselect's per-worker tables from the engines' capacity (the service does, from total_kv_blocks)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -53,6 +54,9 @@ func run(args []string, stdout, stderr io.Writer) error {
 		kv, err := kvtarget.New(512)
 		if err != nil {
 			return err
+		}
+		if !*noReserve {
+			kv.Reserve(w.Config().Workers, w.Config().BlocksPerWorker)
 		}
 		kvRes := w.Run(kv)
 		if kv.Errors() != 0 {

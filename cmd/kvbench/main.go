@@ -59,6 +59,7 @@ func runIndex(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	var m mooncake.Flags
 	m.Register(fs, "bench/testdata/mooncake/conversation_trace.jsonl.gz")
 	jsonOut := fs.String("json", "", "also write the results as JSON to this file")
+	noReserve := fs.Bool("no-reserve", false, "do not pre-size kvselect's per-worker tables from the engines' capacity (the service does, from total_kv_blocks)")
 	prof := fs.String("cpuprofile", "", "write a CPU profile of the timed replay to this file")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -74,6 +75,9 @@ func runIndex(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	kv, err := kvtarget.New(512)
 	if err != nil {
 		return err
+	}
+	if !*noReserve {
+		kv.Reserve(w.Config().Workers, w.Config().BlocksPerWorker)
 	}
 	if *prof != "" {
 		f, err := os.Create(*prof)

@@ -262,10 +262,10 @@ func (t *Tree) appendSnapshot(dst []RouterEvent) []RouterEvent {
 	for _, w := range keys {
 		ws := &t.workers[t.slots[w]]
 		held := make(map[uint32][]heldEntry)
-		for tier, lk := range ws.lookup {
-			for ext, n := range lk {
+		for tier := range ws.lookup {
+			ws.lookup[tier].all(func(ext uint64, n uint32) {
 				held[n] = append(held[n], heldEntry{Tier(tier), ext})
-			}
+			})
 		}
 		kids := make(map[uint32][]uint32)
 		for n, entries := range held {

@@ -212,6 +212,15 @@ func (ix *Index) Match(locals []uint64, earlyExit bool, dst []Overlap) []Overlap
 	return dst[:out]
 }
 
+// Reserve pre-sizes a worker rank's engine-hash table in the primary tree for
+// blocks entries of a tier (for instance the worker's total_kv_blocks on the
+// device), so filling the cache never rehashes it under the write lock.
+func (ix *Index) Reserve(w WorkerKey, tier Tier, blocks int) {
+	ix.mu.Lock()
+	defer ix.mu.Unlock()
+	ix.primary.Reserve(w, tier, blocks)
+}
+
 // RemoveWorker drops every rank of a worker from all trees.
 func (ix *Index) RemoveWorker(workerID uint64) {
 	ix.mu.Lock()

@@ -69,7 +69,7 @@ type childKey struct {
 
 type workerState struct {
 	key    WorkerKey
-	lookup [numTiers]map[uint64]uint32 // engine hash → node
+	lookup [numTiers]handleMap // engine hash → node
 }
 
 const root = 0
@@ -175,14 +175,14 @@ func (t *Tree) slotFor(w WorkerKey) uint32 {
 // lower-tier block's parent may live in another tier (an offloaded child of a
 // block still on the device).
 func (t *Tree) findExt(ws *workerState, first Tier, h uint64) (uint32, bool) {
-	if id, ok := ws.lookup[first][h]; ok {
+	if id, ok := ws.lookup[first].get(h); ok {
 		return id, true
 	}
 	for tier := range numTiers {
 		if tier == first {
 			continue
 		}
-		if id, ok := ws.lookup[tier][h]; ok {
+		if id, ok := ws.lookup[tier].get(h); ok {
 			return id, true
 		}
 	}
@@ -249,26 +249,19 @@ func (t *Tree) store(w WorkerKey, tier Tier, parent uint64, hasParent bool, bloc
 	if !known {
 		slot = t.slotFor(w)
 	}
-	ws := &t.workers[slot]
-	lk := ws.lookup[tier]
-	if lk == nil {
-		lk = make(map[uint64]uint32)
-		ws.lookup[tier] = lk
-	}
+	lk := &t.workers[slot].lookup[tier]
 	e := elemOf(slot, tier)
 	for _, b := range blocks {
 		c := t.child(cur, b.Local)
 		if c == 0 {
 			c = t.newChild(cur, b.Local)
 		}
-		if old, ok := lk[b.Ext]; !ok {
-			lk[b.Ext] = c
+		if old, existed := lk.put(b.Ext, c); !existed {
 			t.node(c).refs++
 		} else if old != c {
-			// The engine reused a hash for other content: move the handle and
+			// The engine reused a hash for other content: the handle moved;
 			// drop the stale holding. reclaim cannot free cur or c: both are
 			// held or named by an engine hash.
-			lk[b.Ext] = c
 			t.node(c).refs++
 			t.node(old).refs--
 			t.setOwner(old, e, false)
@@ -295,15 +288,15 @@ func validChainLong(parent uint64, hasParent bool, blocks []Block) bool {
 }
 
 func (t *Tree) remove(w WorkerKey, tier Tier, hashes []uint64) error {
-	slot, ok := t.slots[w]
-	var lk map[uint64]uint32
-	if ok {
-		lk = t.workers[slot].lookup[tier]
-	}
+	slot, known := t.slots[w]
 	missing := 0
 	e := elemOf(slot, tier)
 	for i, h := range hashes {
-		id, ok := lk[h]
+		var id uint32
+		ok := false
+		if known {
+			id, ok = t.workers[slot].lookup[tier].del(h)
+		}
 		if !ok {
 			// A hash repeated within one event is not missing (Dynamo's batched
 			// removal accepts [4, 2, 2]).
@@ -312,7 +305,6 @@ func (t *Tree) remove(w WorkerKey, tier Tier, hashes []uint64) error {
 			}
 			continue
 		}
-		delete(lk, h)
 		t.node(id).refs--
 		t.setOwner(id, e, false)
 		t.reclaim(id)
@@ -328,16 +320,25 @@ func (t *Tree) clearTier(w WorkerKey, tier Tier) {
 	if !ok {
 		return
 	}
-	ws := &t.workers[slot]
-	lk := ws.lookup[tier]
+	lk := &t.workers[slot].lookup[tier]
 	e := elemOf(slot, tier)
-	for h, id := range lk {
-		delete(lk, h)
+	lk.all(func(_ uint64, id uint32) {
 		t.node(id).refs--
 		t.setOwner(id, e, false)
-		t.reclaim(id)
+		t.reclaim(id) // touches nodes only, never lk
+	})
+	*lk = handleMap{}
+}
+
+// Reserve sizes a worker rank's handle table for a tier to hold blocks entries,
+// so the tree does not rehash it while the worker fills its cache. The catalog
+// knows each worker's KV capacity (total_kv_blocks) when it registers.
+func (t *Tree) Reserve(w WorkerKey, tier Tier, blocks int) {
+	if tier >= numTiers || blocks <= 0 {
+		return
 	}
-	ws.lookup[tier] = nil
+	slot := t.slotFor(w)
+	t.workers[slot].lookup[tier].reserve(blocks)
 }
 
 // RemoveRank drops every block of one worker rank in every tier.
@@ -388,8 +389,8 @@ type Stats struct {
 func (t *Tree) Stats() Stats {
 	s := Stats{Nodes: int(t.used) - 1 - len(t.freeIDs), OwnerSets: t.sets.live(), Workers: len(t.slots)}
 	for _, ws := range t.workers {
-		for _, lk := range ws.lookup {
-			s.Entries += len(lk)
+		for i := range ws.lookup {
+			s.Entries += ws.lookup[i].len()
 		}
 	}
 	return s
@@ -506,6 +507,6 @@ func (t *Tree) emit(c *candidate, depth uint32, dst []Overlap) []Overlap {
 		Host:     c.runs[TierHostPinned],
 		Disk:     c.runs[TierDisk],
 		External: c.runs[TierExternal],
-		TreeSize: uint32(len(ws.lookup[TierDevice])),
+		TreeSize: uint32(ws.lookup[TierDevice].len()),
 	})
 }
