@@ -275,7 +275,7 @@ func (t *Tree) appendSnapshot(dst []RouterEvent) []RouterEvent {
 				}
 				return cmpU64(a.ext, b.ext)
 			})
-			p := t.node(n).parent
+			p := t.meta(n).parent
 			kids[p] = append(kids[p], n)
 		}
 		for _, c := range kids {
@@ -291,7 +291,7 @@ func (t *Tree) appendSnapshot(dst []RouterEvent) []RouterEvent {
 		for len(stack) > 0 {
 			n := stack[len(stack)-1]
 			stack = stack[:len(stack)-1]
-			p := t.node(n).parent
+			p := t.meta(n).parent
 			local := Hash(t.node(n).hash)
 			for _, e := range held[n] {
 				blk := StoredBlock{BlockHash: Hash(e.ext), TokensHash: local}

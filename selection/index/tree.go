@@ -40,12 +40,18 @@ type Tree struct {
 	freeSlots []uint32
 }
 
+// A node is split in two: the fields a lookup reads on every block (16 bytes,
+// four nodes per cache line) and the bookkeeping only writers and branch points
+// touch. A 128-block walk along a chain then streams through 2 KB of hot nodes.
 type node struct {
-	hash   uint64 // LocalBlockHash: the edge label from the parent
+	hash  uint64 // LocalBlockHash: the edge label from the parent
+	child uint32 // first child kept inline; 0 = none (the root is never a child)
+	set   uint32 // interned owner set
+}
+
+type nodeMeta struct {
 	parent uint32
-	child  uint32 // first child kept inline; 0 = none (the root is never a child)
 	kids   uint32 // number of children, inline and in Tree.children
-	set    uint32 // interned owner set
 	refs   uint32 // (worker, tier, engine hash) entries pointing here
 }
 
@@ -58,9 +64,13 @@ const (
 	pageMask  = pageSize - 1
 )
 
-type nodePage [pageSize]node
+type nodePage struct {
+	hot  [pageSize]node
+	meta [pageSize]nodeMeta
+}
 
-func (t *Tree) node(id uint32) *node { return &t.pages[id>>pageShift][id&pageMask] }
+func (t *Tree) node(id uint32) *node     { return &t.pages[id>>pageShift].hot[id&pageMask] }
+func (t *Tree) meta(id uint32) *nodeMeta { return &t.pages[id>>pageShift].meta[id&pageMask] }
 
 type childKey struct {
 	parent uint32
@@ -91,14 +101,13 @@ func (t *Tree) child(cur uint32, h uint64) uint32 {
 	if c != 0 && t.node(c).hash == h {
 		return c
 	}
-	if n.kids > 1 || (n.kids == 1 && c == 0) {
+	if kids := t.meta(cur).kids; kids > 1 || (kids == 1 && c == 0) {
 		return t.children[childKey{cur, h}]
 	}
 	return 0
 }
 
 func (t *Tree) newChild(parent uint32, h uint64) uint32 {
-	nd := node{hash: h, parent: parent}
 	var id uint32
 	if k := len(t.freeIDs); k > 0 {
 		id = t.freeIDs[k-1]
@@ -110,14 +119,15 @@ func (t *Tree) newChild(parent uint32, h uint64) uint32 {
 			t.pages = append(t.pages, new(nodePage))
 		}
 	}
-	*t.node(id) = nd
+	*t.node(id) = node{hash: h}
+	*t.meta(id) = nodeMeta{parent: parent}
 	p := t.node(parent)
 	if p.child == 0 {
 		p.child = id
 	} else {
 		t.children[childKey{parent, h}] = id
 	}
-	p.kids++
+	t.meta(parent).kids++
 	return id
 }
 
@@ -125,19 +135,19 @@ func (t *Tree) newChild(parent uint32, h uint64) uint32 {
 // by no engine hash and have no children.
 func (t *Tree) reclaim(id uint32) {
 	for id != root {
-		n := t.node(id)
-		if n.set != 0 || n.refs != 0 || n.kids != 0 {
+		n, m := t.node(id), t.meta(id)
+		if n.set != 0 || m.refs != 0 || m.kids != 0 {
 			return
 		}
-		parent := n.parent
+		parent := m.parent
 		p := t.node(parent)
 		if p.child == id {
 			p.child = 0
 		} else {
 			delete(t.children, childKey{parent, n.hash})
 		}
-		p.kids--
-		*n = node{}
+		t.meta(parent).kids--
+		*n, *m = node{}, nodeMeta{}
 		t.freeIDs = append(t.freeIDs, id)
 		id = parent
 	}
@@ -257,13 +267,13 @@ func (t *Tree) store(w WorkerKey, tier Tier, parent uint64, hasParent bool, bloc
 			c = t.newChild(cur, b.Local)
 		}
 		if old, existed := lk.put(b.Ext, c); !existed {
-			t.node(c).refs++
+			t.meta(c).refs++
 		} else if old != c {
 			// The engine reused a hash for other content: the handle moved;
 			// drop the stale holding. reclaim cannot free cur or c: both are
 			// held or named by an engine hash.
-			t.node(c).refs++
-			t.node(old).refs--
+			t.meta(c).refs++
+			t.meta(old).refs--
 			t.setOwner(old, e, false)
 			t.reclaim(old)
 		}
@@ -305,7 +315,7 @@ func (t *Tree) remove(w WorkerKey, tier Tier, hashes []uint64) error {
 			}
 			continue
 		}
-		t.node(id).refs--
+		t.meta(id).refs--
 		t.setOwner(id, e, false)
 		t.reclaim(id)
 	}
@@ -323,7 +333,7 @@ func (t *Tree) clearTier(w WorkerKey, tier Tier) {
 	lk := &t.workers[slot].lookup[tier]
 	e := elemOf(slot, tier)
 	lk.all(func(_ uint64, id uint32) {
-		t.node(id).refs--
+		t.meta(id).refs--
 		t.setOwner(id, e, false)
 		t.reclaim(id) // touches nodes only, never lk
 	})
@@ -414,15 +424,34 @@ var scratchPool = sync.Pool{New: func() any { s := make([]candidate, 0, 64); ret
 func (t *Tree) Match(locals []uint64, earlyExit bool, dst []Overlap) []Overlap {
 	sp := scratchPool.Get().(*[]candidate)
 	cands := (*sp)[:0]
-	cur := uint32(root)
+	// The walk inlines child(): along a cached chain the next node is the
+	// current one's inline child, usually on the same page, so each block costs
+	// one load and one compare.
+	pages := t.pages
+	curID := uint32(root)
+	cur := &pages[0].hot[0]
 	depth := uint32(0)
 	prevSet := ^uint32(0)
 	for _, h := range locals {
-		c := t.child(cur, h)
-		if c == 0 {
-			break
+		c := cur.child
+		var next *node
+		if c != 0 {
+			next = &pages[c>>pageShift].hot[c&pageMask]
+			if next.hash != h {
+				next = nil
+			}
 		}
-		set := t.node(c).set
+		if next == nil {
+			kids := pages[curID>>pageShift].meta[curID&pageMask].kids
+			if kids <= 1 && (kids == 0 || c != 0) {
+				break
+			}
+			if c = t.children[childKey{curID, h}]; c == 0 {
+				break
+			}
+			next = &pages[c>>pageShift].hot[c&pageMask]
+		}
+		set := next.set
 		if set != prevSet {
 			elems := t.sets.elems(set)
 			if prevSet == ^uint32(0) {
@@ -436,7 +465,7 @@ func (t *Tree) Match(locals []uint64, earlyExit bool, dst []Overlap) []Overlap {
 			}
 		}
 		depth++
-		cur = c
+		cur, curID = next, c
 		if earlyExit && len(cands) == 1 {
 			break
 		}
