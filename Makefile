@@ -28,7 +28,7 @@ fmt-check:
 # Micro-benchmarks with allocation counts; compare runs with benchstat.
 bench:
 	mkdir -p $(BENCHOUT)
-	$(GO) test -run '^$$' -bench . -skip Memory10M -benchmem -count 5 ./selection/... | tee $(BENCHOUT)/micro.txt
+	$(GO) test -run '^$$' -bench . -skip Memory10M -benchmem -count 6 ./selection/... | tee $(BENCHOUT)/micro.txt
 	$(GO) test -run '^$$' -bench Memory10M -benchtime 1x ./selection/index | tee $(BENCHOUT)/memory.txt
 	$(MAKE) bench-peer
 
