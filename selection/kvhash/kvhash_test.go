@@ -82,7 +82,7 @@ func TestPublicVectors(t *testing.T) {
 				t.Fatal(err)
 			}
 			var h Hasher
-			got := tr.AppendTrackingHashes(&h, nil, tc.tokens, Scope{BlockSize: uint32(tc.opts.BlockSize), LoraName: tc.lora, CacheNamespace: tc.ns, Eagle: tc.opts.Eagle}, tc.opts.MM)
+			got := tr.AppendTrackingHashes(&h, nil, tc.tokens, Scope{BlockSize: uint32(tc.opts.BlockSize), LoraName: tc.lora, CacheNamespace: tc.ns, Eagle: tc.opts.Eagle}, tc.opts.MM, true)
 			if len(tc.wantSeq) > 0 && !slices.Equal(got, tc.wantSeq) {
 				t.Fatalf("public tracking = %v, want %v", got, tc.wantSeq)
 			}
@@ -148,7 +148,7 @@ func TestKeyedVectors(t *testing.T) {
 				}
 			}
 			var h Hasher
-			if got := tr.AppendTrackingHashes(&h, nil, tc.tokens, tc.scope, tc.mm); !slices.Equal(got, tc.want) {
+			if got := tr.AppendTrackingHashes(&h, nil, tc.tokens, tc.scope, tc.mm, true); !slices.Equal(got, tc.want) {
 				t.Fatalf("keyed seq = %v, want %v", got, tc.want)
 			}
 		})
@@ -192,7 +192,7 @@ func TestTrackerConfigErrors(t *testing.T) {
 			}
 			if tc.ok && tc.cfg.Algorithm == AlgorithmKeyed {
 				var h Hasher
-				got := tr.AppendTrackingHashes(&h, nil, seq(12), Scope{Model: "model-a", RoutingGroup: "tenant-a", BlockSize: 4, CacheNamespace: "cache-a", LoraName: "adapter-a"}, nil)
+				got := tr.AppendTrackingHashes(&h, nil, seq(12), Scope{Model: "model-a", RoutingGroup: "tenant-a", BlockSize: 4, CacheNamespace: "cache-a", LoraName: "adapter-a"}, nil, true)
 				if got[0] != 4363769719052127296 {
 					t.Fatalf("keyed tracker from file gives %v", got)
 				}
@@ -202,13 +202,13 @@ func TestTrackerConfigErrors(t *testing.T) {
 }
 
 func TestRandomTrackingHashes(t *testing.T) {
-	tr, err := NewTracker(TrackingConfig{RandomHashes: true}, rand.New(rand.NewPCG(1, 2)))
+	tr, err := NewTracker(TrackingConfig{}, rand.New(rand.NewPCG(1, 2)))
 	if err != nil {
 		t.Fatal(err)
 	}
 	var h Hasher
-	a := tr.AppendTrackingHashes(&h, nil, seq(8), Scope{BlockSize: 4}, nil)
-	b := tr.AppendTrackingHashes(&h, nil, seq(8), Scope{BlockSize: 4}, nil)
+	a := tr.AppendTrackingHashes(&h, nil, seq(8), Scope{BlockSize: 4}, nil, false)
+	b := tr.AppendTrackingHashes(&h, nil, seq(8), Scope{BlockSize: 4}, nil, false)
 	if len(a) != 2 || len(b) != 2 || slices.Equal(a, b) {
 		t.Fatalf("random tracking hashes should differ per call: %v %v", a, b)
 	}

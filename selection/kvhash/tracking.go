@@ -40,10 +40,6 @@ type TrackingConfig struct {
 	KeyFile string
 	// KeyID names the key epoch (keyed mode only); it is trimmed and must be non-empty.
 	KeyID string
-	// RandomHashes gives every tracked block a random hash, so concurrent
-	// requests never share active blocks: router_assume_kv_reuse=false. The zero
-	// value keeps Dynamo's default (reuse assumed, content-derived hashes).
-	RandomHashes bool
 }
 
 // Scope is what a keyed derivation binds a tracking hash to.
@@ -58,16 +54,15 @@ type Scope struct {
 
 // Tracker derives tracking hashes. It is safe for concurrent use.
 type Tracker struct {
-	keyed       bool
-	key         [KeySize]byte
-	keyID       string
-	assumeReuse bool
-	mu          sync.Mutex // guards rnd
-	rnd         *rand.Rand
+	keyed bool
+	key   [KeySize]byte
+	keyID string
+	mu    sync.Mutex // guards rnd
+	rnd   *rand.Rand
 }
 
 // NewTracker validates cfg and loads the key file in keyed mode. rnd supplies the
-// random hashes (RandomHashes, placeholder output blocks); nil seeds a
+// random hashes (KV reuse not assumed, placeholder output blocks); nil seeds a
 // private ChaCha8 source from crypto/rand. Pass a seeded source for determinism.
 func NewTracker(cfg TrackingConfig, rnd *rand.Rand) (*Tracker, error) {
 	if rnd == nil {
@@ -75,7 +70,7 @@ func NewTracker(cfg TrackingConfig, rnd *rand.Rand) (*Tracker, error) {
 		_, _ = crand.Read(seed[:]) // never fails on supported platforms
 		rnd = rand.New(rand.NewChaCha8(seed))
 	}
-	t := &Tracker{assumeReuse: !cfg.RandomHashes, rnd: rnd}
+	t := &Tracker{rnd: rnd}
 	switch cfg.Algorithm {
 	case "", AlgorithmPublic:
 		if cfg.KeyFile != "" || cfg.KeyID != "" {
@@ -179,10 +174,12 @@ func (t *Tracker) Seeds(s Scope) (blockSeed, chainSeed uint64) {
 
 // AppendTrackingHashes appends the tracking (sequence) hashes of the complete
 // blocks of tokens in scope. mm holds per-block multimodal hashes, as in
-// BlockOptions.MM. With RandomHashes every block gets a random hash.
-func (t *Tracker) AppendTrackingHashes(h *Hasher, dst []uint64, tokens []uint32, s Scope, mm [][]uint64) []uint64 {
+// BlockOptions.MM. Without reuse (router_assume_kv_reuse=false, possibly a
+// per-request override) every block gets a random hash, so concurrent requests
+// never share active blocks.
+func (t *Tracker) AppendTrackingHashes(h *Hasher, dst []uint64, tokens []uint32, s Scope, mm [][]uint64, reuse bool) []uint64 {
 	o := BlockOptions{BlockSize: int(s.BlockSize), Eagle: s.Eagle, MM: mm}
-	if !t.assumeReuse {
+	if !reuse {
 		return t.AppendRandom(dst, o.NumBlocks(len(tokens)))
 	}
 	blockSeed, chainSeed := t.Seeds(s)
@@ -194,9 +191,6 @@ func (t *Tracker) AppendTrackingHashes(h *Hasher, dst []uint64, tokens []uint32,
 	}
 	return dst
 }
-
-// AssumesKVReuse reports whether tracking hashes are content-derived.
-func (t *Tracker) AssumesKVReuse() bool { return t.assumeReuse }
 
 // AppendRandom appends n random tracking hashes (router_assume_kv_reuse=false, and
 // placeholder output blocks).

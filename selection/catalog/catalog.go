@@ -1,0 +1,320 @@
+// Package catalog holds the worker catalog of the selection service: the worker
+// records exactly as clients registered them (api spec §3.1–3.4), their lifecycle
+// and the reasons an accepted worker is not schedulable, the ZMQ endpoint syntax
+// (§9.4), and the per-rank endpoint view that the KV-event listeners reconcile
+// against. It decides nothing about selection and does no I/O.
+package catalog
+
+import (
+	"cmp"
+	"fmt"
+	"maps"
+	"slices"
+	"strconv"
+	"strings"
+)
+
+// Lifecycle is a worker's catalog state.
+type Lifecycle string
+
+// Lifecycle states (api spec §4).
+const (
+	Incomplete    Lifecycle = "incomplete"    // accepted, not selectable; reasons say why
+	Schedulable   Lifecycle = "schedulable"   // a selection candidate
+	Draining      Lifecycle = "draining"      // transient while being removed or moved
+	Unschedulable Lifecycle = "unschedulable" // returned by DELETE
+)
+
+// DefaultPartitionName is the model name and routing group used when omitted.
+const DefaultPartitionName = "default"
+
+// Record is a worker catalog record: the POST /workers body and the
+// WorkerCatalogRecord response share it (field order = wire order). Optional
+// fields are pointers and stay nil when not sent: the catalog stores what the
+// client sent and fills no defaults (api spec §3.4), except model_name and
+// routing_group, which name the partition.
+type Record struct {
+	WorkerID     uint64    `json:"worker_id"`
+	ModelName    string    `json:"model_name"`
+	RoutingGroup string    `json:"routing_group"`
+	Lifecycle    Lifecycle `json:"lifecycle"`
+
+	Endpoint              *string           `json:"endpoint"`
+	KVEventsEndpoint      *string           `json:"kv_events_endpoint"`
+	KVEventsEndpoints     map[uint32]string `json:"kv_events_endpoints,omitempty"`
+	ReplayEndpoint        *string           `json:"replay_endpoint"`
+	BlockSize             *uint32           `json:"block_size"`
+	DataParallelStartRank *uint32           `json:"data_parallel_start_rank"`
+	DataParallelSize      *uint32           `json:"data_parallel_size"`
+	MaxNumBatchedTokens   *uint64           `json:"max_num_batched_tokens"`
+	TotalKVBlocks         *uint64           `json:"total_kv_blocks"`
+	StableRoutingID       *string           `json:"stable_routing_id"`
+	IsEagle               *bool             `json:"is_eagle"`
+	Taints                []string          `json:"taints"`
+	TopologyDomains       map[string]string `json:"topology_domains"`
+
+	KVTransferDomain          *string  `json:"kv_transfer_domain"`
+	KVTransferEnforcement     *string  `json:"kv_transfer_enforcement"`
+	KVTransferPreferredWeight *float32 `json:"kv_transfer_preferred_weight"`
+
+	RouterHintWorkerType             *string           `json:"router_hint_worker_type,omitempty"`
+	RouterHintSourceControlEndpoints map[uint32]string `json:"router_hint_source_control_endpoints,omitempty"`
+	KVEventSourceMode                *string           `json:"kv_event_source_mode,omitempty"`
+
+	NotSchedulableReasons []string `json:"not_schedulable_reasons,omitempty"`
+}
+
+// StateAgentV2 is the kv_event_source_mode of workers whose events come from a
+// state agent: they can receive KV hints but are never chosen as hint sources.
+const StateAgentV2 = "state_agent_v2"
+
+// Normalize fills the partition defaults and turns absent collections into empty
+// ones, so a record serializes `taints: []` and `topology_domains: {}` as Dynamo
+// does. It validates enums that the wire restricts.
+func (r *Record) Normalize() error {
+	if r.ModelName == "" {
+		r.ModelName = DefaultPartitionName
+	}
+	if r.RoutingGroup == "" {
+		r.RoutingGroup = DefaultPartitionName
+	}
+	if r.Taints == nil {
+		r.Taints = []string{}
+	}
+	if r.TopologyDomains == nil {
+		r.TopologyDomains = map[string]string{}
+	}
+	if e := r.KVTransferEnforcement; e != nil && *e != "required" && *e != "preferred" {
+		return fmt.Errorf("kv_transfer_enforcement must be \"required\" or \"preferred\", not %q", *e)
+	}
+	return nil
+}
+
+// Clone returns a deep copy, so callers can hand records out without sharing maps.
+func (r *Record) Clone() *Record {
+	c := *r
+	c.KVEventsEndpoints = maps.Clone(r.KVEventsEndpoints)
+	c.Taints = slices.Clone(r.Taints)
+	c.TopologyDomains = maps.Clone(r.TopologyDomains)
+	c.RouterHintSourceControlEndpoints = maps.Clone(r.RouterHintSourceControlEndpoints)
+	c.NotSchedulableReasons = slices.Clone(r.NotSchedulableReasons)
+	return &c
+}
+
+// StartRank is data_parallel_start_rank (0 when absent).
+func (r *Record) StartRank() uint32 { return deref(r.DataParallelStartRank, 0) }
+
+// DPSize is data_parallel_size (1 when absent).
+func (r *Record) DPSize() uint32 { return deref(r.DataParallelSize, 1) }
+
+// Ranks lists the worker's global data-parallel ranks [start, start+size).
+func (r *Record) Ranks() []uint32 {
+	out := make([]uint32, 0, r.DPSize())
+	for i := range r.DPSize() {
+		out = append(out, r.StartRank()+i)
+	}
+	return out
+}
+
+// HasRank reports whether rank is inside the worker's current range.
+func (r *Record) HasRank(rank uint32) bool {
+	return rank >= r.StartRank() && rank-r.StartRank() < r.DPSize()
+}
+
+// EndpointOrEmpty is the client-facing endpoint.
+func (r *Record) EndpointOrEmpty() string { return deref(r.Endpoint, "") }
+
+// RankEndpoints is what one rank's KV-event listener connects to.
+type RankEndpoints struct {
+	KVEvents string // ZMQ PUB endpoint of the rank's publisher
+	Replay   string // ZMQ ROUTER endpoint for gap replay; "" = none
+}
+
+// KVEndpoints returns each rank's event endpoints: kv_events_endpoints, or the
+// legacy kv_events_endpoint for a single-rank worker that sent no map (api §3.1).
+// Ranks without an endpoint are absent.
+func (r *Record) KVEndpoints() map[uint32]RankEndpoints {
+	out := make(map[uint32]RankEndpoints)
+	replay := deref(r.ReplayEndpoint, "")
+	if len(r.KVEventsEndpoints) == 0 {
+		if ep := deref(r.KVEventsEndpoint, ""); ep != "" && r.DPSize() == 1 {
+			out[r.StartRank()] = RankEndpoints{KVEvents: ep, Replay: replay}
+		}
+		return out
+	}
+	for _, rank := range r.Ranks() {
+		if ep := r.KVEventsEndpoints[rank]; ep != "" {
+			out[rank] = RankEndpoints{KVEvents: ep, Replay: replay}
+		}
+	}
+	return out
+}
+
+// Checks are the service settings that decide schedulability.
+type Checks struct {
+	// Queueing: max_num_batched_tokens becomes required.
+	Queueing bool
+	// ConsumesEvents: the service itself listens to KV events, so every rank
+	// needs an event endpoint and replay needs a single rank.
+	ConsumesEvents bool
+}
+
+// Reasons computes why r cannot be scheduled, in Dynamo's order and words
+// (api spec §3.1 step 1). Partition and listener checks come later from the
+// service and are appended by it.
+func (r *Record) Reasons(c Checks) []string {
+	var out []string
+	if deref(r.Endpoint, "") == "" {
+		out = append(out, "endpoint is required")
+	}
+	if deref(r.BlockSize, 0) == 0 {
+		out = append(out, "block_size must be greater than 0")
+	}
+	if r.DataParallelSize != nil && *r.DataParallelSize == 0 {
+		out = append(out, "data_parallel_size must be greater than 0")
+	}
+	if c.Queueing && r.MaxNumBatchedTokens == nil {
+		out = append(out, "max_num_batched_tokens is required while queueing is enabled")
+	}
+	if c.ConsumesEvents && r.DPSize() > 0 {
+		eps := r.KVEndpoints()
+		for _, rank := range r.Ranks() {
+			if _, ok := eps[rank]; !ok {
+				out = append(out, fmt.Sprintf("kv_events endpoint is required for dp_rank %d", rank))
+			}
+		}
+		if r.DPSize() > 1 && deref(r.ReplayEndpoint, "") != "" {
+			out = append(out, "replay_endpoint is supported only for data_parallel_size 1")
+		}
+	}
+	return out
+}
+
+// Patch is a PATCH /workers/{id} body: present scalar fields replace, absent or
+// null ones leave the record alone; present maps and lists replace wholesale.
+// worker_id, model_name and routing_group cannot be patched (a move needs POST).
+type Patch struct {
+	Endpoint                         *string           `json:"endpoint"`
+	KVEventsEndpoint                 *string           `json:"kv_events_endpoint"`
+	KVEventsEndpoints                map[uint32]string `json:"kv_events_endpoints"`
+	ReplayEndpoint                   *string           `json:"replay_endpoint"`
+	BlockSize                        *uint32           `json:"block_size"`
+	DataParallelStartRank            *uint32           `json:"data_parallel_start_rank"`
+	DataParallelSize                 *uint32           `json:"data_parallel_size"`
+	MaxNumBatchedTokens              *uint64           `json:"max_num_batched_tokens"`
+	TotalKVBlocks                    *uint64           `json:"total_kv_blocks"`
+	StableRoutingID                  *string           `json:"stable_routing_id"`
+	IsEagle                          *bool             `json:"is_eagle"`
+	Taints                           []string          `json:"taints"`
+	TopologyDomains                  map[string]string `json:"topology_domains"`
+	KVTransferDomain                 *string           `json:"kv_transfer_domain"`
+	KVTransferEnforcement            *string           `json:"kv_transfer_enforcement"`
+	KVTransferPreferredWeight        *float32          `json:"kv_transfer_preferred_weight"`
+	RouterHintWorkerType             *string           `json:"router_hint_worker_type"`
+	RouterHintSourceControlEndpoints map[uint32]string `json:"router_hint_source_control_endpoints"`
+	KVEventSourceMode                *string           `json:"kv_event_source_mode"`
+}
+
+// Apply returns a copy of r with the patch applied.
+func (p *Patch) Apply(r *Record) *Record {
+	c := r.Clone()
+	set(&c.Endpoint, p.Endpoint)
+	set(&c.KVEventsEndpoint, p.KVEventsEndpoint)
+	set(&c.ReplayEndpoint, p.ReplayEndpoint)
+	set(&c.BlockSize, p.BlockSize)
+	set(&c.DataParallelStartRank, p.DataParallelStartRank)
+	set(&c.DataParallelSize, p.DataParallelSize)
+	set(&c.MaxNumBatchedTokens, p.MaxNumBatchedTokens)
+	set(&c.TotalKVBlocks, p.TotalKVBlocks)
+	set(&c.StableRoutingID, p.StableRoutingID)
+	set(&c.IsEagle, p.IsEagle)
+	set(&c.KVTransferDomain, p.KVTransferDomain)
+	set(&c.KVTransferEnforcement, p.KVTransferEnforcement)
+	set(&c.KVTransferPreferredWeight, p.KVTransferPreferredWeight)
+	set(&c.RouterHintWorkerType, p.RouterHintWorkerType)
+	set(&c.KVEventSourceMode, p.KVEventSourceMode)
+	if p.KVEventsEndpoints != nil {
+		c.KVEventsEndpoints = maps.Clone(p.KVEventsEndpoints)
+	}
+	if p.Taints != nil {
+		c.Taints = slices.Clone(p.Taints)
+	}
+	if p.TopologyDomains != nil {
+		c.TopologyDomains = maps.Clone(p.TopologyDomains)
+	}
+	if p.RouterHintSourceControlEndpoints != nil {
+		c.RouterHintSourceControlEndpoints = maps.Clone(p.RouterHintSourceControlEndpoints)
+	}
+	return c
+}
+
+func set[T any](dst **T, v *T) {
+	if v != nil {
+		x := *v
+		*dst = &x
+	}
+}
+
+func deref[T any](p *T, def T) T {
+	if p == nil {
+		return def
+	}
+	return *p
+}
+
+// Sort orders records by (model_name, routing_group, worker_id), the order of
+// GET /workers and /ready.
+func Sort(rs []*Record) {
+	slices.SortFunc(rs, func(a, b *Record) int {
+		return cmp.Or(cmp.Compare(a.ModelName, b.ModelName), cmp.Compare(a.RoutingGroup, b.RoutingGroup), cmp.Compare(a.WorkerID, b.WorkerID))
+	})
+}
+
+// ValidateZMQEndpoint checks ZMQ endpoint syntax (api spec §9.4): scheme tcp, ipc
+// or inproc; tcp needs a non-empty host and a u16 port, IPv6 bracketed.
+func ValidateZMQEndpoint(ep string) error {
+	scheme, addr, ok := strings.Cut(ep, "://")
+	if !ok {
+		return fmt.Errorf("invalid ZMQ endpoint `%s`: missing scheme", ep)
+	}
+	switch scheme {
+	case "ipc", "inproc":
+		if addr == "" {
+			return fmt.Errorf("invalid ZMQ endpoint `%s`: missing address", ep)
+		}
+		return nil
+	case "tcp":
+	default:
+		return fmt.Errorf("invalid ZMQ endpoint `%s`: unsupported scheme `%s`", ep, scheme)
+	}
+	var host, port string
+	if strings.HasPrefix(addr, "[") {
+		end := strings.Index(addr, "]")
+		if end < 0 {
+			return fmt.Errorf("invalid ZMQ endpoint `%s`: unterminated IPv6 address", ep)
+		}
+		host, port = addr[1:end], strings.TrimPrefix(addr[end+1:], ":")
+		if !strings.HasPrefix(addr[end+1:], ":") {
+			return fmt.Errorf("invalid ZMQ endpoint `%s`: missing TCP port", ep)
+		}
+	} else {
+		i := strings.LastIndex(addr, ":")
+		if i < 0 {
+			return fmt.Errorf("invalid ZMQ endpoint `%s`: missing TCP port", ep)
+		}
+		host, port = addr[:i], addr[i+1:]
+		if strings.Contains(host, ":") {
+			return fmt.Errorf("invalid ZMQ endpoint `%s`: IPv6 addresses must be bracketed", ep)
+		}
+	}
+	if host == "" {
+		return fmt.Errorf("invalid ZMQ endpoint `%s`: missing TCP host", ep)
+	}
+	if port == "" {
+		return fmt.Errorf("invalid ZMQ endpoint `%s`: missing TCP port", ep)
+	}
+	if _, err := strconv.ParseUint(port, 10, 16); err != nil {
+		return fmt.Errorf("invalid ZMQ endpoint `%s`: invalid TCP port `%s`", ep, port)
+	}
+	return nil
+}

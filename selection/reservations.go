@@ -1,0 +1,290 @@
+package selection
+
+import (
+	"context"
+	"encoding/hex"
+	"math/rand/v2"
+	"time"
+
+	"github.com/kvselect/kvselect/selection/affinity"
+	"github.com/kvselect/kvselect/selection/index"
+	"github.com/kvselect/kvselect/selection/loads"
+	"github.com/kvselect/kvselect/selection/pending"
+)
+
+// reservation is one row of the process-wide reservation index: claimed while
+// its booking is in flight, then booked on a (partition, worker rank).
+type reservation struct {
+	part   *partition
+	worker index.WorkerKey
+	booked bool
+	lease  *affinity.Lease
+}
+
+// claim reserves a selection id process-wide before booking (api §3.8 step 1).
+func (s *Service) claim(id string) error {
+	s.resvMu.Lock()
+	defer s.resvMu.Unlock()
+	if _, taken := s.resv[id]; taken {
+		return newError(KindConflict, "selection %s is already reserved or being reserved", id)
+	}
+	s.resv[id] = &reservation{}
+	return nil
+}
+
+func (s *Service) unclaim(id string) {
+	s.resvMu.Lock()
+	defer s.resvMu.Unlock()
+	if r, ok := s.resv[id]; ok && !r.booked {
+		delete(s.resv, id)
+	}
+}
+
+func (s *Service) install(id string, p *partition, w index.WorkerKey, lease *affinity.Lease) {
+	s.resvMu.Lock()
+	defer s.resvMu.Unlock()
+	s.resv[id] = &reservation{part: p, worker: w, booked: true, lease: lease}
+}
+
+// booked resolves a live booking; claimed-but-in-flight ids are not found (api §3.11).
+func (s *Service) booked(id string) (*reservation, error) {
+	s.resvMu.Lock()
+	defer s.resvMu.Unlock()
+	r, ok := s.resv[id]
+	if !ok || !r.booked {
+		return nil, newError(KindNotFound, "reservation %s not found", id)
+	}
+	return r, nil
+}
+
+// dropReservation forgets a row whose booking is gone (freed, expired, or its
+// worker left) and releases the session lease it held.
+func (s *Service) dropReservation(id string, now time.Time) {
+	s.resvMu.Lock()
+	r, ok := s.resv[id]
+	if ok && r.booked {
+		delete(s.resv, id)
+	}
+	s.resvMu.Unlock()
+	if ok && r.booked && r.lease != nil {
+		r.lease.Release(now)
+	}
+}
+
+// Reserve books a reservation (POST /reservations): the explicit form when
+// worker_id is present, else a replay of the cached /select.
+func (s *Service) Reserve(ctx context.Context, req *ReservationRequest) (*ReservationResponse, error) {
+	if req.SelectionID == nil {
+		return nil, newError(KindBadRequest, "missing field `selection_id`")
+	}
+	if s.shutting.Load() {
+		return nil, errShuttingDown()
+	}
+	key := partitionOf(req.PartitionKey)
+	if req.WorkerID != nil {
+		return s.reserveExplicit(ctx, key, req)
+	}
+	return s.reserveReplay(ctx, key, *req.SelectionID)
+}
+
+func (s *Service) reserveExplicit(ctx context.Context, key index.Partition, req *ReservationRequest) (*ReservationResponse, error) {
+	id := *req.SelectionID
+	s.pending.Discard(pending.Key{Partition: key, SelectionID: id})
+	p, err := s.readyPartition(key)
+	if err != nil {
+		return nil, err
+	}
+	eff, err := s.effective(req.RouterConfigOverride)
+	if err != nil {
+		return nil, err
+	}
+	pr, err := s.normalize(p, &req.PromptRequest, eff.AssumeKVReuse, forReservation)
+	if err != nil {
+		return nil, err
+	}
+	if e := req.EffectivePrefillTokens; e != nil && *e > uint64(pr.isl) {
+		return nil, newError(KindBadRequest, "effective_prefill_tokens (%d) must not exceed isl_tokens (%d)", *e, pr.isl)
+	}
+	ws := p.workers.Load()
+	rec, ok := ws.byID[*req.WorkerID]
+	if !ok {
+		return nil, newError(KindNotFound, "schedulable worker %d not found for %s", *req.WorkerID, displayKey(key))
+	}
+	w := index.WorkerKey{WorkerID: *req.WorkerID, DPRank: deref(req.DPRank, 0)}
+	// api §3.10 step 5.
+	track := eff.TrackPrefillTokens
+	if req.EffectivePrefillTokens != nil {
+		track = true
+	}
+	if req.TrackPrefillTokens != nil {
+		track = *req.TrackPrefillTokens
+	}
+	prefill := 0
+	if req.EffectivePrefillTokens != nil {
+		prefill = int(*req.EffectivePrefillTokens)
+	} else if track {
+		prefill = pr.isl
+	}
+	if err := s.claim(id); err != nil {
+		return nil, err
+	}
+	b := loads.Booking{RequestID: id, Worker: w, TrackingHashes: pr.tracking, ISL: pr.isl, PrefillTokens: prefill,
+		TrackPrefill: track, ExpectedOutputTokens: req.ExpectedOutputTokens}
+	p.schedMu.Lock()
+	err = p.loads.Add(s.clock(), b)
+	p.schedMu.Unlock()
+	if err != nil {
+		s.unclaim(id)
+		return nil, loadsError(err)
+	}
+	s.recordRouting(p, w, pr)
+	s.install(id, p, w, nil)
+	return &ReservationResponse{SelectionID: id, ModelName: key.Model, RoutingGroup: key.RoutingGroup,
+		WorkerID: w.WorkerID, DPRank: w.DPRank, Endpoint: rec.EndpointOrEmpty()}, nil
+}
+
+func (s *Service) reserveReplay(ctx context.Context, key index.Partition, id string) (*ReservationResponse, error) {
+	pk := pending.Key{Partition: key, SelectionID: id}
+	e, gen, ok := s.pending.Peek(s.clock(), pk)
+	if !ok {
+		return nil, newError(KindNotFound, "no pending selection %s for %s (expired, already used, or never selected)", id, displayKey(key))
+	}
+	p, err := s.readyPartition(key)
+	if err != nil {
+		return nil, err
+	}
+	ws := p.workers.Load()
+	rec, ok := ws.rank(e.Worker)
+	if !ok {
+		return nil, newError(KindNotFound, "schedulable worker %d (dp_rank %d) not found for %s", e.Worker.WorkerID, e.Worker.DPRank, displayKey(key))
+	}
+	if err := s.claim(id); err != nil {
+		return nil, err
+	}
+	booked := false
+	defer func() {
+		if !booked {
+			s.unclaim(id)
+		}
+	}()
+	var hold *affinity.Hold
+	if e.SessionID != "" && p.affinity != nil {
+		if hold, _, err = s.holdSession(ctx, p, e.SessionID); err != nil {
+			return nil, err
+		}
+	}
+	prefill := 0
+	if e.TrackPrefill {
+		prefill = e.EffectivePrefillTokens
+	}
+	b := loads.Booking{RequestID: id, Worker: e.Worker, TrackingHashes: e.TrackingHashes, ISL: e.ISL,
+		PrefillTokens: prefill, TrackPrefill: e.TrackPrefill, ExpectedOutputTokens: e.ExpectedOutputTokens}
+	p.schedMu.Lock()
+	err = p.loads.Add(s.clock(), b)
+	p.schedMu.Unlock()
+	if err != nil {
+		if hold != nil {
+			hold.Abort(s.clock())
+		}
+		return nil, loadsError(err)
+	}
+	lease, err := s.commitSession(p, hold, e.Worker, id)
+	if err != nil {
+		// The session moved elsewhere: this cached selection can never book.
+		s.pending.Consume(pk, gen)
+		return nil, err
+	}
+	s.recordRouting(p, e.Worker, prompt{locals: e.BlockHashes, hashed: e.BlockHashes != nil})
+	s.install(id, p, e.Worker, lease)
+	booked = true
+	s.pending.Consume(pk, gen)
+	return &ReservationResponse{SelectionID: id, ModelName: key.Model, RoutingGroup: key.RoutingGroup,
+		WorkerID: e.Worker.WorkerID, DPRank: e.Worker.DPRank, Endpoint: rec.EndpointOrEmpty()}, nil
+}
+
+// PrefillComplete clears the booking's active prefill load.
+func (s *Service) PrefillComplete(ctx context.Context, id string) error {
+	r, err := s.booked(id)
+	if err != nil {
+		return err
+	}
+	if err := r.part.loads.PrefillComplete(id); err != nil {
+		s.dropReservation(id, s.clock())
+		return newError(KindNotFound, "reservation %s not found", id)
+	}
+	r.part.wake()
+	return nil
+}
+
+// OutputBlock adds one output block to the booking's decode load (local only).
+func (s *Service) OutputBlock(ctx context.Context, id string, decayFraction *float64) error {
+	if f := decayFraction; f != nil && !(*f >= 0 && *f <= 1) {
+		return newError(KindBadRequest, "decay_fraction must be between 0.0 and 1.0")
+	}
+	r, err := s.booked(id)
+	if err != nil {
+		return err
+	}
+	if err := r.part.loads.AddOutputBlock(id, decayFraction); err != nil {
+		s.dropReservation(id, s.clock())
+		return newError(KindNotFound, "reservation %s not found", id)
+	}
+	return nil
+}
+
+// Free releases the booking, its reservation row and session lease.
+func (s *Service) Free(ctx context.Context, id string) error {
+	r, err := s.booked(id)
+	if err != nil {
+		return err
+	}
+	ferr := r.part.loads.Free(id)
+	s.dropReservation(id, s.clock())
+	r.part.wake()
+	if ferr != nil {
+		return newError(KindNotFound, "reservation %s not found", id)
+	}
+	return nil
+}
+
+// newUUID returns a random UUIDv4 string from the service's random source.
+func (s *Service) newUUID() string {
+	var b [16]byte
+	s.rndMu.Lock()
+	for i := range 2 {
+		v := s.rnd.Uint64()
+		for j := range 8 {
+			b[i*8+j] = byte(v >> (8 * j))
+		}
+	}
+	s.rndMu.Unlock()
+	b[6] = b[6]&0x0f | 0x40
+	b[8] = b[8]&0x3f | 0x80
+	var out [36]byte
+	hex.Encode(out[0:8], b[0:4])
+	out[8] = '-'
+	hex.Encode(out[9:13], b[4:6])
+	out[13] = '-'
+	hex.Encode(out[14:18], b[6:8])
+	out[18] = '-'
+	hex.Encode(out[19:23], b[8:10])
+	out[23] = '-'
+	hex.Encode(out[24:], b[10:])
+	return string(out[:])
+}
+
+func (s *Service) childRand() *rand.Rand {
+	s.rndMu.Lock()
+	defer s.rndMu.Unlock()
+	return rand.New(rand.NewPCG(s.rnd.Uint64(), s.rnd.Uint64()))
+}
+
+// writerID is this process's non-zero replica identity (router_id, writer_id).
+func (s *Service) writerID() uint64 {
+	s.writerOnce.Do(func() {
+		for s.writer == 0 {
+			s.writer = s.randUint64()
+		}
+	})
+	return s.writer
+}

@@ -1,0 +1,534 @@
+package selection
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/kvselect/kvselect/selection/affinity"
+	"github.com/kvselect/kvselect/selection/catalog"
+	"github.com/kvselect/kvselect/selection/index"
+	"github.com/kvselect/kvselect/selection/kvhash"
+	"github.com/kvselect/kvselect/selection/loads"
+	"github.com/kvselect/kvselect/selection/pending"
+	"github.com/kvselect/kvselect/selection/routerconfig"
+	"github.com/kvselect/kvselect/selection/scheduler"
+)
+
+// maxSessionIDBytes bounds session ids (api §6).
+const maxSessionIDBytes = 256
+
+// decision is one selection's outcome, before it becomes a response.
+type decision struct {
+	part     *partition
+	rec      *catalog.Record
+	worker   index.WorkerKey
+	overlaps []index.Overlap // the whole lookup, for the summary and hints
+	scored   scheduler.Scored
+	load     loads.Projection // the chosen rank before this request
+	prompt   prompt
+	eff      routerconfig.Config
+	booked   bool
+}
+
+// readyPartition applies the readiness rules of api §3.7 step 1.
+func (s *Service) readyPartition(key index.Partition) (*partition, error) {
+	if s.shutting.Load() {
+		return nil, errShuttingDown()
+	}
+	p := s.partition(key)
+	if p == nil || len(p.workers.Load().ranks) == 0 {
+		if !s.anySchedulable() {
+			return nil, newError(KindNotReady, "no schedulable workers are available")
+		}
+		return nil, newError(KindNotReady, "no schedulable workers for %s", displayKey(key))
+	}
+	return p, nil
+}
+
+func (s *Service) anySchedulable() bool {
+	for _, p := range s.partitions() {
+		if len(p.workers.Load().ranks) > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+func (s *Service) effective(o *routerconfig.Override) (routerconfig.Config, error) {
+	if o == nil {
+		return s.router, nil
+	}
+	if err := o.Validate(); err != nil {
+		return s.router, wrapError(KindBadRequest, err)
+	}
+	return s.router.Apply(*o), nil
+}
+
+func sessionOf(req *SelectRequest) (string, error) {
+	sid := ""
+	switch {
+	case req.SessionContext != nil:
+		sid = req.SessionContext.SessionID
+		if t := req.SessionContext.InputTrigger; t != nil && *t != "user_message" && *t != "tool_result" && *t != "other" {
+			return "", newError(KindBadRequest, "invalid input_trigger %q (want user_message, tool_result or other)", *t)
+		}
+	case req.SessionID != nil:
+		sid = *req.SessionID
+	}
+	if len(sid) > maxSessionIDBytes {
+		return "", newError(KindBadRequest, "session affinity ID must not exceed %d bytes", maxSessionIDBytes)
+	}
+	return sid, nil
+}
+
+// Select picks a worker without booking load (POST /select). With a
+// selection_id it caches the booking inputs for a later replay reservation.
+func (s *Service) Select(ctx context.Context, req *SelectRequest) (*SelectResponse, error) {
+	key := partitionOf(req.PartitionKey)
+	p, err := s.readyPartition(key)
+	if err != nil {
+		return nil, err
+	}
+	eff, err := s.effective(req.RouterConfigOverride)
+	if err != nil {
+		return nil, err
+	}
+	sid, err := sessionOf(req)
+	if err != nil {
+		return nil, err
+	}
+	target := explicitTarget(req)
+	if target == nil && sid != "" && p.affinity != nil && req.PinnedWorker == nil {
+		if t, ok, err := p.affinity.Query(s.clock(), sid); err != nil {
+			return nil, wrapError(KindBadRequest, err)
+		} else if ok {
+			target = &t
+		}
+	}
+	pr, err := s.normalize(p, &req.PromptRequest, eff.AssumeKVReuse, forSelection)
+	if err != nil {
+		return nil, err
+	}
+	d, err := s.choose(ctx, p, req, pr, eff, target, nil, !req.Advisory)
+	if err != nil {
+		return nil, err
+	}
+	resp := s.response(d, req.SelectionID)
+	if req.Advisory {
+		resp.WorkerLoad = s.workerLoad(d)
+	}
+	if req.SelectionID != nil {
+		e := pending.Entry{
+			Worker: d.worker, TrackingHashes: pr.tracking, ISL: pr.isl,
+			EffectivePrefillTokens: int(resp.EffectivePrefillTokens), ExpectedOutputTokens: req.ExpectedOutputTokens,
+			TrackPrefill: eff.TrackPrefillTokens, LoraName: pr.lora, SessionID: sid,
+		}
+		if p.ix.Config().Approximate || p.ix.Config().PredictedTTL > 0 {
+			e.BlockHashes = pr.locals
+		}
+		s.pending.Put(s.clock(), pending.Key{Partition: key, SelectionID: *req.SelectionID}, e)
+	}
+	return resp, nil
+}
+
+func explicitTarget(req *SelectRequest) *affinity.Target {
+	a := req.AffinityTarget
+	if a == nil {
+		return nil
+	}
+	t := affinity.WorkerTarget(a.WorkerID)
+	if a.DPRank != nil {
+		t.DPRank, t.HasDPRank = *a.DPRank, true
+	}
+	return &t
+}
+
+// SelectAndReserve selects and atomically books load (POST /select_and_reserve).
+func (s *Service) SelectAndReserve(ctx context.Context, req *SelectRequest) (*SelectResponse, error) {
+	key := partitionOf(req.PartitionKey)
+	p, err := s.readyPartition(key)
+	if err != nil {
+		return nil, err
+	}
+	eff, err := s.effective(req.RouterConfigOverride)
+	if err != nil {
+		return nil, err
+	}
+	sid, err := sessionOf(req)
+	if err != nil {
+		return nil, err
+	}
+	pr, err := s.normalize(p, &req.PromptRequest, eff.AssumeKVReuse, forSelection)
+	if err != nil {
+		return nil, err
+	}
+	id := deref(req.SelectionID, "")
+	if id == "" {
+		id = s.newUUID()
+	}
+	if err := s.claim(id); err != nil {
+		return nil, err
+	}
+	ok := false
+	defer func() {
+		if !ok {
+			s.unclaim(id)
+		}
+	}()
+	target := explicitTarget(req)
+	var hold *affinity.Hold
+	if target == nil && req.PinnedWorker == nil && sid != "" && p.affinity != nil {
+		if hold, target, err = s.holdSession(ctx, p, sid); err != nil {
+			return nil, err
+		}
+	}
+	booking := &loads.Booking{RequestID: id, TrackingHashes: pr.tracking, ISL: pr.isl,
+		TrackPrefill: eff.TrackPrefillTokens, ExpectedOutputTokens: req.ExpectedOutputTokens}
+	d, err := s.choose(ctx, p, req, pr, eff, target, booking, true)
+	if err != nil {
+		if hold != nil {
+			hold.Abort(s.clock())
+		}
+		return nil, err
+	}
+	lease, err := s.commitSession(p, hold, d.worker, id)
+	if err != nil {
+		return nil, err
+	}
+	s.recordRouting(p, d.worker, pr)
+	s.install(id, p, d.worker, lease)
+	ok = true
+	resp := s.response(d, &id)
+	resp.SequenceHashes = toI64(pr.tracking)
+	isl := uint64(pr.isl)
+	resp.ISLTokens = &isl
+	track := eff.TrackPrefillTokens
+	resp.TrackPrefillTokens = &track
+	resp.KVHint = s.kvHint(d, id)
+	return resp, nil
+}
+
+// holdSession acquires the session's binding before booking; a concurrent
+// initializer of the same session is waited for (api §6).
+func (s *Service) holdSession(ctx context.Context, p *partition, sid string) (*affinity.Hold, *affinity.Target, error) {
+	for {
+		ws := p.workers.Load()
+		hold, wait, err := p.affinity.Acquire(s.clock(), sid, func(t affinity.Target) bool { return targetSchedulable(ws, t) })
+		if err != nil {
+			return nil, nil, wrapError(KindBadRequest, err)
+		}
+		if wait == nil {
+			if t, bound := hold.Target(); bound {
+				return hold, &t, nil
+			}
+			return hold, nil, nil
+		}
+		select {
+		case <-wait:
+		case <-ctx.Done():
+			return nil, nil, wrapError(KindNotReady, fmt.Errorf("waiting for session %s: %w", sid, ctx.Err()))
+		}
+	}
+}
+
+// targetSchedulable is the liveness test affinity applies to bindings: the
+// worker is schedulable in the partition and a ranked target's rank is inside its
+// current range (so a DP shrink rebinds only the removed ranks).
+func targetSchedulable(ws *workerSet, t affinity.Target) bool {
+	r, ok := ws.byID[t.WorkerID]
+	if !ok {
+		return false
+	}
+	return !t.HasDPRank || r.HasRank(t.DPRank)
+}
+
+// commitSession binds the session to the booked rank. A Hard-mode conflict frees
+// the booking and fails the request with 400.
+func (s *Service) commitSession(p *partition, hold *affinity.Hold, w index.WorkerKey, id string) (*affinity.Lease, error) {
+	if hold == nil {
+		return nil, nil
+	}
+	ws := p.workers.Load()
+	lease, err := hold.Commit(s.clock(), affinity.RankTarget(w), func(t affinity.Target) bool { return targetSchedulable(ws, t) })
+	if err != nil {
+		_ = p.loads.Free(id)
+		p.wake()
+		return nil, wrapError(KindBadRequest, err)
+	}
+	return lease, nil
+}
+
+// recordRouting feeds a booking into an approximate or predicted index: the request's
+// public block hashes keyed by public sequence hashes (router-core §4.6).
+// Hash-only requests without block hashes are not recorded (api §9.1).
+func (s *Service) recordRouting(p *partition, w index.WorkerKey, pr prompt) {
+	if !pr.hashed || len(pr.locals) == 0 {
+		return
+	}
+	cfg := p.ix.Config()
+	if !cfg.Approximate && cfg.PredictedTTL == 0 {
+		return
+	}
+	_, _ = p.ix.RecordRouting(s.clock(), w, pr.locals, kvhash.SequenceHashes(pr.locals))
+}
+
+// choose runs the scheduler: eligibility, cost, pick; with booking != nil it
+// books the chosen rank in the same critical section.
+func (s *Service) choose(ctx context.Context, p *partition, req *SelectRequest, pr prompt, eff routerconfig.Config,
+	target *affinity.Target, booking *loads.Booking, admit bool) (*decision, error) {
+	var overlaps []index.Overlap
+	if len(pr.locals) > 0 {
+		overlaps = p.ix.Match(pr.locals, false, nil)
+	}
+	enqueued := s.clock()
+	sreq := &scheduler.Request{ISL: pr.isl, BlockSize: p.blockSize, Weights: weightsOf(eff)}
+	if eff.TrackActiveBlocks {
+		sreq.TrackedBlocks = len(pr.tracking)
+	}
+	if req != nil {
+		if req.PinnedWorker != nil {
+			sreq.Pinned = &index.WorkerKey{WorkerID: req.PinnedWorker.WorkerID, DPRank: req.PinnedWorker.DPRank}
+		}
+		sreq.AllowedWorkers = req.AllowedWorkerIDs
+		if rc := req.RoutingConstraints; rc != nil {
+			sreq.RequiredTaints, sreq.PreferredTaints = rc.RequiredTaints, rc.PreferredTaints
+		}
+	}
+	if target != nil {
+		st := &scheduler.Target{WorkerID: target.WorkerID}
+		if target.HasDPRank {
+			r := target.DPRank
+			st.DPRank = &r
+		}
+		sreq.AffinityTarget = st
+	}
+	var ticket *waiter
+	if admit && s.set.queueing {
+		ticket = p.enqueue(req, pr, bestCached(overlaps, p.blockSize, eff), enqueued)
+		defer p.leave(ticket)
+	}
+	threshold := s.router.QueueThreshold.Or(0) // read only when queueing is on
+	for {
+		if s.shutting.Load() {
+			return nil, errShuttingDown()
+		}
+		p.queueMu.Lock()
+		changed := p.changed
+		p.queueMu.Unlock()
+		p.schedMu.Lock()
+		ws := p.workers.Load()
+		if len(ws.ranks) == 0 {
+			p.schedMu.Unlock()
+			return nil, newError(KindNotReady, "no schedulable workers for %s", displayKey(p.key))
+		}
+		projs := p.loads.Project(pr.tracking, nil)
+		if ticket != nil && !p.mayProceed(ticket, ws, projs, threshold) {
+			p.schedMu.Unlock()
+			select {
+			case <-changed:
+				if scheduler.OverlapRefreshDue(enqueued, s.clock(), s.router.OverlapRefreshAfter) && len(pr.locals) > 0 {
+					// Dequeue-time refresh (router-core §5.6): a long wait makes the
+					// enqueue-time overlap stale.
+					overlaps = p.ix.Match(pr.locals, false, nil)
+					enqueued = s.clock()
+				}
+				continue
+			case <-ctx.Done():
+				return nil, wrapError(KindNotReady, fmt.Errorf("queued selection for %s: %w", displayKey(p.key), ctx.Err()))
+			}
+		}
+		cands := s.candidates(ws, projs, overlaps)
+		chosen, err := s.policy.Select(p.rnd, sreq, cands, &p.scratch)
+		if err != nil {
+			p.schedMu.Unlock()
+			return nil, schedulerError(err)
+		}
+		d := &decision{part: p, worker: chosen.Worker, overlaps: overlaps, scored: chosen, prompt: pr, eff: eff}
+		d.rec, _ = ws.rank(chosen.Worker)
+		for _, pj := range projs {
+			if pj.Worker == chosen.Worker {
+				d.load = pj
+			}
+		}
+		if booking != nil {
+			booking.Worker = chosen.Worker
+			if booking.TrackPrefill {
+				booking.PrefillTokens = chosen.EffectivePrefillTokens
+			}
+			if err := p.loads.Add(s.clock(), *booking); err != nil {
+				p.schedMu.Unlock()
+				return nil, loadsError(err)
+			}
+			d.booked = true
+		}
+		p.schedMu.Unlock()
+		if d.rec == nil {
+			return nil, newError(KindInternal, "selected worker %d is no longer schedulable", chosen.Worker.WorkerID)
+		}
+		return d, nil
+	}
+}
+
+// bestCached is the largest cached-token credit any rank offers, the WSPT
+// queue key's "cached_tokens".
+func bestCached(overlaps []index.Overlap, blockSize uint32, eff routerconfig.Config) int {
+	best := 0
+	for _, o := range overlaps {
+		best = max(best, scheduler.CachedTokens(o, blockSize, eff.HostCacheHitWeight, eff.DiskCacheHitWeight))
+	}
+	return best
+}
+
+func weightsOf(c routerconfig.Config) scheduler.Weights {
+	return scheduler.Weights{
+		OverlapScoreCredit: c.OverlapScoreCredit, OverlapScoreCreditDecay: c.OverlapScoreCreditDecay,
+		PrefillLoadScale: c.PrefillLoadScale, DecodeActiveRequestWeight: c.DecodeActiveRequestWeight,
+		HostCacheHitWeight: c.HostCacheHitWeight, DiskCacheHitWeight: c.DiskCacheHitWeight,
+		SharedCacheMultiplier: c.SharedCacheMultiplier, Temperature: c.RouterTemperature,
+		TrackPrefillTokens: c.TrackPrefillTokens, TrackActiveBlocks: c.TrackActiveBlocks,
+	}
+}
+
+// candidates joins the schedulable ranks with their load projection and
+// overlap, and marks busy-rejected workers (router-core §5.7: a worker is
+// overloaded only when all its ranks are over a configured threshold).
+func (s *Service) candidates(ws *workerSet, projs []loads.Projection, overlaps []index.Overlap) []scheduler.Candidate {
+	out := make([]scheduler.Candidate, 0, len(ws.ranks))
+	for _, pj := range projs {
+		rec, ok := ws.rank(pj.Worker)
+		if !ok {
+			continue
+		}
+		c := scheduler.Candidate{
+			Worker: pj.Worker, ActivePrefillTokens: pj.ActivePrefillTokens, ActiveDecodeBlocks: pj.ActiveDecodeBlocks,
+			ActiveRequests: pj.ActiveRequests, AdditionalBlocks: pj.AdditionalBlocks, Taints: rec.Taints,
+			MaxNumBatchedTokens: rec.MaxNumBatchedTokens,
+		}
+		for _, o := range overlaps {
+			if o.Worker == pj.Worker {
+				c.Overlap = o
+				break
+			}
+		}
+		out = append(out, c)
+	}
+	if !s.busyRejection() {
+		return out
+	}
+	busyRanks, ranks := map[uint64]int{}, map[uint64]int{}
+	for i := range out {
+		id := out[i].Worker.WorkerID
+		ranks[id]++
+		if s.rankBusy(&out[i], ws.byID[id]) {
+			busyRanks[id]++
+		}
+	}
+	for i := range out {
+		id := out[i].Worker.WorkerID
+		out[i].Overloaded = busyRanks[id] == ranks[id]
+	}
+	return out
+}
+
+func (s *Service) busyRejection() bool {
+	r := &s.router
+	return r.ActiveDecodeBlocksThreshold.IsSet() || r.ActivePrefillTokensThreshold.IsSet() || r.ActivePrefillTokensThresholdFrac.IsSet()
+}
+
+// rankBusy applies the busy-rejection thresholds to one rank.
+func (s *Service) rankBusy(c *scheduler.Candidate, rec *catalog.Record) bool {
+	r := &s.router
+	if t, ok := r.ActiveDecodeBlocksThreshold.Get(); ok && rec.TotalKVBlocks != nil && *rec.TotalKVBlocks > 0 &&
+		float64(c.ActiveDecodeBlocks)/float64(*rec.TotalKVBlocks) > t {
+		return true
+	}
+	if t, ok := r.ActivePrefillTokensThreshold.Get(); ok && c.ActivePrefillTokens > t {
+		return true
+	}
+	if t, ok := r.ActivePrefillTokensThresholdFrac.Get(); ok &&
+		float64(c.ActivePrefillTokens) > t*float64(scheduler.PrefillTokenCapacity(rec.MaxNumBatchedTokens)) {
+		return true
+	}
+	return false
+}
+
+func schedulerError(err error) error {
+	switch {
+	case errors.Is(err, scheduler.ErrNoEndpoints), errors.Is(err, scheduler.ErrAllFiltered):
+		return wrapError(KindUnavailable, err)
+	case errors.Is(err, scheduler.ErrAllOverloaded), errors.Is(err, scheduler.ErrPinnedOverloaded):
+		return wrapError(KindOverloaded, err)
+	case errors.Is(err, scheduler.ErrPinnedNotAllowed), errors.Is(err, scheduler.ErrInvalidRequest):
+		return wrapError(KindBadRequest, err)
+	}
+	return wrapError(KindInternal, err)
+}
+
+func loadsError(err error) error {
+	switch {
+	case errors.Is(err, loads.ErrWorkerNotFound), errors.Is(err, loads.ErrRequestNotFound):
+		return wrapError(KindNotFound, err)
+	case errors.Is(err, loads.ErrDuplicateRequest):
+		return wrapError(KindConflict, err)
+	}
+	return wrapError(KindInternal, err)
+}
+
+// response assembles the selection fields of api §3.9.
+func (s *Service) response(d *decision, selectionID *string) *SelectResponse {
+	bs := uint64(d.part.blockSize)
+	sum := OverlapSummary{DP: make(map[string]uint64)}
+	for _, rank := range d.rec.Ranks() {
+		wk := index.WorkerKey{WorkerID: d.worker.WorkerID, DPRank: rank}
+		var o index.Overlap
+		for _, x := range d.overlaps {
+			if x.Worker == wk {
+				o = x
+				break
+			}
+		}
+		c := o.Cumulative()
+		sum.GPU = max(sum.GPU, uint64(c.GPU)*bs)
+		sum.CPU = max(sum.CPU, uint64(c.CPU)*bs)
+		sum.Disk = max(sum.Disk, uint64(c.Disk)*bs)
+		sum.DP[fmt.Sprint(rank)] = uint64(o.Device) * bs
+	}
+	sum.LongestMatched = max(sum.GPU, sum.CPU, sum.Disk)
+	potential := uint64(d.scored.PotentialDecodeBlocks)
+	resp := &SelectResponse{
+		SelectionID: selectionID, ModelName: d.part.key.Model, RoutingGroup: d.part.key.RoutingGroup,
+		WorkerID: d.worker.WorkerID, DPRank: d.worker.DPRank, Endpoint: d.rec.EndpointOrEmpty(),
+		BlockSize: d.part.blockSize, Overlap: sum,
+		EffectivePrefillTokens: uint64(d.scored.EffectivePrefillTokens),
+		PotentialDecodeBlocks:  potential,
+	}
+	resp.DecodeBusy = scheduler.DecodeBusy(int(potential), d.rec.TotalKVBlocks, optPtr(s.router.ConditionalDisaggDecodeBusyThreshold))
+	return resp
+}
+
+func (s *Service) workerLoad(d *decision) *WorkerLoadView {
+	return &WorkerLoadView{
+		ActivePrefillTokens:  uint64(d.load.ActivePrefillTokens),
+		PrefillTokenCapacity: d.rec.MaxNumBatchedTokens,
+		TotalKVBlocks:        d.rec.TotalKVBlocks,
+		PrefillBusy:          scheduler.PrefillBusy(d.load.ActivePrefillTokens, d.rec.MaxNumBatchedTokens, optPtr(s.router.ConditionalDisaggPrefillBusyThreshold)),
+	}
+}
+
+func optPtr[T any](o routerconfig.Optional[T]) *T {
+	if v, ok := o.Get(); ok {
+		return &v
+	}
+	return nil
+}
+
+func ceilDiv(a, b int) int {
+	if b <= 0 {
+		return 0
+	}
+	return (a + b - 1) / b
+}
+
+var _ = time.Second

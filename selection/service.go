@@ -1,0 +1,252 @@
+// Package selection is kvselect's embedded selection service: the worker catalog,
+// KV-overlap indexing, KV- and load-aware worker selection, select/reserve
+// booking with the reservation lifecycle, the pending-selection cache and session
+// affinity — everything Dynamo's standalone selection service decides
+// (shared/spec/dynamo-selection-api.md), as a Go API. The REST and ext_proc fronts
+// are thin translations over Service.
+//
+// The service does no I/O of its own and starts no goroutine: time comes from an
+// injected clock and periodic upkeep (expiry of stale bookings, pending
+// selections, idle sessions and approximate-index entries) runs when the host
+// calls Maintain, typically from a ticker in cmd/kvselect. Callers' goroutines may
+// block inside a selection only while the scheduler queue holds them (queueing
+// enabled and every worker busy), and they honour their context.
+package selection
+
+import (
+	"context"
+	crand "crypto/rand"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/kvselect/kvselect/selection/catalog"
+	"github.com/kvselect/kvselect/selection/index"
+	"github.com/kvselect/kvselect/selection/kvhash"
+	"github.com/kvselect/kvselect/selection/pending"
+	"github.com/kvselect/kvselect/selection/routerconfig"
+	"github.com/kvselect/kvselect/selection/scheduler"
+)
+
+// Config assembles everything a Service needs. The zero value of each field is
+// Dynamo's default.
+type Config struct {
+	// Router is the router configuration (DYN_ROUTER_* knobs).
+	Router routerconfig.Config
+	// Tracking selects the tracking-hash algorithm (--router-tracking-*).
+	Tracking kvhash.TrackingConfig
+	// SelectionCache bounds the pending-selection cache (--selection-cache-*).
+	SelectionCache pending.Config
+	// Clock returns the current time; time.Now when nil.
+	Clock func() time.Time
+	// Rand drives tie-breaking, softmax sampling, generated ids and random
+	// tracking hashes; seeded from crypto/rand when nil. Use a seeded source in
+	// tests for reproducible choices.
+	Rand *rand.Rand
+	// Listeners receives per-rank attach/detach calls when KV events are on; nil
+	// means no adapter is connected (endpoints are still validated).
+	Listeners Listeners
+	// Policy overrides the default (Dynamo cost) selection policy.
+	Policy *scheduler.Policy
+}
+
+// Builder assembles a Service.
+type Builder struct{ cfg Config }
+
+// NewBuilder starts from Dynamo's defaults.
+func NewBuilder() *Builder { return &Builder{cfg: Config{Router: routerconfig.Default()}} }
+
+// Config replaces the whole configuration.
+func (b *Builder) Config(c Config) *Builder { b.cfg = c; return b }
+
+// Router sets the router configuration.
+func (b *Builder) Router(c routerconfig.Config) *Builder { b.cfg.Router = c; return b }
+
+// Tracking sets the tracking-hash configuration.
+func (b *Builder) Tracking(c kvhash.TrackingConfig) *Builder { b.cfg.Tracking = c; return b }
+
+// SelectionCache sets the pending-selection cache bounds.
+func (b *Builder) SelectionCache(c pending.Config) *Builder { b.cfg.SelectionCache = c; return b }
+
+// Clock injects the time source.
+func (b *Builder) Clock(now func() time.Time) *Builder { b.cfg.Clock = now; return b }
+
+// Rand injects the random source.
+func (b *Builder) Rand(r *rand.Rand) *Builder { b.cfg.Rand = r; return b }
+
+// Listeners connects the KV-event adapter.
+func (b *Builder) Listeners(l Listeners) *Builder { b.cfg.Listeners = l; return b }
+
+// Policy replaces the selection policy (custom scorers and pickers).
+func (b *Builder) Policy(p scheduler.Policy) *Builder { b.cfg.Policy = &p; return b }
+
+// Service is the embedded selection service. It is safe for concurrent use.
+type Service struct {
+	set       settings
+	router    routerconfig.Config
+	clock     func() time.Time
+	tracker   *kvhash.Tracker
+	policy    scheduler.Policy
+	listeners Listeners
+	pending   *pending.Cache
+	indexes   *index.Partitions
+
+	rndMu sync.Mutex
+	rnd   *rand.Rand
+
+	catMu         sync.Mutex          // serializes catalog changes (api §4)
+	attachedRanks map[uint64]attached // guarded by catMu
+
+	mu      sync.RWMutex // guards catalog and parts
+	catalog map[uint64]*catalog.Record
+	parts   map[index.Partition]*partition
+
+	resvMu sync.Mutex
+	resv   map[string]*reservation // process-wide reservation ids (api §3.8 step 1)
+
+	shutting atomic.Bool
+
+	writerOnce sync.Once
+	writer     uint64
+}
+
+// Build validates the configuration and returns the service.
+func (b *Builder) Build() (*Service, error) {
+	cfg := b.cfg
+	if err := cfg.Router.Validate(); err != nil {
+		return nil, fmt.Errorf("router config: %w", err)
+	}
+	rnd := cfg.Rand
+	if rnd == nil {
+		rnd = rand.New(rand.NewChaCha8(randomSeed()))
+	}
+	tracker, err := kvhash.NewTracker(cfg.Tracking, rand.New(rand.NewPCG(rnd.Uint64(), rnd.Uint64())))
+	if err != nil {
+		return nil, err
+	}
+	set, err := settingsFrom(cfg.Router)
+	if err != nil {
+		return nil, err
+	}
+	pc, err := pending.New(cfg.SelectionCache)
+	if err != nil {
+		return nil, fmt.Errorf("selection cache: %w", err)
+	}
+	ixs, err := index.NewPartitions(set.indexConfig)
+	if err != nil {
+		return nil, err
+	}
+	policy := scheduler.DefaultPolicy()
+	if cfg.Policy != nil {
+		policy = *cfg.Policy
+	}
+	clock := cfg.Clock
+	if clock == nil {
+		clock = time.Now
+	}
+	return &Service{
+		set: set, router: cfg.Router, clock: clock, tracker: tracker, policy: policy,
+		listeners: cfg.Listeners, pending: pc, indexes: ixs, rnd: rnd,
+		attachedRanks: make(map[uint64]attached),
+		catalog:       make(map[uint64]*catalog.Record),
+		parts:         make(map[index.Partition]*partition),
+		resv:          make(map[string]*reservation),
+	}, nil
+}
+
+func randomSeed() (seed [32]byte) {
+	_, _ = crand.Read(seed[:]) // never fails on supported platforms
+	return seed
+}
+
+// Health is process liveness (GET /health).
+func (s *Service) Health() bool { return true }
+
+// Ready reports readiness: not shutting down and at least one schedulable worker
+// in any partition (GET /ready). It does not certify a complete KV cache view.
+func (s *Service) Ready() ReadyStatus {
+	ws := s.Workers(nil, nil)
+	n := 0
+	for _, w := range ws {
+		if w.Lifecycle == catalog.Schedulable {
+			n++
+		}
+	}
+	return ReadyStatus{Ready: !s.shutting.Load() && n > 0, SchedulableWorkers: n, Workers: ws}
+}
+
+// Shutdown makes mutating and selection calls fail with 503 from now on; DELETE
+// /workers keeps working and queued selections are released with an error.
+func (s *Service) Shutdown() {
+	s.shutting.Store(true)
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	for _, p := range s.parts {
+		p.wake()
+	}
+}
+
+// Dump snapshots every partition's primary index (GET /dump).
+func (s *Service) Dump() index.Dump { return s.indexes.Dump() }
+
+// Restore replays a peer's dump into the local indexes (startup recovery).
+func (s *Service) Restore(d index.Dump) []index.RestoreResult {
+	return s.indexes.Restore(s.clock(), d)
+}
+
+// Maintain runs periodic upkeep at the current time: reclaims bookings older
+// than the active-request expiry (without publishing frees), sweeps reservation
+// rows whose booking vanished, reaps idle session bindings and expires
+// approximate-index entries. The host calls it every few seconds.
+func (s *Service) Maintain(ctx context.Context) {
+	now := s.clock()
+	for _, p := range s.partitions() {
+		for _, id := range p.loads.Expire(now) {
+			s.dropReservation(id, now)
+		}
+		if p.affinity != nil {
+			p.affinity.Reap(now)
+		}
+		p.ix.Expire(now)
+		p.wake()
+	}
+}
+
+func (s *Service) partitions() []*partition {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	out := make([]*partition, 0, len(s.parts))
+	for _, p := range s.parts {
+		out = append(out, p)
+	}
+	return out
+}
+
+func (s *Service) partition(key index.Partition) *partition {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return s.parts[key]
+}
+
+func (s *Service) randUint64() uint64 {
+	s.rndMu.Lock()
+	defer s.rndMu.Unlock()
+	return s.rnd.Uint64()
+}
+
+func displayKey(k index.Partition) string {
+	return fmt.Sprintf("model=%s routing_group=%s", k.Model, k.RoutingGroup)
+}
+
+func partitionOf(k PartitionKey) index.Partition {
+	p := index.Partition{Model: k.ModelName, RoutingGroup: k.RoutingGroup}
+	if p.Model == "" {
+		p.Model = catalog.DefaultPartitionName
+	}
+	if p.RoutingGroup == "" {
+		p.RoutingGroup = catalog.DefaultPartitionName
+	}
+	return p
+}

@@ -1,0 +1,239 @@
+package selection
+
+import (
+	"github.com/kvselect/kvselect/selection/catalog"
+	"github.com/kvselect/kvselect/selection/routerconfig"
+)
+
+// The request and response types below are the wire bodies of Dynamo's
+// selection API (api spec §2–§3), shared by the REST and ext_proc fronts so that
+// the same request gets the same answer through both. JSON names are exact.
+
+// PartitionKey names a partition; both fields default to "default".
+type PartitionKey struct {
+	ModelName    string `json:"model_name"`
+	RoutingGroup string `json:"routing_group"`
+}
+
+// PromptRequest identifies a prompt: token ids (hashed here, bit-exact with
+// Dynamo), or precomputed block hashes, sequence hashes and input length
+// (trusted as sent). api spec §2.2.
+type PromptRequest struct {
+	TokenIDs       []uint32          `json:"token_ids"`
+	MMRoutingInfo  *MMRoutingInfo    `json:"mm_routing_info"`
+	BlockMMInfos   []*BlockExtraInfo `json:"block_mm_infos"`
+	BlockHashes    []int64           `json:"block_hashes"`
+	SequenceHashes []int64           `json:"sequence_hashes"`
+	ISLTokens      *uint64           `json:"isl_tokens"`
+	LoraName       *string           `json:"lora_name"`
+	CacheSalt      *string           `json:"cache_salt"`
+	IsEagle        *bool             `json:"is_eagle"`
+}
+
+// MMRoutingInfo replaces token_ids for hashing when its tokens are non-empty.
+type MMRoutingInfo struct {
+	RoutingTokenIDs []uint32          `json:"routing_token_ids"`
+	BlockMMInfos    []*BlockExtraInfo `json:"block_mm_infos"`
+}
+
+// BlockExtraInfo is one block's multimodal objects.
+type BlockExtraInfo struct {
+	MMObjects []MMObject `json:"mm_objects"`
+}
+
+// MMObject is one multimodal object in a block.
+type MMObject struct {
+	MMHash  uint64      `json:"mm_hash"`
+	Offsets [][2]uint64 `json:"offsets"`
+}
+
+// WorkerRank names a (worker, dp rank) in requests.
+type WorkerRank struct {
+	WorkerID uint64 `json:"worker_id"`
+	DPRank   uint32 `json:"dp_rank"`
+}
+
+// AffinityTarget steers selection to a worker, optionally a rank.
+type AffinityTarget struct {
+	WorkerID uint64  `json:"worker_id"`
+	DPRank   *uint32 `json:"dp_rank"`
+}
+
+// RoutingConstraints filter and weight candidates by taint.
+type RoutingConstraints struct {
+	RequiredTaints  []string           `json:"required_taints"`
+	PreferredTaints map[string]float64 `json:"preferred_taints"`
+}
+
+// SessionContext is the full session metadata a frontend hands to selection.
+type SessionContext struct {
+	SessionID       string              `json:"session_id"`
+	ParentSessionID *string             `json:"parent_session_id,omitempty"`
+	SessionFinal    *bool               `json:"session_final,omitempty"`
+	InputTrigger    *string             `json:"input_trigger,omitempty"` // user_message, tool_result or other
+	AgentHeaders    map[string][]string `json:"agent_headers,omitempty"`
+}
+
+// SelectRequest is the body of /select and /select_and_reserve.
+type SelectRequest struct {
+	PartitionKey
+	SelectionID *string `json:"selection_id"`
+	PromptRequest
+	RouterConfigOverride *routerconfig.Override `json:"router_config_override"`
+	ExpectedOutputTokens *uint32                `json:"expected_output_tokens"`
+	PriorityJump         float64                `json:"priority_jump"`
+	StrictPriority       uint32                 `json:"strict_priority"`
+	SessionID            *string                `json:"session_id"`
+	SessionContext       *SessionContext        `json:"session_context"`
+	AffinityTarget       *AffinityTarget        `json:"affinity_target"`
+	PinnedWorker         *WorkerRank            `json:"pinned_worker"`
+	AllowedWorkerIDs     []uint64               `json:"allowed_worker_ids"`
+	RoutingConstraints   *RoutingConstraints    `json:"routing_constraints"`
+	Advisory             bool                   `json:"advisory"`
+	// PolicyClass is the x-dynamo-meta-policy-class header (not a body field).
+	PolicyClass string `json:"-"`
+}
+
+// OverlapSummary is the chosen worker's cached prefix in tokens (api §3.9).
+type OverlapSummary struct {
+	LongestMatched uint64            `json:"longest_matched"`
+	GPU            uint64            `json:"gpu"`
+	DP             map[string]uint64 `json:"dp"`
+	CPU            uint64            `json:"cpu"`
+	Disk           uint64            `json:"disk"`
+}
+
+// WorkerLoadView is the advisory selection's load probe.
+type WorkerLoadView struct {
+	ActivePrefillTokens  uint64  `json:"active_prefill_tokens"`
+	PrefillTokenCapacity *uint64 `json:"prefill_token_capacity"`
+	TotalKVBlocks        *uint64 `json:"total_kv_blocks,omitempty"`
+	PrefillBusy          *bool   `json:"prefill_busy,omitempty"`
+}
+
+// SelectResponse answers /select and /select_and_reserve.
+type SelectResponse struct {
+	SelectionID            *string         `json:"selection_id,omitempty"`
+	SequenceHashes         []int64         `json:"sequence_hashes,omitempty"`
+	ISLTokens              *uint64         `json:"isl_tokens,omitempty"`
+	TrackPrefillTokens     *bool           `json:"track_prefill_tokens,omitempty"`
+	ModelName              string          `json:"model_name"`
+	RoutingGroup           string          `json:"routing_group"`
+	WorkerID               uint64          `json:"worker_id"`
+	DPRank                 uint32          `json:"dp_rank"`
+	Endpoint               string          `json:"endpoint"`
+	BlockSize              uint32          `json:"block_size"`
+	Overlap                OverlapSummary  `json:"overlap"`
+	EffectivePrefillTokens uint64          `json:"effective_prefill_tokens"`
+	PotentialDecodeBlocks  uint64          `json:"potential_decode_blocks"`
+	DecodeBusy             *bool           `json:"decode_busy,omitempty"`
+	WorkerLoad             *WorkerLoadView `json:"worker_load,omitempty"`
+	KVHint                 *KVHint         `json:"kv_hint,omitempty"`
+}
+
+// KVHint is the versioned action envelope telling the chosen worker to pull a
+// cached prefix from another worker (api §8).
+type KVHint struct {
+	ProtocolVersion string         `json:"protocol_version"`
+	MessageID       string         `json:"message_id"`
+	Actions         []KVHintAction `json:"actions"`
+}
+
+// KVHintAction is one action of a KVHint.
+type KVHintAction struct {
+	ActionID      string        `json:"action_id"`
+	ActionType    string        `json:"action_type"`
+	ActionVersion string        `json:"action_version"`
+	Payload       KVHintPayload `json:"payload"`
+}
+
+// KVHintPayload fields serialize alphabetically, as Dynamo's do.
+type KVHintPayload struct {
+	BlockHashes           []uint64 `json:"block_hashes"`
+	SourceControlEndpoint string   `json:"source_control_endpoint"`
+}
+
+// ReservationRequest is the body of POST /reservations: the replay form (only
+// selection_id and the partition) or the explicit form (worker_id present).
+type ReservationRequest struct {
+	PartitionKey
+	SelectionID *string `json:"selection_id"`
+	WorkerID    *uint64 `json:"worker_id"`
+	DPRank      *uint32 `json:"dp_rank"`
+	PromptRequest
+	RouterConfigOverride   *routerconfig.Override `json:"router_config_override"`
+	ExpectedOutputTokens   *uint32                `json:"expected_output_tokens"`
+	EffectivePrefillTokens *uint64                `json:"effective_prefill_tokens"`
+	TrackPrefillTokens     *bool                  `json:"track_prefill_tokens"`
+}
+
+// ReservationResponse answers POST /reservations (201).
+type ReservationResponse struct {
+	SelectionID  string `json:"selection_id"`
+	ModelName    string `json:"model_name"`
+	RoutingGroup string `json:"routing_group"`
+	WorkerID     uint64 `json:"worker_id"`
+	DPRank       uint32 `json:"dp_rank"`
+	Endpoint     string `json:"endpoint"`
+}
+
+// ReadyStatus answers /ready.
+type ReadyStatus struct {
+	Ready              bool              `json:"ready"`
+	SchedulableWorkers int               `json:"schedulable_workers"`
+	Workers            []*catalog.Record `json:"workers"`
+}
+
+// PotentialLoad is one rank's load in /loads and /potential_loads.
+type PotentialLoad struct {
+	WorkerID               uint64 `json:"worker_id"`
+	DPRank                 uint32 `json:"dp_rank"`
+	PotentialPrefillTokens uint64 `json:"potential_prefill_tokens"`
+	PotentialDecodeBlocks  uint64 `json:"potential_decode_blocks"`
+	ActiveRequests         uint64 `json:"active_requests"`
+}
+
+// ModelLoad is one partition's row of /loads.
+type ModelLoad struct {
+	ModelName        string          `json:"model_name"`
+	RoutingGroup     string          `json:"routing_group"`
+	Loads            []PotentialLoad `json:"loads"`
+	PendingCount     uint64          `json:"pending_count"`
+	PendingISLTokens uint64          `json:"pending_isl_tokens"`
+}
+
+// PromptQuery is the body of /potential_loads and /overlap_scores.
+type PromptQuery struct {
+	PartitionKey
+	PromptRequest
+	RouterConfigOverride *routerconfig.Override `json:"router_config_override"`
+}
+
+// OverlapScoresResponse answers /overlap_scores (counts in blocks).
+type OverlapScoresResponse struct {
+	BlockSize   uint32            `json:"block_size"`
+	NumBlocks   int               `json:"num_blocks"`
+	Workers     []OverlapScoreRow `json:"workers"`
+	SharedCache SharedCacheView   `json:"shared_cache"`
+}
+
+// OverlapScoreRow is one (worker, rank) row of /overlap_scores.
+type OverlapScoreRow struct {
+	WorkerID                  uint64  `json:"worker_id"`
+	DPRank                    uint32  `json:"dp_rank"`
+	DeviceBlocks              uint32  `json:"device_blocks"`
+	HostPinnedBlocks          uint32  `json:"host_pinned_blocks"`
+	DiskBlocks                uint32  `json:"disk_blocks"`
+	HostPinnedExtensionBlocks uint32  `json:"host_pinned_extension_blocks"`
+	DiskExtensionBlocks       uint32  `json:"disk_extension_blocks"`
+	SharedBeyondDeviceBlocks  *uint32 `json:"shared_beyond_device_blocks"`
+	RouterCreditBlocks        float64 `json:"router_credit_blocks"`
+}
+
+// SharedCacheView reports the cluster-shared cache tier; kvselect has none.
+type SharedCacheView struct {
+	Enabled        bool     `json:"enabled"`
+	TotalHitBlocks uint64   `json:"total_hit_blocks"`
+	Ranges         []string `json:"ranges"`
+	Error          *string  `json:"error"`
+}

@@ -1,0 +1,254 @@
+package selection
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"slices"
+
+	"github.com/kvselect/kvselect/selection/catalog"
+	"github.com/kvselect/kvselect/selection/index"
+)
+
+// Listeners is the seam the KV-event adapters plug into (ZMQ SUB per worker rank
+// with replay; a later issue). The service reconciles the catalog against it rank
+// by rank: a rank whose event and replay endpoints are unchanged keeps its
+// listener, sequence watermark and indexed blocks; a changed rank is detached,
+// its blocks purged, and attached afresh; a removed rank is detached and purged
+// (seed doc "Worker Restarts", api spec §3.1 step 2). Calls for one worker are
+// serialized by the service; implementations must not call back into it.
+type Listeners interface {
+	// Attach starts consuming one rank's KV events into the partition's index,
+	// with a fresh sequence watermark.
+	Attach(p index.Partition, w index.WorkerKey, eps catalog.RankEndpoints) error
+	// Detach stops the rank's listener. The service purges its blocks.
+	Detach(p index.Partition, w index.WorkerKey)
+}
+
+// attached is what the service attached for one schedulable worker.
+type attached map[uint32]catalog.RankEndpoints
+
+// UpsertWorker registers or fully replaces a worker record (POST /workers). The
+// record is accepted even when it cannot be scheduled; its lifecycle and
+// not_schedulable_reasons say why.
+func (s *Service) UpsertWorker(ctx context.Context, rec catalog.Record) (*catalog.Record, error) {
+	if err := rec.Normalize(); err != nil {
+		return nil, newError(KindBadRequest, "%v", err)
+	}
+	s.catMu.Lock()
+	defer s.catMu.Unlock()
+	if s.shutting.Load() {
+		return nil, errShuttingDown()
+	}
+	return s.applyRecord(rec.Clone()), nil
+}
+
+// PatchWorker applies a partial update (PATCH /workers/{id}).
+func (s *Service) PatchWorker(ctx context.Context, workerID uint64, p catalog.Patch) (*catalog.Record, error) {
+	s.catMu.Lock()
+	defer s.catMu.Unlock()
+	if s.shutting.Load() {
+		return nil, errShuttingDown()
+	}
+	old, ok := s.record(workerID)
+	if !ok {
+		return nil, newError(KindNotFound, "worker %d not found", workerID)
+	}
+	rec := p.Apply(old)
+	if err := rec.Normalize(); err != nil {
+		return nil, newError(KindBadRequest, "%v", err)
+	}
+	return s.applyRecord(rec), nil
+}
+
+// DeleteWorker drains and removes a worker (DELETE /workers/{id}); it works
+// during shutdown. Bookings on it are released as it leaves its partition's
+// load tracker.
+func (s *Service) DeleteWorker(ctx context.Context, workerID uint64) (*catalog.Record, error) {
+	s.catMu.Lock()
+	defer s.catMu.Unlock()
+	old, ok := s.record(workerID)
+	if !ok {
+		return nil, newError(KindNotFound, "worker %d not found", workerID)
+	}
+	s.retire(old)
+	s.mu.Lock()
+	delete(s.catalog, workerID)
+	s.mu.Unlock()
+	out := old.Clone()
+	out.Lifecycle = catalog.Unschedulable
+	out.NotSchedulableReasons = nil
+	return out, nil
+}
+
+// Workers lists catalog records, optionally filtered by model and routing group.
+func (s *Service) Workers(model, group *string) []*catalog.Record {
+	s.mu.RLock()
+	out := make([]*catalog.Record, 0, len(s.catalog))
+	for _, r := range s.catalog {
+		if (model == nil || r.ModelName == *model) && (group == nil || r.RoutingGroup == *group) {
+			out = append(out, r.Clone())
+		}
+	}
+	s.mu.RUnlock()
+	catalog.Sort(out)
+	return out
+}
+
+func (s *Service) record(id uint64) (*catalog.Record, bool) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	r, ok := s.catalog[id]
+	return r, ok
+}
+
+// applyRecord runs api spec §3.1 steps 1–4 under catMu and returns a copy of
+// the stored record.
+func (s *Service) applyRecord(rec *catalog.Record) *catalog.Record {
+	key := index.Partition{Model: rec.ModelName, RoutingGroup: rec.RoutingGroup}
+	reasons := rec.Reasons(catalog.Checks{Queueing: s.set.queueing, ConsumesEvents: s.set.useKVEvents})
+	var part *partition
+	if len(reasons) == 0 {
+		var err error
+		if part, err = s.ensurePartition(key, *rec.BlockSize, deref(rec.IsEagle, false)); err != nil {
+			reasons = append(reasons, "reconciliation failed: "+err.Error())
+		}
+	}
+	old, had := s.record(rec.WorkerID)
+	oldSchedulable := had && old.Lifecycle == catalog.Schedulable
+	samePartition := had && old.ModelName == rec.ModelName && old.RoutingGroup == rec.RoutingGroup
+	if oldSchedulable && (!samePartition || len(reasons) > 0) {
+		s.retire(old)
+		oldSchedulable = false
+	}
+	if len(reasons) == 0 {
+		var prev attached
+		if oldSchedulable {
+			prev = s.attachedRanks[rec.WorkerID]
+		}
+		if err := s.reconcileListeners(part, rec, prev); err != nil {
+			reasons = append(reasons, "reconciliation failed: "+err.Error())
+			if oldSchedulable {
+				// The old ranks were torn down with the failed reconciliation.
+				s.unpublish(old)
+			}
+		}
+	}
+	rec.NotSchedulableReasons = reasons
+	rec.Lifecycle = catalog.Incomplete
+	if len(reasons) == 0 {
+		rec.Lifecycle = catalog.Schedulable
+	}
+	s.mu.Lock()
+	s.catalog[rec.WorkerID] = rec
+	s.mu.Unlock()
+	if rec.Lifecycle == catalog.Schedulable {
+		s.publish(part, rec)
+	}
+	return rec.Clone()
+}
+
+// ensurePartition returns the partition, creating it with the worker's block
+// size and Eagle mode, which are frozen from then on.
+func (s *Service) ensurePartition(key index.Partition, blockSize uint32, eagle bool) (*partition, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if p, ok := s.parts[key]; ok {
+		if p.blockSize != blockSize {
+			return nil, fmt.Errorf("block_size mismatch for %s: existing=%d requested=%d", displayKey(key), p.blockSize, blockSize)
+		}
+		if p.isEagle != eagle {
+			return nil, fmt.Errorf("is_eagle mismatch for %s: existing=%t requested=%t", displayKey(key), p.isEagle, eagle)
+		}
+		return p, nil
+	}
+	p, err := s.newPartition(key, blockSize, eagle)
+	if err != nil {
+		return nil, err
+	}
+	s.parts[key] = p
+	return p, nil
+}
+
+// reconcileListeners attaches the worker's ranks, keeping unchanged ones. On
+// failure it rolls back the ranks it attached in this pass.
+func (s *Service) reconcileListeners(p *partition, rec *catalog.Record, prev attached) error {
+	if !s.set.useKVEvents {
+		return nil
+	}
+	want := rec.KVEndpoints()
+	for _, rank := range slices.Sorted(maps.Keys(want)) {
+		eps := want[rank]
+		if err := catalog.ValidateZMQEndpoint(eps.KVEvents); err != nil {
+			return err
+		}
+		if eps.Replay != "" {
+			if err := catalog.ValidateZMQEndpoint(eps.Replay); err != nil {
+				return err
+			}
+		}
+	}
+	next := make(attached, len(want))
+	var fresh []uint32
+	for rank, old := range prev {
+		if eps, ok := want[rank]; ok && eps == old {
+			next[rank] = old // unchanged: keeps listener, watermark and blocks
+			continue
+		}
+		s.detachRank(p, rec.WorkerID, rank)
+	}
+	for _, rank := range slices.Sorted(maps.Keys(want)) {
+		if _, kept := next[rank]; kept {
+			continue
+		}
+		wk := index.WorkerKey{WorkerID: rec.WorkerID, DPRank: rank}
+		if s.listeners != nil {
+			if err := s.listeners.Attach(p.key, wk, want[rank]); err != nil {
+				for _, r := range fresh {
+					s.detachRank(p, rec.WorkerID, r)
+				}
+				for r := range next {
+					s.detachRank(p, rec.WorkerID, r)
+				}
+				delete(s.attachedRanks, rec.WorkerID)
+				return fmt.Errorf("attach dp_rank %d: %w", rank, err)
+			}
+		}
+		next[rank] = want[rank]
+		fresh = append(fresh, rank)
+	}
+	s.attachedRanks[rec.WorkerID] = next
+	return nil
+}
+
+func (s *Service) detachRank(p *partition, workerID uint64, rank uint32) {
+	wk := index.WorkerKey{WorkerID: workerID, DPRank: rank}
+	if s.listeners != nil {
+		s.listeners.Detach(p.key, wk)
+	}
+	p.ix.RemoveRank(wk)
+}
+
+// retire takes a schedulable worker out of its partition: draining (no new
+// selections), listeners detached and blocks purged, bookings released.
+func (s *Service) retire(old *catalog.Record) {
+	key := index.Partition{Model: old.ModelName, RoutingGroup: old.RoutingGroup}
+	s.mu.Lock()
+	p := s.parts[key]
+	if cur, ok := s.catalog[old.WorkerID]; ok && cur == old {
+		draining := old.Clone()
+		draining.Lifecycle = catalog.Draining
+		s.catalog[old.WorkerID] = draining
+	}
+	s.mu.Unlock()
+	if p == nil {
+		return
+	}
+	s.unpublish(old)
+	for rank := range s.attachedRanks[old.WorkerID] {
+		s.detachRank(p, old.WorkerID, rank)
+	}
+	delete(s.attachedRanks, old.WorkerID)
+	// Approximate entries and side-index predictions go with the worker too.
+	p.ix.RemoveWorker(old.WorkerID)
+}
