@@ -135,7 +135,6 @@ func (p Projection) PotentialDecodeBlocks() int {
 	return p.ActiveDecodeBlocks + p.AdditionalBlocks
 }
 
-
 // DecayFraction is the output-block decay weight Dynamo's push router sends
 // after generated output tokens of an expected total: 1 − generated/expected,
 // floored at 0, expected clamped to at least 1. Nil when nothing is expected.

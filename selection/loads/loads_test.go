@@ -514,7 +514,6 @@ func TestProjectionCountsBlocksNotYetActive(t *testing.T) {
 	}
 }
 
-
 func TestUntrackedActiveBlocksIgnorePromptHashes(t *testing.T) {
 	cfg := DefaultConfig(4)
 	cfg.TrackActiveBlocks = false
