@@ -58,7 +58,11 @@ func (s *Service) normalize(p *partition, req *PromptRequest, reuse bool, use pr
 		out.locals = h.AppendBlockHashes(make([]uint64, 0, n), tokens, kvhash.Salt(out.lora, salt), opts)
 		scope := kvhash.Scope{Model: p.key.Model, RoutingGroup: p.key.RoutingGroup, BlockSize: p.blockSize,
 			CacheNamespace: salt, LoraName: out.lora, Eagle: eagle}
-		out.tracking = s.tracker.AppendTrackingHashes(h, make([]uint64, 0, n), tokens, scope, mm, reuse)
+		if reuse && s.tracker.DerivesFromLocal() {
+			out.tracking = kvhash.AppendSequenceHashes(make([]uint64, 0, n), out.locals, kvhash.Seed)
+		} else {
+			out.tracking = s.tracker.AppendTrackingHashes(h, make([]uint64, 0, n), tokens, scope, mm, reuse)
+		}
 		hasherPool.Put(h)
 		out.isl, out.hashed = len(tokens), true
 		return out, nil

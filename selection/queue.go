@@ -10,10 +10,12 @@ import (
 // waiter is one selection parked in its partition's queue (router-core §5.6).
 // The queue itself (ordering by strict priority and the fcfs / wspt / lcfs key)
 // is scheduler.Queue; the partition only adds the waking.
-type waiter struct{}
+// A waiter must not be zero-sized: distinct zero-sized allocations may share one
+// address, and the queue tells waiters apart by pointer.
+type waiter struct{ isl int }
 
 func (p *partition) enqueue(req *SelectRequest, pr prompt, cached int, now time.Time) *waiter {
-	w := &waiter{}
+	w := &waiter{isl: pr.isl}
 	e := scheduler.Entry[*waiter]{Payload: w, ISL: pr.isl, CachedTokens: cached, Enqueued: now}
 	if req != nil {
 		e.PriorityJump, e.StrictPriority = req.PriorityJump, req.StrictPriority

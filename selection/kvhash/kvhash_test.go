@@ -86,6 +86,10 @@ func TestPublicVectors(t *testing.T) {
 			if len(tc.wantSeq) > 0 && !slices.Equal(got, tc.wantSeq) {
 				t.Fatalf("public tracking = %v, want %v", got, tc.wantSeq)
 			}
+			// The shortcut callers take in public mode gives the same hashes.
+			if !tr.DerivesFromLocal() || !slices.Equal(AppendSequenceHashes(nil, local, Seed), got) {
+				t.Fatalf("chaining the local hashes differs from public tracking hashes")
+			}
 		})
 	}
 }

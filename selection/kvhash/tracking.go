@@ -116,6 +116,12 @@ func NewKeyedTracker(key [KeySize]byte, keyID string) (*Tracker, error) {
 	return t, nil
 }
 
+// DerivesFromLocal reports whether tracking hashes are the public sequence hashes
+// of the LocalBlockHashes (public-xxh3-v1: same block seed, chain seed Seed), so
+// a caller that already hashed the blocks can chain them instead of hashing the
+// tokens again.
+func (t *Tracker) DerivesFromLocal() bool { return !t.keyed }
+
 // Algorithm reports the configured algorithm name.
 func (t *Tracker) Algorithm() string {
 	if t.keyed {

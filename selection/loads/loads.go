@@ -151,20 +151,24 @@ func DecayFraction(generated int, expected *uint32) *float64 {
 type Tracker struct {
 	mu     sync.Mutex
 	cfg    Config
-	trie   trie
 	ranks  map[index.WorkerKey]*rank
 	sorted []*rank // by (worker_id, dp_rank)
 	reqs   map[string]*request
-	spare  []*request // recycled request records, so steady-state Add does not allocate
-	path   []int32    // Project scratch
+	// spare holds recycled request records, with their path-key buffers, so
+	// steady-state Add does not allocate.
+	spare []*request
+	keys  []uint64 // Project scratch: the prompt's path keys
 }
 
 // request is one live booking.
 type request struct {
-	id       string
-	rank     *rank
-	tail     int32 // last prompt node in the trie, or none
-	prefill  int   // remaining counted prefill tokens
+	id   string
+	rank *rank
+	// keys are the path keys of the booking's prompt blocks (none when active
+	// blocks are not tracked): Free and decay revisit them on the rank without
+	// the caller's hashes, which the booking does not retain.
+	keys     []uint64
+	prefill  int // remaining counted prefill tokens
 	admitted time.Time
 	isl      int
 	expected *uint32
@@ -194,7 +198,6 @@ func New(cfg Config) (*Tracker, error) {
 	}
 	return &Tracker{
 		cfg:   cfg,
-		trie:  newTrie(),
 		ranks: make(map[index.WorkerKey]*rank),
 		reqs:  make(map[string]*request),
 	}, nil
@@ -274,9 +277,9 @@ func (t *Tracker) Add(now time.Time, b Booking) error {
 		e := *b.ExpectedOutputTokens
 		rq.expected = &e
 	}
-	rq.tail = noNode
 	if t.cfg.TrackActiveBlocks {
-		rq.tail = r.acquire(&t.trie, b.TrackingHashes)
+		rq.keys = appendPathKeys(rq.keys[:0], b.TrackingHashes)
+		r.acquire(rq.keys)
 	}
 	if b.TrackPrefill && b.PrefillTokens > 0 {
 		rq.prefill = b.PrefillTokens
@@ -425,21 +428,21 @@ func (t *Tracker) Project1(w index.WorkerKey, trackingHashes []uint64) (Projecti
 	return t.project(r, t.query(trackingHashes)), true
 }
 
-// query walks the prompt's path in the partition trie into t.path and returns
-// the prompt length that counts.
+// query computes the prompt's path keys into t.keys, once for every rank, and
+// returns the prompt length that counts.
 func (t *Tracker) query(hashes []uint64) int {
+	t.keys = t.keys[:0]
 	if !t.cfg.TrackActiveBlocks {
-		t.path = t.path[:0]
 		return 0
 	}
-	t.path = t.trie.walk(hashes, t.path[:0])
+	t.keys = appendPathKeys(t.keys, hashes)
 	return len(hashes)
 }
 
 func (t *Tracker) project(r *rank, queryLen int) Projection {
 	return Projection{
 		WorkerLoad:       r.load(),
-		AdditionalBlocks: queryLen - r.depth(t.path),
+		AdditionalBlocks: queryLen - r.depth(t.keys),
 		TrackedBlocks:    queryLen,
 	}
 }
@@ -459,20 +462,20 @@ func (t *Tracker) addOutput(rq *request, decay *float64) {
 	rq.outFrac += rq.outUnit
 	rq.outUnit = 0
 	rq.outFracVal = f
-	r.setExclusiveFraction(&t.trie, rq.tail, f)
+	r.setExclusiveFraction(rq.keys, f)
 }
 
 func (t *Tracker) free(rq *request) {
 	r := rq.rank
 	r.prefill -= rq.prefill
-	r.release(&t.trie, rq.tail)
+	r.release(rq.keys)
 	r.unit -= rq.outUnit
 	r.fracN -= rq.outFrac
 	r.fracSum -= float64(rq.outFrac) * rq.outFracVal
 	r.settle()
 	r.requests--
 	delete(t.reqs, rq.id)
-	*rq = request{}
+	*rq = request{keys: rq.keys[:0]}
 	t.spare = append(t.spare, rq)
 }
 

@@ -1,0 +1,116 @@
+package selection
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/kvselect/kvselect/selection/catalog"
+	"github.com/kvselect/kvselect/selection/index"
+	"github.com/kvselect/kvselect/selection/kvhash"
+	"github.com/kvselect/kvselect/selection/routerconfig"
+)
+
+// benchService registers workers (event-driven index, block size 16) and caches
+// a share of a pool of 128-block prompts on them, as KV events would.
+func benchService(b *testing.B, workers int) (*Service, [][]uint32) {
+	b.Helper()
+	rc := routerconfig.Default()
+	s, err := NewBuilder().Router(rc).Clock(time.Now).Rand(rand.New(rand.NewPCG(7, 8))).Build()
+	if err != nil {
+		b.Fatal(err)
+	}
+	for id := range uint64(workers) {
+		r := catalog.Record{WorkerID: id, ModelName: "m", Endpoint: ptr(fmt.Sprintf("http://w%d:8000", id)),
+			BlockSize: ptr(uint32(16)), KVEventsEndpoint: ptr(fmt.Sprintf("tcp://127.0.0.1:%d", 20000+id)),
+			TotalKVBlocks: ptr(uint64(16384))}
+		if rec, err := s.UpsertWorker(bg, r); err != nil || rec.Lifecycle != catalog.Schedulable {
+			b.Fatalf("upsert: %+v %v", rec, err)
+		}
+	}
+	rng := rand.New(rand.NewPCG(1, 1))
+	prompts := make([][]uint32, 256)
+	for i := range prompts {
+		t := make([]uint32, 128*16)
+		for j := range t {
+			if j < 32*16 {
+				t[j] = uint32(i%16*100000 + j) // 16 shared 32-block system prompts
+			} else {
+				t[j] = rng.Uint32()
+			}
+		}
+		prompts[i] = t
+	}
+	p := s.partition(index.Partition{Model: "m", RoutingGroup: "default"})
+	for i, t := range prompts {
+		if i%2 == 1 {
+			continue
+		}
+		locals := kvhash.LocalBlockHashes(t, "", "", kvhash.BlockOptions{BlockSize: 16})
+		ev := indexStored(uint64(i%workers), locals)
+		if err := p.ix.Apply(&ev); err != nil {
+			b.Fatal(err)
+		}
+	}
+	return s, prompts
+}
+
+// BenchmarkSelectAndReserveFree: one select_and_reserve of a 128-block prompt
+// (2,048 tokens: hashing, index lookup, load projection, cost, pick, booking)
+// and its free, in process, over 64 workers.
+func BenchmarkSelectAndReserveFree(b *testing.B) {
+	s, prompts := benchService(b, 64)
+	reqs := make([]*SelectRequest, len(prompts))
+	for i, t := range prompts {
+		reqs[i] = &SelectRequest{PartitionKey: PartitionKey{ModelName: "m"}, PromptRequest: PromptRequest{TokenIDs: t}}
+	}
+	ids := make([]string, len(prompts))
+	for i := range ids {
+		ids[i] = fmt.Sprintf("bench-%d", i)
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; b.Loop(); i++ {
+		k := i % len(reqs)
+		reqs[k].SelectionID = &ids[k]
+		if _, err := s.SelectAndReserve(bg, reqs[k]); err != nil {
+			b.Fatal(err)
+		}
+		if err := s.Free(bg, ids[k]); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkSelectAndReserveFreeParallel measures throughput with parallel
+// callers (run with -cpu 2: GOMAXPROCS=2) as the worker count grows. Each caller
+// keeps a few bookings in flight.
+func BenchmarkSelectAndReserveFreeParallel(b *testing.B) {
+	for _, workers := range []int{8, 64, 256, 1024} {
+		b.Run(fmt.Sprintf("workers=%d", workers), func(b *testing.B) {
+			s, prompts := benchService(b, workers)
+			var next atomic.Uint64
+			b.ReportAllocs()
+			b.ResetTimer()
+			b.RunParallel(func(pb *testing.PB) {
+				for pb.Next() {
+					n := next.Add(1)
+					id := fmt.Sprintf("p-%d", n)
+					req := &SelectRequest{PartitionKey: PartitionKey{ModelName: "m"}, SelectionID: &id,
+						PromptRequest: PromptRequest{TokenIDs: prompts[n%uint64(len(prompts))]}}
+					if _, err := s.SelectAndReserve(bg, req); err != nil {
+						b.Error(err)
+						return
+					}
+					if err := s.Free(bg, id); err != nil {
+						b.Error(err)
+						return
+					}
+				}
+			})
+			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "pairs/s")
+		})
+	}
+}

@@ -1,0 +1,320 @@
+package selection
+
+import (
+	"context"
+	"errors"
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"github.com/kvselect/kvselect/selection/catalog"
+	"github.com/kvselect/kvselect/selection/index"
+	"github.com/kvselect/kvselect/selection/kvhash"
+	"github.com/kvselect/kvselect/selection/routerconfig"
+	"github.com/kvselect/kvselect/selection/scheduler"
+)
+
+// waitFor polls cond until it holds; the bound is generous and only guards
+// against a hang, nothing is timed.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+func pendingCount(s *Service) uint64 {
+	ls := s.Loads(nil, nil)
+	if len(ls) == 0 {
+		return 0
+	}
+	return ls[0].PendingCount
+}
+
+func queuedService(t *testing.T) *Service {
+	s, _ := newService(t, func(c *routerconfig.Config) { c.QueueThreshold = routerconfig.Some(0.5) })
+	r := workerRec(1)
+	r.MaxNumBatchedTokens = ptr(uint64(8))
+	if rec := mustUpsert(t, s, r); rec.Lifecycle != catalog.Schedulable {
+		t.Fatalf("worker = %+v", rec)
+	}
+	return s
+}
+
+func TestQueueWaitsWhileEveryWorkerIsBusy(t *testing.T) {
+	s := queuedService(t)
+	// 8 prefill tokens on a worker whose budget is 0.5 × 8: busy.
+	if _, err := s.SelectAndReserve(bg, selReq("first", 1, 2, 3, 4, 5, 6, 7, 8)); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		_, err := s.SelectAndReserve(bg, selReq("second", 9, 9, 9, 9))
+		done <- err
+	}()
+	waitFor(t, "the second selection to queue", func() bool { return pendingCount(s) == 1 })
+	if got := s.Loads(nil, nil)[0].PendingISLTokens; got != 4 {
+		t.Fatalf("pending_isl_tokens = %d, want 4", got)
+	}
+	select {
+	case err := <-done:
+		t.Fatalf("selection went through while every worker was busy: %v", err)
+	default:
+	}
+	// Advisory selects never queue.
+	adv := selReq("", 1, 2, 3, 4)
+	adv.Advisory = true
+	if _, err := s.Select(bg, adv); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.PrefillComplete(bg, "first"); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatalf("queued selection: %v", err)
+	}
+	if pendingCount(s) != 0 {
+		t.Fatal("queue not drained")
+	}
+}
+
+func TestQueueOrderAndCancellation(t *testing.T) {
+	s := queuedService(t)
+	if _, err := s.SelectAndReserve(bg, selReq("busy", 1, 2, 3, 4, 5, 6, 7, 8)); err != nil {
+		t.Fatal(err)
+	}
+	// A waiter whose context ends leaves the queue with an error.
+	ctx, cancel := context.WithCancel(bg)
+	cancelled := make(chan error, 1)
+	go func() { _, err := s.SelectAndReserve(ctx, selReq("gone", 1, 1, 1, 1)); cancelled <- err }()
+	waitFor(t, "the waiter to queue", func() bool { return pendingCount(s) == 1 })
+	cancel()
+	if err := <-cancelled; err == nil || !errors.Is(err, context.Canceled) {
+		t.Fatalf("cancelled waiter: %v", err)
+	}
+	waitFor(t, "the cancelled waiter to leave", func() bool { return pendingCount(s) == 0 })
+	s.resvMu.Lock()
+	_, kept := s.resv["gone"]
+	s.resvMu.Unlock()
+	if kept {
+		t.Fatal("a cancelled selection kept its reservation id")
+	}
+	// Strict priority goes first: low queues before high, high books first.
+	order := make(chan string, 2)
+	for _, c := range []struct {
+		id     string
+		strict uint32
+	}{{"low", 0}, {"high", 5}} {
+		req := selReq(c.id, 2, 2, 2, 2, 2, 2, 2, 2)
+		req.StrictPriority = c.strict
+		want := pendingCount(s) + 1
+		go func() {
+			if _, err := s.SelectAndReserve(bg, req); err == nil {
+				order <- req.PartitionKey.ModelName + ":" + *req.SelectionID
+			}
+		}()
+		waitFor(t, c.id+" to queue", func() bool { return pendingCount(s) == want })
+	}
+	s.Free(bg, "busy")
+	if first := <-order; first != "model:high" {
+		t.Fatalf("first booked = %s, want the strict-priority waiter", first)
+	}
+	s.Free(bg, "high")
+	if second := <-order; second != "model:low" {
+		t.Fatalf("second = %s", second)
+	}
+}
+
+func TestQueuedSelectionFailsOnShutdown(t *testing.T) {
+	s := queuedService(t)
+	s.SelectAndReserve(bg, selReq("busy", 1, 2, 3, 4, 5, 6, 7, 8))
+	done := make(chan error, 1)
+	go func() { _, err := s.SelectAndReserve(bg, selReq("w", 3, 3, 3, 3)); done <- err }()
+	waitFor(t, "queue", func() bool { return pendingCount(s) == 1 })
+	s.Shutdown()
+	wantKind(t, <-done, KindNotReady, "shutting down")
+}
+
+func TestMaintainReclaimsStaleBookings(t *testing.T) {
+	s, clock := newService(t, nil)
+	mustUpsert(t, s, workerRec(1))
+	if _, err := s.SelectAndReserve(bg, selReq("old", 1, 2, 3, 4)); err != nil {
+		t.Fatal(err)
+	}
+	clock.Add(299 * time.Second)
+	s.Maintain(bg)
+	if loadOf(t, s).ActiveRequests != 1 {
+		t.Fatal("reclaimed before the expiry")
+	}
+	// Progress does not refresh the age (absolute from admission).
+	s.OutputBlock(bg, "old", nil)
+	clock.Add(2 * time.Second)
+	s.Maintain(bg)
+	if l := loadOf(t, s); l.ActiveRequests != 0 || l.PotentialDecodeBlocks != 0 {
+		t.Fatalf("stale booking kept: %+v", l)
+	}
+	wantKind(t, s.Free(bg, "old"), KindNotFound, "reservation old not found")
+	// The approximate index forgets the recorded decision after router_ttl_secs.
+	resp, _ := s.Select(bg, selReq("", 1, 2, 3, 4))
+	if resp.Overlap.LongestMatched != 0 {
+		t.Fatalf("recorded decision outlived its TTL: %+v", resp.Overlap)
+	}
+}
+
+func TestTwoPhaseSelectBindsSessionOnReservation(t *testing.T) {
+	s, _ := newService(t, func(c *routerconfig.Config) { c.SessionAffinityTTL = routerconfig.Some(time.Minute) })
+	mustUpsert(t, s, workerRec(1))
+	mustUpsert(t, s, workerRec(2))
+	req := selReq("two-phase", 1, 2, 3, 4)
+	req.SessionContext = &SessionContext{SessionID: "sess", AgentHeaders: map[string][]string{"x-request-class": {"subagent"}}}
+	sel, err := s.Select(bg, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Reserve(bg, replay("two-phase", "model")); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 5 {
+		r := selReq("", uint32(100+i), 5, 6, 7)
+		r.SessionID = ptr("sess")
+		got, err := s.Select(bg, r)
+		if err != nil || got.WorkerID != sel.WorkerID {
+			t.Fatalf("select %d: worker %d, session bound to %d (%v)", i, got.WorkerID, sel.WorkerID, err)
+		}
+	}
+	bad := selReq("", 1, 2, 3, 4)
+	bad.SessionContext = &SessionContext{SessionID: "x", InputTrigger: ptr("typing")}
+	_, err = s.Select(bg, bad)
+	wantKind(t, err, KindBadRequest, "input_trigger")
+}
+
+func TestHardModeRejectsDispatchAwayFromBinding(t *testing.T) {
+	s, _ := newService(t, func(c *routerconfig.Config) { c.SessionAffinityTTL = routerconfig.Some(time.Minute) })
+	mustUpsert(t, s, workerRec(1))
+	mustUpsert(t, s, workerRec(2))
+	first := selReq("a", 1, 2, 3, 4)
+	first.SessionID = ptr("sess")
+	first.PinnedWorker = nil
+	r1, err := s.SelectAndReserve(bg, first)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Only the other worker is allowed: the booking lands there and the Hard
+	// binding refuses it; the booking is freed.
+	other := uint64(3) - r1.WorkerID
+	second := selReq("b", 1, 2, 3, 4)
+	second.SessionID = ptr("sess")
+	second.AllowedWorkerIDs = []uint64{other}
+	_, err = s.SelectAndReserve(bg, second)
+	wantKind(t, err, KindBadRequest, "session sess is bound to worker")
+	if l := s.Loads(nil, nil)[0].Loads; l[0].ActiveRequests+l[1].ActiveRequests != 1 {
+		t.Fatalf("the refused booking was not freed: %+v", l)
+	}
+	wantKind(t, s.Free(bg, "b"), KindNotFound, "reservation b not found")
+}
+
+// lowestIDScorer is a custom policy: the cost is the worker id.
+type lowestIDScorer struct{}
+
+func (lowestIDScorer) Score(_ *scheduler.Context, c *scheduler.Candidate) (float64, error) {
+	return float64(c.Worker.WorkerID), nil
+}
+
+type rejectWorker uint64
+
+func (r rejectWorker) Filter(_ *scheduler.Request, c *scheduler.Candidate) bool {
+	return c.Worker.WorkerID != uint64(r)
+}
+
+func TestCustomPolicySeam(t *testing.T) {
+	rc := routerconfig.Default()
+	rc.UseKVEvents = false
+	p := scheduler.DefaultPolicy()
+	p.Scorer = lowestIDScorer{}
+	p.Filters = []scheduler.Filter{rejectWorker(1)}
+	s, err := NewBuilder().Router(rc).Rand(rand.New(rand.NewPCG(3, 3))).Policy(p).Build()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []uint64{3, 1, 2} {
+		mustUpsert(t, s, workerRec(id))
+	}
+	resp, err := s.Select(bg, selReq("", 1, 2, 3, 4))
+	if err != nil || resp.WorkerID != 2 {
+		t.Fatalf("custom policy chose %+v (%v), want worker 2", resp, err)
+	}
+	p.Filters = []scheduler.Filter{rejectWorker(1), rejectWorker(2), rejectWorker(3)}
+	all, _ := NewBuilder().Router(rc).Policy(p).Build()
+	mustUpsert(t, all, workerRec(1))
+	_, err = all.SelectAndReserve(bg, selReq("z", 1, 2, 3, 4))
+	if KindOf(err) != KindUnavailable {
+		t.Fatalf("all filtered: %v (kind %v), want unavailable", err, KindOf(err))
+	}
+	if l := loadOf(t, all); l.ActiveRequests != 0 {
+		t.Fatal("a rejected selection booked load")
+	}
+}
+
+func TestKVHintNeedsSameRoleNonAgentSource(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		edit  func(*catalog.Record)
+		hints bool
+	}{
+		{"same role", func(*catalog.Record) {}, true},
+		{"state agent source", func(r *catalog.Record) { r.KVEventSourceMode = ptr(catalog.StateAgentV2) }, false},
+		{"other role", func(r *catalog.Record) { r.RouterHintWorkerType = ptr("prefill") }, false},
+		{"no endpoint for the rank", func(r *catalog.Record) { r.RouterHintSourceControlEndpoints = map[uint32]string{1: "tcp://x:1"} }, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s, _ := newService(t, func(c *routerconfig.Config) { c.UseKVEvents = true })
+			for _, id := range []uint64{1, 2} {
+				r := workerRec(id)
+				r.KVEventsEndpoint = ptr("tcp://127.0.0.1:5557")
+				r.RouterHintWorkerType = ptr("decode")
+				r.RouterHintSourceControlEndpoints = map[uint32]string{0: "tcp://w:5600"}
+				if id == 1 {
+					tc.edit(&r)
+				}
+				mustUpsert(t, s, r)
+			}
+			locals := kvhash.LocalBlockHashes([]uint32{1, 2, 3, 4}, "", "", kvhash.BlockOptions{BlockSize: 4})
+			ev := indexStored(1, locals)
+			s.partition(index.Partition{Model: "model", RoutingGroup: "default"}).ix.Apply(&ev)
+			req := selReq("h", 1, 2, 3, 4)
+			req.PinnedWorker = &WorkerRank{WorkerID: 2}
+			resp, err := s.SelectAndReserve(bg, req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if (resp.KVHint != nil) != tc.hints {
+				t.Fatalf("hint = %+v, want hint %v", resp.KVHint, tc.hints)
+			}
+		})
+	}
+}
+
+func TestDPRanksAreCandidates(t *testing.T) {
+	s, _ := newService(t, nil)
+	r := workerRec(5)
+	r.DataParallelSize = ptr(uint32(4))
+	mustUpsert(t, s, r)
+	seen := map[uint32]bool{}
+	for i := range 40 {
+		resp, err := s.SelectAndReserve(bg, selReq(itoa(i), uint32(i), 1, 1, 1))
+		if err != nil {
+			t.Fatal(err)
+		}
+		seen[resp.DPRank] = true
+		if len(resp.Overlap.DP) != 4 {
+			t.Fatalf("dp map lists %d ranks, want all 4: %+v", len(resp.Overlap.DP), resp.Overlap)
+		}
+	}
+	if len(seen) != 4 {
+		t.Fatalf("load-aware selection used ranks %v, want all four", seen)
+	}
+}
