@@ -84,6 +84,35 @@ func BenchmarkSelectAndReserveFree(b *testing.B) {
 	}
 }
 
+// BenchmarkSelectAndReserveFreeHashes is the same pair with precomputed block
+// and sequence hashes (the ext_proc header path), so no token hashing.
+func BenchmarkSelectAndReserveFreeHashes(b *testing.B) {
+	s, prompts := benchService(b, 64)
+	reqs := make([]*SelectRequest, len(prompts))
+	for i, t := range prompts {
+		locals := kvhash.LocalBlockHashes(t, "", "", kvhash.BlockOptions{BlockSize: 16})
+		isl := uint64(len(t))
+		reqs[i] = &SelectRequest{PartitionKey: PartitionKey{ModelName: "m"}, PromptRequest: PromptRequest{
+			BlockHashes: toI64(locals), SequenceHashes: toI64(kvhash.SequenceHashes(locals)), ISLTokens: &isl}}
+	}
+	ids := make([]string, len(prompts))
+	for i := range ids {
+		ids[i] = fmt.Sprintf("bench-%d", i)
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; b.Loop(); i++ {
+		k := i % len(reqs)
+		reqs[k].SelectionID = &ids[k]
+		if _, err := s.SelectAndReserve(bg, reqs[k]); err != nil {
+			b.Fatal(err)
+		}
+		if err := s.Free(bg, ids[k]); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
 // BenchmarkSelectAndReserveFreeParallel measures throughput with parallel
 // callers (run with -cpu 2: GOMAXPROCS=2) as the worker count grows. Each caller
 // keeps a few bookings in flight.

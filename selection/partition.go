@@ -68,6 +68,8 @@ type partition struct {
 	schedMu sync.Mutex
 	rnd     *rand.Rand        // tie-breaks and softmax draws; guarded by schedMu
 	scratch scheduler.Scratch // the picker's working set; guarded by schedMu
+	projBuf []loads.Projection    // guarded by schedMu
+	candBuf []scheduler.Candidate // guarded by schedMu
 
 	// queue parks selections while every worker is busy (queueing enabled).
 	queueMu sync.Mutex

@@ -323,7 +323,8 @@ func (s *Service) choose(ctx context.Context, p *partition, req *SelectRequest, 
 			p.schedMu.Unlock()
 			return nil, newError(KindNotReady, "no schedulable workers for %s", displayKey(p.key))
 		}
-		projs := p.loads.Project(pr.tracking, nil)
+		projs := p.loads.Project(pr.tracking, p.projBuf[:0])
+		p.projBuf = projs
 		if ticket != nil && !p.mayProceed(ticket, ws, projs, threshold) {
 			p.schedMu.Unlock()
 			select {
@@ -339,7 +340,8 @@ func (s *Service) choose(ctx context.Context, p *partition, req *SelectRequest, 
 				return nil, wrapError(KindNotReady, fmt.Errorf("queued selection for %s: %w", displayKey(p.key), ctx.Err()))
 			}
 		}
-		cands := s.candidates(ws, projs, overlaps)
+		cands := s.candidates(p.candBuf[:0], ws, projs, overlaps)
+		p.candBuf = cands
 		chosen, err := s.policy.Select(p.rnd, sreq, cands, &p.scratch)
 		if err != nil {
 			p.schedMu.Unlock()
@@ -394,8 +396,7 @@ func weightsOf(c routerconfig.Config) scheduler.Weights {
 // candidates joins the schedulable ranks with their load projection and
 // overlap, and marks busy-rejected workers (router-core §5.7: a worker is
 // overloaded only when all its ranks are over a configured threshold).
-func (s *Service) candidates(ws *workerSet, projs []loads.Projection, overlaps []index.Overlap) []scheduler.Candidate {
-	out := make([]scheduler.Candidate, 0, len(ws.ranks))
+func (s *Service) candidates(out []scheduler.Candidate, ws *workerSet, projs []loads.Projection, overlaps []index.Overlap) []scheduler.Candidate {
 	for _, pj := range projs {
 		rec, ok := ws.rank(pj.Worker)
 		if !ok {

@@ -252,7 +252,12 @@ func (r *rank) depth(keys []uint64) int {
 		return 0
 	}
 	tab := r.held[:cap(r.held)]
-	lo, hi := 0, len(keys) // held on [0, lo), not held on [hi, len)
+	// Most ranks share no prefix with a given prompt: one probe settles them
+	// before the binary search.
+	if len(keys) == 0 || r.find(tab, keys[0]) < 0 {
+		return 0
+	}
+	lo, hi := 1, len(keys) // held on [0, lo), not held on [hi, len)
 	for lo < hi {
 		mid := int(uint(lo+hi) >> 1)
 		if r.find(tab, keys[mid]) >= 0 {
