@@ -66,8 +66,8 @@ type partition struct {
 	// per-partition scheduler task is: two bookings never decide on the same
 	// load snapshot.
 	schedMu sync.Mutex
-	rnd     *rand.Rand        // tie-breaks and softmax draws; guarded by schedMu
-	scratch scheduler.Scratch // the picker's working set; guarded by schedMu
+	rnd     *rand.Rand            // tie-breaks and softmax draws; guarded by schedMu
+	scratch scheduler.Scratch     // the picker's working set; guarded by schedMu
 	projBuf []loads.Projection    // guarded by schedMu
 	candBuf []scheduler.Candidate // guarded by schedMu
 
