@@ -318,3 +318,53 @@ func TestDPRanksAreCandidates(t *testing.T) {
 		t.Fatalf("load-aware selection used ranks %v, want all four", seen)
 	}
 }
+
+// TestQueuedSelectionRefreshesOverlap: a selection that waited past
+// DYN_ROUTER_OVERLAP_REFRESH_AFTER_SECS re-reads the index when it leaves the
+// queue, so blocks cached meanwhile count (api §13.2).
+func TestQueuedSelectionRefreshesOverlap(t *testing.T) {
+	s, clock := newService(t, func(c *routerconfig.Config) {
+		c.UseKVEvents = true
+		c.QueueThreshold = routerconfig.Some(0.5)
+	})
+	for _, id := range []uint64{1, 2} {
+		r := workerRec(id)
+		r.MaxNumBatchedTokens = ptr(uint64(8))
+		r.KVEventsEndpoint = ptr("tcp://127.0.0.1:5557")
+		mustUpsert(t, s, r)
+	}
+	prompt := []uint32{1, 2, 3, 4, 5, 6, 7, 8}
+	for _, pin := range []uint64{1, 2} {
+		req := selReq("busy-"+itoa(int(pin)), 9, 9, 9, 9, 9, 9, 9, uint32(pin))
+		req.PinnedWorker = &WorkerRank{WorkerID: pin}
+		if _, err := s.SelectAndReserve(bg, req); err != nil {
+			t.Fatal(err)
+		}
+	}
+	type result struct {
+		resp *SelectResponse
+		err  error
+	}
+	done := make(chan result, 1)
+	go func() {
+		r, err := s.SelectAndReserve(bg, selReq("waiter", prompt...))
+		done <- result{r, err}
+	}()
+	waitFor(t, "queue", func() bool { return pendingCount(s) == 1 })
+	// While it waits, worker 2 caches the whole prompt; time passes the refresh bound.
+	locals := kvhash.LocalBlockHashes(prompt, "", "", kvhash.BlockOptions{BlockSize: 4})
+	ev := indexStored(2, locals)
+	if err := s.partition(index.Partition{Model: "model", RoutingGroup: "default"}).ix.Apply(&ev); err != nil {
+		t.Fatal(err)
+	}
+	clock.Add(11 * time.Second)
+	s.Free(bg, "busy-1")
+	s.Free(bg, "busy-2")
+	r := <-done
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	if r.resp.WorkerID != 2 || r.resp.EffectivePrefillTokens != 0 || r.resp.Overlap.GPU != 8 || r.resp.Overlap.DP["0"] != 8 {
+		t.Fatalf("queued selection used stale overlap: %+v", r.resp)
+	}
+}
