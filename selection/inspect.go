@@ -1,6 +1,7 @@
 package selection
 
 import (
+	"cmp"
 	"context"
 	"slices"
 
@@ -14,10 +15,7 @@ import (
 func (s *Service) Loads(model, group *string) []ModelLoad {
 	parts := s.partitions()
 	slices.SortFunc(parts, func(a, b *partition) int {
-		if a.key.Model != b.key.Model {
-			return compareStrings(a.key.Model, b.key.Model)
-		}
-		return compareStrings(a.key.RoutingGroup, b.key.RoutingGroup)
+		return cmp.Or(cmp.Compare(a.key.Model, b.key.Model), cmp.Compare(a.key.RoutingGroup, b.key.RoutingGroup))
 	})
 	out := []ModelLoad{}
 	for _, p := range parts {
@@ -36,36 +34,15 @@ func (s *Service) Loads(model, group *string) []ModelLoad {
 	return out
 }
 
-func compareStrings(a, b string) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
-}
-
 // PotentialLoads projects every rank's load as if this prompt were added to it
 // (POST /potential_loads): prefill grows by the uncached part when prefill is
 // tracked, decode by the blocks not already active there.
 func (s *Service) PotentialLoads(ctx context.Context, q *PromptQuery) ([]PotentialLoad, error) {
-	p, err := s.readyPartition(partitionOf(q.PartitionKey))
+	p, eff, pr, err := s.promptFor(partitionOf(q.PartitionKey), q.RouterConfigOverride, &q.PromptRequest, forSelection)
 	if err != nil {
 		return nil, err
 	}
-	eff, err := s.effective(q.RouterConfigOverride)
-	if err != nil {
-		return nil, err
-	}
-	pr, err := s.normalize(p, &q.PromptRequest, eff.AssumeKVReuse, forSelection)
-	if err != nil {
-		return nil, err
-	}
-	var overlaps []index.Overlap
-	if len(pr.locals) > 0 {
-		overlaps = p.ix.Match(pr.locals, false, nil)
-	}
+	overlaps := p.match(pr)
 	ws := p.workers.Load()
 	out := []PotentialLoad{}
 	for _, pj := range p.loads.Project(pr.tracking, nil) {
@@ -93,22 +70,11 @@ func (s *Service) PotentialLoads(ctx context.Context, q *PromptQuery) ([]Potenti
 // OverlapScores reports tiered overlap per (worker, rank), in blocks, from the
 // public block hashes only (POST /overlap_scores).
 func (s *Service) OverlapScores(ctx context.Context, q *PromptQuery) (*OverlapScoresResponse, error) {
-	p, err := s.readyPartition(partitionOf(q.PartitionKey))
+	p, eff, pr, err := s.promptFor(partitionOf(q.PartitionKey), q.RouterConfigOverride, &q.PromptRequest, forSelection)
 	if err != nil {
 		return nil, err
 	}
-	eff, err := s.effective(q.RouterConfigOverride)
-	if err != nil {
-		return nil, err
-	}
-	pr, err := s.normalize(p, &q.PromptRequest, eff.AssumeKVReuse, forSelection)
-	if err != nil {
-		return nil, err
-	}
-	var overlaps []index.Overlap
-	if len(pr.locals) > 0 {
-		overlaps = p.ix.Match(pr.locals, false, nil)
-	}
+	overlaps := p.match(pr)
 	rows := map[index.WorkerKey]index.Overlap{}
 	for _, w := range p.workers.Load().ranks {
 		rows[w] = index.Overlap{Worker: w}
@@ -120,12 +86,7 @@ func (s *Service) OverlapScores(ctx context.Context, q *PromptQuery) (*OverlapSc
 	for k := range rows {
 		keys = append(keys, k)
 	}
-	slices.SortFunc(keys, func(a, b index.WorkerKey) int {
-		if a.WorkerID != b.WorkerID {
-			return cmpU64(a.WorkerID, b.WorkerID)
-		}
-		return cmpU64(uint64(a.DPRank), uint64(b.DPRank))
-	})
+	slices.SortFunc(keys, index.CompareWorkerKeys)
 	resp := &OverlapScoresResponse{BlockSize: p.blockSize, NumBlocks: len(pr.locals), Workers: make([]OverlapScoreRow, 0, len(keys)),
 		SharedCache: SharedCacheView{Ranges: []string{}}}
 	for _, k := range keys {
@@ -138,16 +99,6 @@ func (s *Service) OverlapScores(ctx context.Context, q *PromptQuery) (*OverlapSc
 		})
 	}
 	return resp, nil
-}
-
-func cmpU64(a, b uint64) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 // kvHint builds the KV transfer hint of a booking (api §8): when another worker

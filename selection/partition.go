@@ -1,7 +1,6 @@
 package selection
 
 import (
-	"cmp"
 	"fmt"
 	"math/rand/v2"
 	"slices"
@@ -160,9 +159,7 @@ func (s *Service) replaceWorkers(p *partition, edit func(map[uint64]*catalog.Rec
 			next.ranks = append(next.ranks, index.WorkerKey{WorkerID: r.WorkerID, DPRank: rank})
 		}
 	}
-	slices.SortFunc(next.ranks, func(a, b index.WorkerKey) int {
-		return cmp.Or(cmp.Compare(a.WorkerID, b.WorkerID), cmp.Compare(a.DPRank, b.DPRank))
-	})
+	slices.SortFunc(next.ranks, index.CompareWorkerKeys)
 	p.schedMu.Lock()
 	p.workers.Store(next)
 	dropped := p.loads.SetWorkers(next.ranks)
@@ -172,6 +169,14 @@ func (s *Service) replaceWorkers(p *partition, edit func(map[uint64]*catalog.Rec
 		s.dropReservation(id, now)
 	}
 	p.wake()
+}
+
+// match looks the prompt's block hashes up in the partition's index.
+func (p *partition) match(pr prompt) []index.Overlap {
+	if len(pr.locals) == 0 {
+		return nil
+	}
+	return p.ix.Match(pr.locals, false, nil)
 }
 
 // wake tells queued selections that load or workers changed.

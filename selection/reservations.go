@@ -90,15 +90,7 @@ func (s *Service) Reserve(ctx context.Context, req *ReservationRequest) (*Reserv
 func (s *Service) reserveExplicit(ctx context.Context, key index.Partition, req *ReservationRequest) (*ReservationResponse, error) {
 	id := *req.SelectionID
 	s.pending.Discard(pending.Key{Partition: key, SelectionID: id})
-	p, err := s.readyPartition(key)
-	if err != nil {
-		return nil, err
-	}
-	eff, err := s.effective(req.RouterConfigOverride)
-	if err != nil {
-		return nil, err
-	}
-	pr, err := s.normalize(p, &req.PromptRequest, eff.AssumeKVReuse, forReservation)
+	p, eff, pr, err := s.promptFor(key, req.RouterConfigOverride, &req.PromptRequest, forReservation)
 	if err != nil {
 		return nil, err
 	}

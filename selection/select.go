@@ -56,6 +56,22 @@ func (s *Service) anySchedulable() bool {
 	return false
 }
 
+// promptFor resolves what every prompt-carrying call starts with: the ready
+// partition, the effective router config (after router_config_override) and
+// the normalized prompt.
+func (s *Service) promptFor(key index.Partition, o *routerconfig.Override, req *PromptRequest, use promptUse) (*partition, routerconfig.Config, prompt, error) {
+	p, err := s.readyPartition(key)
+	if err != nil {
+		return nil, routerconfig.Config{}, prompt{}, err
+	}
+	eff, err := s.effective(o)
+	if err != nil {
+		return nil, eff, prompt{}, err
+	}
+	pr, err := s.normalize(p, req, eff.AssumeKVReuse, use)
+	return p, eff, pr, err
+}
+
 func (s *Service) effective(o *routerconfig.Override) (routerconfig.Config, error) {
 	if o == nil {
 		return s.router, nil
@@ -87,11 +103,7 @@ func sessionOf(req *SelectRequest) (string, error) {
 // selection_id it caches the booking inputs for a later replay reservation.
 func (s *Service) Select(ctx context.Context, req *SelectRequest) (*SelectResponse, error) {
 	key := partitionOf(req.PartitionKey)
-	p, err := s.readyPartition(key)
-	if err != nil {
-		return nil, err
-	}
-	eff, err := s.effective(req.RouterConfigOverride)
+	p, eff, pr, err := s.promptFor(key, req.RouterConfigOverride, &req.PromptRequest, forSelection)
 	if err != nil {
 		return nil, err
 	}
@@ -106,10 +118,6 @@ func (s *Service) Select(ctx context.Context, req *SelectRequest) (*SelectRespon
 		} else if ok {
 			target = &t
 		}
-	}
-	pr, err := s.normalize(p, &req.PromptRequest, eff.AssumeKVReuse, forSelection)
-	if err != nil {
-		return nil, err
 	}
 	d, err := s.choose(ctx, p, req, pr, eff, target, nil, !req.Advisory)
 	if err != nil {
@@ -147,20 +155,11 @@ func explicitTarget(req *SelectRequest) *affinity.Target {
 
 // SelectAndReserve selects and atomically books load (POST /select_and_reserve).
 func (s *Service) SelectAndReserve(ctx context.Context, req *SelectRequest) (*SelectResponse, error) {
-	key := partitionOf(req.PartitionKey)
-	p, err := s.readyPartition(key)
-	if err != nil {
-		return nil, err
-	}
-	eff, err := s.effective(req.RouterConfigOverride)
+	p, eff, pr, err := s.promptFor(partitionOf(req.PartitionKey), req.RouterConfigOverride, &req.PromptRequest, forSelection)
 	if err != nil {
 		return nil, err
 	}
 	sid, err := sessionOf(req)
-	if err != nil {
-		return nil, err
-	}
-	pr, err := s.normalize(p, &req.PromptRequest, eff.AssumeKVReuse, forSelection)
 	if err != nil {
 		return nil, err
 	}
@@ -278,10 +277,7 @@ func (s *Service) recordRouting(p *partition, w index.WorkerKey, pr prompt) {
 // books the chosen rank in the same critical section.
 func (s *Service) choose(ctx context.Context, p *partition, req *SelectRequest, pr prompt, eff routerconfig.Config,
 	target *affinity.Target, booking *loads.Booking, admit bool) (*decision, error) {
-	var overlaps []index.Overlap
-	if len(pr.locals) > 0 {
-		overlaps = p.ix.Match(pr.locals, false, nil)
-	}
+	overlaps := p.match(pr)
 	enqueued := s.clock()
 	sreq := &scheduler.Request{ISL: pr.isl, BlockSize: p.blockSize, Weights: weightsOf(eff)}
 	if eff.TrackActiveBlocks {
@@ -329,10 +325,10 @@ func (s *Service) choose(ctx context.Context, p *partition, req *SelectRequest, 
 			p.schedMu.Unlock()
 			select {
 			case <-changed:
-				if scheduler.OverlapRefreshDue(enqueued, s.clock(), s.router.OverlapRefreshAfter) && len(pr.locals) > 0 {
+				if scheduler.OverlapRefreshDue(enqueued, s.clock(), s.router.OverlapRefreshAfter) {
 					// Dequeue-time refresh (router-core §5.6): a long wait makes the
 					// enqueue-time overlap stale.
-					overlaps = p.ix.Match(pr.locals, false, nil)
+					overlaps = p.match(pr)
 					enqueued = s.clock()
 				}
 				continue

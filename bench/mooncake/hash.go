@@ -1,7 +1,7 @@
 package mooncake
 
-// mix64 is the splitmix64 finalizer: a cheap bijective 64-bit mixer.
-func mix64(x uint64) uint64 {
+// Mix64 is the splitmix64 finalizer: a cheap bijective 64-bit mixer.
+func Mix64(x uint64) uint64 {
 	x ^= x >> 30
 	x *= 0xbf58476d1ce4e5b9
 	x ^= x >> 27
@@ -20,7 +20,7 @@ const (
 // given trace hash id. It depends on the id only, so equal prefixes of ids
 // give equal sequences of local hashes on every worker. LocalHash is a
 // bijection, so distinct ids never collide.
-func LocalHash(id uint64) uint64 { return mix64(id + localSalt) }
+func LocalHash(id uint64) uint64 { return Mix64(id + localSalt) }
 
 // LocalHashes returns the local hashes of a sequence of hash ids.
 func LocalHashes(ids []uint64) []uint64 {
@@ -33,12 +33,12 @@ func LocalHashes(ids []uint64) []uint64 {
 
 // workerSeed is the per-worker root of the engine hash chain, playing the
 // role of vLLM's random NONE_HASH seed.
-func workerSeed(worker int) uint64 { return mix64(uint64(worker)*chainMul ^ workerSalt) }
+func workerSeed(worker int) uint64 { return Mix64(uint64(worker)*chainMul ^ workerSalt) }
 
 // chainExt returns the engine hash of a block with the given local hash whose
 // parent has engine hash prev (or the worker seed for a first block).
 func chainExt(prev, local uint64) uint64 {
-	return mix64(mix64(prev^workerSalt) + local*chainMul)
+	return Mix64(Mix64(prev^workerSalt) + local*chainMul)
 }
 
 // ChainExts returns the engine (Ext) hashes worker would assign to the

@@ -167,7 +167,7 @@ func Prepare(cfg Config, reqs []Request) *Workload {
 func prefixWorker(ids []uint64, k, workers int) int {
 	h := uint64(workerSalt)
 	for _, id := range ids[:min(k, len(ids))] {
-		h = mix64(h ^ LocalHash(id))
+		h = Mix64(h ^ LocalHash(id))
 	}
 	return int(h % uint64(workers))
 }

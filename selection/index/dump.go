@@ -2,6 +2,7 @@ package index
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"slices"
@@ -252,12 +253,7 @@ func (t *Tree) appendSnapshot(dst []RouterEvent) []RouterEvent {
 	for w := range t.slots {
 		keys = append(keys, w)
 	}
-	slices.SortFunc(keys, func(a, b WorkerKey) int {
-		if a.WorkerID != b.WorkerID {
-			return cmpU64(a.WorkerID, b.WorkerID)
-		}
-		return cmpU64(uint64(a.DPRank), uint64(b.DPRank))
-	})
+	slices.SortFunc(keys, CompareWorkerKeys)
 	var id uint64
 	for _, w := range keys {
 		ws := &t.workers[t.slots[w]]
@@ -273,7 +269,7 @@ func (t *Tree) appendSnapshot(dst []RouterEvent) []RouterEvent {
 				if a.tier != b.tier {
 					return int(a.tier) - int(b.tier)
 				}
-				return cmpU64(a.ext, b.ext)
+				return cmp.Compare(a.ext, b.ext)
 			})
 			p := t.meta(n).parent
 			kids[p] = append(kids[p], n)
@@ -328,14 +324,4 @@ func (t *Tree) appendSnapshot(dst []RouterEvent) []RouterEvent {
 		}
 	}
 	return dst
-}
-
-func cmpU64(a, b uint64) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }

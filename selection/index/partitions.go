@@ -1,6 +1,7 @@
 package index
 
 import (
+	"cmp"
 	"fmt"
 	"maps"
 	"slices"
@@ -85,22 +86,9 @@ func (ps *Partitions) List() []Partition {
 	keys := slices.Collect(maps.Keys(ps.byKey))
 	ps.mu.RUnlock()
 	slices.SortFunc(keys, func(a, b Partition) int {
-		if a.Model != b.Model {
-			return cmpString(a.Model, b.Model)
-		}
-		return cmpString(a.RoutingGroup, b.RoutingGroup)
+		return cmp.Or(cmp.Compare(a.Model, b.Model), cmp.Compare(a.RoutingGroup, b.RoutingGroup))
 	})
 	return keys
-}
-
-func cmpString(a, b string) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 // Dump snapshots every partition (GET /dump).

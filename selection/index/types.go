@@ -1,6 +1,7 @@
 package index
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"strings"
@@ -14,6 +15,12 @@ type WorkerKey struct {
 }
 
 func (w WorkerKey) String() string { return fmt.Sprintf("%d/%d", w.WorkerID, w.DPRank) }
+
+// CompareWorkerKeys orders worker ranks by (worker_id, dp_rank), the order of
+// every listing the service returns.
+func CompareWorkerKeys(a, b WorkerKey) int {
+	return cmp.Or(cmp.Compare(a.WorkerID, b.WorkerID), cmp.Compare(a.DPRank, b.DPRank))
+}
 
 // Tier is the storage tier a KV event reports blocks in.
 type Tier uint8

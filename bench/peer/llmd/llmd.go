@@ -151,13 +151,7 @@ func (t *Target) Index() *kvblock.InMemoryIndex { return t.idx }
 const rootKey = 0x6c6c6d2d64000001
 
 func chainKey(prev, local uint64) uint64 {
-	x := prev ^ (local * 0x9e3779b97f4a7c15)
-	x ^= x >> 30
-	x *= 0xbf58476d1ce4e5b9
-	x ^= x >> 27
-	x *= 0x94d049bb133111eb
-	x ^= x >> 31
-	return x
+	return mooncake.Mix64(prev ^ (local * 0x9e3779b97f4a7c15))
 }
 
 func (t *Target) key(prev, local uint64) uint64 {
