@@ -26,6 +26,10 @@ const (
 	forReservation
 )
 
+// maxISLTokens bounds a precomputed input length: far beyond any model's
+// context, and small enough that token arithmetic never overflows an int.
+const maxISLTokens = 1 << 31
+
 var hasherPool = sync.Pool{New: func() any { return new(kvhash.Hasher) }}
 
 func (s *Service) normalize(p *partition, req *PromptRequest, reuse bool, use promptUse) (prompt, error) {
@@ -75,6 +79,9 @@ func (s *Service) normalize(p *partition, req *PromptRequest, reuse bool, use pr
 	}
 	if req.ISLTokens == nil {
 		return out, newError(KindBadRequest, "isl_tokens is required without token_ids")
+	}
+	if *req.ISLTokens > maxISLTokens {
+		return out, newError(KindBadRequest, "isl_tokens %d exceeds the supported maximum of %d", *req.ISLTokens, uint64(maxISLTokens))
 	}
 	if use == forSelection && *req.ISLTokens == 0 {
 		return out, newError(KindBadRequest, "isl_tokens must be greater than 0")

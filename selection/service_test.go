@@ -435,6 +435,13 @@ func TestHashPathValidation(t *testing.T) {
 		_, err := s.Select(bg, &SelectRequest{PartitionKey: PartitionKey{ModelName: "model"}, PromptRequest: tc.p})
 		wantKind(t, err, KindBadRequest, tc.frag)
 	}
+	huge := &SelectRequest{PartitionKey: PartitionKey{ModelName: "model"},
+		PromptRequest: PromptRequest{BlockHashes: []int64{1}, SequenceHashes: []int64{1}, ISLTokens: ptr(uint64(1) << 63)}}
+	_, err := s.Select(bg, huge)
+	wantKind(t, err, KindBadRequest, "exceeds the supported maximum")
+	_, err = s.Reserve(bg, &ReservationRequest{PartitionKey: PartitionKey{ModelName: "model"}, SelectionID: ptr("huge"), WorkerID: ptr(uint64(1)),
+		PromptRequest: PromptRequest{SequenceHashes: []int64{1}, ISLTokens: ptr(uint64(1) << 63)}})
+	wantKind(t, err, KindBadRequest, "exceeds the supported maximum")
 	// Hash-only inputs are trusted and bit-cast.
 	resp, err := s.SelectAndReserve(bg, &SelectRequest{PartitionKey: PartitionKey{ModelName: "model"},
 		PromptRequest: PromptRequest{BlockHashes: []int64{5, 6}, SequenceHashes: []int64{-1, 7}, ISLTokens: ptr(uint64(8))}})

@@ -1,0 +1,119 @@
+package main
+
+import (
+	"fmt"
+	"log/slog"
+	"reflect"
+	"time"
+
+	"github.com/kvselect/kvselect/selection"
+	"github.com/kvselect/kvselect/selection/kvhash"
+	"github.com/kvselect/kvselect/selection/pending"
+	"github.com/kvselect/kvselect/selection/routerconfig"
+)
+
+// resolveConfig layers the configuration as Dynamo does: defaults, then the
+// DYN_ROUTER_* environment (routerconfig.FromEnv), then every flag given on the
+// command line; the merged router configuration is validated last, so a flag
+// can repair an environment value that only its cross-field rules reject.
+// FromEnv's warnings are logged; every error is a *usageError (exit status 2).
+func resolveConfig(o *options, lookup func(string) (string, bool), log *slog.Logger) (selection.Config, error) {
+	rc, warnings, err := routerconfig.FromEnv(lookup)
+	for _, w := range warnings {
+		log.Warn(w, "source", "environment")
+	}
+	if err != nil {
+		return selection.Config{}, &usageError{fmt.Errorf("environment: %w", err)}
+	}
+
+	if o.set["threads"] {
+		rc.EventThreads = o.threads
+	}
+	if o.set["session-affinity-ttl-secs"] {
+		rc.SessionAffinityTTL = routerconfig.Some(time.Duration(o.sessionAffinityTTLSecs) * time.Second)
+	}
+	if o.set["router-tracking-hash"] {
+		rc.TrackingHash = routerconfig.TrackingHash(o.trackingHash)
+	}
+	if o.set["router-tracking-key-file"] {
+		rc.TrackingKeyFile = optionalString(o.trackingKeyFile)
+	}
+	if o.set["router-tracking-key-id"] {
+		rc.TrackingKeyID = optionalString(o.trackingKeyID)
+	}
+	// --router-assume-kv-reuse=false and --no-router-assume-kv-reuse=false are
+	// accepted as the Go flag package spells them and mean what they say.
+	if o.set["router-assume-kv-reuse"] {
+		rc.AssumeKVReuse = o.assumeKVReuse
+	}
+	if o.set["no-router-assume-kv-reuse"] {
+		rc.AssumeKVReuse = !o.noAssumeKVReuse
+	}
+	if err := rc.Validate(); err != nil {
+		return selection.Config{}, &usageError{err}
+	}
+
+	return selection.Config{
+		Router: rc,
+		// The service builds its tracker from Tracking alone; it must say what
+		// the router configuration says.
+		Tracking: kvhash.TrackingConfig{
+			Algorithm: string(rc.TrackingHash),
+			KeyFile:   rc.TrackingKeyFile.Or(""),
+			KeyID:     rc.TrackingKeyID.Or(""),
+		},
+		SelectionCache: pending.Config{TTL: o.cacheTTL, MaxEntries: o.cacheMaxEntries, MaxBytes: o.cacheMaxBytes},
+	}, nil
+}
+
+// optionalString maps a flag value to a router knob; the empty string unsets
+// it, so a flag can clear a key file or key id inherited from the environment.
+func optionalString(s string) routerconfig.Optional[string] {
+	if s == "" {
+		return routerconfig.Optional[string]{}
+	}
+	return routerconfig.Some(s)
+}
+
+// configAttrs is the effective configuration for the startup log: the service
+// settings, then the router knobs that differ from Dynamo's defaults (the full
+// set goes to the debug log, see routerAttrs).
+func configAttrs(cfg selection.Config) []any {
+	sessionTTL := "off"
+	if d, ok := cfg.Router.SessionAffinityTTL.Get(); ok {
+		sessionTTL = d.String()
+	}
+	return []any{
+		slog.Int("threads", cfg.Router.EventThreads),
+		slog.String("session_affinity_ttl", sessionTTL),
+		slog.Group("selection_cache",
+			slog.String("ttl", cfg.SelectionCache.TTL.String()),
+			slog.Int("max_entries", cfg.SelectionCache.MaxEntries),
+			slog.Int64("max_bytes", cfg.SelectionCache.MaxBytes)),
+		slog.String("tracking_hash", string(cfg.Router.TrackingHash)),
+		slog.Bool("assume_kv_reuse", cfg.Router.AssumeKVReuse),
+		slog.Bool("use_kv_events", cfg.Router.UseKVEvents),
+		slog.Group("router_non_default", routerAttrs(cfg.Router, true)...),
+	}
+}
+
+// routerAttrs lists the router configuration field by field (the names of
+// routerconfig.Config), optionally only the fields that differ from
+// routerconfig.Default. Key material is never logged: only the key file path
+// and key id, which routerconfig itself prints in errors.
+func routerAttrs(c routerconfig.Config, changedOnly bool) []any {
+	v, def := reflect.ValueOf(c), reflect.ValueOf(routerconfig.Default())
+	var out []any
+	for i := range v.NumField() {
+		f := v.Field(i)
+		if changedOnly && reflect.DeepEqual(f.Interface(), def.Field(i).Interface()) {
+			continue
+		}
+		var val any = f.Interface()
+		if s, ok := val.(fmt.Stringer); ok {
+			val = s.String()
+		}
+		out = append(out, slog.Any(v.Type().Field(i).Name, val))
+	}
+	return out
+}

@@ -1,0 +1,191 @@
+package main
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kvselect/kvselect/selection"
+	"github.com/kvselect/kvselect/selection/kvhash"
+	"github.com/kvselect/kvselect/selection/routerconfig"
+)
+
+func envOf(m map[string]string) func(string) (string, bool) {
+	return func(k string) (string, bool) { v, ok := m[k]; return v, ok }
+}
+
+func resolve(t *testing.T, env map[string]string, args ...string) (selection.Config, error) {
+	t.Helper()
+	o, err := parseFlags(args)
+	if err != nil {
+		t.Fatalf("parseFlags(%q): %v", args, err)
+	}
+	return resolveConfig(o, envOf(env), slog.New(slog.NewTextHandler(io.Discard, nil)))
+}
+
+func TestFlagsOverrideEnvironment(t *testing.T) {
+	keyed := map[string]string{
+		"DYN_ROUTER_TRACKING_HASH":     "keyed-xxh3-v1",
+		"DYN_ROUTER_TRACKING_KEY_FILE": "/env.key",
+		"DYN_ROUTER_TRACKING_KEY_ID":   "env-epoch",
+	}
+	for _, tc := range []struct {
+		name  string
+		env   map[string]string
+		args  []string
+		check func(routerconfig.Config, selection.Config) bool
+	}{
+		{"defaults without either", nil, nil, func(c routerconfig.Config, s selection.Config) bool {
+			return c.EventThreads == 4 && !c.SessionAffinityTTL.IsSet() && c.AssumeKVReuse &&
+				c.TrackingHash == routerconfig.TrackingPublic && s.Tracking == kvhash.TrackingConfig{Algorithm: kvhash.AlgorithmPublic} &&
+				s.SelectionCache.TTL == 120*time.Second && s.SelectionCache.MaxEntries == 4096 && s.SelectionCache.MaxBytes == 268435456
+		}},
+		{"threads from environment", map[string]string{"DYN_ROUTER_EVENT_THREADS": "8"}, nil,
+			func(c routerconfig.Config, _ selection.Config) bool { return c.EventThreads == 8 }},
+		{"--threads wins", map[string]string{"DYN_ROUTER_EVENT_THREADS": "8"}, []string{"--threads", "2"},
+			func(c routerconfig.Config, _ selection.Config) bool { return c.EventThreads == 2 }},
+		{"--threads equal to its default still wins", map[string]string{"DYN_ROUTER_EVENT_THREADS": "8"}, []string{"--threads", "4"},
+			func(c routerconfig.Config, _ selection.Config) bool { return c.EventThreads == 4 }},
+		{"session ttl from environment", map[string]string{"DYN_ROUTER_SESSION_AFFINITY_TTL_SECS": "30"}, nil,
+			func(c routerconfig.Config, _ selection.Config) bool {
+				return c.SessionAffinityTTL == routerconfig.Some(30*time.Second)
+			}},
+		{"--session-affinity-ttl-secs wins", map[string]string{"DYN_ROUTER_SESSION_AFFINITY_TTL_SECS": "30"}, []string{"--session-affinity-ttl-secs", "60"},
+			func(c routerconfig.Config, _ selection.Config) bool {
+				return c.SessionAffinityTTL == routerconfig.Some(60*time.Second)
+			}},
+		{"assume kv reuse off from environment", map[string]string{"DYN_ROUTER_ASSUME_KV_REUSE": "false"}, nil,
+			func(c routerconfig.Config, _ selection.Config) bool { return !c.AssumeKVReuse }},
+		{"--router-assume-kv-reuse wins", map[string]string{"DYN_ROUTER_ASSUME_KV_REUSE": "false"}, []string{"--router-assume-kv-reuse"},
+			func(c routerconfig.Config, _ selection.Config) bool { return c.AssumeKVReuse }},
+		{"--no-router-assume-kv-reuse wins", map[string]string{"DYN_ROUTER_ASSUME_KV_REUSE": "true"}, []string{"--no-router-assume-kv-reuse"},
+			func(c routerconfig.Config, _ selection.Config) bool { return !c.AssumeKVReuse }},
+		{"--router-assume-kv-reuse=false", nil, []string{"--router-assume-kv-reuse=false"},
+			func(c routerconfig.Config, _ selection.Config) bool { return !c.AssumeKVReuse }},
+		{"keyed tracking from environment", keyed, nil, func(c routerconfig.Config, s selection.Config) bool {
+			return s.Tracking == kvhash.TrackingConfig{Algorithm: kvhash.AlgorithmKeyed, KeyFile: "/env.key", KeyID: "env-epoch"}
+		}},
+		{"tracking key flags win", keyed, []string{"--router-tracking-key-file", "/flag.key", "--router-tracking-key-id", "flag-epoch"},
+			func(_ routerconfig.Config, s selection.Config) bool {
+				return s.Tracking == kvhash.TrackingConfig{Algorithm: kvhash.AlgorithmKeyed, KeyFile: "/flag.key", KeyID: "flag-epoch"}
+			}},
+		{"flags switch back to public and clear the key", keyed, []string{"--router-tracking-hash", "public-xxh3-v1", "--router-tracking-key-file", "", "--router-tracking-key-id", ""},
+			func(c routerconfig.Config, s selection.Config) bool {
+				return !c.TrackingKeyFile.IsSet() && !c.TrackingKeyID.IsSet() && s.Tracking == kvhash.TrackingConfig{Algorithm: kvhash.AlgorithmPublic}
+			}},
+		{"other environment knobs pass through", map[string]string{"DYN_ROUTER_TEMPERATURE": "0.5", "DYN_ROUTER_QUEUE_THRESHOLD": "2"}, []string{"--threads", "3"},
+			func(c routerconfig.Config, _ selection.Config) bool {
+				return c.RouterTemperature == 0.5 && c.QueueThreshold == routerconfig.Some(2.0) && c.EventThreads == 3
+			}},
+		{"selection cache flags", nil, []string{"--selection-cache-ttl-secs", "1.5", "--selection-cache-max-entries", "7", "--selection-cache-max-bytes", "1024"},
+			func(_ routerconfig.Config, s selection.Config) bool {
+				return s.SelectionCache.TTL == 1500*time.Millisecond && s.SelectionCache.MaxEntries == 7 && s.SelectionCache.MaxBytes == 1024
+			}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg, err := resolve(t, tc.env, tc.args...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !tc.check(cfg.Router, cfg) {
+				t.Errorf("env %v, args %q: router %+v, tracking %+v, cache %+v", tc.env, tc.args, cfg.Router, cfg.Tracking, cfg.SelectionCache)
+			}
+		})
+	}
+}
+
+// TestInvalidConfigurationIsAUsageError: bad environment values, and flags
+// that make the merged configuration invalid, fail with status 2.
+func TestInvalidConfigurationIsAUsageError(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		env  map[string]string
+		args []string
+		want string
+	}{
+		{"unparsable environment", map[string]string{"DYN_ROUTER_TEMPERATURE": "warm"}, nil, "DYN_ROUTER_TEMPERATURE"},
+		{"out-of-range environment", map[string]string{"DYN_ROUTER_TEMPERATURE": "-1"}, nil, "DYN_ROUTER_TEMPERATURE"},
+		{"cross-field environment", map[string]string{"DYN_ROUTER_TRACK_OUTPUT_BLOCKS": "true", "DYN_ROUTER_TRACK_ACTIVE_BLOCKS": "false"}, nil, "router_track_output_blocks"},
+		{"keyed flag without key", nil, []string{"--router-tracking-hash", "keyed-xxh3-v1"}, "needs router_tracking_key_file"},
+		{"keyed flag without key id", nil, []string{"--router-tracking-hash", "keyed-xxh3-v1", "--router-tracking-key-file", "/k"}, "needs a non-blank router_tracking_key_id"},
+		{"key file flag in public mode", nil, []string{"--router-tracking-key-file", "/k"}, "public-xxh3-v1 takes no key file"},
+		{"environment session ttl out of range", map[string]string{"DYN_ROUTER_SESSION_AFFINITY_TTL_SECS": "0"}, nil, "DYN_ROUTER_SESSION_AFFINITY_TTL_SECS"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := resolve(t, tc.env, tc.args...)
+			var ue *usageError
+			if !errors.As(err, &ue) || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("err = %v, want a usage error mentioning %q", err, tc.want)
+			}
+			var out, errb bytes.Buffer
+			if got := exitStatus(run(t.Context(), tc.args, envOf(tc.env), &out, &errb), &errb); got != 2 || !strings.Contains(errb.String(), tc.want) {
+				t.Errorf("run: status %d, stderr %q", got, errb.String())
+			}
+		})
+	}
+}
+
+func TestEnvironmentWarningsAreLogged(t *testing.T) {
+	o, err := parseFlags([]string{"--log-format", "json"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var logs bytes.Buffer
+	env := envOf(map[string]string{"DYN_ROUTER_REPLICA_SYNC": "true", "DYN_ROUTER_MODE": "round-robin"})
+	if _, err := resolveConfig(o, env, newLogger(o, &logs)); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{`"level":"WARN","msg":"DYN_ROUTER_REPLICA_SYNC=true`, `"msg":"DYN_ROUTER_MODE=\"round-robin\" is ignored`, `"source":"environment"`} {
+		if !strings.Contains(logs.String(), want) {
+			t.Errorf("logs %s lack %s", logs.String(), want)
+		}
+	}
+}
+
+// TestKeyFileIsReadAtStartup: a keyed configuration builds with a 32-byte key
+// and fails with status 2 when the file is wrong.
+func TestKeyFileIsReadAtStartup(t *testing.T) {
+	dir := t.TempDir()
+	good, short := filepath.Join(dir, "good.key"), filepath.Join(dir, "short.key")
+	if err := os.WriteFile(good, bytes.Repeat([]byte{7}, kvhash.KeySize), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(short, []byte("short"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	keyed := []string{"--router-tracking-hash", "keyed-xxh3-v1", "--router-tracking-key-id", "e1", "--router-tracking-key-file"}
+	cfg, err := resolve(t, nil, append(keyed, good)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := selection.NewBuilder().Config(cfg).Build(); err != nil {
+		t.Fatalf("Build with a 32-byte key: %v", err)
+	}
+	status, _, stderr := runArgs(t, append(keyed, short)...)
+	if status != 2 || !strings.Contains(stderr, "holds 5 bytes, want exactly 32") {
+		t.Errorf("short key: status %d, stderr %q", status, stderr)
+	}
+}
+
+func TestStartupLogShowsNonDefaultRouterKnobs(t *testing.T) {
+	cfg, err := resolve(t, map[string]string{"DYN_ROUTER_TEMPERATURE": "0.5"}, "--session-affinity-ttl-secs", "60")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var logs bytes.Buffer
+	slog.New(slog.NewTextHandler(&logs, nil)).Info("x", configAttrs(cfg)...)
+	for _, want := range []string{"router_non_default.RouterTemperature=0.5", "router_non_default.SessionAffinityTTL=1m0s", "session_affinity_ttl=1m0s", "selection_cache.max_entries=4096"} {
+		if !strings.Contains(logs.String(), want) {
+			t.Errorf("startup attrs %q lack %q", logs.String(), want)
+		}
+	}
+	if strings.Contains(logs.String(), "router_non_default.EventThreads") {
+		t.Errorf("default knob logged as changed: %s", logs.String())
+	}
+}

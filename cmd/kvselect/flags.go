@@ -1,0 +1,261 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"math"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/kvselect/kvselect/selection/catalog"
+	"github.com/kvselect/kvselect/selection/kvhash"
+	"github.com/kvselect/kvselect/selection/routerconfig"
+)
+
+// options is the parsed command line. The field defaults are Dynamo's
+// (python -m dynamo.select_service, api spec §11); set records which flags were
+// given, because a given flag overrides the environment and an absent one
+// leaves the DYN_ROUTER_* value (or Dynamo's default) in place.
+type options struct {
+	host            string
+	port            uint64
+	shutdownTimeout time.Duration
+	logFormat       string
+	logLevel        slog.Level
+
+	threads                int
+	sessionAffinityTTLSecs uint64
+	cacheTTL               time.Duration
+	cacheMaxEntries        int
+	cacheMaxBytes          int64
+
+	trackingHash    string
+	trackingKeyFile string
+	trackingKeyID   string
+	assumeKVReuse   bool
+	noAssumeKVReuse bool
+
+	indexerPeers     []string
+	replicaSyncPort  uint64
+	replicaSyncPeers []string
+
+	version bool
+
+	set map[string]bool
+}
+
+// errHelp reports that --help was printed: exit status 0.
+var errHelp = errors.New("help requested")
+
+// usageError is a command-line or configuration mistake: the process exits
+// with status 2, as clap (Dynamo's parser) and Go's flag package do.
+type usageError struct{ err error }
+
+func (e *usageError) Error() string { return e.err.Error() }
+func (e *usageError) Unwrap() error { return e.err }
+
+func usagef(format string, args ...any) error {
+	return &usageError{fmt.Errorf(format, args...)}
+}
+
+// Dynamo's bounds (api spec §6, §11).
+const (
+	maxSessionAffinityTTLSecs = uint64(routerconfig.MaxSessionAffinityTTL / time.Second)
+	maxPort                   = math.MaxUint16
+)
+
+// newFlagSet registers every flag on a fresh FlagSet bound to o. Usage strings
+// name the value in backquotes (flag.UnquoteUsage) for the help text.
+func newFlagSet(o *options) *flag.FlagSet {
+	fs := flag.NewFlagSet("kvselect", flag.ContinueOnError)
+	fs.SetOutput(io.Discard) // parse errors are returned; help goes to stdout
+	fs.Usage = func() {}
+
+	fs.StringVar(&o.host, "host", "0.0.0.0", "`address` the REST API binds to; 0.0.0.0 (Dynamo's) is IPv4 only, \"::\" listens on IPv6 and IPv4")
+	fs.Uint64Var(&o.port, "port", 8092, "HTTP server `port` (0 picks a free port; the startup log names it)")
+	fs.DurationVar(&o.shutdownTimeout, "shutdown-timeout", 10*time.Second, "how long SIGINT/SIGTERM waits for in-flight requests before closing them (`duration`, > 0)")
+	fs.StringVar(&o.logFormat, "log-format", "text", "log `format`: text or json (log/slog, on stderr)")
+	fs.TextVar(&o.logLevel, "log-level", slog.LevelInfo, "minimum log `level`: debug, info, warn or error")
+
+	fs.IntVar(&o.threads, "threads", 4, "KV indexer worker `threads` (>= 1); overrides DYN_ROUTER_EVENT_THREADS")
+	fs.Uint64Var(&o.sessionAffinityTTLSecs, "session-affinity-ttl-secs", 0, "pin each request session_id to the worker that served it for this many `seconds` after its last request (1 to 31536000); overrides DYN_ROUTER_SESSION_AFFINITY_TTL_SECS. Default: off")
+	o.cacheTTL = 120 * time.Second
+	fs.Func("selection-cache-ttl-secs", "`seconds` an unclaimed pending selection lives before eviction (float, > 0) (default 120)", func(s string) error {
+		d, err := parseSeconds(s)
+		o.cacheTTL = d
+		return err
+	})
+	fs.IntVar(&o.cacheMaxEntries, "selection-cache-max-entries", 4096, "maximum resident pending `selections`, evicting oldest first (>= 1)")
+	fs.Int64Var(&o.cacheMaxBytes, "selection-cache-max-bytes", 268435456, "approximate byte `budget` across resident pending selections (>= 1)")
+
+	fs.StringVar(&o.trackingHash, "router-tracking-hash", "", "tracking-hash `algorithm`: public-xxh3-v1 or experimental keyed-xxh3-v1; overrides DYN_ROUTER_TRACKING_HASH (default public-xxh3-v1)")
+	fs.StringVar(&o.trackingKeyFile, "router-tracking-key-file", "", "`path` of the 32-byte keyed-xxh3-v1 key; overrides DYN_ROUTER_TRACKING_KEY_FILE (an empty value unsets it)")
+	fs.StringVar(&o.trackingKeyID, "router-tracking-key-id", "", "provider-managed key `epoch` for keyed-xxh3-v1; overrides DYN_ROUTER_TRACKING_KEY_ID (an empty value unsets it)")
+	fs.BoolVar(&o.assumeKVReuse, "router-assume-kv-reuse", false, "derive tracking hashes from content so identical prefixes share active blocks; overrides DYN_ROUTER_ASSUME_KV_REUSE (default true)")
+	fs.BoolVar(&o.noAssumeKVReuse, "no-router-assume-kv-reuse", false, "use random tracking hashes instead (mutually exclusive with --router-assume-kv-reuse)")
+
+	fs.Func("indexer-peers", "comma-separated HTTP `urls` of selectors or standalone indexers whose /dump seeds the KV index at startup. Not supported yet: startup fails", func(s string) error {
+		peers, err := parseList(s, validateHTTPPeer)
+		o.indexerPeers = peers
+		return err
+	})
+	fs.Uint64Var(&o.replicaSyncPort, "replica-sync-port", 0, "local ZMQ PUB `port` for active-load lifecycle events (binds tcp://*:<port>). Not supported yet: startup fails")
+	fs.Func("replica-sync-peers", "comma-separated ZMQ PUB `endpoints` of selector peers; requires --replica-sync-port. Not supported yet: startup fails", func(s string) error {
+		peers, err := parseList(s, catalog.ValidateZMQEndpoint)
+		o.replicaSyncPeers = peers
+		return err
+	})
+
+	fs.BoolVar(&o.version, "version", false, "print the version and exit")
+	return fs
+}
+
+// parseFlags parses args (without the program name). It returns errHelp for
+// -h/--help and a *usageError for every other mistake. The flag package stops
+// at the first value it cannot parse; the rules checked after parsing are all
+// reported at once, so one run shows every problem.
+func parseFlags(args []string) (*options, error) {
+	o := &options{}
+	fs := newFlagSet(o)
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return nil, errHelp
+		}
+		// The flag package names flags with one dash; the help, Dynamo and
+		// every other message here use two.
+		msg := strings.NewReplacer("for flag -", "for flag --", "not defined: -", "not defined: --", "an argument: -", "an argument: --").Replace(err.Error())
+		return nil, &usageError{errors.New(msg)}
+	}
+	if fs.NArg() > 0 {
+		return nil, usagef("unexpected argument %q (every setting is a --flag)", fs.Arg(0))
+	}
+	o.set = map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { o.set[f.Name] = true })
+	if o.version {
+		return o, nil
+	}
+	if err := o.validate(); err != nil {
+		return nil, err
+	}
+	return o, nil
+}
+
+// validate checks the rules the flag package cannot express. The router knobs
+// the flags override are checked again, together with the environment, by
+// routerconfig.Config.Validate.
+func (o *options) validate() error {
+	var errs []error
+	add := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
+
+	if o.port > maxPort {
+		add("--port %d: must be between 0 and %d", o.port, maxPort)
+	}
+	if o.shutdownTimeout <= 0 {
+		add("--shutdown-timeout %v: must be greater than zero", o.shutdownTimeout)
+	}
+	if o.logFormat != "text" && o.logFormat != "json" {
+		add("--log-format %q: want text or json", o.logFormat)
+	}
+	if o.threads < 1 {
+		add("--threads %d: must be at least 1", o.threads)
+	}
+	if o.set["session-affinity-ttl-secs"] && (o.sessionAffinityTTLSecs < 1 || o.sessionAffinityTTLSecs > maxSessionAffinityTTLSecs) {
+		add("--session-affinity-ttl-secs %d: must be between 1 and %d", o.sessionAffinityTTLSecs, maxSessionAffinityTTLSecs)
+	}
+	// pending.Config reads zero as "default", so zero is rejected here rather
+	// than silently turned into 4096 entries or 256 MiB.
+	if o.cacheMaxEntries < 1 {
+		add("--selection-cache-max-entries %d: must be at least 1", o.cacheMaxEntries)
+	}
+	if o.cacheMaxBytes < 1 {
+		add("--selection-cache-max-bytes %d: must be at least 1", o.cacheMaxBytes)
+	}
+	if o.set["router-tracking-hash"] && o.trackingHash != kvhash.AlgorithmPublic && o.trackingHash != kvhash.AlgorithmKeyed {
+		add("--router-tracking-hash %q: want %s or %s", o.trackingHash, kvhash.AlgorithmPublic, kvhash.AlgorithmKeyed)
+	}
+	if o.set["router-assume-kv-reuse"] && o.set["no-router-assume-kv-reuse"] {
+		add("the argument '--router-assume-kv-reuse' cannot be used with '--no-router-assume-kv-reuse'")
+	}
+	switch {
+	case !o.set["replica-sync-port"]:
+	case o.replicaSyncPort == 0:
+		add("--replica-sync-port 0: port must be greater than zero")
+	case o.replicaSyncPort > maxPort:
+		add("--replica-sync-port %d: must be between 1 and %d", o.replicaSyncPort, maxPort)
+	}
+	if o.set["replica-sync-peers"] && !o.set["replica-sync-port"] {
+		add("--replica-sync-peers requires --replica-sync-port")
+	}
+	if len(errs) == 0 {
+		// Well-formed but not implemented: refusing to start beats running
+		// without the recovery or synchronization the operator asked for.
+		for _, f := range []struct{ name, feature string }{
+			{"indexer-peers", "startup index recovery from peers"},
+			{"replica-sync-port", "replica sync"},
+			{"replica-sync-peers", "replica sync"},
+		} {
+			if o.set[f.name] {
+				add("--%s is not supported yet: %s arrives in a later release", f.name, f.feature)
+			}
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return &usageError{err}
+	}
+	return nil
+}
+
+// parseSeconds reads Dynamo's float seconds (--selection-cache-ttl-secs).
+func parseSeconds(s string) (time.Duration, error) {
+	v, err := strconv.ParseFloat(s, 64)
+	if err != nil {
+		return 0, errors.New("not a number of seconds")
+	}
+	// The upper bound keeps the conversion inside time.Duration (~292 years).
+	if math.IsNaN(v) || v <= 0 || v > float64(math.MaxInt64/int64(time.Second)) {
+		return 0, errors.New("must be a finite number of seconds greater than zero")
+	}
+	return time.Duration(v * float64(time.Second)), nil
+}
+
+// parseList splits a comma-separated flag value and checks each element.
+func parseList(s string, check func(string) error) ([]string, error) {
+	parts := strings.Split(s, ",")
+	for i, p := range parts {
+		p = strings.TrimSpace(p)
+		if p == "" {
+			return nil, fmt.Errorf("empty element in %q", s)
+		}
+		if err := check(p); err != nil {
+			return nil, err
+		}
+		parts[i] = p
+	}
+	return parts, nil
+}
+
+// validateHTTPPeer accepts an absolute http(s) base URL, as Dynamo's recovery
+// client appends /dump to it.
+func validateHTTPPeer(s string) error {
+	u, err := url.Parse(s)
+	if err != nil {
+		return fmt.Errorf("invalid HTTP URL %q: %v", s, err)
+	}
+	if u.Scheme != "http" && u.Scheme != "https" {
+		return fmt.Errorf("invalid HTTP URL %q: scheme must be http or https", s)
+	}
+	if u.Host == "" || u.Hostname() == "" {
+		return fmt.Errorf("invalid HTTP URL %q: missing host", s)
+	}
+	if p := u.Port(); p != "" {
+		if n, err := strconv.ParseUint(p, 10, 16); err != nil || n == 0 {
+			return fmt.Errorf("invalid HTTP URL %q: invalid port %q", s, p)
+		}
+	}
+	return nil
+}

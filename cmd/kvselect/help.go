@@ -1,0 +1,99 @@
+package main
+
+import (
+	"flag"
+	"fmt"
+	"io"
+	"strings"
+
+	"github.com/kvselect/kvselect/selection/routerconfig"
+)
+
+const helpIntro = `kvselect: KV-cache-aware worker selection, a re-implementation of Dynamo's
+standalone selection service (python -m dynamo.select_service).
+
+Usage:
+  kvselect [flags]
+
+Serves Dynamo's selection REST API (workers, select, reservations, loads, dump)
+on --host:--port, without authentication: run it on a trusted network. Flags
+given on the command line override the environment listed at the end.
+SIGINT or SIGTERM stops it gracefully: selection calls get 503 "selection
+service is shutting down", in-flight requests get --shutdown-timeout to finish.
+Exit status: 0 after a clean stop, 2 for an invalid flag or environment value,
+1 for any other failure.
+`
+
+// helpSections orders the flags in --help. TestHelpDocumentsEveryFlag keeps it
+// in step with newFlagSet.
+var helpSections = []struct {
+	title string
+	flags []string
+}{
+	{"Server", []string{"host", "port", "shutdown-timeout", "log-format", "log-level"}},
+	{"Selection", []string{"threads", "session-affinity-ttl-secs", "selection-cache-ttl-secs", "selection-cache-max-entries", "selection-cache-max-bytes"}},
+	{"Tracking hashes", []string{"router-tracking-hash", "router-tracking-key-file", "router-tracking-key-id", "router-assume-kv-reuse", "no-router-assume-kv-reuse"}},
+	{"Peers (validated, then refused: they arrive in a later release)", []string{"indexer-peers", "replica-sync-port", "replica-sync-peers"}},
+	{"Other", []string{"version"}},
+}
+
+const helpWidth = 80
+
+// writeHelp prints the flags of newFlagSet, section by section, and the
+// DYN_ROUTER_* table of routerconfig.EnvTable.
+func writeHelp(w io.Writer) {
+	fs := newFlagSet(&options{})
+	var b strings.Builder
+	b.WriteString(helpIntro)
+	for _, s := range helpSections {
+		fmt.Fprintf(&b, "\n%s:\n", s.title)
+		for _, name := range s.flags {
+			f := fs.Lookup(name)
+			if f == nil {
+				panic("help names an unregistered flag --" + name)
+			}
+			writeFlag(&b, f)
+		}
+	}
+	b.WriteString("  -h, --help\n")
+	wrap(&b, "print this help and exit")
+
+	b.WriteString("\nEnvironment (router configuration; the flag named in a description wins):\n")
+	for _, v := range routerconfig.EnvTable() {
+		fmt.Fprintf(&b, "  %s (default %s)\n", v.Name, v.Default)
+		wrap(&b, v.Meaning)
+	}
+	_, _ = io.WriteString(w, b.String())
+}
+
+func writeFlag(b *strings.Builder, f *flag.Flag) {
+	arg, usage := flag.UnquoteUsage(f)
+	if arg != "" {
+		fmt.Fprintf(b, "  --%s <%s>\n", f.Name, arg)
+	} else {
+		fmt.Fprintf(b, "  --%s\n", f.Name)
+	}
+	switch f.DefValue {
+	case "", "0", "false":
+	default:
+		usage += fmt.Sprintf(" (default %s)", strings.ToLower(f.DefValue))
+	}
+	wrap(b, usage)
+}
+
+// wrap writes text indented by eight spaces, broken at word boundaries.
+func wrap(b *strings.Builder, text string) {
+	const indent = "        "
+	line := indent
+	for _, word := range strings.Fields(text) {
+		if len(line) > len(indent) && len(line)+1+len(word) > helpWidth {
+			b.WriteString(line + "\n")
+			line = indent
+		}
+		if len(line) > len(indent) {
+			line += " "
+		}
+		line += word
+	}
+	b.WriteString(line + "\n")
+}

@@ -1,0 +1,197 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/netip"
+	"runtime"
+	"runtime/debug"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/kvselect/kvselect/httpadmin"
+	"github.com/kvselect/kvselect/selection"
+)
+
+// version is set at release time with -ldflags "-X main.version=v1.2.3";
+// otherwise the module version or VCS revision from the build info is shown.
+var version = ""
+
+// maintainEvery is the cadence of svc.Maintain. Dynamo runs its expiry task
+// every 60 s, so a stale booking lingers five to six minutes at the default
+// 300 s expiry (api spec §10). Maintain only walks the partitions and what has
+// expired, so a 5 s tick costs nothing measurable while keeping every deadline
+// it enforces (active-request expiry, idle session bindings down to the 1 s
+// minimum TTL, approximate-index TTL, queued waiters re-checking load) within
+// 5 s of its configured value.
+const maintainEvery = 5 * time.Second
+
+// readHeaderTimeout bounds how long a client may take to send request headers
+// (slowloris). There is no whole-request timeout: a selection may wait in the
+// scheduler queue for as long as its client allows.
+const readHeaderTimeout = 10 * time.Second
+
+// idleTimeout closes keep-alive connections a client forgot; without it they
+// would stay open forever (no ReadTimeout is set to fall back on).
+const idleTimeout = 2 * time.Minute
+
+// run is the whole program: parse args, resolve the configuration from the
+// environment (lookup) and the flags, serve until ctx is cancelled (SIGINT or
+// SIGTERM in main), then shut down gracefully. Help and version go to stdout,
+// logs to stderr.
+func run(ctx context.Context, args []string, lookup func(string) (string, bool), stdout, stderr io.Writer) error {
+	o, err := parseFlags(args)
+	switch {
+	case errors.Is(err, errHelp):
+		writeHelp(stdout)
+		return nil
+	case err != nil:
+		return err
+	case o.version:
+		fmt.Fprintln(stdout, versionString())
+		return nil
+	}
+
+	log := newLogger(o, stderr)
+	cfg, err := resolveConfig(o, lookup, log)
+	if err != nil {
+		return err
+	}
+	log.Debug("router configuration", routerAttrs(cfg.Router, false)...)
+	svc, err := selection.NewBuilder().Config(cfg).Build()
+	if err != nil {
+		// Only configuration reaches Build (an unreadable key file, say).
+		return &usageError{err}
+	}
+
+	ln, err := net.Listen(listenNetwork(o.host), net.JoinHostPort(o.host, strconv.FormatUint(o.port, 10)))
+	if err != nil {
+		return err
+	}
+	srv := &http.Server{
+		Handler:           httpadmin.New(svc, httpadmin.Options{Logger: log}),
+		ReadHeaderTimeout: readHeaderTimeout,
+		IdleTimeout:       idleTimeout,
+		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+	}
+	log.Info("kvselect listening", append([]any{
+		slog.String("addr", ln.Addr().String()),
+		slog.String("version", versionString()),
+	}, configAttrs(cfg)...)...)
+
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ln) }()
+
+	upkeep, stopUpkeep := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	wg.Go(func() { maintain(upkeep, svc, maintainEvery) })
+	defer func() {
+		stopUpkeep()
+		wg.Wait()
+	}()
+
+	var serveErr error
+	select {
+	case <-ctx.Done():
+		log.Info("shutting down", "cause", context.Cause(ctx).Error(), "timeout", o.shutdownTimeout.String())
+	case serveErr = <-served:
+		log.Error("HTTP server failed", "err", serveErr)
+	}
+
+	// Selection first (api spec §1): from here selections, bookings and
+	// catalog upserts get 503 and queued selections are released, while
+	// DELETE /workers and the in-flight requests still complete.
+	svc.Shutdown()
+	log.Info("selection service stopped admitting selections")
+	start := time.Now()
+	sctx, cancel := context.WithTimeout(context.Background(), o.shutdownTimeout)
+	defer cancel()
+	if err := srv.Shutdown(sctx); err != nil {
+		_ = srv.Close()
+		log.Error("graceful shutdown timed out; closed remaining connections", "timeout", o.shutdownTimeout.String())
+		return fmt.Errorf("graceful shutdown: %w", err)
+	}
+	if serveErr != nil {
+		return serveErr
+	}
+	log.Info("shutdown complete", "took", time.Since(start).Round(time.Millisecond).String())
+	return nil
+}
+
+// listenNetwork binds an IPv4 literal (Dynamo's 0.0.0.0) to IPv4 only, as
+// Dynamo does: Go's "tcp" would turn 0.0.0.0 into a dual-stack [::] socket.
+// "::" (or a hostname, or "") keeps Go's dual-stack behaviour.
+func listenNetwork(host string) string {
+	if ip, err := netip.ParseAddr(host); err == nil && ip.Is4() {
+		return "tcp4"
+	}
+	return "tcp"
+}
+
+// maintain runs the service's periodic upkeep until ctx is done.
+func maintain(ctx context.Context, svc *selection.Service, every time.Duration) {
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			svc.Maintain(ctx)
+		}
+	}
+}
+
+func newLogger(o *options, w io.Writer) *slog.Logger {
+	opts := &slog.HandlerOptions{Level: o.logLevel}
+	if o.logFormat == "json" {
+		return slog.New(slog.NewJSONHandler(w, opts))
+	}
+	return slog.New(slog.NewTextHandler(w, opts))
+}
+
+// exitStatus prints err (if any) to stderr and returns the process exit status:
+// 0 on success, 2 for usage and configuration errors, 1 otherwise.
+func exitStatus(err error, stderr io.Writer) int {
+	if err == nil {
+		return 0
+	}
+	var ue *usageError
+	if errors.As(err, &ue) {
+		for line := range strings.SplitSeq(err.Error(), "\n") {
+			fmt.Fprintf(stderr, "kvselect: %s\n", line)
+		}
+		fmt.Fprintln(stderr, "Run 'kvselect --help' for usage.")
+		return 2
+	}
+	fmt.Fprintf(stderr, "kvselect: %v\n", err)
+	return 1
+}
+
+func versionString() string {
+	v, rev := version, ""
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		if v == "" && bi.Main.Version != "" && bi.Main.Version != "(devel)" {
+			v = bi.Main.Version
+		}
+		for _, s := range bi.Settings {
+			if s.Key == "vcs.revision" && len(s.Value) >= 12 {
+				rev = s.Value[:12]
+			}
+		}
+	}
+	if v == "" {
+		v = "devel"
+	}
+	if rev != "" && !strings.Contains(v, rev) {
+		v += " " + rev
+	}
+	return "kvselect " + v + " " + runtime.Version()
+}

@@ -1,0 +1,231 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// logBuffer collects the JSON log lines a running server writes from several
+// goroutines.
+type logBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *logBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *logBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// listeningAddr returns the addr of the startup line in JSON logs, if written.
+func listeningAddr(logs string) (string, bool) {
+	for line := range strings.SplitSeq(logs, "\n") {
+		var rec struct{ Msg, Addr string }
+		if json.Unmarshal([]byte(line), &rec) == nil && rec.Msg == "kvselect listening" {
+			return rec.Addr, true
+		}
+	}
+	return "", false
+}
+
+func waitFor(t *testing.T, what string, timeout time.Duration, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", timeout, what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func TestRunServesUntilCancelledThenStopsCleanly(t *testing.T) {
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	var logs logBuffer
+	done := make(chan error, 1)
+	go func() {
+		done <- run(ctx, []string{"--host", "127.0.0.1", "--port", "0", "--log-format", "json"}, noEnv, &bytes.Buffer{}, &logs)
+	}()
+	var addr string
+	waitFor(t, "the startup log line", 10*time.Second, func() bool {
+		var ok bool
+		addr, ok = listeningAddr(logs.String())
+		return ok
+	})
+	resp, err := http.Get("http://" + addr + "/health")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Errorf("GET /health = %d", resp.StatusCode)
+	}
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("run = %v, want nil after cancellation", err)
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("run did not return within the shutdown timeout")
+	}
+	for _, want := range []string{`"msg":"shutting down"`, `"msg":"selection service stopped admitting selections"`, `"msg":"shutdown complete"`} {
+		if !strings.Contains(logs.String(), want) {
+			t.Errorf("logs lack %s:\n%s", want, logs.String())
+		}
+	}
+	if _, err := net.DialTimeout("tcp", addr, time.Second); err == nil {
+		t.Errorf("%s still accepts connections after run returned", addr)
+	}
+}
+
+// TestShutdownStopsTheServiceBeforeDraining pins the order of the graceful
+// stop (api spec §1): the service stops first, so a request still in flight
+// while the HTTP server drains gets 503 "selection service is shutting down"
+// instead of changing state. The request is held with its body half-sent
+// across the start of the shutdown: its handler is already running (Shutdown
+// waits for it) but reaches the service only once the body is complete.
+// (Go's server drops requests whose headers arrive after Shutdown begins, so
+// DELETE /workers during shutdown is left to the selection and httpadmin tests.)
+func TestShutdownStopsTheServiceBeforeDraining(t *testing.T) {
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	var logs logBuffer
+	done := make(chan error, 1)
+	go func() {
+		done <- run(ctx, []string{"--host", "127.0.0.1", "--port", "0", "--log-format", "json"}, noEnv, &bytes.Buffer{}, &logs)
+	}()
+	var addr string
+	waitFor(t, "the startup log line", 10*time.Second, func() bool {
+		var ok bool
+		addr, ok = listeningAddr(logs.String())
+		return ok
+	})
+
+	body := `{"worker_id":1,"endpoint":"http://127.0.0.1:8000","block_size":16,"kv_events_endpoint":"tcp://127.0.0.1:5557"}`
+	upsert := halfSend(t, addr, "POST /workers HTTP/1.1\r\nHost: kvselect\r\nContent-Type: application/json\r\n"+
+		fmt.Sprintf("Content-Length: %d\r\n\r\n", len(body))+body[:10])
+	time.Sleep(200 * time.Millisecond) // let the server read the headers and start the handler
+
+	cancel()
+	waitFor(t, "the service to stop", 10*time.Second, func() bool {
+		return strings.Contains(logs.String(), `"msg":"selection service stopped admitting selections"`)
+	})
+	if code, resp := finish(t, upsert, body[10:]); code != http.StatusServiceUnavailable || !strings.Contains(resp, "selection service is shutting down") {
+		t.Errorf("POST /workers during shutdown = %d %s, want 503 selection service is shutting down", code, resp)
+	}
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("run = %v, want nil", err)
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("run did not return")
+	}
+}
+
+func halfSend(t *testing.T, addr, head string) net.Conn {
+	t.Helper()
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	if _, err := io.WriteString(c, head); err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+func finish(t *testing.T, c net.Conn, rest string) (int, string) {
+	t.Helper()
+	if _, err := io.WriteString(c, rest); err != nil {
+		t.Fatal(err)
+	}
+	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+func TestRunFailsWhenThePortIsTaken(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	port := fmt.Sprint(ln.Addr().(*net.TCPAddr).Port)
+	status, _, stderr := runArgs(t, "--host", "127.0.0.1", "--port", port)
+	if status != 1 || !strings.Contains(stderr, "address already in use") {
+		t.Errorf("status %d, stderr %q; want 1 and the bind error", status, stderr)
+	}
+}
+
+func TestIPv4HostsBindIPv4OnlyAsInDynamo(t *testing.T) {
+	for host, want := range map[string]string{
+		"0.0.0.0": "tcp4", "127.0.0.1": "tcp4",
+		"::": "tcp", "::1": "tcp", "::ffff:10.0.0.1": "tcp", "": "tcp", "localhost": "tcp",
+	} {
+		if got := listenNetwork(host); got != want {
+			t.Errorf("listenNetwork(%q) = %q, want %q", host, got, want)
+		}
+	}
+}
+
+// TestShutdownTimeoutClosesStragglers: a request that never completes holds the
+// drain for --shutdown-timeout only; then run closes it and fails (status 1).
+func TestShutdownTimeoutClosesStragglers(t *testing.T) {
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	var logs logBuffer
+	done := make(chan error, 1)
+	go func() {
+		done <- run(ctx, []string{"--host", "127.0.0.1", "--port", "0", "--log-format", "json", "--shutdown-timeout", "300ms"}, noEnv, &bytes.Buffer{}, &logs)
+	}()
+	var addr string
+	waitFor(t, "the startup log line", 10*time.Second, func() bool {
+		var ok bool
+		addr, ok = listeningAddr(logs.String())
+		return ok
+	})
+	halfSend(t, addr, "POST /workers HTTP/1.1\r\nHost: kvselect\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{")
+	time.Sleep(200 * time.Millisecond) // let the server read the headers and start the handler
+	start := time.Now()
+	cancel()
+	select {
+	case err := <-done:
+		if err == nil || !strings.Contains(err.Error(), "graceful shutdown") || exitStatus(err, io.Discard) != 1 {
+			t.Fatalf("run = %v, want a graceful-shutdown error with status 1", err)
+		}
+		if took := time.Since(start); took > 5*time.Second {
+			t.Errorf("shutdown took %v with a 300ms timeout", took)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("run did not return")
+	}
+	if !strings.Contains(logs.String(), "graceful shutdown timed out") {
+		t.Errorf("logs lack the timeout:\n%s", logs.String())
+	}
+}

@@ -1,0 +1,441 @@
+package httpadmin
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+
+	"github.com/kvselect/kvselect/selection"
+	"github.com/kvselect/kvselect/selection/catalog"
+	"github.com/kvselect/kvselect/selection/routerconfig"
+)
+
+// ---- workers (api §3.1–§3.4) ----
+
+// workerBody is the POST /workers body: a catalog.Record whose server-computed
+// fields are shadowed, because Dynamo's WorkerRequest has no lifecycle or
+// not_schedulable_reasons and ignores them like any unknown field — so a client
+// may send back a record it got from GET /workers, whatever those fields hold.
+type workerBody struct {
+	catalog.Record
+	Lifecycle             json.RawMessage `json:"lifecycle"`
+	NotSchedulableReasons json.RawMessage `json:"not_schedulable_reasons"`
+}
+
+type workerIDProbe struct {
+	WorkerID json.RawMessage `json:"worker_id"`
+}
+
+// kvTransferEnforcement is the wire enum of kv_transfer_enforcement: serde
+// rejects other values while decoding (422), before the Service sees them.
+var kvTransferEnforcement = []string{"required", "preferred"}
+
+func (s *server) upsertWorker(w http.ResponseWriter, r *http.Request) {
+	var body workerBody
+	ok := s.readJSON(w, r, &body, func(raw []byte) error {
+		var p workerIDProbe
+		_ = json.Unmarshal(raw, &p) // raw already decoded without error
+		if err := required(p.WorkerID, "", "worker_id", "u64"); err != nil {
+			return err
+		}
+		return oneOf(body.KVTransferEnforcement, "kv_transfer_enforcement", kvTransferEnforcement...)
+	})
+	if !ok {
+		return
+	}
+	rec, err := s.svc.UpsertWorker(r.Context(), body.Record)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusCreated, rec)
+}
+
+func (s *server) patchWorker(w http.ResponseWriter, r *http.Request) {
+	id, ok := parseWorkerID(w, r)
+	if !ok {
+		return
+	}
+	var p catalog.Patch
+	if !s.readJSON(w, r, &p, func([]byte) error {
+		return oneOf(p.KVTransferEnforcement, "kv_transfer_enforcement", kvTransferEnforcement...)
+	}) {
+		return
+	}
+	rec, err := s.svc.PatchWorker(r.Context(), id, p)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, rec)
+}
+
+func (s *server) deleteWorker(w http.ResponseWriter, r *http.Request) {
+	id, ok := parseWorkerID(w, r)
+	if !ok {
+		return
+	}
+	rec, err := s.svc.DeleteWorker(r.Context(), id)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, rec)
+}
+
+func (s *server) listWorkers(w http.ResponseWriter, r *http.Request) {
+	model, group := filters(r)
+	writeJSON(w, http.StatusOK, s.svc.Workers(model, group))
+}
+
+// parseWorkerID parses {worker_id} as axum's Path<u64> does (Rust's
+// u64::from_str, which takes one leading '+'). Decision (api §1): a bad id gets
+// axum's status (400) and axum's text, but inside the JSON envelope instead of
+// axum's text/plain body. Every other non-2xx answer of this API is
+// {"error": ...}, and a client that decodes error bodies as JSON would choke on
+// the one plain-text exception; a client that only reads the status or the
+// text loses nothing.
+func parseWorkerID(w http.ResponseWriter, r *http.Request) (uint64, bool) {
+	raw := r.PathValue("worker_id")
+	id, err := strconv.ParseUint(strings.TrimPrefix(raw, "+"), 10, 64)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, fmt.Sprintf("Invalid URL: Cannot parse `%s` to a `u64`", raw), nil)
+		return 0, false
+	}
+	return id, true
+}
+
+// filters reads the model_name and routing_group query filters of GET /workers
+// and GET /loads: independent, exact match, absent = any (api §3.4, §3.12).
+func filters(r *http.Request) (model, group *string) {
+	q := r.URL.Query()
+	if v, ok := q["model_name"]; ok {
+		model = &v[0]
+	}
+	if v, ok := q["routing_group"]; ok {
+		group = &v[0]
+	}
+	return model, group
+}
+
+// ---- liveness and readiness (api §3.5, §3.6) ----
+
+func (s *server) health(w http.ResponseWriter, r *http.Request) {
+	if !s.svc.Health() {
+		writeError(w, http.StatusServiceUnavailable, "unhealthy", nil)
+		return
+	}
+	writeJSON(w, http.StatusOK, statusOK)
+}
+
+func (s *server) ready(w http.ResponseWriter, r *http.Request) {
+	st := s.svc.Ready()
+	code := http.StatusOK
+	if !st.Ready {
+		code = http.StatusServiceUnavailable // same body (api §3.6)
+	}
+	writeJSON(w, code, st)
+}
+
+// ---- selection (api §3.7–§3.9) ----
+
+// selectProbe captures the required fields of the optional sub-objects of a
+// select body, which encoding/json cannot tell absent from zero.
+type selectProbe struct {
+	SessionContext *struct {
+		SessionID json.RawMessage `json:"session_id"`
+	} `json:"session_context"`
+	AffinityTarget *struct {
+		WorkerID json.RawMessage `json:"worker_id"`
+	} `json:"affinity_target"`
+	PinnedWorker *struct {
+		WorkerID json.RawMessage `json:"worker_id"`
+		DPRank   json.RawMessage `json:"dp_rank"`
+	} `json:"pinned_worker"`
+}
+
+// checkSelect holds the wire rules of SelectRequest that serde enforces while
+// decoding (422): required fields of sub-objects, the input_trigger enum and
+// router_config_override validation (api §2.3, §3.7).
+func checkSelect(req *selection.SelectRequest) func([]byte) error {
+	return func(body []byte) error {
+		if err := checkOverride(req.RouterConfigOverride); err != nil {
+			return err
+		}
+		if req.SessionContext == nil && req.AffinityTarget == nil && req.PinnedWorker == nil {
+			return nil // the common case: no second pass over the body
+		}
+		var p selectProbe
+		_ = json.Unmarshal(body, &p)
+		if p.SessionContext != nil {
+			if err := required(p.SessionContext.SessionID, "session_context", "session_id", "a string"); err != nil {
+				return err
+			}
+		}
+		if p.AffinityTarget != nil {
+			if err := required(p.AffinityTarget.WorkerID, "affinity_target", "worker_id", "u64"); err != nil {
+				return err
+			}
+		}
+		if p.PinnedWorker != nil {
+			if err := required(p.PinnedWorker.WorkerID, "pinned_worker", "worker_id", "u64"); err != nil {
+				return err
+			}
+			if err := required(p.PinnedWorker.DPRank, "pinned_worker", "dp_rank", "u32"); err != nil {
+				return err
+			}
+		}
+		if sc := req.SessionContext; sc != nil {
+			return oneOf(sc.InputTrigger, "session_context.input_trigger", "user_message", "tool_result", "other")
+		}
+		return nil
+	}
+}
+
+// checkOverride runs router_config_override validation at decode time, where
+// Dynamo runs it (api §2.3: invalid values are 422, not the Service's 400).
+func checkOverride(o *routerconfig.Override) error {
+	if o == nil {
+		return nil
+	}
+	if err := o.Validate(); err != nil {
+		return shapef("router_config_override: %s", strings.ReplaceAll(err.Error(), "\n", "; "))
+	}
+	return nil
+}
+
+func (s *server) selectOnly(w http.ResponseWriter, r *http.Request) {
+	req := new(selection.SelectRequest)
+	if !s.readJSON(w, r, req, checkSelect(req)) {
+		return
+	}
+	req.PolicyClass = policyClass(r)
+	resp, err := s.svc.Select(r.Context(), req)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, resp)
+}
+
+func (s *server) selectAndReserve(w http.ResponseWriter, r *http.Request) {
+	req := new(selection.SelectRequest)
+	if !s.readJSON(w, r, req, checkSelect(req)) {
+		return
+	}
+	req.Advisory = false // not a field of SelectAndReserveRequest: ignored (api §3.8)
+	req.PolicyClass = policyClass(r)
+	// The request context goes in: a client that disconnects while queued or
+	// before the reservation is installed gets its booking freed (api §3.8 step 4).
+	resp, err := s.svc.SelectAndReserve(r.Context(), req)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, resp)
+}
+
+// ---- reservations (api §3.10, §3.11) ----
+
+type selectionIDProbe struct {
+	SelectionID json.RawMessage `json:"selection_id"`
+}
+
+func (s *server) reserve(w http.ResponseWriter, r *http.Request) {
+	req := new(selection.ReservationRequest)
+	if !s.readJSON(w, r, req, func(body []byte) error {
+		if req.SelectionID == nil { // absent or null: both 422 in serde, told apart
+			var p selectionIDProbe
+			_ = json.Unmarshal(body, &p)
+			return required(p.SelectionID, "", "selection_id", "a string")
+		}
+		return checkOverride(req.RouterConfigOverride)
+	}) {
+		return
+	}
+	resp, err := s.svc.Reserve(r.Context(), req)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusCreated, resp)
+}
+
+// prefillComplete reads no body (Dynamo's handler has no body extractor), so
+// any body and Content-Type are accepted.
+func (s *server) prefillComplete(w http.ResponseWriter, r *http.Request) {
+	if err := s.svc.PrefillComplete(r.Context(), r.PathValue("reservation_id")); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, statusOK)
+}
+
+type outputBlockBody struct {
+	DecayFraction *float64 `json:"decay_fraction"`
+}
+
+// outputBlock requires a JSON body ({} is fine), as Dynamo's Json extractor does.
+func (s *server) outputBlock(w http.ResponseWriter, r *http.Request) {
+	var body outputBlockBody
+	if !s.readJSON(w, r, &body, nil) {
+		return
+	}
+	if err := s.svc.OutputBlock(r.Context(), r.PathValue("reservation_id"), body.DecayFraction); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, statusOK)
+}
+
+func (s *server) free(w http.ResponseWriter, r *http.Request) {
+	if err := s.svc.Free(r.Context(), r.PathValue("reservation_id")); err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, statusOK)
+}
+
+// ---- inspection (api §3.12–§3.15) ----
+
+func (s *server) loads(w http.ResponseWriter, r *http.Request) {
+	model, group := filters(r)
+	writeJSON(w, http.StatusOK, s.svc.Loads(model, group))
+}
+
+func (s *server) potentialLoads(w http.ResponseWriter, r *http.Request) {
+	q := new(selection.PromptQuery)
+	if !s.readJSON(w, r, q, func([]byte) error { return checkOverride(q.RouterConfigOverride) }) {
+		return
+	}
+	out, err := s.svc.PotentialLoads(r.Context(), q)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+func (s *server) overlapScores(w http.ResponseWriter, r *http.Request) {
+	q := new(selection.PromptQuery)
+	if !s.readJSON(w, r, q, func([]byte) error { return checkOverride(q.RouterConfigOverride) }) {
+		return
+	}
+	out, err := s.svc.OverlapScores(r.Context(), q)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+func (s *server) dump(w http.ResponseWriter, r *http.Request) {
+	d := s.svc.Dump()
+	if d == nil {
+		writeJSON(w, http.StatusOK, struct{}{})
+		return
+	}
+	writeJSON(w, http.StatusOK, d)
+}
+
+// ---- replica peers (api §3.16) ----
+
+type peerBody struct {
+	Endpoint json.RawMessage `json:"endpoint"`
+}
+
+// readPeer decodes {"endpoint": "..."}; endpoint is a required string.
+func (s *server) readPeer(w http.ResponseWriter, r *http.Request) (string, bool) {
+	var body peerBody
+	var ep string
+	ok := s.readJSON(w, r, &body, func([]byte) error {
+		if err := required(body.Endpoint, "", "endpoint", "a string"); err != nil {
+			return err
+		}
+		if err := json.Unmarshal(body.Endpoint, &ep); err != nil {
+			return shapef("endpoint: invalid type: %s, expected a string", jsonKind(body.Endpoint))
+		}
+		return nil
+	})
+	return ep, ok
+}
+
+// peerReady applies Dynamo's order (replica_sync_http.rs): body first, then the
+// disabled check (409), then endpoint syntax (400), then the manager.
+func (s *server) peerReady(w http.ResponseWriter, ep string) bool {
+	if s.peers == nil {
+		writeError(w, http.StatusConflict, "replica sync is disabled", nil)
+		return false
+	}
+	if err := catalog.ValidateZMQEndpoint(ep); err != nil {
+		writeError(w, http.StatusBadRequest, err.Error(), nil)
+		return false
+	}
+	return true
+}
+
+func (s *server) registerPeer(w http.ResponseWriter, r *http.Request) {
+	ep, ok := s.readPeer(w, r)
+	if !ok || !s.peerReady(w, ep) {
+		return
+	}
+	created, err := s.peers.Register(ep)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	code := http.StatusOK
+	if created {
+		code = http.StatusCreated
+	}
+	writeJSON(w, code, statusOK)
+}
+
+func (s *server) deregisterPeer(w http.ResponseWriter, r *http.Request) {
+	ep, ok := s.readPeer(w, r)
+	if !ok || !s.peerReady(w, ep) {
+		return
+	}
+	if err := s.peers.Deregister(ep); err != nil {
+		if errors.Is(err, ErrPeerNotFound) {
+			writeError(w, http.StatusNotFound, "peer not found", nil)
+			return
+		}
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, statusOK)
+}
+
+func (s *server) listPeers(w http.ResponseWriter, r *http.Request) {
+	peers := []string{}
+	if s.peers != nil {
+		if p := s.peers.Peers(); p != nil {
+			peers = p
+		}
+	}
+	writeJSON(w, http.StatusOK, peers)
+}
+
+// jsonKind names the JSON value that starts raw, as serde's "invalid type".
+func jsonKind(raw json.RawMessage) string {
+	if len(raw) == 0 {
+		return "nothing"
+	}
+	switch raw[0] {
+	case '{':
+		return "map"
+	case '[':
+		return "sequence"
+	case '"':
+		return "string"
+	case 't', 'f':
+		return "boolean"
+	case 'n':
+		return "null"
+	}
+	return "number"
+}

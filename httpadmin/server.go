@@ -1,0 +1,163 @@
+// Package httpadmin is the REST API of Dynamo's standalone selection service
+// (shared/spec/dynamo-selection-api.md §1–§3), wire-compatible — paths, JSON
+// field names, status codes and the {"error": "..."} envelope — as a thin layer
+// over an embedded selection.Service. Handlers validate the wire shape of a
+// request and translate it into one Service call; every decision (which worker,
+// what load, which error) comes from the Service, and every error's status comes
+// from one table keyed by selection.Kind (errors.go).
+//
+// A client written for Dynamo's `python -m dynamo.select_service` (Ray, custom
+// routers, the conformance suite) works against it unchanged. The deliberate
+// differences are listed in decode.go (JSON decoding) and on parseWorkerID.
+package httpadmin
+
+import (
+	"errors"
+	"log/slog"
+	"net/http"
+	"path"
+	"strings"
+
+	"github.com/kvselect/kvselect/selection"
+)
+
+// Options configures the REST front.
+type Options struct {
+	// Logger receives 5xx errors and recovered panics; slog.Default() when nil.
+	Logger *slog.Logger
+	// Peers manages live replica-sync peers (/replica_sync/*). nil means replica
+	// sync is disabled: register and deregister answer 409 and GET peers [].
+	Peers PeerManager
+}
+
+// PeerManager is the replica-sync peer membership behind /replica_sync/* (api
+// §3.16). Endpoints reach it already checked with catalog.ValidateZMQEndpoint.
+type PeerManager interface {
+	// Register connects to a peer; created is false when it was already present.
+	Register(endpoint string) (created bool, err error)
+	// Deregister disconnects a peer; ErrPeerNotFound when it is not present.
+	Deregister(endpoint string) error
+	// Peers lists the connected peer endpoints, sorted.
+	Peers() []string
+}
+
+// ErrPeerNotFound is what PeerManager.Deregister returns for an unknown peer;
+// the API answers 404 {"error":"peer not found"}. Other PeerManager errors are
+// mapped like Service errors: a *selection.Error by its Kind, anything else 500.
+var ErrPeerNotFound = errors.New("peer not found")
+
+// server holds the mux and what the handlers need.
+type server struct {
+	svc   *selection.Service
+	peers PeerManager
+	log   *slog.Logger
+	mux   *http.ServeMux
+}
+
+// route is one registered route. The table below is the single source of the
+// mux and of the OpenAPI drift test.
+type route struct {
+	method, pattern string
+	handle          func(*server, http.ResponseWriter, *http.Request)
+}
+
+// routes is api §3's table, in Dynamo's registration order, plus the OpenAPI
+// document. Go's "GET" patterns also answer HEAD, as axum's get() does.
+var routes = []route{
+	{"POST", "/select", (*server).selectOnly},
+	{"POST", "/select_and_reserve", (*server).selectAndReserve},
+	{"POST", "/reservations", (*server).reserve},
+	{"POST", "/reservations/{reservation_id}/prefill_complete", (*server).prefillComplete},
+	{"POST", "/reservations/{reservation_id}/output_block", (*server).outputBlock},
+	{"DELETE", "/reservations/{reservation_id}", (*server).free},
+	{"POST", "/workers", (*server).upsertWorker},
+	{"GET", "/workers", (*server).listWorkers},
+	{"PATCH", "/workers/{worker_id}", (*server).patchWorker},
+	{"DELETE", "/workers/{worker_id}", (*server).deleteWorker},
+	{"GET", "/health", (*server).health},
+	{"GET", "/ready", (*server).ready},
+	{"GET", "/loads", (*server).loads},
+	{"POST", "/potential_loads", (*server).potentialLoads},
+	{"POST", "/overlap_scores", (*server).overlapScores},
+	{"GET", "/dump", (*server).dump},
+	{"POST", "/replica_sync/register_peer", (*server).registerPeer},
+	{"POST", "/replica_sync/deregister_peer", (*server).deregisterPeer},
+	{"GET", "/replica_sync/peers", (*server).listPeers},
+	{"GET", "/openapi.json", (*server).openAPI},
+}
+
+// New returns the REST API over svc.
+func New(svc *selection.Service, opts Options) http.Handler {
+	s := &server{svc: svc, peers: opts.Peers, log: opts.Logger, mux: http.NewServeMux()}
+	if s.log == nil {
+		s.log = slog.Default()
+	}
+	for _, rt := range routes {
+		h := rt.handle
+		s.mux.HandleFunc(rt.method+" "+rt.pattern, func(w http.ResponseWriter, r *http.Request) { h(s, w, r) })
+	}
+	return s
+}
+
+// ServeHTTP replaces ServeMux's plain-text 404/405 and its path-cleaning
+// redirects with Dynamo's JSON fallbacks (axum's fallback and
+// method_not_allowed_fallback): a path that is not in canonical form (double
+// slashes, dot segments, a trailing slash) is a route axum does not know, so it
+// is a 404 here too rather than a 307 to somewhere else.
+func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	defer func() {
+		if v := recover(); v != nil {
+			if v == http.ErrAbortHandler {
+				panic(v)
+			}
+			s.log.Error("httpadmin: handler panic", "method", r.Method, "path", r.URL.Path, "panic", v)
+			writeError(w, http.StatusInternalServerError, "internal server error", nil)
+		}
+	}()
+	p := r.URL.EscapedPath()
+	if p == "" || p[0] != '/' || path.Clean(p) != p {
+		writeError(w, http.StatusNotFound, "route not found", nil)
+		return
+	}
+	if h, pattern := s.mux.Handler(r); pattern == "" {
+		// No route for this method and path: ServeMux's own fallback knows
+		// whether another method would match (405) or nothing does (404).
+		var rec statusOnly
+		h.ServeHTTP(&rec, r)
+		if rec.code == http.StatusMethodNotAllowed {
+			if allow := rec.header.Get("Allow"); allow != "" {
+				w.Header().Set("Allow", allow)
+			}
+			writeError(w, http.StatusMethodNotAllowed, "method not allowed", nil)
+			return
+		}
+		writeError(w, http.StatusNotFound, "route not found", nil)
+		return
+	}
+	s.mux.ServeHTTP(w, r)
+}
+
+// statusOnly records what ServeMux's fallback handler would answer.
+type statusOnly struct {
+	header http.Header
+	code   int
+}
+
+func (s *statusOnly) Header() http.Header {
+	if s.header == nil {
+		s.header = make(http.Header)
+	}
+	return s.header
+}
+func (s *statusOnly) Write(b []byte) (int, error) { return len(b), nil }
+func (s *statusOnly) WriteHeader(code int) {
+	if s.code == 0 {
+		s.code = code
+	}
+}
+
+// policyClass reads x-dynamo-meta-policy-class as Dynamo does: trimmed, empty
+// ignored (api §1).
+func policyClass(r *http.Request) string {
+	return strings.TrimSpace(r.Header.Get("x-dynamo-meta-policy-class"))
+}
