@@ -3,8 +3,12 @@ module github.com/kvselect/kvselect
 go 1.26
 
 require (
+	github.com/goccy/go-json v0.12.0
+	github.com/zeebo/blake3 v0.2.4
+	github.com/zeebo/xxh3 v1.1.0
+)
+
+require (
 	github.com/klauspost/cpuid/v2 v2.2.10 // indirect
-	github.com/zeebo/blake3 v0.2.4 // indirect
-	github.com/zeebo/xxh3 v1.1.0 // indirect
 	golang.org/x/sys v0.30.0 // indirect
 )

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	gojson "github.com/goccy/go-json"
 	"io"
 	"mime"
 	"net/http"
@@ -124,6 +125,13 @@ func decodeBody(body []byte, dst any) error {
 	if string(trimmed) == "null" {
 		// encoding/json leaves dst alone for a top-level null; serde rejects it.
 		return shapef("invalid type: null, expected %s", describe(reflect.TypeOf(dst)))
+	}
+	// goccy/go-json decodes the common, valid body several times faster than
+	// encoding/json (2,048 token ids: the bulk of a /select_and_reserve); on any
+	// failure encoding/json decodes again so errors keep its exact positions and
+	// the serde-style texts built from them below.
+	if gojson.Unmarshal(body, dst) == nil {
+		return nil
 	}
 	err := json.Unmarshal(body, dst)
 	if err == nil {
