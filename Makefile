@@ -3,7 +3,7 @@ GO       ?= go
 PKGS     := ./...
 BENCHOUT := bench/out
 
-.PHONY: all build test test-short vet fmt-check bench bench-index bench-peer fuzz demo clean
+.PHONY: all build test conformance-rest test-short vet fmt-check bench bench-index bench-peer fuzz demo clean
 
 all: build test
 
@@ -15,6 +15,11 @@ build:
 test: fmt-check vet
 	$(GO) test -race -count=1 $(PKGS)
 	cd bench/peer && $(GO) vet ./... && $(GO) test -count=1 ./...
+	$(MAKE) conformance-rest
+
+# The black-box REST suite against a real kvselect process on loopback.
+conformance-rest:
+	./conformance/run-rest.sh
 
 test-short:
 	$(GO) test -count=1 $(PKGS)
@@ -38,6 +43,14 @@ bench-peer:
 	mkdir -p $(BENCHOUT)
 	cd bench/peer && $(GO) run . -workers 16 -blocks 4096 -json ../out/peer-evicting.json | tee ../out/peer-evicting.txt
 	cd bench/peer && $(GO) run . -workers 64 -blocks 16384 -dup 4 -json ../out/peer-large.json | tee ../out/peer-large.txt
+
+# Closed-loop HTTP load on the REST API (select_and_reserve + delete) against an
+# in-process server on 127.0.0.1, for both prompt forms.
+.PHONY: bench-rest
+bench-rest:
+	mkdir -p $(BENCHOUT)
+	$(GO) run ./cmd/kvbench rest -clients 32 -workers 64 -duration 10s -prompt tokens -json $(BENCHOUT)/rest-tokens.json | tee $(BENCHOUT)/rest-tokens.txt
+	$(GO) run ./cmd/kvbench rest -clients 32 -workers 64 -duration 10s -prompt hashes -json $(BENCHOUT)/rest-hashes.json | tee $(BENCHOUT)/rest-hashes.txt
 
 # The demo for now: replay the Mooncake trace through the index and print the table.
 demo:

@@ -1,6 +1,8 @@
 // Command kvbench measures kvselect. `kvbench index` replays a Mooncake trace
 // through a mock engine per worker into kvselect's KV index, timing every lookup
 // and the event application, and prints a table (and optionally JSON).
+// `kvbench rest` is a closed-loop HTTP/1.1 load generator for the REST API
+// (select_and_reserve + delete), against an in-process or a loopback server.
 //
 // The side-by-side run against llm-d-kv-cache-manager lives in the nested module
 // bench/peer (make bench-peer), so that peer never enters kvselect's go.mod.
@@ -21,12 +23,13 @@ import (
 	"github.com/kvselect/kvselect/bench/report"
 )
 
-const usage = `usage: kvbench index [flags]
+const usage = `usage: kvbench <index|rest> [flags]
 
 Subcommands:
   index   replay a Mooncake trace against kvselect's KV index
+  rest    closed-loop HTTP load on the REST API (select_and_reserve + delete)
 
-Run 'kvbench index -h' for the flags.
+Run 'kvbench index -h' or 'kvbench rest -h' for the flags.
 `
 
 func main() {
@@ -48,6 +51,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	switch args[0] {
 	case "index":
 		return runIndex(ctx, args[1:], stdout, stderr)
+	case "rest":
+		return runRest(ctx, args[1:], stdout, stderr)
 	}
 	fmt.Fprint(stderr, usage)
 	return fmt.Errorf("unknown subcommand %q", args[0])

@@ -1,0 +1,652 @@
+package main
+
+// kvbench rest: a closed-loop HTTP/1.1 keep-alive load generator for the REST
+// API. Every client is one goroutine with its own connection; each iteration is
+// POST /select_and_reserve with a fresh selection_id followed by DELETE
+// /reservations/{id}, and both requests are timed separately.
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"net/url"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"text/tabwriter"
+	"time"
+
+	"github.com/kvselect/kvselect/bench/report"
+	"github.com/kvselect/kvselect/httpadmin"
+	"github.com/kvselect/kvselect/selection"
+	"github.com/kvselect/kvselect/selection/index"
+	"github.com/kvselect/kvselect/selection/kvhash"
+	"github.com/kvselect/kvselect/selection/routerconfig"
+)
+
+const (
+	restModel      = "bench"
+	restBlockSize  = 16
+	restKVBlocks   = 16384 // total_kv_blocks per worker, as httpadmin's benchmark
+	restPool       = 256   // prompts in the pool
+	restSystems    = 16    // distinct shared prefixes ("system prompts") in the pool
+	restMaxFailPct = 1.0   // abort when more than this share of requests fail
+	// restSamples is each client's preallocated room per request kind; a client
+	// that outruns it grows its slice (amortized, at most a handful of times).
+	restSamples = 1 << 15
+)
+
+type restConfig struct {
+	url      string
+	workers  int
+	clients  int
+	duration time.Duration
+	warmup   time.Duration
+	prompt   string
+	blocks   int
+	jsonOut  string
+}
+
+// latencyStats is one request kind over the measured window. Latencies in ns.
+type latencyStats struct {
+	Requests  int            `json:"requests"`
+	PerSec    float64        `json:"per_sec"`
+	P50       int64          `json:"p50_ns"`
+	P90       int64          `json:"p90_ns"`
+	P99       int64          `json:"p99_ns"`
+	Max       int64          `json:"max_ns"`
+	Errors    int            `json:"errors"`
+	ErrorsBy  map[string]int `json:"errors_by_status"`
+	errSample string
+}
+
+type restResult struct {
+	Server         string       `json:"server"` // "in-process" or the -url
+	Workers        int          `json:"workers"`
+	Clients        int          `json:"clients"`
+	Prompt         string       `json:"prompt"`
+	Blocks         int          `json:"blocks"`
+	ISLTokens      int          `json:"isl_tokens"`
+	PoolPrompts    int          `json:"pool_prompts"`
+	SeededPrompts  int          `json:"seeded_prompts"` // prompts cached on some worker before the run (in-process only)
+	UseKVEvents    *bool        `json:"use_kv_events"`  // the in-process service's setting; null (unknown) with -url
+	GOMAXPROCS     int          `json:"gomaxprocs"`
+	NumCPU         int          `json:"num_cpu"`
+	WarmupSec      float64      `json:"warmup_s"`
+	DurationSec    float64      `json:"duration_s"` // requested
+	ElapsedSec     float64      `json:"elapsed_s"`  // measured window: warmup end to the last client's stop
+	Requests       int          `json:"requests"`   // both kinds, measured window
+	RequestsPerSec float64      `json:"requests_per_sec"`
+	Pairs          int          `json:"pairs"` // select_and_reserve + delete both 200
+	PairsPerSec    float64      `json:"pairs_per_sec"`
+	Select         latencyStats `json:"select_and_reserve"`
+	Delete         latencyStats `json:"delete"`
+	WarmupRequests int          `json:"warmup_requests"`
+	WarmupErrors   int          `json:"warmup_errors"`
+}
+
+// restClient is one connection's state. Everything but the two counters is
+// touched only by its own goroutine until the run is over; the counters are
+// read by the progress line and sit on their own cache lines.
+type restClient struct {
+	_      [64]byte
+	sent   atomic.Int64 // requests finished, every phase
+	_      [56]byte
+	failed atomic.Int64 // of which not 200, every phase
+	_      [56]byte
+
+	sel, del       []time.Duration // measured window only
+	selErr, delErr map[string]int  // measured window only
+	errSample      [2]string
+	warmReqs       int
+	warmErrs       int
+	pairs          int
+	lastEnd        time.Time
+}
+
+func runRest(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("kvbench rest", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var c restConfig
+	fs.StringVar(&c.url, "url", "", "base URL of a kvselect REST server on loopback (empty: start one in this process on 127.0.0.1)")
+	fs.IntVar(&c.workers, "workers", 64, "workers to register (POST /workers, model \"bench\", block_size 16)")
+	fs.IntVar(&c.clients, "clients", 32, "concurrent keep-alive connections, one goroutine each (closed loop)")
+	fs.DurationVar(&c.duration, "duration", 10*time.Second, "measured time after the warmup")
+	fs.DurationVar(&c.warmup, "warmup", 2*time.Second, "unmeasured time before the measurement")
+	fs.StringVar(&c.prompt, "prompt", "tokens", "prompt form: tokens (token_ids) or hashes (block_hashes + sequence_hashes + isl_tokens)")
+	fs.IntVar(&c.blocks, "blocks", 32, "prompt size in 16-token blocks")
+	fs.StringVar(&c.jsonOut, "json", "", "also write the results as JSON to this file")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	switch {
+	case c.workers < 1 || c.clients < 1 || c.blocks < 1:
+		return errors.New("-workers, -clients and -blocks must be positive")
+	case c.duration <= 0 || c.warmup < 0:
+		return errors.New("-duration must be positive and -warmup not negative")
+	case c.prompt != "tokens" && c.prompt != "hashes":
+		return fmt.Errorf("-prompt %q: want tokens or hashes", c.prompt)
+	}
+
+	res := restResult{Workers: c.workers, Clients: c.clients, Prompt: c.prompt, Blocks: c.blocks,
+		ISLTokens: c.blocks * restBlockSize, PoolPrompts: restPool, GOMAXPROCS: runtime.GOMAXPROCS(0),
+		NumCPU: runtime.NumCPU(), WarmupSec: c.warmup.Seconds(), DurationSec: c.duration.Seconds()}
+	prompts := restPrompts(c.blocks)
+
+	base := strings.TrimSuffix(c.url, "/")
+	var svc *selection.Service
+	if base == "" {
+		rc := routerconfig.Default() // UseKVEvents stays true: Dynamo's and kvselect's default
+		var err error
+		if svc, err = selection.NewBuilder().Router(rc).Build(); err != nil {
+			return err
+		}
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return err
+		}
+		srv := &http.Server{Handler: httpadmin.New(svc, httpadmin.Options{}), ReadHeaderTimeout: 10 * time.Second}
+		go func() { _ = srv.Serve(ln) }()
+		defer srv.Close()
+		upkeep, stop := context.WithCancel(ctx)
+		defer stop()
+		go func() { // the host's job, as cmd/kvselect does it
+			t := time.NewTicker(5 * time.Second)
+			defer t.Stop()
+			for {
+				select {
+				case <-upkeep.Done():
+					return
+				case <-t.C:
+					svc.Maintain(upkeep)
+				}
+			}
+		}()
+		base = "http://" + ln.Addr().String()
+		res.Server, res.UseKVEvents = "in-process", &rc.UseKVEvents
+	} else {
+		if err := checkLoopback(base); err != nil {
+			return err
+		}
+		res.Server = base
+	}
+
+	if err := registerWorkers(ctx, base, c.workers); err != nil {
+		return err
+	}
+	if svc != nil {
+		n, err := seedIndex(svc, prompts, c.workers)
+		if err != nil {
+			return err
+		}
+		res.SeededPrompts = n
+	}
+	bodies, err := restBodies(prompts, c.prompt == "hashes")
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stderr, "kvbench rest: target %s (%s), %d workers, %d clients, %s prompts of %d blocks, warmup %s + %s\n",
+		base, res.Server, c.workers, c.clients, c.prompt, c.blocks, c.warmup, c.duration)
+
+	if err := drive(ctx, c, base, bodies, &res, stderr); err != nil {
+		return err
+	}
+	if err := restTable(stdout, &res); err != nil {
+		return err
+	}
+	if c.jsonOut != "" {
+		if err := report.WriteJSON(c.jsonOut, res); err != nil {
+			return err
+		}
+	}
+	return failRate(&res)
+}
+
+// failRate is the final verdict: more than 1 % failed requests is an error.
+func failRate(r *restResult) error {
+	n := r.Select.Requests + r.Delete.Requests + r.WarmupRequests
+	bad := r.Select.Errors + r.Delete.Errors + r.WarmupErrors
+	if n == 0 {
+		return errors.New("no request completed")
+	}
+	if pct := 100 * float64(bad) / float64(n); pct > restMaxFailPct {
+		return fmt.Errorf("%d of %d requests failed (%.2f%% > %.0f%%): select %v %s, delete %v %s", bad, n, pct, restMaxFailPct,
+			r.Select.ErrorsBy, r.Select.errSample, r.Delete.ErrorsBy, r.Delete.errSample)
+	}
+	return nil
+}
+
+// checkLoopback accepts only http URLs whose host is a loopback address.
+func checkLoopback(raw string) error {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return fmt.Errorf("-url: %w", err)
+	}
+	if u.Scheme != "http" || u.Host == "" {
+		return fmt.Errorf("-url %q: want http://host:port", raw)
+	}
+	h := u.Hostname()
+	if h == "localhost" {
+		return nil
+	}
+	if ip := net.ParseIP(h); ip != nil && ip.IsLoopback() {
+		return nil
+	}
+	return fmt.Errorf("-url %q: only loopback targets (127.0.0.0/8, ::1, localhost) are allowed", raw)
+}
+
+// restPrompts is the pool: restPool prompts of blocks×16 token ids, each
+// starting with one of restSystems shared prefixes a quarter of its length
+// (at least one block), the rest random.
+func restPrompts(blocks int) [][]uint32 {
+	rng := rand.New(rand.NewPCG(1, 1))
+	shared := max(1, blocks/4) * restBlockSize
+	out := make([][]uint32, restPool)
+	for i := range out {
+		t := make([]uint32, blocks*restBlockSize)
+		for j := range t {
+			if j < shared {
+				t[j] = uint32(i%restSystems*100000 + j)
+			} else {
+				t[j] = rng.Uint32N(150000)
+			}
+		}
+		out[i] = t
+	}
+	return out
+}
+
+// restBodies precomputes each prompt's request body after the selection_id:
+// `"model_name":...}` — the hot loop only prepends `{"selection_id":"<id>",`.
+func restBodies(prompts [][]uint32, hashes bool) ([][]byte, error) {
+	out := make([][]byte, len(prompts))
+	for i, t := range prompts {
+		var v any = struct {
+			ModelName string   `json:"model_name"`
+			TokenIDs  []uint32 `json:"token_ids"`
+		}{restModel, t}
+		if hashes {
+			locals := kvhash.LocalBlockHashes(t, "", "", kvhash.BlockOptions{BlockSize: restBlockSize})
+			bh, sh := make([]int64, len(locals)), make([]int64, len(locals))
+			for k, h := range kvhash.SequenceHashes(locals) {
+				bh[k], sh[k] = int64(locals[k]), int64(h)
+			}
+			v = struct {
+				ModelName      string  `json:"model_name"`
+				BlockHashes    []int64 `json:"block_hashes"`
+				SequenceHashes []int64 `json:"sequence_hashes"`
+				ISLTokens      int     `json:"isl_tokens"`
+			}{restModel, bh, sh, len(t)}
+		}
+		raw, err := json.Marshal(v)
+		if err != nil {
+			return nil, err
+		}
+		out[i] = raw[1:] // drop '{'
+	}
+	return out, nil
+}
+
+// registerWorkers upserts workers 0..n-1 over POST /workers and checks that
+// each is schedulable. kv_events_endpoint is required when the server uses KV
+// events (the default); no socket is opened for it by the in-process service,
+// which has no event listener connected.
+func registerWorkers(ctx context.Context, base string, n int) error {
+	c := &http.Client{Timeout: 10 * time.Second}
+	defer c.CloseIdleConnections()
+	for id := range n {
+		body, _ := json.Marshal(map[string]any{
+			"worker_id": id, "model_name": restModel, "block_size": restBlockSize, "total_kv_blocks": restKVBlocks,
+			"endpoint":           fmt.Sprintf("http://bench-w%d:8000", id),
+			"kv_events_endpoint": fmt.Sprintf("tcp://127.0.0.1:%d", 20000+id),
+		})
+		req, err := http.NewRequestWithContext(ctx, "POST", base+"/workers", bytes.NewReader(body))
+		if err != nil {
+			return err
+		}
+		req.Header.Set("Content-Type", "application/json")
+		res, err := c.Do(req)
+		if err != nil {
+			return fmt.Errorf("register worker %d: %w", id, err)
+		}
+		raw, _ := io.ReadAll(res.Body)
+		res.Body.Close()
+		var rec struct{ Lifecycle string }
+		if (res.StatusCode != http.StatusOK && res.StatusCode != http.StatusCreated) || json.Unmarshal(raw, &rec) != nil || rec.Lifecycle != "schedulable" {
+			return fmt.Errorf("register worker %d: %d %s", id, res.StatusCode, bytes.TrimSpace(raw))
+		}
+	}
+	return nil
+}
+
+// seedIndex stores every other prompt of the pool on one worker, through a
+// /dump-shaped Restore as httpadmin's benchmark does, so that lookups find
+// cached prefixes (the shared prefixes make most prompts a partial hit).
+func seedIndex(svc *selection.Service, prompts [][]uint32, workers int) (int, error) {
+	var events []index.RouterEvent
+	for i, t := range prompts {
+		if i%2 == 1 {
+			continue
+		}
+		locals := kvhash.LocalBlockHashes(t, "", "", kvhash.BlockOptions{BlockSize: restBlockSize})
+		blocks := make([]index.StoredBlock, len(locals))
+		for k, l := range locals {
+			blocks[k] = index.StoredBlock{BlockHash: index.Hash(l ^ 0x5555), TokensHash: index.Hash(l)}
+		}
+		events = append(events, index.RouterEvent{WorkerID: uint64(i % workers), StorageTier: "device",
+			Event: index.KvCacheEvent{EventID: uint64(i), Data: index.EventData{Stored: &index.StoredData{Blocks: blocks}}}})
+	}
+	for _, r := range svc.Restore(index.Dump{index.PartitionKey(restModel, "default"): {BlockSize: restBlockSize, Events: events}}) {
+		if r.Err != nil {
+			return 0, fmt.Errorf("seed the index: %+v", r)
+		}
+	}
+	return len(events), nil
+}
+
+// drive runs the clients through warmup and measurement and fills res.
+func drive(ctx context.Context, c restConfig, base string, bodies [][]byte, res *restResult, stderr io.Writer) error {
+	runCtx, abort := context.WithCancelCause(ctx)
+	defer abort(nil)
+	var stop atomic.Bool
+	context.AfterFunc(runCtx, func() { stop.Store(true) })
+
+	clients := make([]*restClient, c.clients)
+	for i := range clients {
+		clients[i] = &restClient{sel: make([]time.Duration, 0, restSamples), del: make([]time.Duration, 0, restSamples)}
+	}
+	// Per-run nonce: a server that outlived an aborted run may still hold ids.
+	nonce := strconv.FormatInt(time.Now().UnixNano()%1e9, 36)
+	start := time.Now()
+	measure, end := start.Add(c.warmup), start.Add(c.warmup+c.duration)
+
+	var wg sync.WaitGroup
+	for i, cl := range clients {
+		wg.Go(func() { cl.loop(runCtx, &stop, base, fmt.Sprintf("b%s-c%d-", nonce, i), bodies, i, measure, end) })
+	}
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	var last int64
+	lastAt := start
+progress:
+	for {
+		select {
+		case <-done:
+			break progress
+		case now := <-tick.C:
+			var sent, failed int64
+			for _, cl := range clients {
+				sent += cl.sent.Load()
+				failed += cl.failed.Load()
+			}
+			phase := "measure"
+			if now.Before(measure) {
+				phase = "warmup"
+			}
+			fmt.Fprintf(stderr, "%5.1fs %-7s %9d requests %8.0f req/s  %d failed\n",
+				now.Sub(start).Seconds(), phase, sent, float64(sent-last)/now.Sub(lastAt).Seconds(), failed)
+			last, lastAt = sent, now
+			if sent >= 200 && 100*float64(failed) > restMaxFailPct*float64(sent) {
+				abort(fmt.Errorf("aborted: %d of %d requests failed", failed, sent))
+			}
+		}
+	}
+	if err := context.Cause(runCtx); err != nil {
+		var msgs []string
+		for _, cl := range clients {
+			for _, s := range cl.errSample {
+				if s != "" {
+					msgs = append(msgs, s)
+				}
+			}
+		}
+		if len(msgs) > 3 {
+			msgs = msgs[:3]
+		}
+		return fmt.Errorf("%w (e.g. %s)", err, strings.Join(msgs, "; "))
+	}
+
+	var sel, del []time.Duration
+	lastEnd := measure
+	for _, cl := range clients {
+		sel = append(sel, cl.sel...)
+		del = append(del, cl.del...)
+		res.Pairs += cl.pairs
+		res.WarmupRequests += cl.warmReqs
+		res.WarmupErrors += cl.warmErrs
+		if cl.lastEnd.After(lastEnd) {
+			lastEnd = cl.lastEnd
+		}
+	}
+	elapsed := lastEnd.Sub(measure).Seconds()
+	res.ElapsedSec = elapsed
+	res.Select = summarize(sel, clients, 0, elapsed)
+	res.Delete = summarize(del, clients, 1, elapsed)
+	res.Requests = res.Select.Requests + res.Delete.Requests
+	if elapsed > 0 {
+		res.RequestsPerSec = float64(res.Requests) / elapsed
+		res.PairsPerSec = float64(res.Pairs) / elapsed
+	}
+	return nil
+}
+
+// loop is one client: a closed loop of select_and_reserve + delete on one
+// keep-alive connection until end. Requests that start before measure are
+// warmup and only counted; the others are recorded.
+func (cl *restClient) loop(ctx context.Context, stop *atomic.Bool, base, idPrefix string, bodies [][]byte, idx int, measure, end time.Time) {
+	tr := &http.Transport{
+		Proxy:               nil,
+		DialContext:         (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+		MaxIdleConns:        4,
+		MaxIdleConnsPerHost: 4,
+		IdleConnTimeout:     90 * time.Second,
+		DisableCompression:  true,
+		ForceAttemptHTTP2:   false,
+	}
+	hc := &http.Client{Transport: tr}
+	defer tr.CloseIdleConnections()
+
+	selURL := base + "/select_and_reserve"
+	delPrefix := base + "/reservations/"
+	id := make([]byte, 0, 64)
+	body := make([]byte, 0, 64+len(bodies[0])*2)
+	var buf bytes.Buffer
+	checked := false
+	p := idx * 37 // clients walk the pool from different places
+	for seq := uint64(0); !stop.Load(); seq++ {
+		id = strconv.AppendUint(append(id[:0], idPrefix...), seq, 10)
+		body = append(append(append(append(body[:0], `{"selection_id":"`...), id...), `",`...), bodies[p%len(bodies)]...)
+		p++
+
+		t0 := time.Now()
+		st, err := cl.do(ctx, hc, "POST", selURL, body, &buf, !checked)
+		t1 := time.Now()
+		if st == http.StatusOK && !checked {
+			if !bytes.Contains(buf.Bytes(), id) { // the first answer must echo our id
+				st, err = 0, fmt.Errorf("select_and_reserve answered without selection_id %s: %.200s", id, buf.Bytes())
+			}
+			checked = true
+		}
+		warm := t0.Before(measure)
+		cl.note(0, st, err, warm, t1.Sub(t0))
+		if st != http.StatusOK {
+			cl.lastEnd = t1
+			if !t1.Before(end) {
+				break
+			}
+			continue
+		}
+		t2 := time.Now()
+		st, err = cl.do(ctx, hc, "DELETE", delPrefix+string(id), nil, &buf, false)
+		t3 := time.Now()
+		cl.note(1, st, err, warm, t3.Sub(t2))
+		if st == http.StatusOK && !warm {
+			cl.pairs++
+		}
+		cl.lastEnd = t3
+		if !t3.Before(end) {
+			break
+		}
+	}
+}
+
+// do sends one request and drains the answer (into buf when keep is set, or
+// when the status is not 200, for the error sample). It returns the status, 0
+// on a transport error.
+func (cl *restClient) do(ctx context.Context, hc *http.Client, method, u string, body []byte, buf *bytes.Buffer, keep bool) (int, error) {
+	var rd io.Reader
+	if body != nil {
+		rd = bytes.NewReader(body)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, u, rd)
+	if err != nil {
+		return 0, err
+	}
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	res, err := hc.Do(req)
+	if err != nil {
+		return 0, err
+	}
+	defer res.Body.Close()
+	if keep || res.StatusCode != http.StatusOK {
+		buf.Reset()
+		_, err = buf.ReadFrom(res.Body)
+		if res.StatusCode != http.StatusOK {
+			return res.StatusCode, fmt.Errorf("%s %s: %d %.200s", method, u, res.StatusCode, bytes.TrimSpace(buf.Bytes()))
+		}
+	} else {
+		_, err = io.Copy(io.Discard, res.Body)
+	}
+	if err != nil {
+		return 0, err
+	}
+	return res.StatusCode, nil
+}
+
+// note records one finished request of kind k (0 select, 1 delete).
+func (cl *restClient) note(k, status int, err error, warm bool, d time.Duration) {
+	cl.sent.Add(1)
+	ok := status == http.StatusOK && err == nil
+	if !ok {
+		cl.failed.Add(1)
+		if cl.errSample[k] == "" && err != nil {
+			cl.errSample[k] = err.Error()
+		}
+	}
+	if warm {
+		cl.warmReqs++
+		if !ok {
+			cl.warmErrs++
+		}
+		return
+	}
+	if !ok {
+		key := "transport"
+		if status != 0 {
+			key = strconv.Itoa(status)
+		}
+		m := &cl.selErr
+		if k == 1 {
+			m = &cl.delErr
+		}
+		if *m == nil {
+			*m = map[string]int{}
+		}
+		(*m)[key]++
+	}
+	if k == 0 {
+		cl.sel = append(cl.sel, d)
+	} else {
+		cl.del = append(cl.del, d)
+	}
+}
+
+// summarize sorts the merged samples of kind k and reads the percentiles
+// (nearest rank). Failed requests are included in the latencies and counted.
+func summarize(ds []time.Duration, clients []*restClient, k int, elapsed float64) latencyStats {
+	s := latencyStats{Requests: len(ds), ErrorsBy: map[string]int{}}
+	for _, cl := range clients {
+		m := cl.selErr
+		if k == 1 {
+			m = cl.delErr
+		}
+		for key, n := range m {
+			s.ErrorsBy[key] += n
+			s.Errors += n
+		}
+		if s.errSample == "" {
+			s.errSample = cl.errSample[k]
+		}
+	}
+	if len(ds) == 0 {
+		return s
+	}
+	slices.Sort(ds)
+	q := func(p float64) int64 {
+		i := int(p*float64(len(ds))+0.999999) - 1
+		return int64(ds[min(max(i, 0), len(ds)-1)])
+	}
+	s.P50, s.P90, s.P99, s.Max = q(0.50), q(0.90), q(0.99), int64(ds[len(ds)-1])
+	if elapsed > 0 {
+		s.PerSec = float64(len(ds)) / elapsed
+	}
+	return s
+}
+
+// restTable prints the result in bench/report's style.
+func restTable(w io.Writer, r *restResult) error {
+	fmt.Fprintf(w, "REST load (%s server): %d workers, %d clients (closed loop, HTTP/1.1 keep-alive), prompt %s x %d blocks (%d tokens)\n",
+		r.Server, r.Workers, r.Clients, r.Prompt, r.Blocks, r.ISLTokens)
+	seeded := "not seeded (external server)"
+	if r.Server == "in-process" {
+		seeded = fmt.Sprintf("%d of %d pool prompts seeded in the index, use_kv_events %v", r.SeededPrompts, r.PoolPrompts, *r.UseKVEvents)
+	}
+	fmt.Fprintf(w, "GOMAXPROCS %d (NumCPU %d), warmup %.1fs (%d requests, %d errors), measured %.2fs; %s\n\n",
+		r.GOMAXPROCS, r.NumCPU, r.WarmupSec, r.WarmupRequests, r.WarmupErrors, r.ElapsedSec, seeded)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	us := func(ns int64) string { return fmt.Sprintf("%.1f", float64(ns)/1e3) }
+	row := func(name, a, b, c string) { fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t\n", name, a, b, c) }
+	row("", "select_and_reserve", "delete", "total")
+	row("requests", fmt.Sprint(r.Select.Requests), fmt.Sprint(r.Delete.Requests), fmt.Sprint(r.Requests))
+	row("requests/s", fmt.Sprintf("%.0f", r.Select.PerSec), fmt.Sprintf("%.0f", r.Delete.PerSec), fmt.Sprintf("%.0f", r.RequestsPerSec))
+	row("pairs/s", "", "", fmt.Sprintf("%.0f", r.PairsPerSec))
+	row("p50 µs", us(r.Select.P50), us(r.Delete.P50), "")
+	row("p90 µs", us(r.Select.P90), us(r.Delete.P90), "")
+	row("p99 µs", us(r.Select.P99), us(r.Delete.P99), "")
+	row("max µs", us(r.Select.Max), us(r.Delete.Max), "")
+	errs := func(s latencyStats) string {
+		if s.Errors == 0 {
+			return "0"
+		}
+		keys := make([]string, 0, len(s.ErrorsBy))
+		for k := range s.ErrorsBy {
+			keys = append(keys, k)
+		}
+		slices.Sort(keys)
+		parts := make([]string, len(keys))
+		for i, k := range keys {
+			parts[i] = fmt.Sprintf("%s:%d", k, s.ErrorsBy[k])
+		}
+		return fmt.Sprintf("%d (%s)", s.Errors, strings.Join(parts, " "))
+	}
+	row("errors", errs(r.Select), errs(r.Delete), fmt.Sprint(r.Select.Errors+r.Delete.Errors))
+	return tw.Flush()
+}

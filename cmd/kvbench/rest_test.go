@@ -1,0 +1,103 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func TestRestInProcess(t *testing.T) {
+	for _, prompt := range []string{"tokens", "hashes"} {
+		t.Run(prompt, func(t *testing.T) {
+			out := filepath.Join(t.TempDir(), "rest.json")
+			var stdout, stderr bytes.Buffer
+			err := run(context.Background(), []string{"rest", "-clients", "4", "-workers", "8", "-duration", "1s", "-warmup", "200ms",
+				"-prompt", prompt, "-blocks", "8", "-json", out}, &stdout, &stderr)
+			if err != nil {
+				t.Fatalf("run: %v\n%s", err, stderr.String())
+			}
+			for _, want := range []string{"in-process", "select_and_reserve", "delete", "requests/s", "pairs/s", "p99 µs", "GOMAXPROCS", "prompt " + prompt} {
+				if !strings.Contains(stdout.String(), want) {
+					t.Errorf("output lacks %q:\n%s", want, stdout.String())
+				}
+			}
+			if !strings.Contains(stderr.String(), "req/s") {
+				t.Errorf("no progress line on stderr:\n%s", stderr.String())
+			}
+			b, err := os.ReadFile(out)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var v struct {
+				Server        string  `json:"server"`
+				Prompt        string  `json:"prompt"`
+				GOMAXPROCS    int     `json:"gomaxprocs"`
+				Requests      int     `json:"requests"`
+				RequestsPerS  float64 `json:"requests_per_sec"`
+				Pairs         int     `json:"pairs"`
+				PairsPerSec   float64 `json:"pairs_per_sec"`
+				SeededPrompts int     `json:"seeded_prompts"`
+			}
+			if err := json.Unmarshal(b, &v); err != nil {
+				t.Fatal(err)
+			}
+			var raw map[string]map[string]any
+			_ = json.Unmarshal(b, &raw)
+			for _, kind := range []string{"select_and_reserve", "delete"} {
+				for _, k := range []string{"requests", "per_sec", "p50_ns", "p90_ns", "p99_ns", "max_ns", "errors", "errors_by_status"} {
+					if _, ok := raw[kind][k]; !ok {
+						t.Errorf("json %s lacks %s: %s", kind, k, b)
+					}
+				}
+			}
+			sel := raw["select_and_reserve"]
+			if v.Server != "in-process" || v.Prompt != prompt || v.GOMAXPROCS < 1 || v.SeededPrompts == 0 ||
+				v.Pairs == 0 || v.Requests != 2*v.Pairs || v.PairsPerSec <= 0 || v.RequestsPerS <= v.PairsPerSec ||
+				sel["errors"].(float64) != 0 || !(sel["p50_ns"].(float64) > 0 && sel["p50_ns"].(float64) <= sel["p99_ns"].(float64) && sel["p99_ns"].(float64) <= sel["max_ns"].(float64)) {
+				t.Fatalf("json = %s", b)
+			}
+		})
+	}
+}
+
+// A server that answers 429 to every selection: the run counts the failures
+// by status and aborts well before its duration.
+func TestRestAbortsOnErrors(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/workers" {
+			w.WriteHeader(http.StatusCreated)
+			_, _ = w.Write([]byte(`{"lifecycle":"schedulable"}`))
+			return
+		}
+		w.WriteHeader(http.StatusTooManyRequests)
+		_, _ = w.Write([]byte(`{"error":"all workers are busy"}`))
+	}))
+	defer srv.Close()
+	var stdout, stderr bytes.Buffer
+	err := run(context.Background(), []string{"rest", "-url", srv.URL, "-clients", "2", "-workers", "2", "-duration", "30s", "-warmup", "0s"}, &stdout, &stderr)
+	if err == nil || !strings.Contains(err.Error(), "failed") || !strings.Contains(err.Error(), "429") {
+		t.Fatalf("err = %v\n%s", err, stderr.String())
+	}
+}
+
+func TestRestUsageErrors(t *testing.T) {
+	for _, args := range [][]string{
+		{"rest", "-prompt", "words"},
+		{"rest", "-clients", "0"},
+		{"rest", "-duration", "0s"},
+		{"rest", "-url", "http://192.0.2.1:8080"},
+		{"rest", "-url", "https://localhost:8080"},
+		{"rest", "extra"},
+	} {
+		var stdout, stderr bytes.Buffer
+		if err := run(context.Background(), args, &stdout, &stderr); err == nil {
+			t.Errorf("%v: want an error", args)
+		}
+	}
+}
