@@ -5,6 +5,9 @@ import (
 	"io"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/kvselect/kvselect/selection/routerconfig"
 )
 
 // onlyReader hides the length of a body, so the client sends it chunked and the
@@ -132,8 +135,6 @@ func TestBadInputNeverFailsTheServer(t *testing.T) {
 			`{"model_name":"model","token_ids":[1,2,3,4],"selection_id":5}`,
 			`{"model_name":"model","token_ids":[1,2,3,4],"routing_constraints":{"preferred_taints":{"a":"x"}}}`,
 		)
-		add("POST", p, 400, "session affinity ID must not exceed 256 bytes",
-			`{"model_name":"model","token_ids":[1,2,3,4],"session_id":"`+strings.Repeat("é", 129)+`"}`)
 	}
 	add("POST", "/select_and_reserve", 409, "selection live is already reserved", `{"model_name":"model","token_ids":[1,2,3,4],"selection_id":"live"}`)
 	add("POST", "/reservations", 422, "Failed to deserialize the JSON body into the target type: ",
@@ -265,5 +266,24 @@ func TestHugeISLIsNotAServerError(t *testing.T) {
 		if r.status >= 500 {
 			t.Errorf("isl_tokens %s: %d %s", isl, r.status, r.raw)
 		}
+	}
+}
+
+// TestLongSessionIDOnlyMattersWithAffinity: the 256-byte limit belongs to the
+// session affinity table (api spec §3.7 step 2, §6); without it a session id is
+// only policy input.
+func TestLongSessionIDOnlyMattersWithAffinity(t *testing.T) {
+	body := `{"model_name":"model","token_ids":[1,2,3,4],"session_id":"` + strings.Repeat("é", 129) + `"}`
+	on := newAPI(t, func(c *routerconfig.Config) { c.SessionAffinityTTL = routerconfig.Some(time.Minute) }, Options{})
+	on.addWorker(1)
+	for _, p := range []string{"/select", "/select_and_reserve"} {
+		if r := on.do("POST", p, body); r.status != 400 || !strings.Contains(string(r.raw), "session affinity ID must not exceed 256 bytes") {
+			t.Fatalf("%s with affinity: %d %s", p, r.status, r.raw)
+		}
+	}
+	off := newAPI(t, nil, Options{})
+	off.addWorker(1)
+	if r := off.do("POST", "/select", body); r.status != 200 {
+		t.Fatalf("/select without affinity: %d %s", r.status, r.raw)
 	}
 }

@@ -93,10 +93,17 @@ func sessionOf(req *SelectRequest) (string, error) {
 	case req.SessionID != nil:
 		sid = *req.SessionID
 	}
-	if len(sid) > maxSessionIDBytes {
-		return "", newError(KindBadRequest, "session affinity ID must not exceed %d bytes", maxSessionIDBytes)
-	}
 	return sid, nil
+}
+
+// checkSessionID applies the affinity table's id limit. Without session
+// affinity a session id is only policy input and any length is accepted (api
+// §3.7 step 2, §6).
+func checkSessionID(p *partition, sid string) error {
+	if p.affinity != nil && len(sid) > maxSessionIDBytes {
+		return newError(KindBadRequest, "session affinity ID must not exceed %d bytes", maxSessionIDBytes)
+	}
+	return nil
 }
 
 // Select picks a worker without booking load (POST /select). With a
@@ -108,6 +115,9 @@ func (s *Service) Select(ctx context.Context, req *SelectRequest) (*SelectRespon
 		return nil, err
 	}
 	sid, err := sessionOf(req)
+	if err == nil {
+		err = checkSessionID(p, sid)
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -160,6 +170,9 @@ func (s *Service) SelectAndReserve(ctx context.Context, req *SelectRequest) (*Se
 		return nil, err
 	}
 	sid, err := sessionOf(req)
+	if err == nil {
+		err = checkSessionID(p, sid)
+	}
 	if err != nil {
 		return nil, err
 	}

@@ -611,6 +611,12 @@ func TestSessionAffinityKeepsSessionOnItsWorker(t *testing.T) {
 	r.SessionID = long
 	_, err = s.Select(bg, r)
 	wantKind(t, err, KindBadRequest, "session affinity ID must not exceed 256 bytes")
+	// Without affinity a session id is only policy input: any length is fine.
+	plain, _ := newService(t, nil)
+	mustUpsert(t, plain, workerRec(1))
+	if _, err := plain.Select(bg, r); err != nil {
+		t.Fatalf("long session id without affinity: %v", err)
+	}
 }
 
 func TestKVHintFromSameRoleSource(t *testing.T) {

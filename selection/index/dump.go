@@ -209,7 +209,8 @@ func DecodeDump(b []byte) (Dump, error) {
 func (ix *Index) Snapshot() PartitionDump {
 	ix.mu.RLock()
 	defer ix.mu.RUnlock()
-	return PartitionDump{BlockSize: ix.cfg.BlockSize, Events: ix.primary.appendSnapshot(nil)}
+	// An empty partition dumps "events": [], never null (api spec §3.15).
+	return PartitionDump{BlockSize: ix.cfg.BlockSize, Events: ix.primary.appendSnapshot([]RouterEvent{})}
 }
 
 // Replay applies a partition dump and returns how many events failed, with the

@@ -80,6 +80,14 @@ func TestSnapshotChainsAreOneEventAndReplay(t *testing.T) {
 	eq(t, scores(ix.primary, false, 1, 2, 3, 7, 8), map[WorkerKey]uint32{w(1): 3, w(2): 5})
 }
 
+func TestEmptySnapshotHasEventsArray(t *testing.T) {
+	ix, _ := New(Config{BlockSize: 4})
+	b, _ := json.Marshal(ix.Snapshot())
+	if string(b) != `{"block_size":4,"events":[]}` {
+		t.Fatalf("empty snapshot = %s", b)
+	}
+}
+
 func TestSnapshotLeavesOutUnreachableBlocks(t *testing.T) {
 	tr := NewTree()
 	mustApply(t, tr, stored(w(1), 0, 1, 2, 3), removed(w(1), 2), stored(w(2), 0, 1, 2))
