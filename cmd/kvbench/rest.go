@@ -163,18 +163,7 @@ func runRest(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		defer srv.Close()
 		upkeep, stop := context.WithCancel(ctx)
 		defer stop()
-		go func() { // the host's job, as cmd/kvselect does it
-			t := time.NewTicker(5 * time.Second)
-			defer t.Stop()
-			for {
-				select {
-				case <-upkeep.Done():
-					return
-				case <-t.C:
-					svc.Maintain(upkeep)
-				}
-			}
-		}()
+		go svc.MaintainEvery(upkeep, 5*time.Second) // the host's job, as cmd/kvselect does it
 		base = "http://" + ln.Addr().String()
 		res.Server, res.UseKVEvents = "in-process", &rc.UseKVEvents
 	} else {

@@ -91,7 +91,7 @@ func run(ctx context.Context, args []string, lookup func(string) (string, bool),
 
 	upkeep, stopUpkeep := context.WithCancel(ctx)
 	var wg sync.WaitGroup
-	wg.Go(func() { maintain(upkeep, svc, maintainEvery) })
+	wg.Go(func() { svc.MaintainEvery(upkeep, maintainEvery) })
 	defer func() {
 		stopUpkeep()
 		wg.Wait()
@@ -133,20 +133,6 @@ func listenNetwork(host string) string {
 		return "tcp4"
 	}
 	return "tcp"
-}
-
-// maintain runs the service's periodic upkeep until ctx is done.
-func maintain(ctx context.Context, svc *selection.Service, every time.Duration) {
-	t := time.NewTicker(every)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			svc.Maintain(ctx)
-		}
-	}
 }
 
 func newLogger(o *options, w io.Writer) *slog.Logger {
