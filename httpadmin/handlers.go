@@ -29,10 +29,6 @@ type workerIDProbe struct {
 	WorkerID json.RawMessage `json:"worker_id"`
 }
 
-// kvTransferEnforcement is the wire enum of kv_transfer_enforcement: serde
-// rejects other values while decoding (422), before the Service sees them.
-var kvTransferEnforcement = []string{"required", "preferred"}
-
 func (s *server) upsertWorker(w http.ResponseWriter, r *http.Request) {
 	var body workerBody
 	ok := s.readJSON(w, r, &body, func(raw []byte) error {
@@ -41,7 +37,7 @@ func (s *server) upsertWorker(w http.ResponseWriter, r *http.Request) {
 		if err := required(p.WorkerID, "", "worker_id", "u64"); err != nil {
 			return err
 		}
-		return oneOf(body.KVTransferEnforcement, "kv_transfer_enforcement", kvTransferEnforcement...)
+		return oneOf(body.KVTransferEnforcement, "kv_transfer_enforcement", catalog.KVTransferEnforcements...)
 	})
 	if !ok {
 		return
@@ -61,7 +57,7 @@ func (s *server) patchWorker(w http.ResponseWriter, r *http.Request) {
 	}
 	var p catalog.Patch
 	if !s.readJSON(w, r, &p, func([]byte) error {
-		return oneOf(p.KVTransferEnforcement, "kv_transfer_enforcement", kvTransferEnforcement...)
+		return oneOf(p.KVTransferEnforcement, "kv_transfer_enforcement", catalog.KVTransferEnforcements...)
 	}) {
 		return
 	}
@@ -189,7 +185,9 @@ func checkSelect(req *selection.SelectRequest) func([]byte) error {
 			}
 		}
 		if sc := req.SessionContext; sc != nil {
-			return oneOf(sc.InputTrigger, "session_context.input_trigger", "user_message", "tool_result", "other")
+			// Enums are checked while decoding, as serde does (422), before the
+			// Service sees them.
+			return oneOf(sc.InputTrigger, "session_context.input_trigger", selection.InputTriggers...)
 		}
 		return nil
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/kvselect/kvselect/selection/affinity"
@@ -15,6 +16,9 @@ import (
 	"github.com/kvselect/kvselect/selection/routerconfig"
 	"github.com/kvselect/kvselect/selection/scheduler"
 )
+
+// InputTriggers are the values session_context.input_trigger accepts.
+var InputTriggers = []string{"user_message", "tool_result", "other"}
 
 // maxSessionIDBytes bounds session ids (api §6).
 const maxSessionIDBytes = 256
@@ -87,7 +91,7 @@ func sessionOf(req *SelectRequest) (string, error) {
 	switch {
 	case req.SessionContext != nil:
 		sid = req.SessionContext.SessionID
-		if t := req.SessionContext.InputTrigger; t != nil && *t != "user_message" && *t != "tool_result" && *t != "other" {
+		if t := req.SessionContext.InputTrigger; t != nil && !slices.Contains(InputTriggers, *t) {
 			return "", newError(KindBadRequest, "invalid input_trigger %q (want user_message, tool_result or other)", *t)
 		}
 	case req.SessionID != nil:

@@ -64,6 +64,9 @@ type Record struct {
 	NotSchedulableReasons []string `json:"not_schedulable_reasons,omitempty"`
 }
 
+// KVTransferEnforcements are the values kv_transfer_enforcement accepts.
+var KVTransferEnforcements = []string{"required", "preferred"}
+
 // StateAgentV2 is the kv_event_source_mode of workers whose events come from a
 // state agent: they can receive KV hints but are never chosen as hint sources.
 const StateAgentV2 = "state_agent_v2"
@@ -84,7 +87,7 @@ func (r *Record) Normalize() error {
 	if r.TopologyDomains == nil {
 		r.TopologyDomains = map[string]string{}
 	}
-	if e := r.KVTransferEnforcement; e != nil && *e != "required" && *e != "preferred" {
+	if e := r.KVTransferEnforcement; e != nil && !slices.Contains(KVTransferEnforcements, *e) {
 		return fmt.Errorf("kv_transfer_enforcement must be \"required\" or \"preferred\", not %q", *e)
 	}
 	return nil
