@@ -164,6 +164,13 @@ func (s *Service) replaceWorkers(p *partition, edit func(map[uint64]*catalog.Rec
 	p.workers.Store(next)
 	dropped := p.loads.SetWorkers(next.ranks)
 	p.schedMu.Unlock()
+	// A rank that left the partition takes its indexed blocks along, whatever fed
+	// them (KV events or recorded routing decisions).
+	for _, w := range cur.ranks {
+		if _, ok := slices.BinarySearchFunc(next.ranks, w, index.CompareWorkerKeys); !ok {
+			p.ix.RemoveRank(w)
+		}
+	}
 	now := s.clock()
 	for _, id := range dropped {
 		s.dropReservation(id, now)

@@ -368,3 +368,28 @@ func TestQueuedSelectionRefreshesOverlap(t *testing.T) {
 		t.Fatalf("queued selection used stale overlap: %+v", r.resp)
 	}
 }
+
+// TestShrunkRankForgetsItsBlocks: a rank that leaves its worker's range takes
+// its recorded blocks along, so /overlap_scores no longer reports it.
+func TestShrunkRankForgetsItsBlocks(t *testing.T) {
+	s, _ := newService(t, nil)
+	r := workerRec(1)
+	r.DataParallelSize = ptr(uint32(2))
+	mustUpsert(t, s, r)
+	req := selReq("x", 1, 2, 3, 4)
+	req.PinnedWorker = &WorkerRank{WorkerID: 1, DPRank: 1}
+	if _, err := s.SelectAndReserve(bg, req); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.PatchWorker(bg, 1, catalog.Patch{DataParallelSize: ptr(uint32(1))}); err != nil {
+		t.Fatal(err)
+	}
+	ov, err := s.OverlapScores(bg, &PromptQuery{PartitionKey: PartitionKey{ModelName: "model"}, PromptRequest: PromptRequest{TokenIDs: []uint32{1, 2, 3, 4}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ov.Workers) != 1 || ov.Workers[0].DPRank != 0 || ov.Workers[0].DeviceBlocks != 0 {
+		t.Fatalf("rows after the shrink = %+v", ov.Workers)
+	}
+	wantKind(t, s.Free(bg, "x"), KindNotFound, "reservation x not found")
+}
