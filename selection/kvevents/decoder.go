@@ -1,0 +1,638 @@
+// Package kvevents decodes the KV cache events that vLLM, SGLang and (through its
+// vLLM-compatible publisher) TensorRT-LLM publish on ZMQ, and normalises them into
+// the index's events (index.Event), as Dynamo's lib/kv-router zmq_wire does
+// (shared/spec/dynamo-router-core.md §1).
+//
+// The package is pure decoding: no sockets, goroutines or clocks. A listener
+// splits each ZMQ message with ParseMessage, checks the sequence number for gaps
+// itself (spec §2, §4.4), and feeds the payload to the Decoder of that publisher,
+// one per (worker, registered dp rank). The Decoder keeps the little state
+// normalisation needs: the next event id, the kv_cache_spec_kind learned per
+// (dp_rank, group_idx), the cache namespace of stored blocks (so children inherit
+// it), and scratch buffers, so that decoding a batch allocates nothing in steady
+// state.
+//
+// Both shapes msgspec has shipped are accepted, per event: positional arrays
+// (tag in slot 0; SGLang, vLLM before PR #42892) and tagged maps (first key
+// "type"; vLLM v0.26+), as are array batches of length 2 or 3 and map batches.
+// Engine block hashes are recomputed into LocalBlockHashes with kvhash under the
+// LoRA / cache-namespace salt and the blocks' multimodal hashes.
+package kvevents
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/tinylib/msgp/msgp"
+
+	"github.com/kvselect/kvselect/selection/index"
+	"github.com/kvselect/kvselect/selection/kvhash"
+)
+
+// DefaultMaxNamespaceEntries bounds the per-block cache-namespace memory of a
+// Decoder when Config.MaxNamespaceEntries is zero.
+const DefaultMaxNamespaceEntries = 1 << 20
+
+// Config describes the publisher a Decoder reads.
+type Config struct {
+	// WorkerID is the worker the events belong to.
+	WorkerID uint64
+	// DPRank is the data-parallel rank the publisher's socket was registered for;
+	// a batch that carries its own rank overrides it (spec §1.1).
+	DPRank uint32
+	// BlockSize is the worker's registered kv_block_size in tokens. Stored blocks
+	// of any other size are not indexed (spec §1.7 rule 1).
+	BlockSize int
+	// Eagle makes flat token_ids be hashed in Eagle windows (BlockSize+1 tokens,
+	// advancing by BlockSize), for engines that run Eagle speculative decoding but
+	// publish flat tokens. Bigram token_ids always select Eagle windows.
+	Eagle bool
+	// MaxNamespaceEntries bounds how many stored blocks' cache namespaces the
+	// decoder remembers for inheritance by child blocks; 0 means
+	// DefaultMaxNamespaceEntries. Beyond it, new blocks are not remembered
+	// (counted in Stats.NamespaceOverflow) and their children hash without salt,
+	// which can only cost cache hits, never route wrongly.
+	MaxNamespaceEntries int
+}
+
+// Stats counts what one Decode call did with the events of a batch, so that
+// listeners can export metrics. Every event is counted exactly once in Events and
+// at most once in a drop counter; Emitted counts the events appended to dst.
+type Stats struct {
+	Events  int // raw events in the batch
+	Emitted int // events appended to dst (Stored + Removed + Cleared + Duplicate)
+	Stored  int
+	Removed int
+	Cleared int
+
+	Ignored    int // "Ignored" tag
+	UnknownTag int // any other tag: skipped, not an error (Dynamo skips them too)
+	Malformed  int // events whose fields have the wrong msgpack types; skipped
+
+	UnknownMedium int // medium not in the tier table: dropped, fail closed (§1.6)
+	NonLocal      int // locality REMOTE or unknown: dropped (Dynamo #10457)
+	NonMainGroup  int // kv_cache_spec_kind (given or learned) not a main attention group
+	UnknownGroup  int // non-zero group_idx with no kind and none learned yet
+
+	// Duplicate: a Stored repeating an engine hash (parent included). Emitted as
+	// an empty Removed, a no-op that still consumes an event id (§1.7 rule 3).
+	Duplicate int
+	// BlockSizeMismatch: a Stored whose block_size differs from Config.BlockSize;
+	// no block is indexed, the event is dropped.
+	BlockSizeMismatch int
+	// ShortTokens: a Stored with fewer complete token blocks than block hashes;
+	// only the leading complete blocks are indexed. TruncatedBlocks counts the
+	// blocks left out.
+	ShortTokens     int
+	TruncatedBlocks int
+	// EmptyStored: a Stored left with no complete block; dropped.
+	EmptyStored int
+
+	// NamespaceAmbiguous: a Stored whose parent's cache namespace is ambiguous
+	// or disagrees with the event's own; dropped (§1.6).
+	NamespaceAmbiguous int
+	// NamespaceConflict: a block hash seen again under another namespace; it is
+	// marked ambiguous and its future children are dropped.
+	NamespaceConflict int
+	// NamespaceOverflow: blocks whose namespace was not remembered because of
+	// Config.MaxNamespaceEntries.
+	NamespaceOverflow int
+}
+
+// Add accumulates o into s.
+func (s *Stats) Add(o Stats) {
+	s.Events += o.Events
+	s.Emitted += o.Emitted
+	s.Stored += o.Stored
+	s.Removed += o.Removed
+	s.Cleared += o.Cleared
+	s.Ignored += o.Ignored
+	s.UnknownTag += o.UnknownTag
+	s.Malformed += o.Malformed
+	s.UnknownMedium += o.UnknownMedium
+	s.NonLocal += o.NonLocal
+	s.NonMainGroup += o.NonMainGroup
+	s.UnknownGroup += o.UnknownGroup
+	s.Duplicate += o.Duplicate
+	s.BlockSizeMismatch += o.BlockSizeMismatch
+	s.ShortTokens += o.ShortTokens
+	s.TruncatedBlocks += o.TruncatedBlocks
+	s.EmptyStored += o.EmptyStored
+	s.NamespaceAmbiguous += o.NamespaceAmbiguous
+	s.NamespaceConflict += o.NamespaceConflict
+	s.NamespaceOverflow += o.NamespaceOverflow
+}
+
+// Dropped is the number of events that produced nothing.
+func (s Stats) Dropped() int { return s.Events - s.Emitted }
+
+type groupKey struct {
+	rank  uint32
+	group uint32
+}
+
+// nsEntry is the cache namespace a stored block was indexed under. tiers has one
+// bit per index.Tier holding the block, so that a removal from one tier keeps the
+// entry while another tier still holds the block.
+type nsEntry struct {
+	id        uint32 // index into Decoder.nsNames; never 0
+	tiers     uint8
+	ambiguous bool
+}
+
+// Decoder decodes the batches of one publisher (one worker rank). It is not safe
+// for concurrent use; a listener owns one per socket.
+type Decoder struct {
+	cfg    Config
+	nextID uint64
+
+	// kind learned per (dp_rank, group_idx): true = main attention group.
+	groups map[groupKey]bool
+
+	ns      map[uint64]nsEntry
+	nsIDs   map[string]uint32
+	nsNames [][]byte // nsNames[0] is unused so that id 0 means "none"
+
+	hasher kvhash.Hasher
+	raw    rawEvent
+	bounds []int // end offset of each event of the batch being decoded
+
+	// Arenas the returned events point into; reset at every Decode.
+	blocks []index.Block
+	hashes []uint64
+
+	// Per-event scratch.
+	locals  []uint64
+	mmFlat  []uint64
+	mmEnds  []int
+	mm      [][]uint64
+	seen    map[uint64]struct{}
+	saltOK  bool
+	saltL   string
+	saltN   string
+	saltVal uint64
+}
+
+// NewDecoder returns a decoder for one publisher.
+func NewDecoder(cfg Config) (*Decoder, error) {
+	if cfg.BlockSize <= 0 {
+		return nil, fmt.Errorf("kvevents: block size must be positive, got %d", cfg.BlockSize)
+	}
+	if cfg.MaxNamespaceEntries < 0 {
+		return nil, fmt.Errorf("kvevents: negative MaxNamespaceEntries %d", cfg.MaxNamespaceEntries)
+	}
+	if cfg.MaxNamespaceEntries == 0 {
+		cfg.MaxNamespaceEntries = DefaultMaxNamespaceEntries
+	}
+	return &Decoder{
+		cfg:     cfg,
+		groups:  make(map[groupKey]bool),
+		ns:      make(map[uint64]nsEntry),
+		nsIDs:   make(map[string]uint32),
+		nsNames: [][]byte{nil},
+		seen:    make(map[uint64]struct{}),
+	}, nil
+}
+
+// NextID is the id the next emitted event will get.
+func (d *Decoder) NextID() uint64 { return d.nextID }
+
+// Decode decodes one msgpack batch and appends its normalised events to dst.
+//
+// The returned events' Blocks and Hashes point into buffers the Decoder reuses:
+// they are valid until the next Decode call. A caller that keeps them longer
+// copies them. With dst of enough capacity, decoding allocates nothing once the
+// buffers have grown to the batch size.
+//
+// An error (wrapping ErrBatch) means the envelope or the msgpack structure is
+// invalid; then dst is returned unchanged and the decoder state is untouched.
+// Problems inside one event never fail the batch: the event is skipped and
+// counted in Stats.
+func (d *Decoder) Decode(payload []byte, dst []index.Event) ([]index.Event, Stats, error) {
+	var st Stats
+	events, rank, err := d.envelope(payload)
+	if err != nil {
+		return dst, st, err
+	}
+	d.blocks = d.blocks[:0]
+	d.hashes = d.hashes[:0]
+	start := 0
+	for _, end := range d.bounds {
+		ev := events[start:end]
+		start = end
+		st.Events++
+		before := len(dst)
+		dst = d.event(ev, rank, dst, &st)
+		st.Emitted += len(dst) - before
+	}
+	return dst, st, nil
+}
+
+// envelope reads the batch wrapper (spec §1.3): the array [ts, events] or
+// [ts, events, dp_rank|nil] that msgspec array_like writes, or the map
+// {ts, events, data_parallel_rank} that a non-array_like EventBatch would write
+// (aliases dp_rank, attn_dp_rank). Dynamo's types.rs takes only the 3-array; the
+// others are accepted per the spec's recommendation. It returns the events
+// elements, already validated as msgpack and split at d.bounds (end offsets), and
+// the rank the events belong to. Validating the whole batch before touching any
+// state is what makes a failed Decode leave the decoder as it was.
+func (d *Decoder) envelope(p []byte) (events []byte, rank uint32, err error) {
+	rank = d.cfg.DPRank
+	var evs []byte
+	haveEvents := false
+	switch msgp.NextType(p) {
+	case msgp.ArrayType:
+		sz, b, err := msgp.ReadArrayHeaderBytes(p)
+		if err != nil {
+			return nil, 0, batchErr("batch header", err)
+		}
+		if sz != 2 && sz != 3 {
+			return nil, 0, fmt.Errorf("%w: batch array of length %d, want 2 or 3", ErrBatch, sz)
+		}
+		if b, err = skipTS(b); err != nil {
+			return nil, 0, err
+		}
+		evs, haveEvents = b, true
+		if b, err = d.splitEvents(b); err != nil {
+			return nil, 0, err
+		}
+		if sz == 3 {
+			if rank, b, err = readRank(b, rank); err != nil {
+				return nil, 0, err
+			}
+		}
+		if len(b) != 0 {
+			return nil, 0, fmt.Errorf("%w: %d trailing bytes after the batch", ErrBatch, len(b))
+		}
+	case msgp.MapType:
+		sz, b, err := msgp.ReadMapHeaderBytes(p)
+		if err != nil {
+			return nil, 0, batchErr("batch header", err)
+		}
+		for range sz {
+			var key []byte
+			if key, b, err = msgp.ReadMapKeyZC(b); err != nil {
+				return nil, 0, batchErr("batch key", err)
+			}
+			switch string(key) {
+			case "ts":
+				b, err = skipTS(b)
+			case "events":
+				evs, haveEvents = b, true
+				b, err = d.splitEvents(b)
+			case "data_parallel_rank", "dp_rank", "attn_dp_rank":
+				rank, b, err = readRank(b, rank)
+			default:
+				if b, err = msgp.Skip(b); err != nil {
+					err = batchErr("batch field", err)
+				}
+			}
+			if err != nil {
+				return nil, 0, err
+			}
+		}
+		if len(b) != 0 {
+			return nil, 0, fmt.Errorf("%w: %d trailing bytes after the batch", ErrBatch, len(b))
+		}
+	default:
+		return nil, 0, fmt.Errorf("%w: batch is neither an array nor a map", ErrBatch)
+	}
+	if !haveEvents {
+		return nil, 0, fmt.Errorf("%w: batch without events", ErrBatch)
+	}
+	_, evs, _ = msgp.ReadArrayHeaderBytes(evs) // validated by splitEvents
+	return evs, rank, nil
+}
+
+// splitEvents validates the events array and records where each event ends,
+// relative to the first one, in d.bounds.
+func (d *Decoder) splitEvents(b []byte) ([]byte, error) {
+	n, b, err := msgp.ReadArrayHeaderBytes(b)
+	if err != nil {
+		return b, batchErr("events", err)
+	}
+	if int(n) > len(b) {
+		return b, batchErr("events", msgp.ErrShortBytes)
+	}
+	d.bounds = d.bounds[:0]
+	base := len(b)
+	for range n {
+		if b, err = msgp.Skip(b); err != nil {
+			return b, batchErr("event", err)
+		}
+		d.bounds = append(d.bounds, base-len(b))
+	}
+	return b, nil
+}
+
+func batchErr(what string, err error) error {
+	return fmt.Errorf("%w: %s: %w", ErrBatch, what, err)
+}
+
+// skipTS skips the batch timestamp, which must be a number (msgspec writes a
+// float64; ints are tolerated). The router does not use it.
+func skipTS(b []byte) ([]byte, error) {
+	switch msgp.NextType(b) {
+	case msgp.Float64Type, msgp.Float32Type, msgp.IntType, msgp.UintType:
+		o, err := msgp.Skip(b)
+		if err != nil {
+			return b, batchErr("ts", err)
+		}
+		return o, nil
+	}
+	return b, fmt.Errorf("%w: ts is not a number", ErrBatch)
+}
+
+// readRank reads the batch dp rank: nil keeps def, an int in [0, 2^32) replaces
+// it (Dynamo: the batch value wins over the registered rank).
+func readRank(b []byte, def uint32) (uint32, []byte, error) {
+	v, ok, o, err := readOptUint32(b)
+	if err != nil {
+		return def, b, batchErr("dp rank", err)
+	}
+	if !ok {
+		return def, o, nil
+	}
+	return v, o, nil
+}
+
+// event normalises one raw event and appends what it yields to dst.
+func (d *Decoder) event(ev []byte, rank uint32, dst []index.Event, st *Stats) []index.Event {
+	r := &d.raw
+	tag, err := d.parse(ev, r)
+	switch {
+	case errors.Is(err, errUnknownTag):
+		st.UnknownTag++
+		return dst
+	case err != nil:
+		st.Malformed++
+		return dst
+	case tag == tagIgnoredKind:
+		st.Ignored++
+		return dst
+	}
+	if r.hasGroup && r.hasKind {
+		k := groupKey{rank, r.group}
+		main := isMainKind(r.kind)
+		if old, ok := d.groups[k]; !ok || old != main {
+			d.groups[k] = main
+		}
+	}
+	if tag != tagClearedKind {
+		if ok, unknown := d.mainGroup(r, rank); !ok {
+			if unknown {
+				st.UnknownGroup++
+			} else {
+				st.NonMainGroup++
+			}
+			return dst
+		}
+	}
+	// Dynamo convert.rs: REMOTE and unrecognised localities fail closed; absent or
+	// LOCAL keeps the event worker-local.
+	if r.hasLocality && string(r.locality) != string(localityLoc) {
+		st.NonLocal++
+		return dst
+	}
+	tier, ok := mediumTier(r.medium)
+	if !ok {
+		st.UnknownMedium++
+		return dst
+	}
+	w := index.WorkerKey{WorkerID: d.cfg.WorkerID, DPRank: rank}
+	switch tag {
+	case tagClearedKind:
+		// Cleared carries no medium in Dynamo (device tier); it drops the worker's
+		// state, so namespaces remembered for its blocks go too.
+		clear(d.ns)
+		st.Cleared++
+		return append(dst, index.Event{Worker: w, Tier: tier, ID: d.id(), Kind: index.EventCleared})
+	case tagRemovedKind:
+		start := len(d.hashes)
+		d.hashes = append(d.hashes, r.hashes...)
+		if len(d.ns) > 0 {
+			for _, h := range r.hashes {
+				d.forget(h, tier)
+			}
+		}
+		st.Removed++
+		return append(dst, index.Event{Worker: w, Tier: tier, ID: d.id(), Kind: index.EventRemoved,
+			Hashes: d.hashes[start:len(d.hashes):len(d.hashes)]})
+	}
+	return d.stored(r, w, tier, dst, st)
+}
+
+// mainGroup applies Dynamo's cache-group filter (§1.6): an explicit
+// kv_cache_spec_kind decides; otherwise group 0 or no group is the main group,
+// and a non-zero group uses the kind learned for (rank, group), unknown ones
+// being dropped.
+func (d *Decoder) mainGroup(r *rawEvent, rank uint32) (ok, unknown bool) {
+	if r.hasKind {
+		return isMainKind(r.kind), false
+	}
+	if !r.hasGroup || r.group == 0 {
+		return true, false
+	}
+	main, known := d.groups[groupKey{rank, r.group}]
+	if !known {
+		return false, true
+	}
+	return main, false
+}
+
+func (d *Decoder) id() uint64 {
+	id := d.nextID
+	d.nextID++
+	return id
+}
+
+// mediumTier maps medium to a tier without allocating for the spellings engines
+// actually send; anything else goes through index.TierFromMedium
+// (case-insensitive, fail closed). An empty medium is absent (vLLM omits it for
+// device events; Dynamo normalize_medium).
+func mediumTier(m []byte) (index.Tier, bool) {
+	switch string(m) {
+	case "", "GPU":
+		return index.TierDevice, true
+	case "CPU", "CPU_TIER1":
+		return index.TierHostPinned, true
+	case "CPU_TIER2":
+		return index.TierDisk, true
+	}
+	return index.TierFromMedium(string(m))
+}
+
+// stored converts a BlockStored (§1.7).
+func (d *Decoder) stored(r *rawEvent, w index.WorkerKey, tier index.Tier, dst []index.Event, st *Stats) []index.Event {
+	if d.hasDuplicate(r) {
+		// Dynamo returns an empty Removed rather than Cleared: a no-op in the index
+		// that keeps the event ids gap-free.
+		st.Duplicate++
+		return append(dst, index.Event{Worker: w, Tier: tier, ID: d.id(), Kind: index.EventRemoved})
+	}
+	bs := d.cfg.BlockSize
+	if r.blockSize != uint64(bs) {
+		// Dynamo create_stored_blocks breaks at the first block whose size differs;
+		// one event has one block_size, so nothing of it is indexed.
+		st.BlockSizeMismatch++
+		return dst
+	}
+	opts := kvhash.BlockOptions{BlockSize: bs, Eagle: r.bigram || d.cfg.Eagle}
+	n := min(len(r.hashes), opts.NumBlocks(len(r.tokens)))
+	if n < len(r.hashes) {
+		st.ShortTokens++
+		st.TruncatedBlocks += len(r.hashes) - n
+	}
+	if n == 0 {
+		st.EmptyStored++
+		return dst
+	}
+
+	ns, ok := d.namespace(r, st)
+	if !ok {
+		st.NamespaceAmbiguous++
+		return dst
+	}
+	if r.mmInfos != nil {
+		d.mmFromInfos(r.mmInfos, n)
+	} else if r.extraKeys != nil {
+		d.mmFromExtraKeys(r.extraKeys, r.lora, n)
+	} else {
+		d.mm = d.mm[:0]
+	}
+	opts.MM = d.mm
+	window := n * bs
+	if opts.Eagle {
+		window++
+	}
+	d.locals = d.hasher.AppendBlockHashes(d.locals[:0], r.tokens[:window], d.salt(r.lora, ns), opts)
+
+	start := len(d.blocks)
+	for i := range n {
+		d.blocks = append(d.blocks, index.Block{Ext: r.hashes[i], Local: d.locals[i]})
+	}
+	blocks := d.blocks[start:len(d.blocks):len(d.blocks)]
+	if len(ns) > 0 {
+		d.remember(blocks, ns, tier, st)
+	}
+	st.Stored++
+	return append(dst, index.Event{Worker: w, Tier: tier, ID: d.id(), Kind: index.EventStored,
+		Parent: r.parent, HasParent: r.hasParent, Blocks: blocks})
+}
+
+// hasDuplicate reports whether an engine hash repeats inside the event, parent
+// included (Dynamo convert.rs, "self-referencing block").
+func (d *Decoder) hasDuplicate(r *rawEvent) bool {
+	h := r.hashes
+	if len(h) <= 32 {
+		for i, x := range h {
+			if r.hasParent && x == r.parent {
+				return true
+			}
+			for _, y := range h[:i] {
+				if x == y {
+					return true
+				}
+			}
+		}
+		return false
+	}
+	clear(d.seen)
+	if r.hasParent {
+		d.seen[r.parent] = struct{}{}
+	}
+	for _, x := range h {
+		if _, dup := d.seen[x]; dup {
+			return true
+		}
+		d.seen[x] = struct{}{}
+	}
+	return false
+}
+
+// namespace resolves the cache namespace of a Stored event: its own (map
+// cache_salt, SGLang metadata, or the dynamo-cache-salt: extra key), else the one
+// its parent block was stored under. ok is false when the parent's is ambiguous
+// or differs from the event's own.
+func (d *Decoder) namespace(r *rawEvent, st *Stats) (ns []byte, ok bool) {
+	own := r.salt
+	if len(own) == 0 && r.extraKeys != nil {
+		own = d.saltFromExtraKeys(r.extraKeys, r.lora)
+	}
+	if !r.hasParent || len(d.ns) == 0 {
+		return own, true
+	}
+	e, found := d.ns[r.parent]
+	if !found {
+		return own, true
+	}
+	if e.ambiguous {
+		return nil, false
+	}
+	inherited := d.nsNames[e.id]
+	if len(own) == 0 {
+		return inherited, true
+	}
+	return own, string(own) == string(inherited)
+}
+
+// remember records the namespace of freshly stored blocks for their children.
+func (d *Decoder) remember(blocks []index.Block, ns []byte, tier index.Tier, st *Stats) {
+	id, ok := d.nsIDs[string(ns)]
+	if !ok {
+		if len(d.nsNames) > d.cfg.MaxNamespaceEntries {
+			st.NamespaceOverflow += len(blocks)
+			return
+		}
+		id = uint32(len(d.nsNames))
+		name := string(ns)
+		d.nsNames = append(d.nsNames, []byte(name))
+		d.nsIDs[name] = id
+	}
+	bit := uint8(1) << tier
+	for _, b := range blocks {
+		e, found := d.ns[b.Ext]
+		switch {
+		case found:
+			if e.id != id && !e.ambiguous {
+				e.ambiguous = true
+				st.NamespaceConflict++
+			}
+			e.tiers |= bit
+			d.ns[b.Ext] = e
+		case len(d.ns) < d.cfg.MaxNamespaceEntries:
+			d.ns[b.Ext] = nsEntry{id: id, tiers: bit}
+		default:
+			st.NamespaceOverflow++
+		}
+	}
+}
+
+func (d *Decoder) forget(h uint64, tier index.Tier) {
+	e, found := d.ns[h]
+	if !found {
+		return
+	}
+	e.tiers &^= uint8(1) << tier
+	if e.tiers == 0 {
+		delete(d.ns, h)
+		return
+	}
+	d.ns[h] = e
+}
+
+// salt caches kvhash.Salt for the last (lora, namespace) pair: requests of one
+// adapter or tenant come in runs, and the cache keeps the hot path free of the
+// string conversions Salt needs.
+func (d *Decoder) salt(lora, ns []byte) uint64 {
+	if len(lora) == 0 && len(ns) == 0 {
+		return kvhash.Seed
+	}
+	if d.saltOK && string(lora) == d.saltL && string(ns) == d.saltN {
+		return d.saltVal
+	}
+	d.saltL, d.saltN = string(lora), string(ns)
+	d.saltVal = kvhash.Salt(d.saltL, d.saltN)
+	d.saltOK = true
+	return d.saltVal
+}
