@@ -36,10 +36,12 @@ func (p *partition) leave(w *waiter) {
 // mayProceed: only the head of the queue goes, and only once some rank is no
 // longer busy.
 func (p *partition) mayProceed(w *waiter, ws *workerSet, projs []loads.Projection, threshold float64) bool {
+	// Peek points into the queue's heap: read it under the lock.
 	p.queueMu.Lock()
 	head := p.queue.Peek()
+	first := head != nil && head.Payload == w
 	p.queueMu.Unlock()
-	if head == nil || head.Payload != w {
+	if !first {
 		return false
 	}
 	for _, pj := range projs {

@@ -358,8 +358,10 @@ func TestQueuedSelectionRefreshesOverlap(t *testing.T) {
 		t.Fatal(err)
 	}
 	clock.Add(11 * time.Second)
-	s.Free(bg, "busy-1")
+	// Free the cached worker first: whenever the waiter wakes, worker 2 is the
+	// cheaper rank only if the refreshed overlap credits its cached prompt.
 	s.Free(bg, "busy-2")
+	s.Free(bg, "busy-1")
 	r := <-done
 	if r.err != nil {
 		t.Fatal(r.err)
