@@ -66,22 +66,7 @@ func BenchmarkSelectAndReserveFree(b *testing.B) {
 	for i, t := range prompts {
 		reqs[i] = &SelectRequest{PartitionKey: PartitionKey{ModelName: "m"}, PromptRequest: PromptRequest{TokenIDs: t}}
 	}
-	ids := make([]string, len(prompts))
-	for i := range ids {
-		ids[i] = fmt.Sprintf("bench-%d", i)
-	}
-	b.ReportAllocs()
-	b.ResetTimer()
-	for i := 0; b.Loop(); i++ {
-		k := i % len(reqs)
-		reqs[k].SelectionID = &ids[k]
-		if _, err := s.SelectAndReserve(bg, reqs[k]); err != nil {
-			b.Fatal(err)
-		}
-		if err := s.Free(bg, ids[k]); err != nil {
-			b.Fatal(err)
-		}
-	}
+	benchPairs(b, s, reqs)
 }
 
 // BenchmarkSelectAndReserveFreeHashes is the same pair with precomputed block
@@ -95,7 +80,13 @@ func BenchmarkSelectAndReserveFreeHashes(b *testing.B) {
 		reqs[i] = &SelectRequest{PartitionKey: PartitionKey{ModelName: "m"}, PromptRequest: PromptRequest{
 			BlockHashes: toI64(locals), SequenceHashes: toI64(kvhash.SequenceHashes(locals)), ISLTokens: &isl}}
 	}
-	ids := make([]string, len(prompts))
+	benchPairs(b, s, reqs)
+}
+
+// benchPairs times one SelectAndReserve and its Free per iteration, cycling
+// through reqs.
+func benchPairs(b *testing.B, s *Service, reqs []*SelectRequest) {
+	ids := make([]string, len(reqs))
 	for i := range ids {
 		ids[i] = fmt.Sprintf("bench-%d", i)
 	}
