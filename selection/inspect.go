@@ -51,12 +51,7 @@ func (s *Service) PotentialLoads(ctx context.Context, q *PromptQuery) ([]Potenti
 		}
 		prefill := pj.ActivePrefillTokens
 		if eff.TrackPrefillTokens {
-			var o index.Overlap
-			for _, x := range overlaps {
-				if x.Worker == pj.Worker {
-					o = x
-				}
-			}
+			o := overlapOf(overlaps, pj.Worker)
 			cached := scheduler.CachedTokens(o, p.blockSize, eff.HostCacheHitWeight, eff.DiskCacheHitWeight)
 			prefill += scheduler.EffectivePrefillTokens(pr.isl, cached)
 		}
@@ -113,12 +108,7 @@ func (s *Service) kvHint(d *decision, selectionID string) *KVHint {
 		return nil
 	}
 	ws := d.part.workers.Load()
-	own := uint32(0)
-	for _, o := range d.overlaps {
-		if o.Worker == d.worker {
-			own = o.Device
-		}
-	}
+	own := overlapOf(d.overlaps, d.worker).Device
 	var best index.Overlap
 	var bestEP string
 	for _, o := range d.overlaps {

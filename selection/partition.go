@@ -178,12 +178,28 @@ func (s *Service) replaceWorkers(p *partition, edit func(map[uint64]*catalog.Rec
 	p.wake()
 }
 
-// match looks the prompt's block hashes up in the partition's index.
+// match looks the prompt's block hashes up in the partition's index and
+// returns the rows sorted by (worker_id, dp_rank), so overlapOf can find a rank
+// by binary search: joining them with a thousand ranks by scanning would cost
+// more than the selection itself.
 func (p *partition) match(pr prompt) []index.Overlap {
 	if len(pr.locals) == 0 {
 		return nil
 	}
-	return p.ix.Match(pr.locals, false, nil)
+	rows := p.ix.Match(pr.locals, false, nil)
+	slices.SortFunc(rows, func(a, b index.Overlap) int { return index.CompareWorkerKeys(a.Worker, b.Worker) })
+	return rows
+}
+
+// overlapOf returns w's row of overlaps (sorted by match), or a zero row.
+func overlapOf(overlaps []index.Overlap, w index.WorkerKey) index.Overlap {
+	i, ok := slices.BinarySearchFunc(overlaps, w, func(o index.Overlap, w index.WorkerKey) int {
+		return index.CompareWorkerKeys(o.Worker, w)
+	})
+	if !ok {
+		return index.Overlap{}
+	}
+	return overlaps[i]
 }
 
 // wake tells queued selections that load or workers changed.

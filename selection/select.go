@@ -420,12 +420,7 @@ func (s *Service) candidates(out []scheduler.Candidate, ws *workerSet, projs []l
 			ActiveRequests: pj.ActiveRequests, AdditionalBlocks: pj.AdditionalBlocks, Taints: rec.Taints,
 			MaxNumBatchedTokens: rec.MaxNumBatchedTokens,
 		}
-		for _, o := range overlaps {
-			if o.Worker == pj.Worker {
-				c.Overlap = o
-				break
-			}
-		}
+		c.Overlap = overlapOf(overlaps, pj.Worker)
 		out = append(out, c)
 	}
 	if !s.busyRejection() {
@@ -495,14 +490,7 @@ func (s *Service) response(d *decision, selectionID *string) *SelectResponse {
 	bs := uint64(d.part.blockSize)
 	sum := OverlapSummary{DP: make(map[string]uint64)}
 	for _, rank := range d.rec.Ranks() {
-		wk := index.WorkerKey{WorkerID: d.worker.WorkerID, DPRank: rank}
-		var o index.Overlap
-		for _, x := range d.overlaps {
-			if x.Worker == wk {
-				o = x
-				break
-			}
-		}
+		o := overlapOf(d.overlaps, index.WorkerKey{WorkerID: d.worker.WorkerID, DPRank: rank})
 		c := o.Cumulative()
 		sum.GPU = max(sum.GPU, uint64(c.GPU)*bs)
 		sum.CPU = max(sum.CPU, uint64(c.CPU)*bs)
