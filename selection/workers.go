@@ -18,11 +18,22 @@ import (
 // (seed doc "Worker Restarts", api spec §3.1 step 2). Calls for one worker are
 // serialized by the service; implementations must not call back into it.
 type Listeners interface {
-	// Attach starts consuming one rank's KV events into the partition's index,
-	// with a fresh sequence watermark.
-	Attach(p index.Partition, w index.WorkerKey, eps catalog.RankEndpoints) error
+	// Attach starts consuming one rank's KV events into a.Index, with a fresh
+	// sequence watermark.
+	Attach(a RankAttachment) error
 	// Detach stops the rank's listener. The service purges its blocks.
 	Detach(p index.Partition, w index.WorkerKey)
+}
+
+// RankAttachment is everything a listener needs for one worker rank: where its
+// engine publishes, how to hash what it publishes, and the index to feed.
+type RankAttachment struct {
+	Partition index.Partition
+	Worker    index.WorkerKey
+	Endpoints catalog.RankEndpoints
+	BlockSize uint32 // the partition's (frozen) block size
+	Eagle     bool   // the partition's Eagle mode
+	Index     *index.Index
 }
 
 // attached is what the service attached for one schedulable worker.
@@ -203,7 +214,8 @@ func (s *Service) reconcileListeners(p *partition, rec *catalog.Record, prev att
 		}
 		wk := index.WorkerKey{WorkerID: rec.WorkerID, DPRank: rank}
 		if s.listeners != nil {
-			if err := s.listeners.Attach(p.key, wk, want[rank]); err != nil {
+			a := RankAttachment{Partition: p.key, Worker: wk, Endpoints: want[rank], BlockSize: p.blockSize, Eagle: p.isEagle, Index: p.ix}
+			if err := s.listeners.Attach(a); err != nil {
 				for _, r := range fresh {
 					s.detachRank(p, rec.WorkerID, r)
 				}
