@@ -3,7 +3,11 @@ package selection
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math/rand/v2"
+	"slices"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -394,4 +398,114 @@ func TestShrunkRankForgetsItsBlocks(t *testing.T) {
 		t.Fatalf("rows after the shrink = %+v", ov.Workers)
 	}
 	wantKind(t, s.Free(bg, "x"), KindNotFound, "reservation x not found")
+}
+
+// recordingListeners is a Listeners adapter that records the calls.
+type recordingListeners struct {
+	mu      sync.Mutex
+	calls   []string
+	failFor string // an endpoint whose Attach fails
+}
+
+func (l *recordingListeners) Attach(a RankAttachment) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if a.Endpoints.KVEvents == l.failFor {
+		return errors.New("connect refused")
+	}
+	if a.Index == nil || a.BlockSize != 4 {
+		return errors.New("attachment without index or block size")
+	}
+	l.calls = append(l.calls, fmt.Sprintf("attach %d/%d %s", a.Worker.WorkerID, a.Worker.DPRank, a.Endpoints.KVEvents))
+	return nil
+}
+
+func (l *recordingListeners) Detach(p index.Partition, w index.WorkerKey) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.calls = append(l.calls, fmt.Sprintf("detach %d/%d", w.WorkerID, w.DPRank))
+}
+
+func (l *recordingListeners) take() []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	out := l.calls
+	l.calls = nil
+	slices.Sort(out)
+	return out
+}
+
+// TestListenerReconciliationRankByRank: an unchanged rank keeps its listener and
+// its blocks, a changed rank is detached, purged and attached afresh, a removed
+// rank is detached and purged, a failed attach rolls back (seed "Worker
+// Restarts", api §3.1 step 2).
+func TestListenerReconciliationRankByRank(t *testing.T) {
+	rc := routerconfig.Default()
+	l := &recordingListeners{}
+	s, err := NewBuilder().Router(rc).Rand(rand.New(rand.NewPCG(9, 9))).Listeners(l).Build()
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := workerRec(1)
+	rec.DataParallelSize = ptr(uint32(2))
+	rec.KVEventsEndpoints = map[uint32]string{0: "tcp://w:5557", 1: "tcp://w:5558"}
+	mustUpsert(t, s, rec)
+	if got := l.take(); !slices.Equal(got, []string{"attach 1/0 tcp://w:5557", "attach 1/1 tcp://w:5558"}) {
+		t.Fatalf("first upsert: %v", got)
+	}
+	p := s.partition(index.Partition{Model: "model", RoutingGroup: "default"})
+	for rank := range uint32(2) {
+		ev := indexStored(1, []uint64{100 + uint64(rank)})
+		ev.Worker.DPRank = rank
+		if err := p.ix.Apply(&ev); err != nil {
+			t.Fatal(err)
+		}
+	}
+	held := func(rank uint32) bool {
+		for _, o := range p.ix.Match([]uint64{100 + uint64(rank)}, false, nil) {
+			if o.Worker.DPRank == rank {
+				return true
+			}
+		}
+		return false
+	}
+	// A capacity update keeps every listener and every block.
+	rec.TotalKVBlocks = ptr(uint64(4096))
+	mustUpsert(t, s, rec)
+	if got := l.take(); len(got) != 0 || !held(0) || !held(1) {
+		t.Fatalf("unchanged update: calls %v, blocks %v %v", got, held(0), held(1))
+	}
+	// A new endpoint for rank 1 re-attaches it with a fresh view.
+	rec.KVEventsEndpoints = map[uint32]string{0: "tcp://w:5557", 1: "tcp://w:6558"}
+	mustUpsert(t, s, rec)
+	if got := l.take(); !slices.Equal(got, []string{"attach 1/1 tcp://w:6558", "detach 1/1"}) || !held(0) || held(1) {
+		t.Fatalf("changed rank: calls %v, blocks %v %v", got, held(0), held(1))
+	}
+	// Shrinking to one rank detaches the other.
+	if _, err := s.PatchWorker(bg, 1, catalog.Patch{DataParallelSize: ptr(uint32(1))}); err != nil {
+		t.Fatal(err)
+	}
+	if got := l.take(); !slices.Equal(got, []string{"detach 1/1"}) {
+		t.Fatalf("shrink: %v", got)
+	}
+	// A failing attach rolls back and leaves the worker incomplete.
+	l.failFor = "tcp://w:7557"
+	rec.DataParallelSize = ptr(uint32(1))
+	rec.KVEventsEndpoints = map[uint32]string{0: "tcp://w:7557"}
+	out := mustUpsert(t, s, rec)
+	if out.Lifecycle != catalog.Incomplete || !strings.Contains(out.NotSchedulableReasons[0], "reconciliation failed: attach dp_rank 0: connect refused") {
+		t.Fatalf("failed attach: %+v", out)
+	}
+	if got := l.take(); !slices.Equal(got, []string{"detach 1/0"}) || held(0) {
+		t.Fatalf("rollback: calls %v, rank 0 blocks kept %v", got, held(0))
+	}
+	l.failFor = ""
+	mustUpsert(t, s, rec)
+	l.take()
+	if _, err := s.DeleteWorker(bg, 1); err != nil {
+		t.Fatal(err)
+	}
+	if got := l.take(); !slices.Equal(got, []string{"detach 1/0"}) {
+		t.Fatalf("delete: %v", got)
+	}
 }
