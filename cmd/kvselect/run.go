@@ -18,6 +18,7 @@ import (
 
 	"github.com/kvselect/kvselect/httpadmin"
 	"github.com/kvselect/kvselect/selection"
+	"github.com/kvselect/kvselect/selection/kvlisten"
 )
 
 // version is set at release time with -ldflags "-X main.version=v1.2.3";
@@ -65,6 +66,13 @@ func run(ctx context.Context, args []string, lookup func(string) (string, bool),
 		return err
 	}
 	log.Debug("router configuration", routerAttrs(cfg.Router, false)...)
+	if cfg.Router.UseKVEvents {
+		// One ZMQ SUB per registered worker rank, with replay gap recovery; the
+		// service attaches and detaches ranks as the catalog changes.
+		kv := kvlisten.New(ctx, kvlisten.Options{Logger: log})
+		defer kv.Close()
+		cfg.Listeners = kv
+	}
 	svc, err := selection.NewBuilder().Config(cfg).Build()
 	if err != nil {
 		// Only configuration reaches Build (an unreadable key file, say).

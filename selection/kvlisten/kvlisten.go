@@ -1,0 +1,473 @@
+// Package kvlisten consumes engines' KV events over ZMQ (router-core spec §1–§2):
+// one SUB socket per attached worker rank, a sequence cursor per rank, gap
+// recovery through the engine's ROUTER replay endpoint, and application of the
+// decoded batches to the partition's index.
+package kvlisten
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"log"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/go-zeromq/zmq4"
+
+	"github.com/kvselect/kvselect/selection"
+	"github.com/kvselect/kvselect/selection/index"
+	"github.com/kvselect/kvselect/selection/kvevents"
+)
+
+// Defaults for Options.
+const (
+	DefaultReconnectMin  = 100 * time.Millisecond
+	DefaultReconnectMax  = 5 * time.Second
+	DefaultReplayTimeout = 2 * time.Second
+	DefaultDialTimeout   = 2 * time.Second
+)
+
+// Incomplete-replay reasons (spec §2.2), recorded in RankStatus.LastIncompleteReason.
+const (
+	ReasonEmpty                 = "empty"                   // nothing in range came back
+	ReasonStartedAfterRequested = "started_after_requested" // the ring overflowed
+	ReasonNonContiguous         = "non_contiguous"
+	ReasonEndedBeforeTarget     = "ended_before_target"
+	// ReasonFailed: the replay endpoint could not be dialed or written to.
+	ReasonFailed = "replay_failed"
+)
+
+// Options configures Listeners. Zero values take the defaults.
+type Options struct {
+	Logger       *slog.Logger
+	ReconnectMin time.Duration // first reconnect delay (100 ms)
+	ReconnectMax time.Duration // reconnect delay cap (5 s)
+	// ReplayTimeout is the idle read deadline of a replay: the replay is cut
+	// (and recorded as incomplete) when no reply arrives for this long (2 s).
+	ReplayTimeout time.Duration
+	// DialTimeout bounds one TCP connect attempt (2 s).
+	DialTimeout time.Duration
+}
+
+// RankStatus is the observable state of one rank's listener.
+type RankStatus struct {
+	// Synced reports whether the watermark is set; LastSeq is meaningful only then.
+	Synced  bool
+	LastSeq uint64 // last applied sequence number (the watermark)
+	Applied uint64 // batches applied (live and replayed)
+	Failed  uint64 // events the index rejected (ApplyBatch failures)
+	// DecodeErrors counts malformed batches and messages; they are skipped and do
+	// not advance the watermark.
+	DecodeErrors uint64
+	Lost         uint64 // batches known lost: no replay endpoint or incomplete replay
+	Gaps         uint64 // live sequence gaps detected (not counting the initial catch-up)
+	Replays      uint64 // replay requests made
+	Replayed     uint64 // batches applied from replays (included in Applied)
+	// IncompleteReplays counts replays that did not return the whole requested
+	// range; LastIncompleteReason is the latest reason (Reason* constants).
+	IncompleteReplays    uint64
+	LastIncompleteReason string
+	Connected            bool   // the SUB socket is connected and subscribed
+	Reconnects           uint64 // SUB sessions that ended in an error
+	LastError            string // the latest connection error, if any
+}
+
+type rankKey struct {
+	p index.Partition
+	w index.WorkerKey
+}
+
+// Listeners implements selection.Listeners with one goroutine per rank.
+type Listeners struct {
+	ctx    context.Context
+	cancel context.CancelFunc
+	opts   Options
+	zlog   *log.Logger
+
+	mu     sync.Mutex
+	closed bool
+	ranks  map[rankKey]*rank
+	wg     sync.WaitGroup
+}
+
+var _ selection.Listeners = (*Listeners)(nil)
+
+// ErrClosed is returned by Attach after Close or after the context ended.
+var ErrClosed = errors.New("kvlisten: listeners closed")
+
+// New returns a Listeners whose goroutines stop when ctx ends or Close is called.
+func New(ctx context.Context, opts Options) *Listeners {
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	if opts.ReconnectMin <= 0 {
+		opts.ReconnectMin = DefaultReconnectMin
+	}
+	if opts.ReconnectMax <= 0 {
+		opts.ReconnectMax = DefaultReconnectMax
+	}
+	opts.ReconnectMax = max(opts.ReconnectMax, opts.ReconnectMin)
+	if opts.ReplayTimeout <= 0 {
+		opts.ReplayTimeout = DefaultReplayTimeout
+	}
+	if opts.DialTimeout <= 0 {
+		opts.DialTimeout = DefaultDialTimeout
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	return &Listeners{
+		ctx:    ctx,
+		cancel: cancel,
+		opts:   opts,
+		zlog:   log.New(io.Discard, "", 0),
+		ranks:  make(map[rankKey]*rank),
+	}
+}
+
+// Attach starts consuming one rank's KV events with a fresh watermark. Attaching
+// a rank that is already attached replaces its listener.
+func (l *Listeners) Attach(a selection.RankAttachment) error {
+	if a.Index == nil {
+		return errors.New("kvlisten: attachment without index")
+	}
+	if a.Endpoints.KVEvents == "" {
+		return errors.New("kvlisten: attachment without kv events endpoint")
+	}
+	dec, err := kvevents.NewDecoder(kvevents.Config{
+		WorkerID:  a.Worker.WorkerID,
+		DPRank:    a.Worker.DPRank,
+		BlockSize: int(a.BlockSize),
+		Eagle:     a.Eagle,
+	})
+	if err != nil {
+		return fmt.Errorf("kvlisten: %w", err)
+	}
+	k := rankKey{a.Partition, a.Worker}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed || l.ctx.Err() != nil {
+		return ErrClosed
+	}
+	if old := l.ranks[k]; old != nil {
+		delete(l.ranks, k)
+		old.stop()
+	}
+	ctx, cancel := context.WithCancel(l.ctx)
+	r := &rank{
+		l:      l,
+		a:      a,
+		ctx:    ctx,
+		cancel: cancel,
+		done:   make(chan struct{}),
+		dec:    dec,
+		log: l.opts.Logger.With("worker_id", a.Worker.WorkerID, "dp_rank", a.Worker.DPRank,
+			"endpoint", a.Endpoints.KVEvents),
+	}
+	l.ranks[k] = r
+	l.wg.Add(1)
+	go func() {
+		defer l.wg.Done()
+		defer close(r.done)
+		r.run()
+	}()
+	return nil
+}
+
+// Detach stops the rank's listener and waits for it to end.
+func (l *Listeners) Detach(p index.Partition, w index.WorkerKey) {
+	k := rankKey{p, w}
+	l.mu.Lock()
+	r := l.ranks[k]
+	delete(l.ranks, k)
+	l.mu.Unlock()
+	if r != nil {
+		r.stop()
+	}
+}
+
+// Status returns the rank's listener state, if the rank is attached.
+func (l *Listeners) Status(p index.Partition, w index.WorkerKey) (RankStatus, bool) {
+	l.mu.Lock()
+	r := l.ranks[rankKey{p, w}]
+	l.mu.Unlock()
+	if r == nil {
+		return RankStatus{}, false
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.st, true
+}
+
+// Close stops every listener and waits for them. It is idempotent.
+func (l *Listeners) Close() {
+	l.mu.Lock()
+	l.closed = true
+	l.ranks = make(map[rankKey]*rank)
+	l.mu.Unlock()
+	l.cancel()
+	l.wg.Wait()
+}
+
+// rank is one rank's listener. Everything but st is owned by its goroutine.
+type rank struct {
+	l      *Listeners
+	a      selection.RankAttachment
+	ctx    context.Context
+	cancel context.CancelFunc
+	done   chan struct{}
+	log    *slog.Logger
+
+	dec  *kvevents.Decoder
+	evs  []index.Event
+	last uint64 // watermark, valid when st.Synced
+
+	mu sync.Mutex
+	st RankStatus
+}
+
+func (r *rank) stop() {
+	r.cancel()
+	<-r.done
+}
+
+func (r *rank) update(fn func(*RankStatus)) {
+	r.mu.Lock()
+	fn(&r.st)
+	r.mu.Unlock()
+}
+
+// run keeps a SUB session up, reconnecting with capped exponential backoff.
+func (r *rank) run() {
+	opts := r.l.opts
+	delay := opts.ReconnectMin
+	for {
+		received, err := r.session()
+		r.update(func(s *RankStatus) { s.Connected = false })
+		if r.ctx.Err() != nil {
+			return
+		}
+		r.update(func(s *RankStatus) {
+			s.Reconnects++
+			s.LastError = err.Error()
+		})
+		if received {
+			delay = opts.ReconnectMin
+		}
+		r.log.Warn("kv events subscriber disconnected; reconnecting", "err", err, "retry_in", delay)
+		t := time.NewTimer(delay)
+		select {
+		case <-r.ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+		delay = min(delay*2, opts.ReconnectMax)
+	}
+}
+
+// session dials the publisher and consumes messages until an error. It reports
+// whether any message arrived.
+func (r *rank) session() (received bool, err error) {
+	sub := zmq4.NewSub(r.ctx,
+		zmq4.WithLogger(r.l.zlog),
+		zmq4.WithDialerMaxRetries(0),
+		zmq4.WithDialerTimeout(r.l.opts.DialTimeout))
+	defer sub.Close()
+	dctx, cancel := context.WithTimeout(r.ctx, r.l.opts.DialTimeout)
+	err = dial(dctx, sub, r.a.Endpoints.KVEvents)
+	cancel()
+	if err != nil {
+		return false, err
+	}
+	if err := sub.SetOption(zmq4.OptionSubscribe, ""); err != nil {
+		return false, err
+	}
+	r.update(func(s *RankStatus) { s.Connected = true })
+	for {
+		msg, err := sub.Recv()
+		if err != nil {
+			return received, err
+		}
+		received = true
+		r.live(msg.Frames)
+	}
+}
+
+// live runs one live message through the sequence cursor (spec §2.2).
+func (r *rank) live(frames [][]byte) {
+	_, s, payload, err := kvevents.ParseMessage(frames)
+	if err != nil {
+		r.update(func(st *RankStatus) { st.DecodeErrors++ })
+		r.log.Warn("dropping malformed kv events message", "err", err)
+		return
+	}
+	r.mu.Lock()
+	synced := r.st.Synced
+	r.mu.Unlock()
+	switch {
+	case !synced:
+		if s > 0 {
+			r.replay(0, s)
+		}
+	case s <= r.last:
+		r.log.Debug("skipping stale kv events batch", "seq", s, "last", r.last)
+		return
+	case s > r.last+1:
+		r.update(func(st *RankStatus) { st.Gaps++ })
+		r.log.Info("kv events sequence gap", "last", r.last, "seq", s)
+		r.replay(r.last+1, s)
+	}
+	r.apply(s, payload)
+}
+
+// apply decodes one batch and applies it to the index; the watermark advances
+// unless the batch does not decode.
+func (r *rank) apply(s uint64, payload []byte) bool {
+	evs, _, err := r.dec.Decode(payload, r.evs[:0])
+	if err != nil {
+		r.update(func(st *RankStatus) { st.DecodeErrors++ })
+		r.log.Warn("skipping undecodable kv events batch", "seq", s, "err", err)
+		return false
+	}
+	failed, first := r.a.Index.ApplyBatch(evs)
+	// The events point into the decoder's buffers; keep only the slice capacity.
+	clear(evs)
+	r.evs = evs[:0]
+	if failed > 0 {
+		r.log.Debug("index rejected kv events", "seq", s, "failed", failed, "first", first)
+	}
+	r.last = s
+	r.update(func(st *RankStatus) {
+		st.Synced = true
+		st.LastSeq = s
+		st.Applied++
+		st.Failed += uint64(failed)
+	})
+	return true
+}
+
+// replay requests [start, target) from the replay endpoint and applies what
+// comes back in order (spec §2.2). What is missing is logged and recorded.
+func (r *rank) replay(start, target uint64) {
+	want := target - start
+	ep := r.a.Endpoints.Replay
+	if ep == "" {
+		r.update(func(st *RankStatus) { st.Lost += want })
+		r.log.Warn(fmt.Sprintf("no replay endpoint: %d batches lost", want), "from", start, "to", target)
+		return
+	}
+	r.update(func(st *RankStatus) { st.Replays++ })
+	got, reason, err := r.fetchReplay(ep, start, target)
+	if reason == "" {
+		return
+	}
+	lost := want - got
+	r.update(func(st *RankStatus) {
+		st.IncompleteReplays++
+		st.LastIncompleteReason = reason
+		st.Lost += lost
+	})
+	r.log.Warn("incomplete kv events replay", "reason", reason, "from", start, "to", target,
+		"received", got, "lost", lost, "replay_endpoint", ep, "err", err)
+}
+
+// fetchReplay runs one replay exchange. got counts the in-range batches received
+// in order; reason is empty when the whole range came back.
+func (r *rank) fetchReplay(ep string, start, target uint64) (got uint64, reason string, err error) {
+	ctx, cancel := context.WithCancel(r.ctx)
+	defer cancel()
+	idle := time.AfterFunc(r.l.opts.DialTimeout+r.l.opts.ReplayTimeout, cancel)
+	defer idle.Stop()
+	d := zmq4.NewDealer(ctx,
+		zmq4.WithLogger(r.l.zlog),
+		zmq4.WithDialerMaxRetries(0),
+		zmq4.WithDialerTimeout(r.l.opts.DialTimeout),
+		zmq4.WithTimeout(r.l.opts.ReplayTimeout))
+	defer d.Close()
+	if err := dial(ctx, d, ep); err != nil {
+		return 0, ReasonFailed, err
+	}
+	var req [8]byte
+	binary.BigEndian.PutUint64(req[:], start)
+	idle.Reset(r.l.opts.ReplayTimeout)
+	if err := d.Send(zmq4.NewMsgFrom([]byte{}, req[:])); err != nil {
+		return 0, ReasonFailed, err
+	}
+	next := start
+	for {
+		idle.Reset(r.l.opts.ReplayTimeout)
+		msg, rerr := d.Recv()
+		if rerr != nil {
+			err = rerr
+			break
+		}
+		var seqF, payload []byte
+		switch f := msg.Frames; len(f) {
+		case 3:
+			seqF, payload = f[1], f[2]
+		case 4:
+			seqF, payload = f[2], f[3]
+		}
+		if len(seqF) != 8 || len(payload) == 0 {
+			break // END marker (or a reply we cannot read)
+		}
+		s := binary.BigEndian.Uint64(seqF)
+		if s < next || s >= target {
+			continue // before the range, a duplicate, or at/after the live batch
+		}
+		if s > next {
+			if next == start && got == 0 {
+				reason = cmpOr(reason, ReasonStartedAfterRequested)
+			} else {
+				reason = cmpOr(reason, ReasonNonContiguous)
+			}
+		}
+		got++
+		if r.apply(s, payload) {
+			r.update(func(st *RankStatus) { st.Replayed++ })
+		}
+		next = s + 1
+	}
+	if reason != "" {
+		return got, reason, err
+	}
+	switch {
+	case got == 0:
+		reason = ReasonEmpty
+	case next < target:
+		reason = ReasonEndedBeforeTarget
+	}
+	return got, reason, err
+}
+
+// dial connects sock to ep and gives up when ctx ends. zmq4 runs the ZMTP
+// handshake without a deadline, so a peer that accepts the TCP connection but
+// never answers would block Dial, and with it Detach and Close, for good. The
+// dial therefore runs in its own goroutine; when ctx ends first, that goroutine
+// is left to finish on its own (it closes the socket once Dial returns) and is
+// not waited for.
+func dial(ctx context.Context, sock zmq4.Socket, ep string) error {
+	errc := make(chan error, 1)
+	go func() {
+		err := sock.Dial(ep)
+		if ctx.Err() != nil {
+			sock.Close()
+		}
+		errc <- err
+	}()
+	select {
+	case err := <-errc:
+		return err
+	case <-ctx.Done():
+		return fmt.Errorf("dial %s: %w", ep, ctx.Err())
+	}
+}
+
+func cmpOr(a, b string) string {
+	if a != "" {
+		return a
+	}
+	return b
+}
