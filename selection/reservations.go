@@ -131,6 +131,7 @@ func (s *Service) reserveExplicit(ctx context.Context, key index.Partition, req 
 	}
 	s.recordRouting(p, w, pr)
 	s.install(id, p, w, nil)
+	s.replicateAdd(p, &b, pr.lora)
 	return &ReservationResponse{SelectionID: id, ModelName: key.Model, RoutingGroup: key.RoutingGroup,
 		WorkerID: w.WorkerID, DPRank: w.DPRank, Endpoint: rec.EndpointOrEmpty()}, nil
 }
@@ -188,6 +189,7 @@ func (s *Service) reserveReplay(ctx context.Context, key index.Partition, id str
 	}
 	s.recordRouting(p, e.Worker, prompt{locals: e.BlockHashes, hashed: e.BlockHashes != nil})
 	s.install(id, p, e.Worker, lease)
+	s.replicateAdd(p, &b, e.LoraName)
 	booked = true
 	s.pending.Consume(pk, gen)
 	return &ReservationResponse{SelectionID: id, ModelName: key.Model, RoutingGroup: key.RoutingGroup,
@@ -205,6 +207,8 @@ func (s *Service) PrefillComplete(ctx context.Context, id string) error {
 		return newError(KindNotFound, "reservation %s not found", id)
 	}
 	r.part.wake()
+	// Re-published on a repeated call, as Dynamo does (api §3.11).
+	s.replicate(BookingPrefillCompleted, r.part, id, r.worker)
 	return nil
 }
 
@@ -236,6 +240,7 @@ func (s *Service) Free(ctx context.Context, id string) error {
 	if ferr != nil {
 		return newError(KindNotFound, "reservation %s not found", id)
 	}
+	s.replicate(BookingFreed, r.part, id, r.worker)
 	return nil
 }
 

@@ -215,6 +215,7 @@ func (s *Service) SelectAndReserve(ctx context.Context, req *SelectRequest) (*Se
 	}
 	s.recordRouting(p, d.worker, pr)
 	s.install(id, p, d.worker, lease)
+	s.replicateAdd(p, booking, pr.lora)
 	ok = true
 	resp := s.response(d, &id)
 	resp.SequenceHashes = toI64(pr.tracking)

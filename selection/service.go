@@ -108,6 +108,8 @@ type Service struct {
 
 	shutting atomic.Bool
 
+	repl replicaState // replica observer and startup recovery (sync.go)
+
 	writerOnce sync.Once
 	writer     uint64
 }
@@ -174,7 +176,11 @@ func (s *Service) Ready() ReadyStatus {
 			n++
 		}
 	}
-	return ReadyStatus{Ready: !s.shutting.Load() && n > 0, SchedulableWorkers: n, Workers: ws}
+	// Startup index recovery from peers holds readiness until it finished,
+	// successfully or not (sync.go).
+	rec := s.IndexRecoveryState()
+	return ReadyStatus{Ready: !s.shutting.Load() && n > 0 && rec != RecoveryPending, SchedulableWorkers: n, Workers: ws,
+		IndexRecovery: rec.String()}
 }
 
 // Shutdown makes mutating and selection calls fail with 503 from now on; DELETE
@@ -209,6 +215,8 @@ func (s *Service) Maintain(ctx context.Context) {
 		if p.affinity != nil {
 			p.affinity.Reap(now)
 		}
+		// Released leases and reaped bindings go to the replica peers.
+		s.flushBindings(p)
 		p.ix.Expire(now)
 		p.wake()
 	}

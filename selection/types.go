@@ -182,6 +182,10 @@ type ReadyStatus struct {
 	Ready              bool              `json:"ready"`
 	SchedulableWorkers int               `json:"schedulable_workers"`
 	Workers            []*catalog.Record `json:"workers"`
+	// IndexRecovery is the startup index recovery state ("pending",
+	// "recovered" or "failed") when --indexer-peers is set; omitted otherwise.
+	// Not a Dynamo field: Dynamo serves nothing until recovery is over.
+	IndexRecovery string `json:"index_recovery,omitempty"`
 }
 
 // PotentialLoad is one rank's load in /loads and /potential_loads.

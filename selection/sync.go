@@ -1,0 +1,365 @@
+package selection
+
+import (
+	"fmt"
+	"sync/atomic"
+
+	"github.com/kvselect/kvselect/selection/affinity"
+	"github.com/kvselect/kvselect/selection/index"
+	"github.com/kvselect/kvselect/selection/loads"
+)
+
+// This file holds the service's side of the replica planes (seed doc "Peer
+// Planes", api spec §7, §9.2): what a replica publishes (booking transitions and
+// session bindings, handed to a ReplicaObserver), how it applies what its peers
+// published (ApplyRemoteBooking, ApplyRemoteBinding), and the readiness gate of
+// startup index recovery. The transport — ZMQ sockets, the wire envelope, peer
+// membership — lives in selection/replicasync; fetching a peer's /dump in
+// selection/recovery. The service itself still does no I/O.
+
+// BookingEventKind names a replicated booking transition: the variants of
+// Dynamo's ActiveSequenceEventData (api §7.1). Output-block growth has no kind:
+// it stays local (api §3.11, seed "Consistency Invariants").
+type BookingEventKind uint8
+
+// Booking transitions.
+const (
+	BookingAdded            BookingEventKind = iota + 1 // AddRequest: every booking
+	BookingPrefillCompleted                             // MarkPrefillCompleted
+	BookingFreed                                        // Free: DELETE /reservations, never expiry
+)
+
+var bookingKindNames = [...]string{BookingAdded: "add_request", BookingPrefillCompleted: "mark_prefill_completed", BookingFreed: "free"}
+
+func (k BookingEventKind) String() string {
+	if int(k) < len(bookingKindNames) && bookingKindNames[k] != "" {
+		return bookingKindNames[k]
+	}
+	return fmt.Sprintf("booking_event(%d)", uint8(k))
+}
+
+// BookingEvent is one booking transition scoped to its partition: the content of
+// the dynamo.slot-tracker.v1 envelope (api §7.1) without the wire encoding.
+type BookingEvent struct {
+	Kind      BookingEventKind
+	Partition index.Partition
+	// BlockSize is the publisher's partition block size; a receiver whose
+	// partition has another block size drops the event.
+	BlockSize uint32
+	RequestID string
+	Worker    index.WorkerKey
+	// Origin is the publishing replica's id (router_id); a replica ignores its
+	// own events.
+	Origin   uint64
+	LoraName string // "" = none
+
+	// The rest describes BookingAdded only.
+
+	// TrackingHashes are the booking's tracking hashes (token_sequence): opaque
+	// to the receiver, which de-duplicates active blocks by them. Replicas do not
+	// negotiate the tracking algorithm; operators configure them alike (seed
+	// "Consistency Invariants").
+	TrackingHashes       []uint64
+	TrackPrefill         bool
+	ExpectedOutputTokens *uint32
+	// PrefillTokens is the booking's initial effective prefill
+	// (prefill_load_hint.initial_effective_prefill_tokens). Nil counts none.
+	PrefillTokens *uint64
+}
+
+// SessionBinding is one replicated session binding (api §7.2): the affinity
+// table's event and the partition it belongs to.
+type SessionBinding struct {
+	Partition index.Partition
+	affinity.BindingEvent
+}
+
+// ReplicaObserver receives what this replica publishes to its peers: every
+// booking admission, prefill completion and free, after the service applied it,
+// and the session bindings its affinity tables committed, refreshed or rebound.
+// The service calls it on the request path (and from Maintain), so an
+// implementation must not block and must not call back into the service; the
+// replica-sync adapter queues and drops when full (replica sync is best effort).
+type ReplicaObserver interface {
+	BookingChanged(ev BookingEvent)
+	SessionBound(b SessionBinding)
+}
+
+// IndexRecovery is the state of startup index recovery from peers
+// (--indexer-peers, api §9.2). GET /ready stays false while it is pending.
+type IndexRecovery int32
+
+// Recovery states.
+const (
+	RecoveryNone      IndexRecovery = iota // not configured
+	RecoveryPending                        // fetching and replaying a peer's /dump
+	RecoveryRecovered                      // a peer's dump was replayed
+	RecoveryFailed                         // no peer answered with a usable dump: started empty
+)
+
+var recoveryNames = [...]string{RecoveryNone: "", RecoveryPending: "pending", RecoveryRecovered: "recovered", RecoveryFailed: "failed"}
+
+// String is the state as /ready reports it ("" when not configured).
+func (r IndexRecovery) String() string {
+	if r >= 0 && int(r) < len(recoveryNames) {
+		return recoveryNames[r]
+	}
+	return fmt.Sprintf("recovery(%d)", int32(r))
+}
+
+// replicaState is the service's replica wiring.
+type replicaState struct {
+	observer atomic.Pointer[observerBox]
+	recovery atomic.Int32 // IndexRecovery
+}
+
+type observerBox struct{ o ReplicaObserver }
+
+// ObserveReplicas connects the replica-sync adapter; nil disconnects it. Events
+// before the call are not replayed.
+func (s *Service) ObserveReplicas(o ReplicaObserver) {
+	if o == nil {
+		s.repl.observer.Store(nil)
+		return
+	}
+	s.repl.observer.Store(&observerBox{o})
+}
+
+func (s *Service) replicaObserver() ReplicaObserver {
+	if b := s.repl.observer.Load(); b != nil {
+		return b.o
+	}
+	return nil
+}
+
+// ReplicaID is this process's non-zero replica identity: the router_id of the
+// booking events and the writer_id of the session bindings it publishes.
+func (s *Service) ReplicaID() uint64 { return s.writerID() }
+
+// SetIndexRecovery records the startup recovery state; readiness waits while it
+// is RecoveryPending.
+func (s *Service) SetIndexRecovery(r IndexRecovery) { s.repl.recovery.Store(int32(r)) }
+
+// IndexRecoveryState reports the startup recovery state.
+func (s *Service) IndexRecoveryState() IndexRecovery { return IndexRecovery(s.repl.recovery.Load()) }
+
+// replicateAdd publishes a booking the service just installed.
+func (s *Service) replicateAdd(p *partition, b *loads.Booking, lora string) {
+	if o := s.replicaObserver(); o != nil {
+		ev := BookingEvent{Kind: BookingAdded, Partition: p.key, BlockSize: p.blockSize, RequestID: b.RequestID,
+			Worker: b.Worker, Origin: s.writerID(), LoraName: lora, TrackingHashes: b.TrackingHashes,
+			TrackPrefill: b.TrackPrefill, ExpectedOutputTokens: b.ExpectedOutputTokens}
+		if b.TrackPrefill {
+			n := uint64(b.PrefillTokens)
+			ev.PrefillTokens = &n
+		}
+		o.BookingChanged(ev)
+	}
+	// Admission may have committed a session binding.
+	s.flushBindings(p)
+}
+
+// replicate publishes a prefill completion or a free of a live booking.
+func (s *Service) replicate(kind BookingEventKind, p *partition, id string, w index.WorkerKey) {
+	if o := s.replicaObserver(); o != nil {
+		o.BookingChanged(BookingEvent{Kind: kind, Partition: p.key, BlockSize: p.blockSize, RequestID: id, Worker: w, Origin: s.writerID()})
+	}
+	if kind == BookingFreed {
+		s.flushBindings(p) // the free released a session lease
+	}
+}
+
+// flushBindings hands the partition's queued binding events to the observer.
+// The table's outbox is drained even without an observer, so it never fills
+// with events nobody will send.
+func (s *Service) flushBindings(p *partition) {
+	if p.affinity == nil {
+		return
+	}
+	evs := p.affinity.Events()
+	if len(evs) == 0 {
+		return
+	}
+	o := s.replicaObserver()
+	if o == nil {
+		return
+	}
+	for _, ev := range evs {
+		o.SessionBound(SessionBinding{Partition: p.key, BindingEvent: ev})
+	}
+}
+
+// RemoteOutcome says what the service did with a peer's event. Everything but
+// RemoteApplied is a drop; the adapter counts them (api §7, §12: unknown
+// worker, model, routing group, rank and block-size events are dropped).
+type RemoteOutcome uint8
+
+// Remote event outcomes.
+const (
+	RemoteApplied           RemoteOutcome = iota
+	RemoteOwn                             // our own event echoed back (router_id / writer_id)
+	RemoteUnknownPartition                // no such (model, routing group) here
+	RemoteBlockSizeMismatch               // the partition has another block size
+	RemoteUnknownWorker                   // worker not schedulable in the partition
+	RemoteUnknownRank                     // worker known, DP rank outside its range
+	RemoteDuplicate                       // AddRequest for an id booked or being booked here
+	RemoteUnknownRequest                  // prefill-complete or free of an id not booked in the partition here
+	RemoteInvalid                         // content the service cannot book (empty id, absurd prefill, unknown kind)
+	RemoteAffinityDisabled                // binding for a partition without session affinity
+	RemoteIgnored                         // binding the table's version rules did not take
+)
+
+var remoteOutcomeNames = [...]string{
+	RemoteApplied:           "applied",
+	RemoteOwn:               "own",
+	RemoteUnknownPartition:  "unknown_partition",
+	RemoteBlockSizeMismatch: "block_size_mismatch",
+	RemoteUnknownWorker:     "unknown_worker",
+	RemoteUnknownRank:       "unknown_rank",
+	RemoteDuplicate:         "duplicate",
+	RemoteUnknownRequest:    "unknown_request",
+	RemoteInvalid:           "invalid",
+	RemoteAffinityDisabled:  "affinity_disabled",
+	RemoteIgnored:           "ignored",
+}
+
+// RemoteOutcomes lists every outcome, for counters.
+var RemoteOutcomes = []RemoteOutcome{RemoteApplied, RemoteOwn, RemoteUnknownPartition, RemoteBlockSizeMismatch,
+	RemoteUnknownWorker, RemoteUnknownRank, RemoteDuplicate, RemoteUnknownRequest, RemoteInvalid,
+	RemoteAffinityDisabled, RemoteIgnored}
+
+func (o RemoteOutcome) String() string {
+	if int(o) < len(remoteOutcomeNames) {
+		return remoteOutcomeNames[o]
+	}
+	return fmt.Sprintf("outcome(%d)", uint8(o))
+}
+
+// ApplyRemoteBooking applies a peer's booking transition to the partition's
+// load tracker and reservation index, never publishing anything back.
+//
+// A mirrored booking is an ordinary reservation row: it counts in /loads and in
+// selection, a local booking of the same id conflicts (409) until it is freed,
+// and lifecycle calls on its id work here and are published like local ones
+// (api §7.1). It expires like a local booking — Maintain reclaims it after
+// DYN_ROUTER_ACTIVE_REQUEST_EXPIRY_SECS — so a peer that dies without freeing
+// leaves no load behind for longer than that (Dynamo's expiry task covers
+// replicated sequences the same way).
+func (s *Service) ApplyRemoteBooking(ev BookingEvent) RemoteOutcome {
+	if ev.Origin == s.writerID() {
+		return RemoteOwn
+	}
+	p := s.partition(ev.Partition)
+	if p == nil {
+		return RemoteUnknownPartition
+	}
+	if ev.BlockSize != p.blockSize {
+		return RemoteBlockSizeMismatch
+	}
+	if ev.RequestID == "" {
+		return RemoteInvalid
+	}
+	if rec, ok := p.workers.Load().byID[ev.Worker.WorkerID]; !ok {
+		return RemoteUnknownWorker
+	} else if !rec.HasRank(ev.Worker.DPRank) {
+		return RemoteUnknownRank
+	}
+	switch ev.Kind {
+	case BookingAdded:
+		return s.applyRemoteAdd(p, &ev)
+	case BookingPrefillCompleted, BookingFreed:
+		return s.applyRemoteLifecycle(p, &ev)
+	}
+	return RemoteInvalid
+}
+
+func (s *Service) applyRemoteAdd(p *partition, ev *BookingEvent) RemoteOutcome {
+	prefill := 0
+	if ev.TrackPrefill && ev.PrefillTokens != nil {
+		if *ev.PrefillTokens > maxISLTokens {
+			return RemoteInvalid
+		}
+		prefill = int(*ev.PrefillTokens)
+	}
+	if s.claim(ev.RequestID) != nil {
+		return RemoteDuplicate
+	}
+	// ISL only drives RecordOutputTokens, which never runs for a mirror (output
+	// blocks stay local to the replica that streams them); the envelope does not
+	// carry it.
+	b := loads.Booking{RequestID: ev.RequestID, Worker: ev.Worker, TrackingHashes: ev.TrackingHashes,
+		PrefillTokens: prefill, TrackPrefill: ev.TrackPrefill, ExpectedOutputTokens: ev.ExpectedOutputTokens}
+	p.schedMu.Lock()
+	err := p.loads.Add(s.clock(), b)
+	p.schedMu.Unlock()
+	if err != nil {
+		s.unclaim(ev.RequestID)
+		switch KindOf(loadsError(err)) {
+		case KindNotFound:
+			return RemoteUnknownRank // the rank left between the check and the booking
+		case KindConflict:
+			return RemoteDuplicate
+		}
+		return RemoteInvalid
+	}
+	s.install(ev.RequestID, p, ev.Worker, nil)
+	return RemoteApplied
+}
+
+func (s *Service) applyRemoteLifecycle(p *partition, ev *BookingEvent) RemoteOutcome {
+	r, err := s.booked(ev.RequestID)
+	// Reservation ids are global (seed "Consistency Invariants"), so the id and
+	// partition find the booking even when the event names another rank: the
+	// origin may have moved the booking to the rank that actually served it
+	// (Rebook), which is not replicated.
+	if err != nil || r.part != p {
+		return RemoteUnknownRequest
+	}
+	now := s.clock()
+	if ev.Kind == BookingPrefillCompleted {
+		if p.loads.PrefillComplete(ev.RequestID) != nil {
+			s.dropReservation(ev.RequestID, now)
+			return RemoteUnknownRequest
+		}
+		p.wake()
+		return RemoteApplied
+	}
+	ferr := p.loads.Free(ev.RequestID)
+	s.dropReservation(ev.RequestID, now)
+	p.wake()
+	// A local booking freed by a peer releases its session lease here; the
+	// refreshed binding is ours to publish.
+	s.flushBindings(p)
+	if ferr != nil {
+		return RemoteUnknownRequest
+	}
+	return RemoteApplied
+}
+
+// ApplyRemoteBinding applies a peer's session binding by the table's receiver
+// rules (api §6: ignore our own writer id, drop targets not schedulable here,
+// then version-ordered insert / refresh / replace). The second result is the
+// table's own verdict when the binding reached a table.
+func (s *Service) ApplyRemoteBinding(b SessionBinding) (RemoteOutcome, affinity.ApplyOutcome) {
+	if b.WriterID == s.writerID() {
+		return RemoteOwn, affinity.IgnoredOwnWriter
+	}
+	p := s.partition(b.Partition)
+	if p == nil {
+		return RemoteUnknownPartition, 0
+	}
+	if p.affinity == nil {
+		return RemoteAffinityDisabled, 0
+	}
+	ws := p.workers.Load()
+	out := p.affinity.ApplyRemote(s.clock(), b.BindingEvent, func(t affinity.Target) bool { return targetSchedulable(ws, t) })
+	switch {
+	case out.Applied():
+		return RemoteApplied, out
+	case out == affinity.IgnoredOwnWriter:
+		return RemoteOwn, out
+	case out == affinity.RejectedUnknownWorker:
+		return RemoteUnknownWorker, out
+	}
+	return RemoteIgnored, out
+}
