@@ -28,6 +28,10 @@ type Options struct {
 	// Peers manages live replica-sync peers (/replica_sync/*). nil means replica
 	// sync is disabled: register and deregister answer 409 and GET peers [].
 	Peers PeerManager
+	// Metrics, when set, serves GET /metrics (Prometheus exposition). Dynamo's
+	// selection service has no such route (api §3), so without it /metrics is
+	// the usual 404.
+	Metrics http.Handler
 }
 
 // PeerManager is the replica-sync peer membership behind /replica_sync/* (api
@@ -95,6 +99,9 @@ func New(svc *selection.Service, opts Options) http.Handler {
 	for _, rt := range routes {
 		h := rt.handle
 		s.mux.HandleFunc(rt.method+" "+rt.pattern, func(w http.ResponseWriter, r *http.Request) { h(s, w, r) })
+	}
+	if opts.Metrics != nil {
+		s.mux.Handle("GET /metrics", opts.Metrics)
 	}
 	return s
 }

@@ -25,6 +25,12 @@ type Listeners interface {
 	Detach(p index.Partition, w index.WorkerKey)
 }
 
+// ListenerStatus is implemented by Listeners that can report a rank's state;
+// Workers then shows it in each record's kv_events_status.
+type ListenerStatus interface {
+	RankEventsStatus(p index.Partition, w index.WorkerKey) (catalog.RankEventsStatus, bool)
+}
+
 // RankAttachment is everything a listener needs for one worker rank: where its
 // engine publishes, how to hash what it publishes, and the index to feed.
 type RankAttachment struct {
@@ -46,6 +52,7 @@ func (s *Service) UpsertWorker(ctx context.Context, rec catalog.Record) (*catalo
 	if err := rec.Normalize(); err != nil {
 		return nil, newError(KindBadRequest, "%v", err)
 	}
+	rec.KVEventsStatus = nil // output only
 	s.catMu.Lock()
 	defer s.catMu.Unlock()
 	if s.shutting.Load() {
@@ -102,6 +109,21 @@ func (s *Service) Workers(model, group *string) []*catalog.Record {
 		}
 	}
 	s.mu.RUnlock()
+	if ls, ok := s.listeners.(ListenerStatus); ok {
+		for _, r := range out {
+			p := index.Partition{Model: r.ModelName, RoutingGroup: r.RoutingGroup}
+			for _, rank := range r.Ranks() {
+				st, ok := ls.RankEventsStatus(p, index.WorkerKey{WorkerID: r.WorkerID, DPRank: rank})
+				if !ok {
+					continue
+				}
+				if r.KVEventsStatus == nil {
+					r.KVEventsStatus = make(map[uint32]catalog.RankEventsStatus)
+				}
+				r.KVEventsStatus[rank] = st
+			}
+		}
+	}
 	catalog.Sort(out)
 	return out
 }

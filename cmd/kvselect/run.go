@@ -16,6 +16,10 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
 	"github.com/kvselect/kvselect/httpadmin"
 	"github.com/kvselect/kvselect/selection"
 	"github.com/kvselect/kvselect/selection/kvlisten"
@@ -66,12 +70,18 @@ func run(ctx context.Context, args []string, lookup func(string) (string, bool),
 		return err
 	}
 	log.Debug("router configuration", routerAttrs(cfg.Router, false)...)
+	// GET /metrics on the REST port: process and Go runtime metrics plus what
+	// each component registers.
+	metrics := prometheus.NewRegistry()
+	metrics.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	if cfg.Router.UseKVEvents {
 		// One ZMQ SUB per registered worker rank, with replay gap recovery; the
-		// service attaches and detaches ranks as the catalog changes.
-		kv := kvlisten.New(ctx, kvlisten.Options{Logger: log})
+		// service attaches and detaches ranks as the catalog changes, and
+		// --threads writer lanes apply the events.
+		kv := kvlisten.New(ctx, kvlisten.Options{Logger: log, Lanes: cfg.Router.EventThreads})
 		defer kv.Close()
 		cfg.Listeners = kv
+		metrics.MustRegister(kv)
 	}
 	svc, err := selection.NewBuilder().Config(cfg).Build()
 	if err != nil {
@@ -84,7 +94,10 @@ func run(ctx context.Context, args []string, lookup func(string) (string, bool),
 		return err
 	}
 	srv := &http.Server{
-		Handler:           httpadmin.New(svc, httpadmin.Options{Logger: log}),
+		Handler: httpadmin.New(svc, httpadmin.Options{
+			Logger:  log,
+			Metrics: promhttp.HandlerFor(metrics, promhttp.HandlerOpts{ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}),
+		}),
 		ReadHeaderTimeout: readHeaderTimeout,
 		IdleTimeout:       idleTimeout,
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),

@@ -62,6 +62,32 @@ type Record struct {
 	KVEventSourceMode                *string           `json:"kv_event_source_mode,omitempty"`
 
 	NotSchedulableReasons []string `json:"not_schedulable_reasons,omitempty"`
+
+	// KVEventsStatus is output only (GET /workers, not in Dynamo's record): the
+	// state of each rank's KV event listener, keyed by global dp rank, so that an
+	// operator sees when the index's view of a worker is known to be incomplete.
+	// It is never stored; input values are ignored.
+	KVEventsStatus map[uint32]RankEventsStatus `json:"kv_events_status,omitempty"`
+}
+
+// RankEventsStatus is one rank's KV event listener state, as GET /workers shows
+// it.
+type RankEventsStatus struct {
+	Connected bool `json:"connected"`
+	// LastSequence is the last accepted batch sequence number; absent before the
+	// first batch.
+	LastSequence *uint64 `json:"last_sequence,omitempty"`
+	// Complete is false once any batch is known lost (a sequence gap that replay
+	// could not fill) or dropped as malformed since the listener started: the
+	// index may then miss blocks the worker holds, or hold blocks it freed.
+	Complete bool `json:"complete"`
+	// LostBatches counts batches lost to gaps plus batches dropped as malformed.
+	LostBatches uint64 `json:"lost_batches"`
+	// IncompleteReason is the reason of the latest incomplete replay
+	// (empty, started_after_requested, non_contiguous, ended_before_target,
+	// replay_failed) or no_replay_endpoint.
+	IncompleteReason string `json:"incomplete_reason,omitempty"`
+	LastError        string `json:"last_error,omitempty"`
 }
 
 // KVTransferEnforcements are the values kv_transfer_enforcement accepts.
@@ -101,6 +127,7 @@ func (r *Record) Clone() *Record {
 	c.TopologyDomains = maps.Clone(r.TopologyDomains)
 	c.RouterHintSourceControlEndpoints = maps.Clone(r.RouterHintSourceControlEndpoints)
 	c.NotSchedulableReasons = slices.Clone(r.NotSchedulableReasons)
+	c.KVEventsStatus = maps.Clone(r.KVEventsStatus)
 	return &c
 }
 

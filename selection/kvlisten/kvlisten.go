@@ -1,7 +1,14 @@
 // Package kvlisten consumes engines' KV events over ZMQ (router-core spec §1–§2):
 // one SUB socket per attached worker rank, a sequence cursor per rank, gap
 // recovery through the engine's ROUTER replay endpoint, and application of the
-// decoded batches to the partition's index.
+// decoded batches to the partition's index by a fixed set of writer lanes.
+//
+// A rank's goroutine owns the socket and the sequence cursor; it hands every
+// accepted batch, live or replayed, to the one writer lane the rank was given
+// when it was attached. A lane decodes and applies batches in the order it
+// received them, so the events of one (worker, rank) are applied in sequence
+// order while up to Options.Lanes ranks are decoded and applied in parallel
+// (Dynamo's --threads / DYN_ROUTER_EVENT_THREADS).
 package kvlisten
 
 import (
@@ -28,6 +35,11 @@ const (
 	DefaultReconnectMax  = 5 * time.Second
 	DefaultReplayTimeout = 2 * time.Second
 	DefaultDialTimeout   = 2 * time.Second
+	DefaultLaneQueue     = 1024
+	// MaxLanes caps Options.Lanes: Dynamo accepts any u32 thread count, but
+	// past a few hundred lanes nothing runs in parallel any more and each lane
+	// costs a goroutine and a queue.
+	MaxLanes = 256
 )
 
 // Incomplete-replay reasons (spec §2.2), recorded in RankStatus.LastIncompleteReason.
@@ -38,6 +50,8 @@ const (
 	ReasonEndedBeforeTarget     = "ended_before_target"
 	// ReasonFailed: the replay endpoint could not be dialed or written to.
 	ReasonFailed = "replay_failed"
+	// ReasonNoReplayEndpoint: a gap on a rank registered without replay_endpoint.
+	ReasonNoReplayEndpoint = "no_replay_endpoint"
 )
 
 // Options configures Listeners. Zero values take the defaults.
@@ -50,6 +64,12 @@ type Options struct {
 	ReplayTimeout time.Duration
 	// DialTimeout bounds one TCP connect attempt (2 s).
 	DialTimeout time.Duration
+	// Lanes is the number of index writer goroutines (1, at most MaxLanes).
+	// Ranks are spread over them round-robin as they attach.
+	Lanes int
+	// LaneQueue is how many batches may wait for each lane (1024) before the
+	// ranks feeding it stop reading their sockets, which then buffer in ZMQ.
+	LaneQueue int
 }
 
 // RankStatus is the observable state of one rank's listener.
@@ -57,13 +77,20 @@ type RankStatus struct {
 	// Synced reports whether the watermark is set; LastSeq is meaningful only then.
 	Synced  bool
 	LastSeq uint64 // last applied sequence number (the watermark)
-	Applied uint64 // batches applied (live and replayed)
+	Applied uint64 // batches decoded and applied (live and replayed)
+	Blocks  uint64 // block operations applied (stored + removed blocks)
 	Failed  uint64 // events the index rejected (ApplyBatch failures)
-	// DecodeErrors counts malformed batches and messages; they are skipped and do
-	// not advance the watermark.
+	// DecodeErrors counts malformed batches and messages; they are counted and
+	// dropped. A malformed message (bad frames) does not advance the watermark; a
+	// batch with a good sequence number but a payload that does not decode does,
+	// since replaying it would return the same bytes.
 	DecodeErrors uint64
 	Lost         uint64 // batches known lost: no replay endpoint or incomplete replay
 	Gaps         uint64 // live sequence gaps detected (not counting the initial catch-up)
+	// Stale counts live batches at or below the watermark, skipped. A steady
+	// rise means the publisher restarted at the same address with a fresh
+	// sequence: the seed's remedy is DELETE /workers/{id} then POST /workers.
+	Stale uint64
 	Replays      uint64 // replay requests made
 	Replayed     uint64 // batches applied from replays (included in Applied)
 	// IncompleteReplays counts replays that did not return the whole requested
@@ -87,10 +114,27 @@ type Listeners struct {
 	opts   Options
 	zlog   *log.Logger
 
+	lanes    []chan job
+	lanesWG  sync.WaitGroup
+	nextLane int // guarded by mu
+	// laneMu orders barrier sends against Close closing the lanes.
+	laneMu      sync.RWMutex
+	lanesClosed bool
+
 	mu     sync.Mutex
 	closed bool
 	ranks  map[rankKey]*rank
 	wg     sync.WaitGroup
+}
+
+// job is one unit of a writer lane: a batch of a rank to decode and apply, or
+// a barrier to close once everything queued before it is done.
+type job struct {
+	r        *rank
+	seq      uint64
+	payload  []byte
+	replayed bool
+	barrier  chan struct{}
 }
 
 var _ selection.Listeners = (*Listeners)(nil)
@@ -116,13 +160,39 @@ func New(ctx context.Context, opts Options) *Listeners {
 	if opts.DialTimeout <= 0 {
 		opts.DialTimeout = DefaultDialTimeout
 	}
+	opts.Lanes = min(max(opts.Lanes, 1), MaxLanes)
+	if opts.LaneQueue <= 0 {
+		opts.LaneQueue = DefaultLaneQueue
+	}
 	ctx, cancel := context.WithCancel(ctx)
-	return &Listeners{
+	l := &Listeners{
 		ctx:    ctx,
 		cancel: cancel,
 		opts:   opts,
 		zlog:   log.New(io.Discard, "", 0),
 		ranks:  make(map[rankKey]*rank),
+		lanes:  make([]chan job, opts.Lanes),
+	}
+	for i := range l.lanes {
+		l.lanes[i] = make(chan job, opts.LaneQueue)
+		l.lanesWG.Add(1)
+		go l.write(l.lanes[i])
+	}
+	return l
+}
+
+// write is one writer lane: it applies the batches of the ranks assigned to it
+// in arrival order. Batches of a rank that has been stopped are skipped: its
+// blocks are about to be purged or replaced.
+func (l *Listeners) write(lane chan job) {
+	defer l.lanesWG.Done()
+	for j := range lane {
+		switch {
+		case j.barrier != nil:
+			close(j.barrier)
+		case j.r.ctx.Err() == nil:
+			j.r.apply(j.seq, j.payload, j.replayed)
+		}
 	}
 }
 
@@ -161,10 +231,12 @@ func (l *Listeners) Attach(a selection.RankAttachment) error {
 		ctx:    ctx,
 		cancel: cancel,
 		done:   make(chan struct{}),
+		lane:   l.lanes[l.nextLane],
 		dec:    dec,
 		log: l.opts.Logger.With("worker_id", a.Worker.WorkerID, "dp_rank", a.Worker.DPRank,
 			"endpoint", a.Endpoints.KVEvents),
 	}
+	l.nextLane = (l.nextLane + 1) % len(l.lanes)
 	l.ranks[k] = r
 	l.wg.Add(1)
 	go func() {
@@ -175,7 +247,9 @@ func (l *Listeners) Attach(a selection.RankAttachment) error {
 	return nil
 }
 
-// Detach stops the rank's listener and waits for it to end.
+// Detach stops the rank's listener and waits for it to end, including the
+// batches it had queued, so that no event of the rank reaches the index after
+// Detach returns.
 func (l *Listeners) Detach(p index.Partition, w index.WorkerKey) {
 	k := rankKey{p, w}
 	l.mu.Lock()
@@ -200,7 +274,8 @@ func (l *Listeners) Status(p index.Partition, w index.WorkerKey) (RankStatus, bo
 	return r.st, true
 }
 
-// Close stops every listener and waits for them. It is idempotent.
+// Close stops every listener and writer lane and waits for them. It is
+// idempotent.
 func (l *Listeners) Close() {
 	l.mu.Lock()
 	l.closed = true
@@ -208,6 +283,15 @@ func (l *Listeners) Close() {
 	l.mu.Unlock()
 	l.cancel()
 	l.wg.Wait()
+	l.laneMu.Lock()
+	if !l.lanesClosed {
+		l.lanesClosed = true
+		for _, lane := range l.lanes {
+			close(lane)
+		}
+	}
+	l.laneMu.Unlock()
+	l.lanesWG.Wait()
 }
 
 // rank is one rank's listener. Everything but st is owned by its goroutine.
@@ -218,18 +302,35 @@ type rank struct {
 	cancel context.CancelFunc
 	done   chan struct{}
 	log    *slog.Logger
+	lane   chan job
 
-	dec  *kvevents.Decoder
-	evs  []index.Event
-	last uint64 // watermark, valid when st.Synced
+	// Owned by the rank goroutine: the sequence cursor.
+	synced bool
+	last   uint64 // watermark, valid when synced
+
+	// Owned by the rank's writer lane.
+	dec *kvevents.Decoder
+	evs []index.Event
 
 	mu sync.Mutex
 	st RankStatus
 }
 
+// stop cancels the rank, waits for its goroutine and then for its lane to pass
+// everything the rank queued. A lane only ends at Close, after every rank.
 func (r *rank) stop() {
 	r.cancel()
 	<-r.done
+	l := r.l
+	l.laneMu.RLock()
+	if l.lanesClosed {
+		l.laneMu.RUnlock()
+		return // Close drained and ended the lanes
+	}
+	b := make(chan struct{})
+	r.lane <- job{barrier: b} // the lane drains without locks, so this send ends
+	l.laneMu.RUnlock()
+	<-b
 }
 
 func (r *rank) update(fn func(*RankStatus)) {
@@ -303,15 +404,13 @@ func (r *rank) live(frames [][]byte) {
 		r.log.Warn("dropping malformed kv events message", "err", err)
 		return
 	}
-	r.mu.Lock()
-	synced := r.st.Synced
-	r.mu.Unlock()
 	switch {
-	case !synced:
+	case !r.synced:
 		if s > 0 {
 			r.replay(0, s)
 		}
 	case s <= r.last:
+		r.update(func(st *RankStatus) { st.Stale++ })
 		r.log.Debug("skipping stale kv events batch", "seq", s, "last", r.last)
 		return
 	case s > r.last+1:
@@ -319,17 +418,34 @@ func (r *rank) live(frames [][]byte) {
 		r.log.Info("kv events sequence gap", "last", r.last, "seq", s)
 		r.replay(r.last+1, s)
 	}
-	r.apply(s, payload)
+	r.accept(s, payload, false)
 }
 
-// apply decodes one batch and applies it to the index; the watermark advances
-// unless the batch does not decode.
-func (r *rank) apply(s uint64, payload []byte) bool {
+// accept advances the watermark to s and queues the batch on the rank's lane.
+func (r *rank) accept(s uint64, payload []byte, replayed bool) {
+	r.synced, r.last = true, s
+	r.update(func(st *RankStatus) {
+		st.Synced = true
+		st.LastSeq = s
+	})
+	select {
+	case r.lane <- job{r: r, seq: s, payload: payload, replayed: replayed}:
+	case <-r.ctx.Done():
+	}
+}
+
+// apply decodes one batch and applies it to the index. It runs on the rank's
+// writer lane.
+func (r *rank) apply(s uint64, payload []byte, replayed bool) {
 	evs, _, err := r.dec.Decode(payload, r.evs[:0])
 	if err != nil {
 		r.update(func(st *RankStatus) { st.DecodeErrors++ })
-		r.log.Warn("skipping undecodable kv events batch", "seq", s, "err", err)
-		return false
+		r.log.Warn("dropping undecodable kv events batch", "seq", s, "err", err)
+		return
+	}
+	var blocks uint64
+	for i := range evs {
+		blocks += uint64(len(evs[i].Blocks) + len(evs[i].Hashes))
 	}
 	failed, first := r.a.Index.ApplyBatch(evs)
 	// The events point into the decoder's buffers; keep only the slice capacity.
@@ -338,14 +454,14 @@ func (r *rank) apply(s uint64, payload []byte) bool {
 	if failed > 0 {
 		r.log.Debug("index rejected kv events", "seq", s, "failed", failed, "first", first)
 	}
-	r.last = s
 	r.update(func(st *RankStatus) {
-		st.Synced = true
-		st.LastSeq = s
 		st.Applied++
+		st.Blocks += blocks
 		st.Failed += uint64(failed)
+		if replayed {
+			st.Replayed++
+		}
 	})
-	return true
 }
 
 // replay requests [start, target) from the replay endpoint and applies what
@@ -354,7 +470,10 @@ func (r *rank) replay(start, target uint64) {
 	want := target - start
 	ep := r.a.Endpoints.Replay
 	if ep == "" {
-		r.update(func(st *RankStatus) { st.Lost += want })
+		r.update(func(st *RankStatus) {
+			st.Lost += want
+			st.LastIncompleteReason = ReasonNoReplayEndpoint
+		})
 		r.log.Warn(fmt.Sprintf("no replay endpoint: %d batches lost", want), "from", start, "to", target)
 		return
 	}
@@ -425,9 +544,7 @@ func (r *rank) fetchReplay(ep string, start, target uint64) (got uint64, reason 
 			}
 		}
 		got++
-		if r.apply(s, payload) {
-			r.update(func(st *RankStatus) { st.Replayed++ })
-		}
+		r.accept(s, payload, true)
 		next = s + 1
 	}
 	if reason != "" {

@@ -57,7 +57,7 @@ func heartbeatBatch(rank uint32) []byte {
 }
 
 // chain is n single-block batches forming one prefix: block i holds tokens
-// [4i, 4i+4) and has engine hash base+i, parent base+i-1.
+// [4(base+i), 4(base+i)+4) and has engine hash base+i, parent base+i-1.
 type chain struct {
 	batches [][]byte
 	locals  []uint64
@@ -67,7 +67,8 @@ func newChain(rank uint32, base uint64, n int) chain {
 	var c chain
 	var all []uint32
 	for i := range n {
-		toks := []uint32{uint32(4 * i), uint32(4*i + 1), uint32(4*i + 2), uint32(4*i + 3)}
+		t0 := uint32(4 * (int(base) + i)) // distinct bases give distinct content
+		toks := []uint32{t0, t0 + 1, t0 + 2, t0 + 3}
 		all = append(all, toks...)
 		var parent *uint64
 		if i > 0 {
@@ -429,6 +430,11 @@ func TestNoReplayEndpoint(t *testing.T) {
 	st := status(t, l, w)
 	if st.Lost != 4 || st.Replays != 0 {
 		t.Fatalf("lost %d with %d replays, want 4 and 0: %+v", st.Lost, st.Replays, st)
+	}
+	// What GET /workers shows: the view is known to be incomplete, and why.
+	rs, ok := l.RankEventsStatus(part, w)
+	if !ok || rs.Complete || rs.LostBatches != 4 || rs.IncompleteReason != ReasonNoReplayEndpoint || rs.LastSequence == nil {
+		t.Fatalf("rank events status %+v (ok %v), want incomplete with 4 lost for %q", rs, ok, ReasonNoReplayEndpoint)
 	}
 }
 

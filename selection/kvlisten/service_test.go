@@ -4,6 +4,8 @@ import (
 	"context"
 	"testing"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/kvselect/kvselect/selection"
 	"github.com/kvselect/kvselect/selection/catalog"
 	"github.com/kvselect/kvselect/selection/index"
@@ -52,6 +54,38 @@ func TestServiceIndexesRegisteredWorkerEvents(t *testing.T) {
 		return 0
 	}
 	eventually(t, "the published blocks in /overlap_scores", func() bool { return deviceBlocks() == 6 })
+
+	// GET /workers shows the rank's listener state; /metrics its counters.
+	ws := svc.Workers(nil, nil)
+	if len(ws) != 1 {
+		t.Fatalf("%d workers", len(ws))
+	}
+	if st, ok := ws[0].KVEventsStatus[0]; !ok || !st.Complete || !st.Connected || st.LastSequence == nil || st.LostBatches != 0 {
+		t.Fatalf("kv_events_status %+v", ws[0].KVEventsStatus)
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(l)
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]float64{}
+	for _, f := range families {
+		for _, m := range f.GetMetric() {
+			labels := map[string]string{}
+			for _, lp := range m.GetLabel() {
+				labels[lp.GetName()] = lp.GetValue()
+			}
+			if labels["worker_id"] != "7" || labels["model_name"] != "m" {
+				continue
+			}
+			got[f.GetName()] = m.GetCounter().GetValue() + m.GetGauge().GetValue()
+		}
+	}
+	if got["kvselect_kv_events_blocks_total"] < 6 || got["kvselect_kv_events_batches_total"] < 6 ||
+		got["kvselect_kv_events_connected"] != 1 || got["kvselect_kv_events_complete"] != 1 {
+		t.Fatalf("metrics for worker 7: %v", got)
+	}
 	if _, err := svc.DeleteWorker(ctx, 7); err != nil {
 		t.Fatal(err)
 	}
