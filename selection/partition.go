@@ -56,6 +56,9 @@ type partition struct {
 	ix        *index.Index
 	loads     *loads.Tracker
 	affinity  *affinity.Table // nil when session affinity is off
+	// text is the approximate index of text prompts, apart from ix
+	// (textprompt.go); built on first use.
+	text textIndex
 
 	// workers is an immutable snapshot of the schedulable workers, replaced on
 	// every catalog change, so selection never takes the catalog lock.
@@ -169,6 +172,7 @@ func (s *Service) replaceWorkers(p *partition, edit func(map[uint64]*catalog.Rec
 	for _, w := range cur.ranks {
 		if _, ok := slices.BinarySearchFunc(next.ranks, w, index.CompareWorkerKeys); !ok {
 			p.ix.RemoveRank(w)
+			p.text.removeRank(w)
 		}
 	}
 	now := s.clock()
@@ -186,7 +190,11 @@ func (p *partition) match(pr prompt) []index.Overlap {
 	if len(pr.locals) == 0 {
 		return nil
 	}
-	rows := p.ix.Match(pr.locals, false, nil)
+	ix := p.ix
+	if pr.text {
+		ix = p.textIndex()
+	}
+	rows := ix.Match(pr.locals, false, nil)
 	slices.SortFunc(rows, func(a, b index.Overlap) int { return index.CompareWorkerKeys(a.Worker, b.Worker) })
 	return rows
 }

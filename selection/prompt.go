@@ -15,6 +15,9 @@ type prompt struct {
 	// were sent), so a booking may be recorded into an approximate index.
 	hashed bool
 	lora   string
+	// text says locals are character-block hashes of a prompt text: lookups
+	// and routing records use the partition's text index (textprompt.go).
+	text bool
 }
 
 // promptUse selects the validation rules: selection-like calls need all three
@@ -70,6 +73,9 @@ func (s *Service) normalize(p *partition, req *PromptRequest, reuse bool, use pr
 		hasherPool.Put(h)
 		out.isl, out.hashed = len(tokens), true
 		return out, nil
+	}
+	if req.PromptText != "" && req.BlockHashes == nil && req.SequenceHashes == nil && req.ISLTokens == nil {
+		return s.textPrompt(p, req), nil
 	}
 	if use == forSelection && req.BlockHashes == nil {
 		return out, newError(KindBadRequest, "block_hashes is required without token_ids")

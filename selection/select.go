@@ -30,7 +30,8 @@ type decision struct {
 	worker   index.WorkerKey
 	overlaps []index.Overlap // the whole lookup, for the summary and hints
 	scored   scheduler.Scored
-	load     loads.Projection // the chosen rank before this request
+	load     loads.Projection   // the chosen rank before this request
+	alts     []scheduler.Scored // ordered fallbacks, when the request asked
 	prompt   prompt
 	eff      routerconfig.Config
 	booked   bool
@@ -147,7 +148,7 @@ func (s *Service) Select(ctx context.Context, req *SelectRequest) (*SelectRespon
 			EffectivePrefillTokens: int(resp.EffectivePrefillTokens), ExpectedOutputTokens: req.ExpectedOutputTokens,
 			TrackPrefill: eff.TrackPrefillTokens, LoraName: pr.lora, SessionID: sid,
 		}
-		if p.ix.Config().Approximate || p.ix.Config().PredictedTTL > 0 {
+		if (p.ix.Config().Approximate || p.ix.Config().PredictedTTL > 0) && !pr.text {
 			e.BlockHashes = pr.locals
 		}
 		s.pending.Put(s.clock(), pending.Key{Partition: key, SelectionID: *req.SelectionID}, e)
@@ -284,6 +285,10 @@ func (s *Service) recordRouting(p *partition, w index.WorkerKey, pr prompt) {
 	if !pr.hashed || len(pr.locals) == 0 {
 		return
 	}
+	if pr.text {
+		p.recordText(s.clock(), w, pr)
+		return
+	}
 	cfg := p.ix.Config()
 	if !cfg.Approximate && cfg.PredictedTTL == 0 {
 		return
@@ -362,6 +367,9 @@ func (s *Service) choose(ctx context.Context, p *partition, req *SelectRequest, 
 			return nil, schedulerError(err)
 		}
 		d := &decision{part: p, worker: chosen.Worker, overlaps: overlaps, scored: chosen, prompt: pr, eff: eff}
+		if req != nil && req.Fallbacks > 0 {
+			d.alts = p.scratch.Ranked(chosen.Worker, req.Fallbacks)
+		}
 		d.rec, _ = ws.rank(chosen.Worker)
 		for _, pj := range projs {
 			if pj.Worker == chosen.Worker {
@@ -507,6 +515,7 @@ func (s *Service) response(d *decision, selectionID *string) *SelectResponse {
 		EffectivePrefillTokens: uint64(d.scored.EffectivePrefillTokens),
 		PotentialDecodeBlocks:  potential,
 	}
+	resp.Fallbacks = fallbacksOf(d)
 	resp.DecodeBusy = scheduler.DecodeBusy(int(potential), d.rec.TotalKVBlocks, optPtr(s.router.ConditionalDisaggDecodeBusyThreshold))
 	return resp
 }

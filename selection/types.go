@@ -28,6 +28,11 @@ type PromptRequest struct {
 	LoraName       *string           `json:"lora_name"`
 	CacheSalt      *string           `json:"cache_salt"`
 	IsEagle        *bool             `json:"is_eagle"`
+	// PromptText identifies a prompt known only as text (the ext_proc front
+	// without token ids or hashes; not a wire field). It is used when none of
+	// the fields above is set and goes to the partition's text index
+	// (textprompt.go).
+	PromptText string `json:"-"`
 }
 
 // MMRoutingInfo replaces token_ids for hashing when its tokens are non-empty.
@@ -92,6 +97,10 @@ type SelectRequest struct {
 	Advisory             bool                   `json:"advisory"`
 	// PolicyClass is the x-dynamo-meta-policy-class header (not a body field).
 	PolicyClass string `json:"-"`
+	// Fallbacks asks for up to this many ordered alternatives to the chosen
+	// rank in SelectResponse.Fallbacks (ext_proc's fallback endpoints; not a
+	// wire field).
+	Fallbacks int `json:"-"`
 }
 
 // OverlapSummary is the chosen worker's cached prefix in tokens (api §3.9).
@@ -129,6 +138,9 @@ type SelectResponse struct {
 	DecodeBusy             *bool           `json:"decode_busy,omitempty"`
 	WorkerLoad             *WorkerLoadView `json:"worker_load,omitempty"`
 	KVHint                 *KVHint         `json:"kv_hint,omitempty"`
+	// Fallbacks are the next-cheapest eligible ranks in cost order when the
+	// request asked for them (not a wire field; see RankEndpoint).
+	Fallbacks []RankEndpoint `json:"-"`
 }
 
 // KVHint is the versioned action envelope telling the chosen worker to pull a

@@ -1,0 +1,49 @@
+package loads
+
+import (
+	"fmt"
+
+	"github.com/kvselect/kvselect/selection/index"
+)
+
+// Move re-homes a live booking on another registered rank: its prompt path,
+// remaining prefill and output blocks (with their decay weight) leave the old
+// rank exactly as Free would take them and join the new one as Add and
+// AddOutputBlock would put them; its admission time and id stay. The ext_proc
+// front uses it when the gateway reports that a fallback endpoint, not the
+// chosen one, served the request (GIE protocol 004 "served" metadata).
+func (t *Tracker) Move(id string, to index.WorkerKey) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	rq, ok := t.reqs[id]
+	if !ok {
+		return fmt.Errorf("move %q: %w", id, ErrRequestNotFound)
+	}
+	dst, ok := t.ranks[to]
+	if !ok {
+		return fmt.Errorf("move %q to %v: %w", id, to, ErrWorkerNotFound)
+	}
+	src := rq.rank
+	if src == dst {
+		return nil
+	}
+	src.prefill -= rq.prefill
+	src.release(rq.keys)
+	src.unit -= rq.outUnit
+	src.fracN -= rq.outFrac
+	src.fracSum -= float64(rq.outFrac) * rq.outFracVal
+	src.settle()
+	src.requests--
+
+	rq.rank = dst
+	dst.acquire(rq.keys)
+	dst.prefill += rq.prefill
+	dst.requests++
+	dst.unit += rq.outUnit
+	if rq.outFrac > 0 {
+		dst.fracN += rq.outFrac
+		dst.fracSum += float64(rq.outFrac) * rq.outFracVal
+		dst.setExclusiveFraction(rq.keys, rq.outFracVal)
+	}
+	return nil
+}

@@ -1,0 +1,150 @@
+package selection
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/kvselect/kvselect/selection/index"
+)
+
+func TestTextBlockHashesCutFixedCharacterBlocks(t *testing.T) {
+	text := strings.Repeat("abcdefghijklmnop", 3) + "xyz" // 51 bytes, block size 4 → 16-byte blocks
+	locals, isl := TextBlockHashes(text, 4, "", "")
+	if len(locals) != 3 || isl != 13 {
+		t.Fatalf("got %d blocks, isl %d; want 3 blocks (tail not hashed), isl ceil(51/4)=13", len(locals), isl)
+	}
+	if locals[0] != locals[1] || locals[1] != locals[2] {
+		t.Fatal("equal blocks must hash equal (the chain, not the block hash, carries position)")
+	}
+	salted, _ := TextBlockHashes(text, 4, "", "tenant-a")
+	lora, _ := TextBlockHashes(text, 4, "adapter", "")
+	if salted[0] == locals[0] || lora[0] == locals[0] || salted[0] == lora[0] {
+		t.Fatal("cache salt and LoRA name must change the text hashes")
+	}
+	if _, isl := TextBlockHashes("a", 4, "", ""); isl != 1 {
+		t.Fatalf("a one-byte prompt is one token, got %d", isl)
+	}
+}
+
+// Text prompts learn from routing into their own index: the second request
+// with the same prefix goes where the first went, and the token index never
+// sees the text hashes (Dump stays empty even in approximate mode).
+func TestTextPromptLearnsFromRoutingInItsOwnIndex(t *testing.T) {
+	s, _ := newService(t, nil)
+	for id := uint64(1); id <= 4; id++ {
+		mustUpsert(t, s, workerRec(id))
+	}
+	prefix := strings.Repeat("system prompt: you are helpful. ", 20)
+	first, err := s.SelectAndReserve(bg, &SelectRequest{PartitionKey: PartitionKey{ModelName: "model"},
+		PromptRequest: PromptRequest{PromptText: prefix + "question one"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.PrefillComplete(bg, *first.SelectionID); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Free(bg, *first.SelectionID); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 5 {
+		r, err := s.Select(bg, &SelectRequest{PartitionKey: PartitionKey{ModelName: "model"},
+			PromptRequest: PromptRequest{PromptText: prefix + "another question " + itoa(i)}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.WorkerID != first.WorkerID || r.Overlap.GPU == 0 {
+			t.Fatalf("request %d went to worker %d (gpu overlap %d), want worker %d with overlap", i, r.WorkerID, r.Overlap.GPU, first.WorkerID)
+		}
+	}
+	if d := s.Dump(); len(d[index.PartitionKey("model", "default")].Events) != 0 {
+		t.Fatalf("text hashes leaked into the token index: %+v", d)
+	}
+}
+
+func TestFallbacksAreTheNextCheapestRanksInCostOrder(t *testing.T) {
+	s, _ := newService(t, nil)
+	for id := uint64(1); id <= 4; id++ {
+		mustUpsert(t, s, workerRec(id))
+	}
+	// Load workers 2 and 3 unevenly so the order is determined by cost.
+	book := func(id string, w uint64, prefill uint64) {
+		t.Helper()
+		r := explicit(id, w, prefill)
+		r.ISLTokens = ptr(prefill)
+		if _, err := s.Reserve(bg, r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	book("a", 2, 40)
+	book("b", 3, 80)
+	book("c", 4, 8)
+	req := selReq("", 1, 2, 3, 4, 5, 6, 7, 8)
+	req.Fallbacks = 2
+	r, err := s.SelectAndReserve(bg, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.WorkerID != 1 {
+		t.Fatalf("picked %d, want the idle worker 1", r.WorkerID)
+	}
+	want := []uint64{4, 2}
+	if len(r.Fallbacks) != 2 || r.Fallbacks[0].WorkerID != want[0] || r.Fallbacks[1].WorkerID != want[1] {
+		t.Fatalf("fallbacks %+v, want workers %v in order", r.Fallbacks, want)
+	}
+	if r.Fallbacks[0].Endpoint != "http://worker-4:8000" {
+		t.Fatalf("fallback endpoint %q", r.Fallbacks[0].Endpoint)
+	}
+	plain, err := s.Select(bg, selReq("", 1, 2, 3, 4))
+	if err != nil || plain.Fallbacks != nil {
+		t.Fatalf("no fallbacks unless asked: %+v %v", plain.Fallbacks, err)
+	}
+}
+
+func TestRebookMovesTheLoadToTheServingRank(t *testing.T) {
+	s, _ := newService(t, nil)
+	for id := uint64(1); id <= 2; id++ {
+		mustUpsert(t, s, workerRec(id))
+	}
+	r, err := s.SelectAndReserve(bg, selReq("m", 1, 2, 3, 4, 5, 6, 7, 8))
+	if err != nil {
+		t.Fatal(err)
+	}
+	other := uint64(3) - r.WorkerID
+	if err := s.OutputBlock(bg, "m", nil); err != nil {
+		t.Fatal(err)
+	}
+	before := loadsByWorker(s)
+	if _, err := s.Rebook(bg, "m", WorkerRank{WorkerID: other}); err != nil {
+		t.Fatal(err)
+	}
+	after := loadsByWorker(s)
+	moved := after[other]
+	moved.WorkerID = r.WorkerID
+	if moved != before[r.WorkerID] || after[r.WorkerID] != (PotentialLoad{WorkerID: r.WorkerID}) {
+		t.Fatalf("load did not move from %d to %d: before %+v after %+v", r.WorkerID, other, before, after)
+	}
+	if _, err := s.Rebook(bg, "m", WorkerRank{WorkerID: 9}); KindOf(err) != KindNotFound {
+		t.Fatalf("rebook to an unknown worker: %v", err)
+	}
+	if err := s.Free(bg, "m"); err != nil {
+		t.Fatal(err)
+	}
+	for w, l := range loadsByWorker(s) {
+		if l.ActiveRequests != 0 || l.PotentialDecodeBlocks != 0 || l.PotentialPrefillTokens != 0 {
+			t.Fatalf("worker %d keeps load after free: %+v", w, l)
+		}
+	}
+	if _, err := s.Rebook(bg, "m", WorkerRank{WorkerID: 1}); KindOf(err) != KindNotFound {
+		t.Fatalf("rebook of a freed booking: %v", err)
+	}
+}
+
+func loadsByWorker(s *Service) map[uint64]PotentialLoad {
+	out := map[uint64]PotentialLoad{}
+	for _, m := range s.Loads(nil, nil) {
+		for _, l := range m.Loads {
+			out[l.WorkerID] = l
+		}
+	}
+	return out
+}
