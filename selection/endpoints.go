@@ -4,6 +4,7 @@ import (
 	"context"
 
 	"github.com/kvselect/kvselect/selection/index"
+	"github.com/kvselect/kvselect/selection/loads"
 )
 
 // RankEndpoint is a schedulable (worker, dp rank) with its worker's endpoint:
@@ -53,7 +54,8 @@ func (s *Service) Endpoints(key PartitionKey) []RankEndpoint {
 // fallback endpoint served the request instead of the chosen one, so load is
 // attributed to the rank that carries it. A session binding made by the
 // booking stays where selection put it. Moving to the current rank is a
-// successful no-op. Errors: 404 for an unknown booking or rank.
+// successful no-op. Errors: 404 for an unknown booking or rank. The move is
+// published to replica peers as a free plus an admission.
 func (s *Service) Rebook(ctx context.Context, id string, to WorkerRank) (*ReservationResponse, error) {
 	if s.shutting.Load() {
 		return nil, errShuttingDown()
@@ -70,7 +72,7 @@ func (s *Service) Rebook(ctx context.Context, id string, to WorkerRank) (*Reserv
 	}
 	if w != r.worker {
 		p.schedMu.Lock()
-		err = p.loads.Move(id, w)
+		prefill, err := p.loads.Move(id, w)
 		p.schedMu.Unlock()
 		if err != nil {
 			return nil, loadsError(err)
@@ -83,6 +85,11 @@ func (s *Service) Rebook(ctx context.Context, id string, to WorkerRank) (*Reserv
 		}
 		s.resvMu.Unlock()
 		p.wake()
+		// Peers see the move as a free on the old rank and an admission on
+		// the new one. The booking keeps no tracking hashes, so the peers'
+		// mirror carries its request and remaining prefill, not its blocks.
+		s.replicate(BookingFreed, p, id, r.worker)
+		s.replicateAdd(p, &loads.Booking{RequestID: id, Worker: w, PrefillTokens: prefill, TrackPrefill: prefill > 0}, "")
 	}
 	return &ReservationResponse{SelectionID: id, ModelName: p.key.Model, RoutingGroup: p.key.RoutingGroup,
 		WorkerID: w.WorkerID, DPRank: w.DPRank, Endpoint: rec.EndpointOrEmpty()}, nil

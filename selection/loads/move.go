@@ -11,21 +11,23 @@ import (
 // rank exactly as Free would take them and join the new one as Add and
 // AddOutputBlock would put them; its admission time and id stay. The ext_proc
 // front uses it when the gateway reports that a fallback endpoint, not the
-// chosen one, served the request (GIE protocol 004 "served" metadata).
-func (t *Tracker) Move(id string, to index.WorkerKey) error {
+// chosen one, served the request (GIE protocol 004 "served" metadata). It
+// returns the booking's remaining counted prefill, which a replica publisher
+// needs to re-announce the booking on its new rank.
+func (t *Tracker) Move(id string, to index.WorkerKey) (remainingPrefill int, err error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	rq, ok := t.reqs[id]
 	if !ok {
-		return fmt.Errorf("move %q: %w", id, ErrRequestNotFound)
+		return 0, fmt.Errorf("move %q: %w", id, ErrRequestNotFound)
 	}
 	dst, ok := t.ranks[to]
 	if !ok {
-		return fmt.Errorf("move %q to %v: %w", id, to, ErrWorkerNotFound)
+		return 0, fmt.Errorf("move %q to %v: %w", id, to, ErrWorkerNotFound)
 	}
 	src := rq.rank
 	if src == dst {
-		return nil
+		return rq.prefill, nil
 	}
 	src.prefill -= rq.prefill
 	src.release(rq.keys)
@@ -45,5 +47,5 @@ func (t *Tracker) Move(id string, to index.WorkerKey) error {
 		dst.fracSum += float64(rq.outFrac) * rq.outFracVal
 		dst.setExclusiveFraction(rq.keys, rq.outFracVal)
 	}
-	return nil
+	return rq.prefill, nil
 }

@@ -30,7 +30,7 @@ func TestMoveEqualsBookingOnTheDestination(t *testing.T) {
 		return tr
 	}
 	moved := build(false)
-	if err := moved.Move("m", w1); err != nil {
+	if _, err := moved.Move("m", w1); err != nil {
 		t.Fatal(err)
 	}
 	want := build(true)
@@ -45,10 +45,10 @@ func TestMoveEqualsBookingOnTheDestination(t *testing.T) {
 	if l := load1(t, moved, w1); l != (WorkerLoad{Worker: w1}) {
 		t.Fatalf("destination keeps load after free: %+v", l)
 	}
-	if err := moved.Move("m", w2); !errors.Is(err, ErrRequestNotFound) {
+	if _, err := moved.Move("m", w2); !errors.Is(err, ErrRequestNotFound) {
 		t.Fatalf("move of a freed booking: %v", err)
 	}
-	if err := moved.Move("other", index.WorkerKey{WorkerID: 99}); !errors.Is(err, ErrWorkerNotFound) {
+	if _, err := moved.Move("other", index.WorkerKey{WorkerID: 99}); !errors.Is(err, ErrWorkerNotFound) {
 		t.Fatalf("move to an unknown rank: %v", err)
 	}
 }
