@@ -1,0 +1,195 @@
+package extproc
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"strings"
+
+	json "github.com/goccy/go-json"
+)
+
+// requestBody holds the only fields of an OpenAI / Dynamo request body the
+// picker reads. Decoding into it skips every other field without building a
+// tree of the whole body.
+type requestBody struct {
+	Model    string          `json:"model"`
+	Prompt   json.RawMessage `json:"prompt"`
+	Messages []chatMessage   `json:"messages"`
+	Stream   *bool           `json:"stream"`
+	Nvext    *nvext          `json:"nvext"`
+}
+
+type chatMessage struct {
+	Role    string          `json:"role"`
+	Content json.RawMessage `json:"content"`
+}
+
+type contentPart struct {
+	Type     string `json:"type"`
+	Text     string `json:"text"`
+	ImageURL *struct {
+		URL string `json:"url"`
+	} `json:"image_url"`
+}
+
+// nvext is the part of Dynamo's NVIDIA extension block
+// (lib/llm/src/protocols/openai/nvext.rs) that identifies a request:
+// pre-tokenized prompt, expected output length, session.
+type nvext struct {
+	TokenData  []uint32 `json:"token_data"`
+	AgentHints *struct {
+		OSL *uint32 `json:"osl"`
+	} `json:"agent_hints"`
+	SessionControl *struct {
+		SessionID string `json:"session_id"`
+	} `json:"session_control"`
+}
+
+// parsedBody is what a request body contributes to the request's identity.
+type parsedBody struct {
+	model    string
+	tokens   []uint32 // prompt token ids (completions prompt or nvext.token_data)
+	text     string   // prompt text when there are no token ids
+	stream   bool
+	osl      *uint32
+	session  string
+	hasField bool // the body was a JSON object (possibly without a prompt)
+}
+
+// errBadBody wraps every body error: the request gets a 400.
+var errBadBody = errors.New("invalid request body")
+
+// parseBody extracts the request's identity from an OpenAI completions or
+// chat-completions body, or a Dynamo one with nvext. Precedence inside the
+// body (the issue's order): the completions prompt as token ids (an integer
+// array, or the first of a list of them), then nvext.token_data, then the
+// prompt text (chat messages, or the completions prompt as a string or the
+// first of a list of strings). An empty body identifies nothing and is fine.
+func parseBody(b []byte) (parsedBody, error) {
+	var out parsedBody
+	if len(bytes.TrimSpace(b)) == 0 {
+		return out, nil
+	}
+	var rb requestBody
+	if err := json.Unmarshal(b, &rb); err != nil {
+		return out, fmt.Errorf("%w: %s", errBadBody, shortJSONError(err))
+	}
+	out.hasField = true
+	out.model = rb.Model
+	out.stream = rb.Stream != nil && *rb.Stream
+	if n := rb.Nvext; n != nil {
+		if n.AgentHints != nil {
+			out.osl = n.AgentHints.OSL
+		}
+		if n.SessionControl != nil {
+			out.session = n.SessionControl.SessionID
+		}
+	}
+	tokens, text, err := parsePrompt(rb.Prompt)
+	if err != nil {
+		return out, err
+	}
+	switch {
+	case tokens != nil:
+		out.tokens = tokens
+	case rb.Nvext != nil && len(rb.Nvext.TokenData) > 0:
+		out.tokens = rb.Nvext.TokenData
+	case text != "":
+		out.text = text
+	case len(rb.Messages) > 0:
+		out.text, err = chatText(rb.Messages)
+	}
+	return out, err
+}
+
+// parsePrompt reads the completions prompt: a string, an array of token ids,
+// an array of strings or an array of token-id arrays (a batch: its first
+// element identifies the request, all of a batch go to one worker).
+func parsePrompt(raw json.RawMessage) (tokens []uint32, text string, err error) {
+	raw = bytes.TrimSpace(raw)
+	if len(raw) == 0 || bytes.Equal(raw, []byte("null")) {
+		return nil, "", nil
+	}
+	switch raw[0] {
+	case '"':
+		if err := json.Unmarshal(raw, &text); err != nil {
+			return nil, "", fmt.Errorf("%w: prompt: %s", errBadBody, shortJSONError(err))
+		}
+		return nil, text, nil
+	case '[':
+	default:
+		return nil, "", fmt.Errorf("%w: prompt must be a string, an array of strings, an array of token ids or an array of token-id arrays", errBadBody)
+	}
+	inner := bytes.TrimSpace(raw[1:])
+	switch {
+	case len(inner) > 0 && inner[0] == ']':
+		return nil, "", nil
+	case len(inner) > 0 && inner[0] == '"':
+		var batch []string
+		if err := json.Unmarshal(raw, &batch); err != nil {
+			return nil, "", fmt.Errorf("%w: prompt: %s", errBadBody, shortJSONError(err))
+		}
+		return nil, batch[0], nil
+	case len(inner) > 0 && inner[0] == '[':
+		var batch [][]uint32
+		if err := json.Unmarshal(raw, &batch); err != nil {
+			return nil, "", fmt.Errorf("%w: prompt token ids must be integers from 0 to 4294967295: %s", errBadBody, shortJSONError(err))
+		}
+		if len(batch[0]) == 0 {
+			return nil, "", nil
+		}
+		return batch[0], "", nil
+	}
+	if err := json.Unmarshal(raw, &tokens); err != nil {
+		return nil, "", fmt.Errorf("%w: prompt token ids must be integers from 0 to 4294967295: %s", errBadBody, shortJSONError(err))
+	}
+	return tokens, "", nil
+}
+
+// chatText flattens chat messages into the text that is hashed: per message
+// its role, a newline, its text content (string content, or the text parts
+// and image URLs of a parts array), a newline. Later turns of a conversation
+// extend earlier ones, so they share a prefix whatever the client's JSON
+// spacing.
+func chatText(msgs []chatMessage) (string, error) {
+	var sb strings.Builder
+	for i, m := range msgs {
+		sb.WriteString(m.Role)
+		sb.WriteByte('\n')
+		c := bytes.TrimSpace(m.Content)
+		switch {
+		case len(c) == 0 || bytes.Equal(c, []byte("null")):
+		case c[0] == '"':
+			var s string
+			if err := json.Unmarshal(c, &s); err != nil {
+				return "", fmt.Errorf("%w: messages[%d].content: %s", errBadBody, i, shortJSONError(err))
+			}
+			sb.WriteString(s)
+		case c[0] == '[':
+			var parts []contentPart
+			if err := json.Unmarshal(c, &parts); err != nil {
+				return "", fmt.Errorf("%w: messages[%d].content: %s", errBadBody, i, shortJSONError(err))
+			}
+			for _, p := range parts {
+				sb.WriteString(p.Text)
+				if p.ImageURL != nil {
+					sb.WriteString(p.ImageURL.URL)
+				}
+			}
+		default:
+			return "", fmt.Errorf("%w: messages[%d].content must be a string or an array of parts", errBadBody, i)
+		}
+		sb.WriteByte('\n')
+	}
+	return sb.String(), nil
+}
+
+// shortJSONError keeps decoder messages to one short line.
+func shortJSONError(err error) string {
+	s := err.Error()
+	if len(s) > 200 {
+		s = s[:200] + "..."
+	}
+	return s
+}

@@ -1,0 +1,173 @@
+// Package extproc is kvselect's Envoy external processor: a gRPC
+// envoy.service.ext_proc.v3.ExternalProcessor that speaks the Gateway API
+// Inference Extension endpoint-picker protocol (GIE proposal 004, spec
+// gie-llmd-envoy.md §1–§2), so kvselect runs as the endpoint picker (EPP) of
+// an InferencePool behind Envoy, Envoy Gateway, kgateway, Istio or any GIE
+// gateway.
+//
+// One gRPC stream is one HTTP request. The stream goroutine reads the
+// request's identity from headers and body without tokenizing
+// (DESIGN.md "Request identity without a tokenizer"), books it with
+// selection.Service.SelectAndReserve, answers with the destination header and
+// envoy.lb metadata, then follows the response: the served-endpoint metadata
+// moves the booking when a fallback served it (Rebook), the first response
+// body chunk completes the prefill, streamed output grows the booking by
+// output blocks, and the end of the response frees it. However the stream
+// ends — response end, Envoy's close and reset, a cancelled context, a Send
+// error — the booking is freed exactly once by a deferred cleanup.
+//
+// The front translates; it does not decide. Which worker, what load and which
+// error all come from selection.Service; kinds map to immediate-response
+// status codes in one table (kindStatus). docs/extproc.md has the message
+// flows per processing mode and the header contract.
+package extproc
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"sync/atomic"
+
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/status"
+
+	"github.com/kvselect/kvselect/selection"
+)
+
+// ServiceName is the ext_proc gRPC service; the health service reports it.
+const ServiceName = "envoy.service.ext_proc.v3.ExternalProcessor"
+
+// healthNames are the health-check service names reported SERVING: the
+// overall server, the ext_proc service (Envoy's cluster health check), and
+// the names GIE deployments probe (protocol 004 §Health, chart manifests).
+var healthNames = []string{"", ServiceName, "inference-extension", "liveness", "readiness"}
+
+// Defaults.
+const (
+	// DefaultMaxBodyBytes bounds a buffered request body (flag
+	// --extproc-max-body-bytes). GIE's lwepp caps at 10 MiB; 16 MiB leaves room
+	// for long contexts and inline images.
+	DefaultMaxBodyBytes = 16 << 20
+	// BodyChunkBytes is the largest body message sent back to Envoy
+	// (GIE's BodyByteLimit, under Envoy's ~64 KiB per-message guidance).
+	BodyChunkBytes = 62000
+	// maxOutputBlocks bounds the output blocks one request can add.
+	maxOutputBlocks = 1 << 16
+)
+
+// Options configures the ext_proc front.
+type Options struct {
+	// Logger receives stream-level problems; slog.Default() when nil.
+	Logger *slog.Logger
+	// Fallbacks is how many ordered fallback endpoints follow the primary in
+	// x-gateway-destination-endpoint (protocol 004 v0.4). 0 sends only the
+	// primary.
+	Fallbacks int
+	// MaxBodyBytes bounds the request body the picker buffers
+	// (FULL_DUPLEX_STREAMED, BUFFERED); a larger body gets a 413 immediate
+	// response. 0 means DefaultMaxBodyBytes.
+	MaxBodyBytes int
+	// TestPickHeader enables the GIE conformance hooks: the
+	// test-epp-endpoint-selection request header restricts the pick to the
+	// listed endpoints (over the subset hint), and responses carry
+	// x-conformance-test-served-endpoint. Off in production.
+	TestPickHeader bool
+}
+
+// Server is the ext_proc server. It implements
+// extprocv3.ExternalProcessorServer; Register adds it and the gRPC health
+// service to a grpc.Server.
+type Server struct {
+	extprocv3.UnimplementedExternalProcessorServer
+
+	svc    *selection.Service
+	opts   Options
+	log    *slog.Logger
+	addrs  addrCache
+	health *health.Server
+
+	active atomic.Int64 // streams in flight
+}
+
+var _ extprocv3.ExternalProcessorServer = (*Server)(nil)
+
+// New returns the ext_proc front over svc.
+func New(svc *selection.Service, opts Options) *Server {
+	if opts.MaxBodyBytes <= 0 {
+		opts.MaxBodyBytes = DefaultMaxBodyBytes
+	}
+	if opts.Fallbacks < 0 {
+		opts.Fallbacks = 0
+	}
+	s := &Server{svc: svc, opts: opts, log: opts.Logger, health: health.NewServer()}
+	if s.log == nil {
+		s.log = slog.Default()
+	}
+	for _, n := range healthNames {
+		s.health.SetServingStatus(n, healthpb.HealthCheckResponse_SERVING)
+	}
+	return s
+}
+
+// Register registers the ext_proc service and the standard gRPC health
+// service on g.
+func (s *Server) Register(g *grpc.Server) {
+	extprocv3.RegisterExternalProcessorServer(g, s)
+	healthpb.RegisterHealthServer(g, s.health)
+}
+
+// Shutdown reports NOT_SERVING on every health name, so gateways stop sending
+// new streams while the in-flight ones finish.
+func (s *Server) Shutdown() { s.health.Shutdown() }
+
+// Active is the number of streams in flight.
+func (s *Server) Active() int64 { return s.active.Load() }
+
+// Process serves one HTTP request's ext_proc stream.
+func (s *Server) Process(srv extprocv3.ExternalProcessor_ProcessServer) error {
+	s.active.Add(1)
+	defer s.active.Add(-1)
+	st := &stream{s: s, srv: srv, ctx: srv.Context()}
+	defer st.cleanup()
+	for !st.closed {
+		req, err := srv.Recv()
+		if err != nil {
+			// Envoy ends every stream, normal or not, with a half-close
+			// immediately followed by a reset (spec §2.4 step 8): both are a
+			// normal end here.
+			if errors.Is(err, io.EOF) || status.Code(err) == codes.Canceled || errors.Is(err, context.Canceled) {
+				return nil
+			}
+			return status.Errorf(codes.Unknown, "receive: %v", err)
+		}
+		if err := st.handle(req); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// kindStatus is the one table from selection error kinds to immediate-response
+// status codes (protocol 004 §Errors: 503 no ready endpoint, 429 shed).
+var kindStatus = map[selection.Kind]typev3.StatusCode{
+	selection.KindBadRequest:  typev3.StatusCode_BadRequest,
+	selection.KindNotFound:    typev3.StatusCode_NotFound,
+	selection.KindConflict:    typev3.StatusCode_Conflict,
+	selection.KindNotReady:    typev3.StatusCode_ServiceUnavailable,
+	selection.KindOverloaded:  typev3.StatusCode_TooManyRequests,
+	selection.KindUnavailable: typev3.StatusCode_ServiceUnavailable,
+	selection.KindInternal:    typev3.StatusCode_InternalServerError,
+}
+
+func statusOf(err error) typev3.StatusCode {
+	if c, ok := kindStatus[selection.KindOf(err)]; ok {
+		return c
+	}
+	return typev3.StatusCode_InternalServerError
+}
