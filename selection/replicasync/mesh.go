@@ -1,0 +1,539 @@
+// Package replicasync is the replica synchronization mesh of api spec §7 (seed
+// doc "Peer Planes"): a ZMQ PUB socket bound on --replica-sync-port carries this
+// replica's booking admissions, prefill completions and frees
+// (dynamo.slot-tracker.v1) and its session bindings
+// (dynamo.session-affinity.v1); one SUB socket per peer — the
+// --replica-sync-peers endpoints and those registered at run time through
+// /replica_sync/register_peer — feeds the peers' events back into the local
+// selection.Service, which books them as expiring mirrored reservations.
+//
+// Messages are two frames, [topic, MessagePack payload], in Dynamo's v1
+// envelope (envelope.go), so a kvselect replica and a Dynamo selector can share
+// a mesh. Synchronization is best effort and bounded, as the seed's consistency
+// invariants say: bounded outbound queues that drop when full, no
+// acknowledgement, ordering across peers, replay or resync; events for unknown
+// workers, partitions, ranks or block sizes are dropped and counted (Stats).
+// Output-block growth never leaves the replica.
+package replicasync
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log"
+	"log/slog"
+	"net"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/go-zeromq/zmq4"
+
+	"github.com/kvselect/kvselect/httpadmin"
+	"github.com/kvselect/kvselect/selection"
+	"github.com/kvselect/kvselect/selection/affinity"
+	"github.com/kvselect/kvselect/selection/catalog"
+)
+
+// Defaults for Options: Dynamo's queue bounds (api §7) and reconnect backoff.
+const (
+	DefaultBookingQueue = 100_000
+	DefaultBindingQueue = 4_096
+	DefaultReconnectMin = 100 * time.Millisecond
+	DefaultReconnectMax = 5 * time.Second
+	DefaultDialTimeout  = 2 * time.Second
+)
+
+// Replica is what the mesh needs of the local service; *selection.Service is
+// one.
+type Replica interface {
+	ReplicaID() uint64
+	ObserveReplicas(selection.ReplicaObserver)
+	ApplyRemoteBooking(selection.BookingEvent) selection.RemoteOutcome
+	ApplyRemoteBinding(selection.SessionBinding) (selection.RemoteOutcome, affinity.ApplyOutcome)
+}
+
+// Options configures a Mesh.
+type Options struct {
+	// Bind is the PUB endpoint, "tcp://*:<port>" for --replica-sync-port.
+	// A port of 0 picks a free one (Addr reports it); the server's flag
+	// refuses 0, as Dynamo does.
+	Bind string
+	// Peers are the initial SUB endpoints (--replica-sync-peers).
+	Peers []string
+	// Affinity subscribes to the session-affinity topic (only when session
+	// affinity is on, api §7.2).
+	Affinity bool
+	Logger   *slog.Logger
+	// BookingQueue and BindingQueue bound the outbound queues (100,000 and
+	// 4,096); a full queue drops the event and counts it.
+	BookingQueue, BindingQueue int
+	// ReconnectMin and ReconnectMax bound the per-peer redial backoff
+	// (100 ms doubling to 5 s, Dynamo's ZMQ reconnect settings).
+	ReconnectMin, ReconnectMax time.Duration
+	// DialTimeout bounds one TCP connect attempt (2 s).
+	DialTimeout time.Duration
+}
+
+// Mesh is one replica's side of the replica mesh. It implements
+// selection.ReplicaObserver (outbound) and httpadmin.PeerManager (dynamic
+// peers).
+type Mesh struct {
+	r      Replica
+	opts   Options
+	log    *slog.Logger
+	zlog   *log.Logger
+	ctx    context.Context
+	cancel context.CancelFunc
+	pub    zmq4.Socket
+	topics []string
+
+	bookings chan selection.BookingEvent
+	bindings chan selection.SessionBinding
+	pubDone  chan struct{}
+
+	mu     sync.Mutex
+	closed bool
+	peers  map[string]*peer
+
+	c counters
+}
+
+var (
+	_ selection.ReplicaObserver = (*Mesh)(nil)
+	_ httpadmin.PeerManager     = (*Mesh)(nil)
+)
+
+// counters are the mesh's statistics, updated without locks.
+type counters struct {
+	bookingsPublished, bookingsDropped atomic.Uint64
+	bindingsPublished, bindingsDropped atomic.Uint64
+	sendErrors                         atomic.Uint64
+	received, malformed                atomic.Uint64
+	bookingOutcomes                    [16]atomic.Uint64 // by selection.RemoteOutcome
+	bindingOutcomes                    [16]atomic.Uint64
+}
+
+func (c *counters) count(by *[16]atomic.Uint64, o selection.RemoteOutcome) {
+	if int(o) < len(by) {
+		by[o].Add(1)
+	}
+}
+
+// peer is one SUB connection with its reconnect loop.
+type peer struct {
+	ep     string
+	cancel context.CancelFunc
+	done   chan struct{}
+
+	mu sync.Mutex
+	st PeerStatus
+}
+
+// PeerStatus is one peer's connection state.
+type PeerStatus struct {
+	Endpoint   string
+	Connected  bool   // dialed and subscribed
+	Received   uint64 // messages received from this peer
+	Reconnects uint64 // sessions that ended in an error
+	LastError  string
+}
+
+// Stats is a snapshot of the mesh's counters.
+type Stats struct {
+	BookingsPublished uint64 // booking events handed to the PUB socket
+	BookingsDropped   uint64 // booking events dropped: outbound queue full
+	BindingsPublished uint64
+	BindingsDropped   uint64
+	SendErrors        uint64 // PUB sends that failed (the event is lost)
+	Received          uint64 // messages received from all peers
+	Malformed         uint64 // messages dropped undecoded: frames, topic or payload
+	// Bookings and Bindings count what the service did with each decoded
+	// event, by selection.RemoteOutcome name ("applied", "unknown_worker",
+	// "block_size_mismatch", …).
+	Bookings map[string]uint64
+	Bindings map[string]uint64
+	Peers    []PeerStatus // sorted by endpoint
+}
+
+// ErrClosed is returned by Register after Close.
+var ErrClosed = errors.New("replicasync: mesh closed")
+
+// Start binds the PUB socket, connects to the initial peers and starts
+// publishing r's events. A bind failure or an invalid peer endpoint fails
+// Start and releases the socket (api §13.3: a bad peer endpoint fails startup
+// and frees the port). The mesh runs until ctx ends or Close is called.
+func Start(ctx context.Context, r Replica, opts Options) (*Mesh, error) {
+	if err := catalog.ValidateZMQEndpoint(opts.Bind); err != nil {
+		return nil, fmt.Errorf("replica sync bind: %w", err)
+	}
+	for _, ep := range opts.Peers {
+		if err := catalog.ValidateZMQEndpoint(ep); err != nil {
+			return nil, fmt.Errorf("invalid replica peer endpoint `%s`: %w", ep, err)
+		}
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	if opts.BookingQueue <= 0 {
+		opts.BookingQueue = DefaultBookingQueue
+	}
+	if opts.BindingQueue <= 0 {
+		opts.BindingQueue = DefaultBindingQueue
+	}
+	if opts.ReconnectMin <= 0 {
+		opts.ReconnectMin = DefaultReconnectMin
+	}
+	if opts.ReconnectMax <= 0 {
+		opts.ReconnectMax = DefaultReconnectMax
+	}
+	opts.ReconnectMax = max(opts.ReconnectMax, opts.ReconnectMin)
+	if opts.DialTimeout <= 0 {
+		opts.DialTimeout = DefaultDialTimeout
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	m := &Mesh{
+		r: r, opts: opts, log: opts.Logger.With("component", "replica-sync"),
+		zlog: log.New(io.Discard, "", 0), ctx: ctx, cancel: cancel,
+		topics:   []string{TopicSlotTracker},
+		bookings: make(chan selection.BookingEvent, opts.BookingQueue),
+		bindings: make(chan selection.SessionBinding, opts.BindingQueue),
+		pubDone:  make(chan struct{}),
+		peers:    make(map[string]*peer),
+	}
+	if opts.Affinity {
+		m.topics = append(m.topics, TopicSessionAffinity)
+	}
+	m.pub = zmq4.NewPub(ctx, zmq4.WithLogger(m.zlog))
+	// The socket's own queue is bounded too: when subscribers cannot keep up,
+	// messages beyond it are dropped (best effort, like Dynamo's send timeout 0).
+	if err := m.pub.SetOption(zmq4.OptionHWM, opts.BookingQueue+opts.BindingQueue); err != nil {
+		cancel()
+		m.pub.Close()
+		return nil, fmt.Errorf("replica sync: %w", err)
+	}
+	if err := m.pub.Listen(opts.Bind); err != nil {
+		cancel()
+		m.pub.Close()
+		return nil, fmt.Errorf("failed to bind replica publisher to `%s`: %w", opts.Bind, err)
+	}
+	go m.publish()
+	for _, ep := range opts.Peers {
+		m.mu.Lock()
+		if _, dup := m.peers[ep]; !dup {
+			m.startPeer(ep)
+		}
+		m.mu.Unlock()
+	}
+	r.ObserveReplicas(m)
+	context.AfterFunc(ctx, func() { _ = m.Close() })
+	m.log.Info("replica sync started", "bind", m.Addr().String(), "peers", opts.Peers,
+		"replica_id", r.ReplicaID(), "topics", m.topics)
+	return m, nil
+}
+
+// Addr is the bound PUB address (with the real port when Bind asked for 0).
+func (m *Mesh) Addr() net.Addr { return m.pub.Addr() }
+
+// Close stops publishing, disconnects every peer and releases the port. It is
+// idempotent.
+func (m *Mesh) Close() error {
+	m.mu.Lock()
+	if m.closed {
+		m.mu.Unlock()
+		return nil
+	}
+	m.closed = true
+	peers := make([]*peer, 0, len(m.peers))
+	for _, p := range m.peers {
+		peers = append(peers, p)
+	}
+	m.mu.Unlock()
+	m.r.ObserveReplicas(nil)
+	m.cancel()
+	for _, p := range peers {
+		p.cancel()
+		<-p.done
+	}
+	<-m.pubDone
+	return m.pub.Close()
+}
+
+// BookingChanged queues a booking event for the peers (selection.ReplicaObserver).
+// It never blocks: a full queue drops the event.
+func (m *Mesh) BookingChanged(ev selection.BookingEvent) {
+	select {
+	case m.bookings <- ev:
+	default:
+		if m.c.bookingsDropped.Add(1)&(1<<10-1) == 1 {
+			m.log.Warn("replica sync outbound queue full; dropping booking events", "dropped", m.c.bookingsDropped.Load())
+		}
+	}
+}
+
+// SessionBound queues a session binding for the peers.
+func (m *Mesh) SessionBound(b selection.SessionBinding) {
+	if !m.opts.Affinity {
+		return
+	}
+	select {
+	case m.bindings <- b:
+	default:
+		m.c.bindingsDropped.Add(1)
+	}
+}
+
+// publish encodes queued events onto the PUB socket until the mesh stops.
+func (m *Mesh) publish() {
+	defer close(m.pubDone)
+	topicBooking, topicBinding := []byte(TopicSlotTracker), []byte(TopicSessionAffinity)
+	for {
+		var topic, payload []byte
+		select {
+		case <-m.ctx.Done():
+			return
+		case ev := <-m.bookings:
+			topic, payload = topicBooking, AppendBooking(nil, &ev)
+			m.c.bookingsPublished.Add(1)
+		case b := <-m.bindings:
+			topic, payload = topicBinding, AppendBinding(nil, &b)
+			m.c.bindingsPublished.Add(1)
+		}
+		if err := m.pub.Send(zmq4.NewMsgFrom(topic, payload)); err != nil {
+			m.c.sendErrors.Add(1)
+			if m.ctx.Err() == nil {
+				m.log.Warn("replica publish failed", "err", err)
+			}
+		}
+	}
+}
+
+// Register connects to a peer (POST /replica_sync/register_peer); created is
+// false when it was already connected. The connection is made in the
+// background: an unreachable peer is retried with backoff, as a ZMQ connect is.
+func (m *Mesh) Register(endpoint string) (bool, error) {
+	if err := catalog.ValidateZMQEndpoint(endpoint); err != nil {
+		return false, &selection.Error{Kind: selection.KindBadRequest, Message: err.Error()}
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.closed {
+		return false, &selection.Error{Kind: selection.KindUnavailable, Message: "replica peer manager is unavailable"}
+	}
+	if _, ok := m.peers[endpoint]; ok {
+		return false, nil
+	}
+	m.startPeer(endpoint)
+	m.log.Info("replica peer registered", "endpoint", endpoint)
+	return true, nil
+}
+
+// Deregister disconnects a peer (POST /replica_sync/deregister_peer).
+func (m *Mesh) Deregister(endpoint string) error {
+	if err := catalog.ValidateZMQEndpoint(endpoint); err != nil {
+		return &selection.Error{Kind: selection.KindBadRequest, Message: err.Error()}
+	}
+	m.mu.Lock()
+	if m.closed {
+		m.mu.Unlock()
+		return &selection.Error{Kind: selection.KindUnavailable, Message: "replica peer manager is unavailable"}
+	}
+	p, ok := m.peers[endpoint]
+	delete(m.peers, endpoint)
+	m.mu.Unlock()
+	if !ok {
+		return httpadmin.ErrPeerNotFound
+	}
+	p.cancel()
+	<-p.done
+	m.log.Info("replica peer deregistered", "endpoint", endpoint)
+	return nil
+}
+
+// Peers lists the peer endpoints, sorted (GET /replica_sync/peers). Dynamic
+// membership is in memory only: a restart keeps --replica-sync-peers alone.
+func (m *Mesh) Peers() []string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := make([]string, 0, len(m.peers))
+	for ep := range m.peers {
+		out = append(out, ep)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// Stats snapshots the counters and the peers' states.
+func (m *Mesh) Stats() Stats {
+	st := Stats{
+		BookingsPublished: m.c.bookingsPublished.Load(), BookingsDropped: m.c.bookingsDropped.Load(),
+		BindingsPublished: m.c.bindingsPublished.Load(), BindingsDropped: m.c.bindingsDropped.Load(),
+		SendErrors: m.c.sendErrors.Load(), Received: m.c.received.Load(), Malformed: m.c.malformed.Load(),
+		Bookings: map[string]uint64{}, Bindings: map[string]uint64{},
+	}
+	for _, o := range selection.RemoteOutcomes {
+		if n := m.c.bookingOutcomes[o].Load(); n > 0 {
+			st.Bookings[o.String()] = n
+		}
+		if n := m.c.bindingOutcomes[o].Load(); n > 0 {
+			st.Bindings[o.String()] = n
+		}
+	}
+	m.mu.Lock()
+	for _, p := range m.peers {
+		p.mu.Lock()
+		st.Peers = append(st.Peers, p.st)
+		p.mu.Unlock()
+	}
+	m.mu.Unlock()
+	slices.SortFunc(st.Peers, func(a, b PeerStatus) int {
+		switch {
+		case a.Endpoint < b.Endpoint:
+			return -1
+		case a.Endpoint > b.Endpoint:
+			return 1
+		}
+		return 0
+	})
+	return st
+}
+
+// startPeer launches the peer's subscriber; the caller holds m.mu.
+func (m *Mesh) startPeer(ep string) {
+	ctx, cancel := context.WithCancel(m.ctx)
+	p := &peer{ep: ep, cancel: cancel, done: make(chan struct{}), st: PeerStatus{Endpoint: ep}}
+	m.peers[ep] = p
+	go m.runPeer(ctx, p)
+}
+
+func (p *peer) update(fn func(*PeerStatus)) {
+	p.mu.Lock()
+	fn(&p.st)
+	p.mu.Unlock()
+}
+
+// runPeer keeps a SUB session to the peer up, redialing with capped
+// exponential backoff; a session that received something resets the backoff.
+func (m *Mesh) runPeer(ctx context.Context, p *peer) {
+	defer close(p.done)
+	delay := m.opts.ReconnectMin
+	for {
+		received, err := m.session(ctx, p)
+		p.update(func(s *PeerStatus) { s.Connected = false })
+		if ctx.Err() != nil {
+			return
+		}
+		p.update(func(s *PeerStatus) {
+			s.Reconnects++
+			s.LastError = err.Error()
+		})
+		if received {
+			delay = m.opts.ReconnectMin
+		}
+		m.log.Debug("replica peer disconnected; reconnecting", "endpoint", p.ep, "err", err, "retry_in", delay)
+		t := time.NewTimer(delay)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+		delay = min(delay*2, m.opts.ReconnectMax)
+	}
+}
+
+// session dials the peer, subscribes and applies its messages until an error.
+func (m *Mesh) session(ctx context.Context, p *peer) (received bool, err error) {
+	sub := zmq4.NewSub(ctx, zmq4.WithLogger(m.zlog), zmq4.WithDialerMaxRetries(0), zmq4.WithDialerTimeout(m.opts.DialTimeout))
+	defer sub.Close()
+	dctx, cancel := context.WithTimeout(ctx, m.opts.DialTimeout)
+	err = dial(dctx, sub, p.ep)
+	cancel()
+	if err != nil {
+		return false, err
+	}
+	for _, t := range m.topics {
+		if err := sub.SetOption(zmq4.OptionSubscribe, t); err != nil {
+			return false, err
+		}
+	}
+	p.update(func(s *PeerStatus) { s.Connected = true })
+	m.log.Debug("replica peer connected", "endpoint", p.ep)
+	for {
+		msg, err := sub.Recv()
+		if err != nil {
+			return received, err
+		}
+		received = true
+		p.update(func(s *PeerStatus) { s.Received++ })
+		m.handle(p.ep, msg.Frames)
+	}
+}
+
+// handle decodes one message and applies it to the local service.
+func (m *Mesh) handle(from string, frames [][]byte) {
+	m.c.received.Add(1)
+	if len(frames) != 2 {
+		m.c.malformed.Add(1)
+		m.log.Debug("dropping malformed replica message", "peer", from, "frames", len(frames))
+		return
+	}
+	switch string(frames[0]) {
+	case TopicSlotTracker:
+		ev, err := DecodeBooking(frames[1])
+		if err != nil {
+			m.c.malformed.Add(1)
+			m.log.Debug("dropping malformed replica payload", "peer", from, "err", err)
+			return
+		}
+		out := m.r.ApplyRemoteBooking(ev)
+		m.c.count(&m.c.bookingOutcomes, out)
+		if out != selection.RemoteApplied && out != selection.RemoteOwn {
+			m.log.Debug("dropped replica booking event", "peer", from, "outcome", out.String(), "kind", ev.Kind.String(),
+				"request_id", ev.RequestID, "model_name", ev.Partition.Model, "routing_group", ev.Partition.RoutingGroup,
+				"worker_id", ev.Worker.WorkerID, "dp_rank", ev.Worker.DPRank, "block_size", ev.BlockSize)
+		}
+	case TopicSessionAffinity:
+		if !m.opts.Affinity {
+			return
+		}
+		b, err := DecodeBinding(frames[1])
+		if err != nil {
+			m.c.malformed.Add(1)
+			m.log.Debug("dropping malformed session affinity payload", "peer", from, "err", err)
+			return
+		}
+		out, table := m.r.ApplyRemoteBinding(b)
+		m.c.count(&m.c.bindingOutcomes, out)
+		if out != selection.RemoteApplied && out != selection.RemoteOwn {
+			m.log.Debug("dropped replica session binding", "peer", from, "outcome", out.String(), "table", table.String(),
+				"session_id", b.SessionID, "model_name", b.Partition.Model, "routing_group", b.Partition.RoutingGroup,
+				"worker_id", b.WorkerID)
+		}
+	default:
+		m.c.malformed.Add(1)
+		m.log.Debug("dropping replica message with unexpected topic", "peer", from)
+	}
+}
+
+// dial connects sock to ep, giving up when ctx ends: go-zeromq's Dial has no
+// context, and a peer that accepts TCP but never answers the ZMTP greeting
+// would otherwise block Deregister and Close.
+func dial(ctx context.Context, sock zmq4.Socket, ep string) error {
+	errc := make(chan error, 1)
+	go func() {
+		err := sock.Dial(ep)
+		if ctx.Err() != nil {
+			sock.Close()
+		}
+		errc <- err
+	}()
+	select {
+	case err := <-errc:
+		return err
+	case <-ctx.Done():
+		return fmt.Errorf("dial %s: %w", ep, ctx.Err())
+	}
+}
