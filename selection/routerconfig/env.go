@@ -118,7 +118,7 @@ var knobs = []knob{
 		choiceKnob([]string{string(ApproximateTTL), string(ApproximateLRU)}, func(c *Config, v string) { c.ApproximateCachePolicy = ApproximateCachePolicy(v) })},
 	{EnvVar{"DYN_ROUTER_TTL_SECS", "RouterTTL", "120", "Seconds an approximate-index entry lives (ttl policy)."},
 		secondsKnob(func(c *Config, v time.Duration) { c.RouterTTL = v })},
-	{EnvVar{"DYN_ROUTER_EVENT_THREADS", "EventThreads", "4", "KV index apply threads in Dynamo (>= 1); the selection service's --threads."},
+	{EnvVar{"DYN_ROUTER_EVENT_THREADS", "EventThreads", "4", "KV event writer lanes (>= 1; at most 256 are started): events of one worker rank stay in order; the selection service's --threads."},
 		intKnob(1, maxEventThreads, func(c *Config, v int) { c.EventThreads = v })},
 	{EnvVar{"DYN_ROUTER_QUEUE_POLICY", "QueuePolicy", "fcfs", "Queue order: fcfs (priority boost in seconds), wspt (shortest uncached prefill first) or lcfs (testing)."},
 		choiceKnob([]string{string(QueueFCFS), string(QueueWSPT), string(QueueLCFS)}, func(c *Config, v string) { c.QueuePolicy = QueuePolicy(v) })},
