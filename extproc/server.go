@@ -73,6 +73,11 @@ type Options struct {
 	// (FULL_DUPLEX_STREAMED, BUFFERED); a larger body gets a 413 immediate
 	// response. 0 means DefaultMaxBodyBytes.
 	MaxBodyBytes int
+	// DefaultModel is the partition of requests that name no model the
+	// picker can see: no x-kvselect-model-name header and no body model
+	// (requests without a body, STREAMED and NONE request modes, which route
+	// on headers alone). Empty means Dynamo's "default" partition.
+	DefaultModel string
 	// TestPickHeader enables the GIE conformance hooks: the
 	// test-epp-endpoint-selection request header restricts the pick to the
 	// listed endpoints (over the subset hint), and responses carry

@@ -244,7 +244,7 @@ func (st *stream) pick(withBody bool) (*extprocv3.HeaderMutation, *structpb.Stru
 		}
 	}
 	req := &selection.SelectRequest{Fallbacks: st.s.opts.Fallbacks}
-	req.ModelName = firstNonEmpty(id.model, pb.model)
+	req.ModelName = firstNonEmpty(firstNonEmpty(id.model, pb.model), st.s.opts.DefaultModel)
 	req.RoutingGroup = id.group
 	if id.lora != "" {
 		req.LoraName = &id.lora
@@ -405,14 +405,11 @@ func (st *stream) onResponseHeaders(h *extprocv3.HttpHeaders, md *corev3.Metadat
 		}
 		mut = &extprocv3.HeaderMutation{SetHeaders: []*corev3.HeaderValueOption{setHeader(HeaderTestServed, v)}}
 	}
-	if err := st.send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseHeaders{
-		ResponseHeaders: &extprocv3.HeadersResponse{Response: &extprocv3.CommonResponse{HeaderMutation: mut}}}}); err != nil {
-		return err
-	}
 	if h.GetEndOfStream() {
 		st.complete()
 	}
-	return nil
+	return st.send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseHeaders{
+		ResponseHeaders: &extprocv3.HeadersResponse{Response: &extprocv3.CommonResponse{HeaderMutation: mut}}}})
 }
 
 // rebook moves the booking to the rank behind the served endpoint: one of
@@ -459,17 +456,16 @@ func (st *stream) onResponseBody(b *extprocv3.HttpBody) error {
 		st.counter.feed(body)
 		st.outputBlocks()
 	}
-	var err error
-	if st.responseMode() == filterv3.ProcessingMode_FULL_DUPLEX_STREAMED {
-		// Echo at once: SSE is never buffered.
-		err = st.send(streamedBody(false, body, eos))
-	} else {
-		err = st.send(bodyResponse(false, nil))
-	}
 	if eos {
+		// Freed before the last chunk goes back, so a gateway that has seen
+		// the response end never sees its booking.
 		st.complete()
 	}
-	return err
+	if st.responseMode() == filterv3.ProcessingMode_FULL_DUPLEX_STREAMED {
+		// Echo at once: SSE is never buffered.
+		return st.send(streamedBody(false, body, eos))
+	}
+	return st.send(bodyResponse(false, nil))
 }
 
 func (st *stream) outputBlocks() {
