@@ -17,6 +17,7 @@
 package replicasync
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -44,6 +45,7 @@ const (
 	DefaultReconnectMin = 100 * time.Millisecond
 	DefaultReconnectMax = 5 * time.Second
 	DefaultDialTimeout  = 2 * time.Second
+	DefaultResolveEvery = 10 * time.Second
 )
 
 // Replica is what the mesh needs of the local service; *selection.Service is
@@ -75,6 +77,14 @@ type Options struct {
 	ReconnectMin, ReconnectMax time.Duration
 	// DialTimeout bounds one TCP connect attempt (2 s).
 	DialTimeout time.Duration
+	// ResolvePeers subscribes to every address a peer's host name resolves
+	// to, re-resolved every ResolveEvery (10 s), skipping this replica's own
+	// PUB address. A Kubernetes headless Service name then reaches every
+	// replica of a Deployment, where a plain ZMQ connect would reach one.
+	ResolvePeers bool
+	ResolveEvery time.Duration
+	// Resolver looks host names up; net.DefaultResolver when nil.
+	Resolver *net.Resolver
 }
 
 // Mesh is one replica's side of the replica mesh. It implements
@@ -93,6 +103,9 @@ type Mesh struct {
 	bookings chan selection.BookingEvent
 	bindings chan selection.SessionBinding
 	pubDone  chan struct{}
+
+	selfPort string   // the bound PUB port
+	selfIPs  []net.IP // this host's addresses (ResolvePeers skips our own socket)
 
 	mu     sync.Mutex
 	closed bool
@@ -122,25 +135,6 @@ func (c *counters) count(by *[16]atomic.Uint64, o selection.RemoteOutcome) {
 	}
 }
 
-// peer is one SUB connection with its reconnect loop.
-type peer struct {
-	ep     string
-	cancel context.CancelFunc
-	done   chan struct{}
-
-	mu sync.Mutex
-	st PeerStatus
-}
-
-// PeerStatus is one peer's connection state.
-type PeerStatus struct {
-	Endpoint   string
-	Connected  bool   // dialed and subscribed
-	Received   uint64 // messages received from this peer
-	Reconnects uint64 // sessions that ended in an error
-	LastError  string
-}
-
 // Stats is a snapshot of the mesh's counters.
 type Stats struct {
 	BookingsPublished uint64 // booking events handed to the PUB socket
@@ -155,7 +149,9 @@ type Stats struct {
 	// "block_size_mismatch", …).
 	Bookings map[string]uint64
 	Bindings map[string]uint64
-	Peers    []PeerStatus // sorted by endpoint
+	// Peers has one row per address subscribed to (one per configured peer,
+	// or one per resolved address with ResolvePeers), sorted.
+	Peers []PeerStatus
 }
 
 // ErrClosed is returned by Register after Close.
@@ -193,6 +189,12 @@ func Start(ctx context.Context, r Replica, opts Options) (*Mesh, error) {
 	if opts.DialTimeout <= 0 {
 		opts.DialTimeout = DefaultDialTimeout
 	}
+	if opts.ResolveEvery <= 0 {
+		opts.ResolveEvery = DefaultResolveEvery
+	}
+	if opts.Resolver == nil {
+		opts.Resolver = net.DefaultResolver
+	}
 	ctx, cancel := context.WithCancel(ctx)
 	m := &Mesh{
 		r: r, opts: opts, log: opts.Logger.With("component", "replica-sync"),
@@ -219,6 +221,7 @@ func Start(ctx context.Context, r Replica, opts Options) (*Mesh, error) {
 		m.pub.Close()
 		return nil, fmt.Errorf("failed to bind replica publisher to `%s`: %w", opts.Bind, err)
 	}
+	m.selfPort, m.selfIPs = portOf(m.pub.Addr()), localIPs()
 	go m.publish()
 	for _, ep := range opts.Peers {
 		m.mu.Lock()
@@ -383,93 +386,13 @@ func (m *Mesh) Stats() Stats {
 	}
 	m.mu.Lock()
 	for _, p := range m.peers {
-		p.mu.Lock()
-		st.Peers = append(st.Peers, p.st)
-		p.mu.Unlock()
+		st.Peers = p.appendStatus(st.Peers)
 	}
 	m.mu.Unlock()
 	slices.SortFunc(st.Peers, func(a, b PeerStatus) int {
-		switch {
-		case a.Endpoint < b.Endpoint:
-			return -1
-		case a.Endpoint > b.Endpoint:
-			return 1
-		}
-		return 0
+		return cmp.Or(cmp.Compare(a.Peer, b.Peer), cmp.Compare(a.Endpoint, b.Endpoint))
 	})
 	return st
-}
-
-// startPeer launches the peer's subscriber; the caller holds m.mu.
-func (m *Mesh) startPeer(ep string) {
-	ctx, cancel := context.WithCancel(m.ctx)
-	p := &peer{ep: ep, cancel: cancel, done: make(chan struct{}), st: PeerStatus{Endpoint: ep}}
-	m.peers[ep] = p
-	go m.runPeer(ctx, p)
-}
-
-func (p *peer) update(fn func(*PeerStatus)) {
-	p.mu.Lock()
-	fn(&p.st)
-	p.mu.Unlock()
-}
-
-// runPeer keeps a SUB session to the peer up, redialing with capped
-// exponential backoff; a session that received something resets the backoff.
-func (m *Mesh) runPeer(ctx context.Context, p *peer) {
-	defer close(p.done)
-	delay := m.opts.ReconnectMin
-	for {
-		received, err := m.session(ctx, p)
-		p.update(func(s *PeerStatus) { s.Connected = false })
-		if ctx.Err() != nil {
-			return
-		}
-		p.update(func(s *PeerStatus) {
-			s.Reconnects++
-			s.LastError = err.Error()
-		})
-		if received {
-			delay = m.opts.ReconnectMin
-		}
-		m.log.Debug("replica peer disconnected; reconnecting", "endpoint", p.ep, "err", err, "retry_in", delay)
-		t := time.NewTimer(delay)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return
-		case <-t.C:
-		}
-		delay = min(delay*2, m.opts.ReconnectMax)
-	}
-}
-
-// session dials the peer, subscribes and applies its messages until an error.
-func (m *Mesh) session(ctx context.Context, p *peer) (received bool, err error) {
-	sub := zmq4.NewSub(ctx, zmq4.WithLogger(m.zlog), zmq4.WithDialerMaxRetries(0), zmq4.WithDialerTimeout(m.opts.DialTimeout))
-	defer sub.Close()
-	dctx, cancel := context.WithTimeout(ctx, m.opts.DialTimeout)
-	err = dial(dctx, sub, p.ep)
-	cancel()
-	if err != nil {
-		return false, err
-	}
-	for _, t := range m.topics {
-		if err := sub.SetOption(zmq4.OptionSubscribe, t); err != nil {
-			return false, err
-		}
-	}
-	p.update(func(s *PeerStatus) { s.Connected = true })
-	m.log.Debug("replica peer connected", "endpoint", p.ep)
-	for {
-		msg, err := sub.Recv()
-		if err != nil {
-			return received, err
-		}
-		received = true
-		p.update(func(s *PeerStatus) { s.Received++ })
-		m.handle(p.ep, msg.Frames)
-	}
 }
 
 // handle decodes one message and applies it to the local service.
@@ -515,25 +438,5 @@ func (m *Mesh) handle(from string, frames [][]byte) {
 	default:
 		m.c.malformed.Add(1)
 		m.log.Debug("dropping replica message with unexpected topic", "peer", from)
-	}
-}
-
-// dial connects sock to ep, giving up when ctx ends: go-zeromq's Dial has no
-// context, and a peer that accepts TCP but never answers the ZMTP greeting
-// would otherwise block Deregister and Close.
-func dial(ctx context.Context, sock zmq4.Socket, ep string) error {
-	errc := make(chan error, 1)
-	go func() {
-		err := sock.Dial(ep)
-		if ctx.Err() != nil {
-			sock.Close()
-		}
-		errc <- err
-	}()
-	select {
-	case err := <-errc:
-		return err
-	case <-ctx.Done():
-		return fmt.Errorf("dial %s: %w", ep, ctx.Err())
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -378,5 +379,62 @@ func TestMeshReplicatesSessionAffinity(t *testing.T) {
 		if got.WorkerID != resp.WorkerID {
 			t.Fatalf("B routed session to %d, bound to %d on A", got.WorkerID, resp.WorkerID)
 		}
+	}
+}
+
+// With ResolvePeers, a peer named by host name is subscribed at every address
+// the name resolves to (a Kubernetes headless Service lists every replica),
+// except this replica's own socket.
+func TestResolvePeersExpandsNamesAndSkipsSelf(t *testing.T) {
+	clk := &clock{t: time.Unix(1_700_000_000, 0)}
+	b := newReplica(t, "B", 2, clk, 1, nil)
+	rc := routerconfig.Default()
+	rc.UseKVEvents = false
+	svc, err := selection.NewBuilder().Router(rc).Clock(clk.Now).Rand(rand.New(rand.NewPCG(9, 9))).Build()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ep, bs := "http://worker-1:8000", uint32(4)
+	if _, err := svc.UpsertWorker(bg, catalog.Record{WorkerID: 1, ModelName: "model", Endpoint: &ep, BlockSize: &bs}); err != nil {
+		t.Fatal(err)
+	}
+	m, err := Start(bg, svc, Options{Bind: "tcp://127.0.0.1:0", ResolvePeers: true, ResolveEvery: 50 * time.Millisecond,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = m.Close() })
+	a := &replica{name: "A", svc: svc, mesh: m}
+	_, bPort, _ := strings.Cut(b.mesh.Addr().String(), ":")
+	_, aPort, _ := strings.Cut(m.Addr().String(), ":")
+	named := "tcp://localhost:" + bPort
+	self := "tcp://localhost:" + aPort
+	for _, ep := range []string{named, self} {
+		if _, err := m.Register(ep); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := b.mesh.Register(a.endpoint()); err != nil {
+		t.Fatal(err)
+	}
+	waitMeshed(t, b, a)
+	st := m.Stats()
+	var viaName, viaSelf []PeerStatus
+	for _, p := range st.Peers {
+		switch p.Peer {
+		case named:
+			viaName = append(viaName, p)
+		case self:
+			viaSelf = append(viaSelf, p)
+		}
+	}
+	if len(viaName) == 0 || !slices.ContainsFunc(viaName, func(p PeerStatus) bool { return p.Endpoint == "tcp://127.0.0.1:"+bPort }) {
+		t.Fatalf("localhost not expanded to 127.0.0.1: %+v", viaName)
+	}
+	if len(viaSelf) != 1 || viaSelf[0].Endpoint != "" {
+		t.Fatalf("own socket subscribed: %+v", viaSelf)
+	}
+	if p := m.Peers(); !slices.Equal(p, slices.Sorted(slices.Values([]string{named, self}))) {
+		t.Fatalf("configured peers %q", p)
 	}
 }

@@ -1,0 +1,195 @@
+package recovery
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"reflect"
+	"testing"
+	"time"
+
+	"github.com/kvselect/kvselect/httpadmin"
+	"github.com/kvselect/kvselect/selection"
+	"github.com/kvselect/kvselect/selection/catalog"
+	"github.com/kvselect/kvselect/selection/routerconfig"
+)
+
+var bg = context.Background()
+
+var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
+
+// newService is a selection service with the approximate index (bookings
+// teach it), so a test can fill an index without engines.
+func newService(t *testing.T, seed uint64, workers int) *selection.Service {
+	t.Helper()
+	rc := routerconfig.Default()
+	rc.UseKVEvents = false
+	s, err := selection.NewBuilder().Router(rc).Rand(rand.New(rand.NewPCG(seed, seed))).Build()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for id := 1; id <= workers; id++ {
+		ep, bs := "http://w:8000", uint32(4)
+		if _, err := s.UpsertWorker(bg, catalog.Record{WorkerID: uint64(id), ModelName: "model", RoutingGroup: "g:1", Endpoint: &ep, BlockSize: &bs}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return s
+}
+
+// peerWithIndex serves a real REST API over a service that booked a few prompts.
+func peerWithIndex(t *testing.T) (*selection.Service, string) {
+	t.Helper()
+	s := newService(t, 1, 3)
+	for i := range 6 {
+		tokens := make([]uint32, 16)
+		for j := range tokens {
+			tokens[j] = uint32(i*100 + j)
+		}
+		if _, err := s.SelectAndReserve(bg, &selection.SelectRequest{PartitionKey: selection.PartitionKey{ModelName: "model", RoutingGroup: "g:1"},
+			PromptRequest: selection.PromptRequest{TokenIDs: tokens}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	srv := httptest.NewServer(httpadmin.New(s, httpadmin.Options{Logger: quiet}))
+	t.Cleanup(srv.Close)
+	return s, srv.URL
+}
+
+func dumpJSON(t *testing.T, s *selection.Service) string {
+	t.Helper()
+	b, err := json.Marshal(s.Dump())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+// refusedURL is a loopback address nobody listens on.
+func refusedURL(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	return "http://" + addr
+}
+
+func serve(t *testing.T, h http.HandlerFunc) string {
+	t.Helper()
+	srv := httptest.NewServer(h)
+	t.Cleanup(srv.Close)
+	return srv.URL
+}
+
+// The first peer with a usable dump wins; refused connections, error
+// statuses, bodies that are not dumps and EPP-style error entries are skipped.
+// The recovered index dumps exactly as the peer's.
+func TestRecoversFromFirstUsablePeer(t *testing.T) {
+	a, good := peerWithIndex(t)
+	bad := []string{
+		refusedURL(t),
+		serve(t, func(w http.ResponseWriter, r *http.Request) { http.Error(w, "boom", http.StatusInternalServerError) }),
+		serve(t, func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "not json") }),
+		serve(t, func(w http.ResponseWriter, r *http.Request) {
+			io.WriteString(w, `{"model:default":{"error":"peer KV index not yet recovered"}}`)
+		}),
+	}
+	b := newService(t, 2, 3)
+	res := Run(bg, b, Options{Peers: append(bad, good+"/"), Delay: -1, Logger: quiet})
+	if res.State != selection.RecoveryRecovered || res.Peer != good+"/" || len(res.Failed) != len(bad) {
+		t.Fatalf("result %+v", res)
+	}
+	for _, f := range res.Failed[1:] {
+		if !errors.Is(f.Err, ErrIncompatible) {
+			t.Errorf("%s: %v, want ErrIncompatible", f.Peer, f.Err)
+		}
+	}
+	if len(res.Partitions) != 1 || res.Partitions[0].Events == 0 || res.Partitions[0].Failed != 0 || res.Partitions[0].Err != nil {
+		t.Fatalf("partitions %+v", res.Partitions)
+	}
+	if got, want := dumpJSON(t, b), dumpJSON(t, a); got != want {
+		t.Fatalf("recovered dump differs:\n%s\nwant\n%s", got, want)
+	}
+	if st := b.Ready(); !st.Ready || st.IndexRecovery != "recovered" {
+		t.Fatalf("ready %+v", st)
+	}
+	// The recovered index serves selection: a replayed prompt matches.
+	tokens := make([]uint32, 16)
+	for j := range tokens {
+		tokens[j] = uint32(j)
+	}
+	resp, err := b.Select(bg, &selection.SelectRequest{PartitionKey: selection.PartitionKey{ModelName: "model", RoutingGroup: "g:1"},
+		PromptRequest: selection.PromptRequest{TokenIDs: tokens}})
+	if err != nil || resp.Overlap.LongestMatched != 16 {
+		t.Fatalf("select after recovery: %+v %v", resp, err)
+	}
+}
+
+// Readiness is held while recovery is pending and released when every peer
+// failed: the replica starts empty.
+func TestReadinessWaitsThenStartsEmpty(t *testing.T) {
+	release := make(chan struct{})
+	slow := serve(t, func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case <-release:
+		case <-r.Context().Done():
+		}
+		http.Error(w, "gone", http.StatusServiceUnavailable)
+	})
+	b := newService(t, 2, 1)
+	done := make(chan Result, 1)
+	go func() { done <- Run(bg, b, Options{Peers: []string{slow, refusedURL(t)}, Delay: -1, Logger: quiet}) }()
+	end := time.Now().Add(10 * time.Second)
+	for b.IndexRecoveryState() != selection.RecoveryPending {
+		if time.Now().After(end) {
+			t.Fatal("recovery never pending")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if st := b.Ready(); st.Ready || st.IndexRecovery != "pending" || st.SchedulableWorkers != 1 {
+		t.Fatalf("ready while recovering: %+v", st)
+	}
+	close(release)
+	res := <-done
+	if res.State != selection.RecoveryFailed || res.Peer != "" || len(res.Failed) != 2 {
+		t.Fatalf("result %+v", res)
+	}
+	if st := b.Ready(); !st.Ready || st.IndexRecovery != "failed" {
+		t.Fatalf("ready after failed recovery: %+v", st)
+	}
+	if d := b.Dump(); len(d["model:g:1"].Events) != 0 {
+		t.Fatalf("index not empty: %+v", d)
+	}
+}
+
+func TestLimitsAndCancellation(t *testing.T) {
+	_, good := peerWithIndex(t)
+	b := newService(t, 2, 1)
+	res := Run(bg, b, Options{Peers: []string{good}, Delay: -1, MaxBytes: 64, Logger: quiet})
+	if res.State != selection.RecoveryFailed || len(res.Failed) != 1 || !errors.Is(res.Failed[0].Err, ErrIncompatible) {
+		t.Fatalf("oversized dump: %+v", res)
+	}
+	hang := serve(t, func(w http.ResponseWriter, r *http.Request) { <-r.Context().Done() })
+	res = Run(bg, b, Options{Peers: []string{hang}, Delay: -1, Timeout: 50 * time.Millisecond, Logger: quiet})
+	if res.State != selection.RecoveryFailed || !errors.Is(res.Failed[0].Err, context.DeadlineExceeded) {
+		t.Fatalf("timeout: %+v", res)
+	}
+	ctx, cancel := context.WithCancel(bg)
+	cancel()
+	res = Run(ctx, b, Options{Peers: []string{good}, Logger: quiet})
+	if res.State != selection.RecoveryFailed || b.IndexRecoveryState() != selection.RecoveryFailed {
+		t.Fatalf("cancelled: %+v", res)
+	}
+	if res := Run(bg, b, Options{}); !reflect.DeepEqual(res, Result{}) {
+		t.Fatalf("no peers: %+v", res)
+	}
+}
