@@ -34,7 +34,7 @@ func (c *tokenCounter) feed(b []byte) {
 				return
 			}
 			if len(c.carry)+len(b) > maxSSELine {
-				c.skipLine()
+				c.skipLine(b)
 				return
 			}
 			c.carry = append(c.carry, b...)
@@ -48,8 +48,10 @@ func (c *tokenCounter) feed(b []byte) {
 		}
 		if len(c.carry) > 0 {
 			if len(c.carry)+len(line) > maxSSELine {
+				if bytes.HasPrefix(c.carry, dataPrefix) {
+					c.events++ // over-long data line: still one event
+				}
 				c.carry = c.carry[:0]
-				c.events++ // over-long data line: still one event
 				continue
 			}
 			c.carry = append(c.carry, line...)
@@ -60,8 +62,14 @@ func (c *tokenCounter) feed(b []byte) {
 	}
 }
 
-func (c *tokenCounter) skipLine() {
-	if bytes.HasPrefix(c.carry, []byte("data:")) {
+// skipLine drops an over-long line whose start is in carry (or, with an
+// empty carry, in rest); a data line still counts as one event.
+func (c *tokenCounter) skipLine(rest []byte) {
+	start := c.carry
+	if len(start) == 0 {
+		start = rest
+	}
+	if bytes.HasPrefix(start, dataPrefix) {
 		c.events++
 	}
 	c.carry = c.carry[:0]

@@ -1,0 +1,129 @@
+package extproc_test
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kvselect/kvselect/envoysim"
+	"github.com/kvselect/kvselect/extproc"
+	"github.com/kvselect/kvselect/selection"
+)
+
+// stage is where a leak-test stream ends.
+type stage int
+
+const (
+	abortBeforeBody     stage = iota // reset after the headers went out (start cancelled mid-request)
+	abortAfterPick                   // reset right after the decision
+	closeAfterPick                   // normal close without any response (upstream failed)
+	abortAfterRespHdrs               // reset after response headers
+	abortMidStream                   // reset in the middle of the streamed body
+	closeMidStream                   // close in the middle of the body
+	complete                         // the whole response
+	numStages
+)
+
+// Thousands of concurrent streams end at every stage, by half-close+reset or
+// by reset alone, in every mode; afterwards no load and no reservation is left.
+func TestNoBookingOutlivesItsStream(t *testing.T) {
+	n := 2000
+	if testing.Short() {
+		n = 300
+	}
+	h := start(t, setup{opts: extproc.Options{Fallbacks: 1, DefaultModel: model}})
+	modes := []envoysim.Modes{envoysim.GIE, {Request: envoysim.Buffered, Response: envoysim.Streamed},
+		{Request: envoysim.Streamed, Response: envoysim.Buffered}, {Request: envoysim.FullDuplexStreamed, Response: envoysim.None}}
+	ids := make([]string, n)
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, 256) // concurrent streams
+	errs := make(chan error, n)
+	for i := range n {
+		ids[i] = fmt.Sprintf("leak-%d", i)
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			rnd := rand.New(rand.NewPCG(uint64(i), 99))
+			if err := leakOne(h, ids[i], modes[i%len(modes)], stage(rnd.IntN(int(numStages))), rnd); err != nil {
+				errs <- err
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	h.idle(t)
+	for _, id := range ids {
+		if err := h.svc.Free(context.Background(), id); selection.KindOf(err) != selection.KindNotFound {
+			t.Fatalf("reservation %s survived its stream (free: %v)", id, err)
+		}
+	}
+}
+
+func leakOne(h *harness, id string, modes envoysim.Modes, st stage, rnd *rand.Rand) error {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	req := &envoysim.Request{Modes: modes, Body: chatBody(fmt.Sprintf("leak %s %d", id, rnd.IntN(8)), true), ChunkSize: 16,
+		Headers: []envoysim.Header{{Key: extproc.HeaderSelectionID, Value: id}}}
+	if st == abortBeforeBody {
+		// Cancel while the request is being sent: the stream dies before or
+		// right after the pick.
+		sctx, scancel := context.WithCancel(ctx)
+		go func() { time.Sleep(time.Duration(rnd.IntN(200)) * time.Microsecond); scancel() }()
+		x, _, err := h.client.Start(sctx, req)
+		if err == nil {
+			x.Abort()
+		}
+		scancel()
+		return nil
+	}
+	x, d, err := h.client.Start(ctx, req)
+	if err != nil {
+		return fmt.Errorf("%s: %w", id, err)
+	}
+	if d.Immediate != nil {
+		return fmt.Errorf("%s: immediate %d %s", id, d.Immediate.Status, d.Immediate.Body)
+	}
+	switch st {
+	case abortAfterPick:
+		x.Abort()
+		return nil
+	case closeAfterPick:
+		x.Close()
+		return nil
+	}
+	served := d.Endpoint
+	if len(d.Fallbacks) > 0 && rnd.IntN(2) == 0 {
+		served = d.Fallbacks[0]
+	}
+	if _, err := x.ResponseHeaders(envoysim.Response{Served: served, Headers: sseHeaders()}, false); err != nil {
+		return fmt.Errorf("%s: %w", id, err)
+	}
+	if st == abortAfterRespHdrs {
+		x.Abort()
+		return nil
+	}
+	chunks := sseChunks(12)
+	for i, c := range chunks {
+		if i == 6 && st == abortMidStream {
+			x.Abort()
+			return nil
+		}
+		if i == 6 && st == closeMidStream {
+			x.Close()
+			return nil
+		}
+		if _, err := x.ResponseBody(c, i == len(chunks)-1); err != nil {
+			return fmt.Errorf("%s: %w", id, err)
+		}
+	}
+	x.Close()
+	return nil
+}

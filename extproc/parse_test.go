@@ -1,0 +1,134 @@
+package extproc
+
+import (
+	"errors"
+	"slices"
+	"strings"
+	"testing"
+	"unicode/utf8"
+)
+
+func TestParseBody(t *testing.T) {
+	cases := []struct {
+		name    string
+		body    string
+		tokens  []uint32
+		text    string
+		model   string
+		stream  bool
+		osl     uint32
+		session string
+		err     string
+	}{
+		{name: "empty", body: ""},
+		{name: "whitespace", body: " \n"},
+		{name: "chat", body: `{"model":"m","messages":[{"role":"system","content":"be brief"},{"role":"user","content":"hi"}],"stream":true}`,
+			text: "system\nbe brief\nuser\nhi\n", model: "m", stream: true},
+		{name: "chat parts and images", body: `{"messages":[{"role":"user","content":[{"type":"text","text":"look"},{"type":"image_url","image_url":{"url":"http://i/1.png"}}]}]}`,
+			text: "user\nlookhttp://i/1.png\n"},
+		{name: "chat null content", body: `{"messages":[{"role":"assistant","content":null}]}`, text: "assistant\n\n"},
+		{name: "completion text", body: `{"prompt":"once upon"}`, text: "once upon"},
+		{name: "completion tokens", body: `{"prompt":[1,2,3]}`, tokens: []uint32{1, 2, 3}},
+		{name: "completion batch tokens", body: `{"prompt":[[4,5],[6]]}`, tokens: []uint32{4, 5}},
+		{name: "completion batch text", body: `{"prompt":["a","b"]}`, text: "a"},
+		{name: "empty prompt array", body: `{"prompt":[],"messages":[{"role":"user","content":"x"}]}`, text: "user\nx\n"},
+		{name: "nvext", body: `{"messages":[{"role":"user","content":"x"}],"nvext":{"token_data":[9,8],"agent_hints":{"osl":77,"priority":1},"session_control":{"session_id":"s1","action":"open"}}}`,
+			tokens: []uint32{9, 8}, osl: 77, session: "s1"},
+		{name: "prompt ids before nvext", body: `{"prompt":[1],"nvext":{"token_data":[9,8]}}`, tokens: []uint32{1}},
+		{name: "unknown fields skipped", body: `{"temperature":0.2,"tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object"}}}],"prompt":"p"}`, text: "p"},
+		{name: "not json", body: `hello`, err: "invalid request body"},
+		{name: "array body", body: `[1,2]`, err: "invalid request body"},
+		{name: "truncated", body: `{"model":"m"`, err: "invalid request body"},
+		{name: "model of wrong type", body: `{"model":7}`, err: "invalid request body"},
+		{name: "prompt object", body: `{"prompt":{}}`, err: "prompt must be"},
+		{name: "token too large", body: `{"prompt":[4294967296]}`, err: "token ids"},
+		{name: "negative token", body: `{"prompt":[[-1]]}`, err: "token ids"},
+		{name: "content number", body: `{"messages":[{"role":"user","content":5}]}`, err: "messages[0].content"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := parseBody([]byte(tc.body))
+			if tc.err != "" {
+				if err == nil || !errors.Is(err, errBadBody) || !strings.Contains(err.Error(), tc.err) {
+					t.Fatalf("err = %v, want errBadBody containing %q", err, tc.err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !slices.Equal(got.tokens, tc.tokens) || got.text != tc.text || got.model != tc.model || got.stream != tc.stream || got.session != tc.session {
+				t.Fatalf("got %+v", got)
+			}
+			if (got.osl == nil) != (tc.osl == 0) || (got.osl != nil && *got.osl != tc.osl) {
+				t.Fatalf("osl %v, want %d", got.osl, tc.osl)
+			}
+		})
+	}
+}
+
+// FuzzParseBody: any byte string is either a body error or a parse whose
+// identity is one of tokens / text, never a panic.
+func FuzzParseBody(f *testing.F) {
+	for _, s := range []string{``, `{}`, `{"prompt":[1,2]}`, `{"prompt":[[1],[2]]}`, `{"prompt":["a"]}`, `{"prompt":"x"}`,
+		`{"messages":[{"role":"user","content":[{"type":"text","text":"t"}]}]}`, `{"nvext":{"token_data":[1],"agent_hints":{"osl":3}}}`,
+		`{"model":"m","stream":true,"prompt":null}`, `{"prompt":[`, `{"messages":[{"content":"\ud800"}]}`} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		got, err := parseBody(b)
+		if err != nil {
+			if !errors.Is(err, errBadBody) {
+				t.Fatalf("error without errBadBody: %v", err)
+			}
+			if !utf8.ValidString(err.Error()) && utf8.Valid(b) {
+				t.Fatalf("error message is not UTF-8: %q", err.Error())
+			}
+			return
+		}
+		if got.tokens != nil && got.text != "" {
+			t.Fatalf("both tokens and text: %+v", got)
+		}
+	})
+}
+
+func TestTokenCounter(t *testing.T) {
+	var c tokenCounter
+	c.feed([]byte("data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\ndata: {\"choi"))
+	c.feed([]byte("ces\":[{\"delta\":{\"content\":\"b\"}}]}\r\n\r\n: comment\nevent: x\n"))
+	if c.tokens() != 2 {
+		t.Fatalf("%d tokens, want 2 (one event split across chunks, CRLF)", c.tokens())
+	}
+	c.feed([]byte("data: {\"choices\":[],\"usage\":{\"completion_tokens\":40}}\n\ndata: [DONE]\n\n"))
+	if c.tokens() != 40 {
+		t.Fatalf("%d tokens, want usage's 40", c.tokens())
+	}
+	var long tokenCounter
+	long.feed([]byte("data: " + strings.Repeat("x", maxSSELine)))
+	long.feed([]byte(strings.Repeat("y", 10) + "\ndata: {}\n"))
+	if long.tokens() != 2 || len(long.carry) != 0 {
+		t.Fatalf("over-long line: %d tokens, carry %d", long.tokens(), len(long.carry))
+	}
+}
+
+func TestHostPort(t *testing.T) {
+	for in, want := range map[string]string{
+		"http://10.0.0.5:8000":     "10.0.0.5:8000",
+		"http://10.0.0.5":          "10.0.0.5:80",
+		"https://w.example/v1":     "w.example:443",
+		"http://[fd00::1]:9000/x":  "[fd00::1]:9000",
+		"10.0.0.7:8001":            "10.0.0.7:8001",
+		"[::1]:8000":               "[::1]:8000",
+		"worker-3":                 "worker-3",
+		"dyn://ns.component.ep":    "ns.component.ep:80",
+		"http://user@10.1.1.1:81/": "10.1.1.1:81",
+	} {
+		if got := hostPort(in); got != want {
+			t.Errorf("hostPort(%q) = %q, want %q", in, got, want)
+		}
+	}
+	ts := parseTargets([]string{"10.0.0.1", " 10.0.0.2:8001 ", "[fd00::1]:9000", ""})
+	if len(ts) != 3 || !ts[0].matches("10.0.0.1:1234") || !ts[1].matches("10.0.0.2:8001") || ts[1].matches("10.0.0.2:8000") || !ts[2].matches("[fd00::1]:9000") {
+		t.Fatalf("targets %+v", ts)
+	}
+}
