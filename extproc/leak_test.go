@@ -17,13 +17,13 @@ import (
 type stage int
 
 const (
-	abortBeforeBody     stage = iota // reset after the headers went out (start cancelled mid-request)
-	abortAfterPick                   // reset right after the decision
-	closeAfterPick                   // normal close without any response (upstream failed)
-	abortAfterRespHdrs               // reset after response headers
-	abortMidStream                   // reset in the middle of the streamed body
-	closeMidStream                   // close in the middle of the body
-	complete                         // the whole response
+	abortBeforeBody    stage = iota // reset after the headers went out (start cancelled mid-request)
+	abortAfterPick                  // reset right after the decision
+	closeAfterPick                  // normal close without any response (upstream failed)
+	abortAfterRespHdrs              // reset after response headers
+	abortMidStream                  // reset in the middle of the streamed body
+	closeMidStream                  // close in the middle of the body
+	complete                        // the whole response
 	numStages
 )
 
