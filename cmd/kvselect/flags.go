@@ -40,9 +40,10 @@ type options struct {
 	assumeKVReuse   bool
 	noAssumeKVReuse bool
 
-	indexerPeers     []string
-	replicaSyncPort  uint64
-	replicaSyncPeers []string
+	indexerPeers       []string
+	replicaSyncPort    uint64
+	replicaSyncPeers   []string
+	replicaSyncResolve bool
 
 	version bool
 
@@ -99,17 +100,18 @@ func newFlagSet(o *options) *flag.FlagSet {
 	fs.BoolVar(&o.assumeKVReuse, "router-assume-kv-reuse", false, "derive tracking hashes from content so identical prefixes share active blocks; overrides DYN_ROUTER_ASSUME_KV_REUSE (default true)")
 	fs.BoolVar(&o.noAssumeKVReuse, "no-router-assume-kv-reuse", false, "use random tracking hashes instead (mutually exclusive with --router-assume-kv-reuse)")
 
-	fs.Func("indexer-peers", "comma-separated HTTP `urls` of selectors or standalone indexers whose /dump seeds the KV index at startup. Not supported yet: startup fails", func(s string) error {
+	fs.Func("indexer-peers", "comma-separated HTTP `urls` of selectors or standalone indexers, tried in order at startup: the first /dump that answers seeds the KV index; /ready stays 503 until recovery is over", func(s string) error {
 		peers, err := parseList(s, validateHTTPPeer)
 		o.indexerPeers = peers
 		return err
 	})
-	fs.Uint64Var(&o.replicaSyncPort, "replica-sync-port", 0, "local ZMQ PUB `port` for active-load lifecycle events (binds tcp://*:<port>). Not supported yet: startup fails")
-	fs.Func("replica-sync-peers", "comma-separated ZMQ PUB `endpoints` of selector peers; requires --replica-sync-port. Not supported yet: startup fails", func(s string) error {
+	fs.Uint64Var(&o.replicaSyncPort, "replica-sync-port", 0, "local ZMQ PUB `port` for admission, prefill-complete and free events and session bindings (binds tcp://*:<port>); enables replica sync and /replica_sync/register_peer")
+	fs.Func("replica-sync-peers", "comma-separated ZMQ PUB `endpoints` of selector peers to subscribe to; requires --replica-sync-port", func(s string) error {
 		peers, err := parseList(s, catalog.ValidateZMQEndpoint)
 		o.replicaSyncPeers = peers
 		return err
 	})
+	fs.BoolVar(&o.replicaSyncResolve, "replica-sync-resolve-peers", false, "subscribe to every address a peer host name resolves to, re-resolved every 10 s, skipping this replica (a Kubernetes headless Service names all replicas); requires --replica-sync-port. Not a Dynamo flag")
 
 	fs.BoolVar(&o.version, "version", false, "print the version and exit")
 	return fs
@@ -191,18 +193,8 @@ func (o *options) validate() error {
 	if o.set["replica-sync-peers"] && !o.set["replica-sync-port"] {
 		add("--replica-sync-peers requires --replica-sync-port")
 	}
-	if len(errs) == 0 {
-		// Well-formed but not implemented: refusing to start beats running
-		// without the recovery or synchronization the operator asked for.
-		for _, f := range []struct{ name, feature string }{
-			{"indexer-peers", "startup index recovery from peers"},
-			{"replica-sync-port", "replica sync"},
-			{"replica-sync-peers", "replica sync"},
-		} {
-			if o.set[f.name] {
-				add("--%s is not supported yet: %s arrives in a later release", f.name, f.feature)
-			}
-		}
+	if o.replicaSyncResolve && !o.set["replica-sync-port"] {
+		add("--replica-sync-resolve-peers requires --replica-sync-port")
 	}
 	if err := errors.Join(errs...); err != nil {
 		return &usageError{err}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"flag"
 	"log/slog"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -118,10 +119,7 @@ func TestParseFlagsRejects(t *testing.T) {
 		{"indexer peer bad port", []string{"--indexer-peers", "http://b:0"}, `invalid port "0"`},
 		{"indexer peer unparsable", []string{"--indexer-peers", "http://b:80/%zz"}, "invalid HTTP URL"},
 		{"indexer peer empty element", []string{"--indexer-peers", "http://a:1,,http://b:1"}, "empty element"},
-		// Well-formed peer flags fail loudly instead of being ignored.
-		{"indexer peers unsupported", []string{"--indexer-peers", "http://selector-b:8092, https://[::1]:9000"}, "--indexer-peers is not supported yet: startup index recovery from peers arrives in a later release"},
-		{"replica port unsupported", []string{"--replica-sync-port", "9092"}, "--replica-sync-port is not supported yet: replica sync arrives in a later release"},
-		{"replica peers unsupported", []string{"--replica-sync-port", "9092", "--replica-sync-peers", "tcp://b:9092,ipc:///tmp/s,tcp://[::1]:5557"}, "--replica-sync-peers is not supported yet: replica sync arrives in a later release"},
+		{"resolve peers without port", []string{"--replica-sync-resolve-peers"}, "--replica-sync-resolve-peers requires --replica-sync-port"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := parseFlags(tc.args)
@@ -147,9 +145,21 @@ func TestParseFlagsReportsEveryRuleAtOnce(t *testing.T) {
 			t.Errorf("error %v does not mention %q", err, want)
 		}
 	}
-	// A configuration already broken is not also told "not supported yet".
-	if strings.Contains(err.Error(), "not supported yet") {
-		t.Errorf("error %q mentions support before the syntax is right", err)
+}
+
+// The peer planes (seed doc "Peer Planes") parse as Dynamo's CLI does; lists
+// are trimmed.
+func TestParseFlagsAcceptsPeerPlanes(t *testing.T) {
+	o, err := parseFlags([]string{"--indexer-peers", "http://selector-b:8092, https://[::1]:9000",
+		"--replica-sync-port", "9092", "--replica-sync-peers", "tcp://b:9092,ipc:///tmp/s,tcp://[::1]:5557",
+		"--replica-sync-resolve-peers"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(o.indexerPeers, []string{"http://selector-b:8092", "https://[::1]:9000"}) ||
+		o.replicaSyncPort != 9092 || !o.replicaSyncResolve ||
+		!slices.Equal(o.replicaSyncPeers, []string{"tcp://b:9092", "ipc:///tmp/s", "tcp://[::1]:5557"}) {
+		t.Fatalf("parsed %+v", o)
 	}
 }
 

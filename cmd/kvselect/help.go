@@ -33,7 +33,7 @@ var helpSections = []struct {
 	{"Server", []string{"host", "port", "shutdown-timeout", "log-format", "log-level"}},
 	{"Selection", []string{"threads", "session-affinity-ttl-secs", "selection-cache-ttl-secs", "selection-cache-max-entries", "selection-cache-max-bytes"}},
 	{"Tracking hashes", []string{"router-tracking-hash", "router-tracking-key-file", "router-tracking-key-id", "router-assume-kv-reuse", "no-router-assume-kv-reuse"}},
-	{"Peers (validated, then refused: they arrive in a later release)", []string{"indexer-peers", "replica-sync-port", "replica-sync-peers"}},
+	{"Peers (index recovery over HTTP, replica sync over ZMQ)", []string{"indexer-peers", "replica-sync-port", "replica-sync-peers", "replica-sync-resolve-peers"}},
 	{"Other", []string{"version"}},
 }
 

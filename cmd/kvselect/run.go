@@ -23,6 +23,8 @@ import (
 	"github.com/kvselect/kvselect/httpadmin"
 	"github.com/kvselect/kvselect/selection"
 	"github.com/kvselect/kvselect/selection/kvlisten"
+	"github.com/kvselect/kvselect/selection/recovery"
+	"github.com/kvselect/kvselect/selection/replicasync"
 )
 
 // version is set at release time with -ldflags "-X main.version=v1.2.3";
@@ -88,6 +90,30 @@ func run(ctx context.Context, args []string, lookup func(string) (string, bool),
 		// Only configuration reaches Build (an unreadable key file, say).
 		return &usageError{err}
 	}
+	// Replica sync (seed doc "Peer Planes"): admissions, prefill completions,
+	// frees and session bindings go out on a PUB socket and come in from every
+	// peer's. A port that cannot be bound stops the server, as in Dynamo.
+	var peers httpadmin.PeerManager
+	if o.set["replica-sync-port"] {
+		mesh, err := replicasync.Start(ctx, svc, replicasync.Options{
+			Bind:         "tcp://*:" + strconv.FormatUint(o.replicaSyncPort, 10),
+			Peers:        o.replicaSyncPeers,
+			Affinity:     cfg.Router.SessionAffinityTTL.IsSet(),
+			ResolvePeers: o.replicaSyncResolve,
+			Logger:       log,
+		})
+		if err != nil {
+			return err
+		}
+		defer mesh.Close()
+		metrics.MustRegister(mesh)
+		peers = mesh
+	}
+	// Index recovery runs while the server already answers /health; /ready
+	// stays 503 until it is over (recovery package doc).
+	if len(o.indexerPeers) > 0 {
+		svc.SetIndexRecovery(selection.RecoveryPending)
+	}
 
 	ln, err := net.Listen(listenNetwork(o.host), net.JoinHostPort(o.host, strconv.FormatUint(o.port, 10)))
 	if err != nil {
@@ -96,6 +122,7 @@ func run(ctx context.Context, args []string, lookup func(string) (string, bool),
 	srv := &http.Server{
 		Handler: httpadmin.New(svc, httpadmin.Options{
 			Logger:  log,
+			Peers:   peers,
 			Metrics: promhttp.HandlerFor(metrics, promhttp.HandlerOpts{ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}),
 		}),
 		ReadHeaderTimeout: readHeaderTimeout,
@@ -113,6 +140,9 @@ func run(ctx context.Context, args []string, lookup func(string) (string, bool),
 	upkeep, stopUpkeep := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	wg.Go(func() { svc.MaintainEvery(upkeep, maintainEvery) })
+	if len(o.indexerPeers) > 0 {
+		wg.Go(func() { recovery.Run(upkeep, svc, recovery.Options{Peers: o.indexerPeers, Logger: log}) })
+	}
 	defer func() {
 		stopUpkeep()
 		wg.Wait()
