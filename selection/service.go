@@ -110,6 +110,8 @@ type Service struct {
 
 	repl replicaState // replica observer and startup recovery (sync.go)
 
+	conds conditions // external readiness conditions (conditions.go)
+
 	writerOnce sync.Once
 	writer     uint64
 }
@@ -179,8 +181,11 @@ func (s *Service) Ready() ReadyStatus {
 	// Startup index recovery from peers holds readiness until it finished,
 	// successfully or not (sync.go).
 	rec := s.IndexRecoveryState()
-	return ReadyStatus{Ready: !s.shutting.Load() && n > 0 && rec != RecoveryPending, SchedulableWorkers: n, Workers: ws,
-		IndexRecovery: rec.String()}
+	// Discovery sources hold readiness back while their view is unknown or
+	// broken (conditions.go).
+	conds := s.Conditions()
+	return ReadyStatus{Ready: !s.shutting.Load() && n > 0 && rec != RecoveryPending && conditionsReady(conds), SchedulableWorkers: n, Workers: ws,
+		IndexRecovery: rec.String(), Conditions: conds}
 }
 
 // Shutdown makes mutating and selection calls fail with 503 from now on; DELETE

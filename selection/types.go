@@ -198,6 +198,10 @@ type ReadyStatus struct {
 	// "recovered" or "failed") when --indexer-peers is set; omitted otherwise.
 	// Not a Dynamo field: Dynamo serves nothing until recovery is over.
 	IndexRecovery string `json:"index_recovery,omitempty"`
+	// Conditions are the external readiness inputs (discovery sources); any
+	// that is not ready keeps Ready false. Omitted when there are none. Not a
+	// Dynamo field.
+	Conditions []Condition `json:"conditions,omitempty"`
 }
 
 // PotentialLoad is one rank's load in /loads and /potential_loads.

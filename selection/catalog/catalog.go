@@ -63,6 +63,13 @@ type Record struct {
 
 	NotSchedulableReasons []string `json:"not_schedulable_reasons,omitempty"`
 
+	// SourceReasons are problems a discovery source found while building the
+	// record (a pod annotation that does not parse, say). They come first in
+	// not_schedulable_reasons and keep the worker incomplete, so a bad source
+	// entry is visible in GET /workers instead of silently dropped. Set only by
+	// in-process sources, never from JSON.
+	SourceReasons []string `json:"-"`
+
 	// KVEventsStatus is output only (GET /workers, not in Dynamo's record): the
 	// state of each rank's KV event listener, keyed by global dp rank, so that an
 	// operator sees when the index's view of a worker is known to be incomplete.
@@ -127,6 +134,7 @@ func (r *Record) Clone() *Record {
 	c.TopologyDomains = maps.Clone(r.TopologyDomains)
 	c.RouterHintSourceControlEndpoints = maps.Clone(r.RouterHintSourceControlEndpoints)
 	c.NotSchedulableReasons = slices.Clone(r.NotSchedulableReasons)
+	c.SourceReasons = slices.Clone(r.SourceReasons)
 	c.KVEventsStatus = maps.Clone(r.KVEventsStatus)
 	return &c
 }
@@ -193,7 +201,7 @@ type Checks struct {
 // (api spec §3.1 step 1). Partition and listener checks come later from the
 // service and are appended by it.
 func (r *Record) Reasons(c Checks) []string {
-	var out []string
+	out := slices.Clone(r.SourceReasons)
 	if deref(r.Endpoint, "") == "" {
 		out = append(out, "endpoint is required")
 	}
