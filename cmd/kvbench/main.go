@@ -23,13 +23,16 @@ import (
 	"github.com/kvselect/kvselect/bench/report"
 )
 
-const usage = `usage: kvbench <index|rest> [flags]
+const usage = `usage: kvbench <index|rest|route|extproc> [flags]
 
 Subcommands:
+  replicas two replicas selecting concurrently, with replica sync off and on: per-worker load spread
   index   replay a Mooncake trace against kvselect's KV index
   rest    closed-loop HTTP load on the REST API (select_and_reserve + delete)
+  route   routing-policy comparison on a Mooncake trace over simulated workers
+  extproc per-request overhead of the ext_proc picker (or the same lifecycle over REST)
 
-Run 'kvbench index -h' or 'kvbench rest -h' for the flags.
+Run 'kvbench <subcommand> -h' for the flags.
 `
 
 func main() {
@@ -49,10 +52,16 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return nil
 	}
 	switch args[0] {
+	case "replicas":
+		return runReplicas(ctx, args[1:], stdout, stderr)
 	case "index":
 		return runIndex(ctx, args[1:], stdout, stderr)
 	case "rest":
 		return runRest(ctx, args[1:], stdout, stderr)
+	case "route":
+		return runRoute(ctx, args[1:], stdout, stderr)
+	case "extproc":
+		return runExtProc(ctx, args[1:], stdout, stderr)
 	}
 	fmt.Fprint(stderr, usage)
 	return fmt.Errorf("unknown subcommand %q", args[0])

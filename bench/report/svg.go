@@ -1,0 +1,170 @@
+package report
+
+import (
+	"fmt"
+	"html"
+	"io"
+	"math"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+)
+
+// Chart is one panel of grouped bars: for every metric a group of bars, one
+// per series (a policy, a front), in series order.
+type Chart struct {
+	Title  string
+	Unit   string // shown after the title
+	Groups []string
+	Series []string
+	// Values[g][s] is the bar of group g and series s.
+	Values [][]float64
+	// LowerIsBetter is shown in the title as a hint.
+	LowerIsBetter bool
+	// ClipOutliers caps the axis at four times the median bar, so that one
+	// pathological series (a policy that piles everything on one worker) does
+	// not flatten the others; clipped bars are marked with their value.
+	ClipOutliers bool
+}
+
+// palette is colour-blind friendly (Okabe–Ito).
+var palette = []string{"#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#F0E442", "#000000"}
+
+// WriteSVG writes charts stacked vertically as one standalone SVG file,
+// creating its directory.
+func WriteSVG(path, title string, charts ...Chart) error {
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	if err := RenderSVG(f, title, charts...); err != nil {
+		f.Close()
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	if err := f.Close(); err != nil {
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	return nil
+}
+
+// RenderSVG renders charts as one SVG document.
+func RenderSVG(w io.Writer, title string, charts ...Chart) error {
+	const (
+		width   = 900
+		panelH  = 260
+		top     = 50
+		left    = 70
+		right   = 20
+		legendH = 24
+	)
+	height := top + len(charts)*(panelH+legendH+30) + 10
+	var b strings.Builder
+	fmt.Fprintf(&b, `<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" viewBox="0 0 %d %d" font-family="sans-serif" font-size="12">`+"\n", width, height, width, height)
+	fmt.Fprintf(&b, `<rect width="100%%" height="100%%" fill="white"/>`+"\n")
+	fmt.Fprintf(&b, `<text x="%d" y="28" font-size="18" font-weight="bold">%s</text>`+"\n", left, esc(title))
+	y0 := top
+	for _, c := range charts {
+		renderPanel(&b, c, left, y0, width-left-right, panelH)
+		// Legend.
+		lx := left
+		ly := y0 + panelH + 20
+		for s, name := range c.Series {
+			fmt.Fprintf(&b, `<rect x="%d" y="%d" width="12" height="12" fill="%s"/>`, lx, ly-10, palette[s%len(palette)])
+			fmt.Fprintf(&b, `<text x="%d" y="%d">%s</text>`+"\n", lx+16, ly, esc(name))
+			lx += 24 + 7*len(name)
+		}
+		y0 += panelH + legendH + 30
+	}
+	b.WriteString("</svg>\n")
+	_, err := io.WriteString(w, b.String())
+	return err
+}
+
+func renderPanel(b *strings.Builder, c Chart, x, y, w, h int) {
+	title := c.Title
+	if c.Unit != "" {
+		title += " (" + c.Unit + ")"
+	}
+	if c.LowerIsBetter {
+		title += " — lower is better"
+	} else {
+		title += " — higher is better"
+	}
+	fmt.Fprintf(b, `<text x="%d" y="%d" font-size="14">%s</text>`+"\n", x, y+14, esc(title))
+	plotTop, plotH := y+24, h-50
+	maxV := 0.0
+	for _, g := range c.Values {
+		for _, v := range g {
+			if !math.IsNaN(v) && !math.IsInf(v, 0) {
+				maxV = max(maxV, v)
+			}
+		}
+	}
+	if c.ClipOutliers {
+		var vs []float64
+		for _, g := range c.Values {
+			for _, v := range g {
+				if v > 0 && !math.IsInf(v, 0) {
+					vs = append(vs, v)
+				}
+			}
+		}
+		if len(vs) > 0 {
+			slices.Sort(vs)
+			maxV = min(maxV, 4*vs[len(vs)/2])
+		}
+	}
+	if maxV == 0 {
+		maxV = 1
+	}
+	// Axis and three grid lines.
+	for i := 0; i <= 4; i++ {
+		gy := plotTop + plotH - i*plotH/4
+		fmt.Fprintf(b, `<line x1="%d" y1="%d" x2="%d" y2="%d" stroke="#ddd"/>`, x, gy, x+w, gy)
+		fmt.Fprintf(b, `<text x="%d" y="%d" text-anchor="end" fill="#555">%s</text>`+"\n", x-6, gy+4, num(maxV*float64(i)/4))
+	}
+	ng := max(len(c.Groups), 1)
+	groupW := w / ng
+	ns := max(len(c.Series), 1)
+	barW := max(2, (groupW-20)/ns)
+	for g, name := range c.Groups {
+		gx := x + g*groupW + 10
+		for s := range c.Series {
+			if g >= len(c.Values) || s >= len(c.Values[g]) {
+				continue
+			}
+			v := c.Values[g][s]
+			if math.IsNaN(v) || math.IsInf(v, 0) || v < 0 {
+				v = 0
+			}
+			clipped := v > maxV
+			bh := int(min(v, maxV) / maxV * float64(plotH))
+			bx := gx + s*barW
+			if clipped {
+				fmt.Fprintf(b, `<text x="%d" y="%d" text-anchor="middle" font-size="10">▲%s</text>`, bx+barW/2, plotTop-2, num(v))
+			}
+			fmt.Fprintf(b, `<rect x="%d" y="%d" width="%d" height="%d" fill="%s"><title>%s %s: %s</title></rect>`+"\n",
+				bx, plotTop+plotH-bh, barW-2, bh, palette[s%len(palette)], esc(c.Series[s]), esc(name), num(c.Values[g][s]))
+		}
+		fmt.Fprintf(b, `<text x="%d" y="%d" text-anchor="middle">%s</text>`+"\n", gx+ns*barW/2, plotTop+plotH+16, esc(name))
+	}
+}
+
+func num(v float64) string {
+	switch {
+	case v == 0:
+		return "0"
+	case math.Abs(v) >= 100:
+		return fmt.Sprintf("%.0f", v)
+	case math.Abs(v) >= 1:
+		return fmt.Sprintf("%.1f", v)
+	default:
+		return fmt.Sprintf("%.3f", v)
+	}
+}
+
+func esc(s string) string { return html.EscapeString(s) }

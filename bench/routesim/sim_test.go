@@ -1,0 +1,159 @@
+package routesim
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kvselect/kvselect/bench/mooncake"
+)
+
+var (
+	traceOnce sync.Once
+	trace     []mooncake.Request
+	traceErr  error
+)
+
+func loadTrace(t *testing.T, n int) []mooncake.Request {
+	t.Helper()
+	traceOnce.Do(func() { trace, traceErr = mooncake.LoadTrace("../testdata/mooncake/conversation_trace.jsonl.gz") })
+	if traceErr != nil {
+		t.Fatal(traceErr)
+	}
+	return trace[:min(n, len(trace))]
+}
+
+// TestTimingModel checks the simulation's arithmetic on a hand-made trace:
+// two workers, round-robin, known lengths.
+func TestTimingModel(t *testing.T) {
+	cfg := Config{Workers: 2, Capacity: 100, Speedup: 1, PrefillPerToken: time.Millisecond,
+		DecodePerToken: 10 * time.Millisecond, Seed: 1}
+	w, err := NewWorld(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr := []mooncake.Request{
+		{Timestamp: 0, InputLength: 1024, OutputLength: 3, HashIDs: []uint64{1, 2}},      // w0: 1024 ms prefill
+		{Timestamp: 0, InputLength: 512, OutputLength: 1, HashIDs: []uint64{7}},          // w1: 512 ms
+		{Timestamp: 100, InputLength: 1536, OutputLength: 1, HashIDs: []uint64{1, 2, 3}}, // w0: 2 cached blocks, 512 uncached, queued until 1024
+		{Timestamp: 2000, InputLength: 512, OutputLength: 1, HashIDs: []uint64{9}},       // w1: idle again
+	}
+	res, err := Run(context.Background(), w, tr, NewRoundRobin(w), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// TTFTs: 1024, 512, (1024-100)+512 = 1436, 512 ms. Sorted: 512 512 1024 1436.
+	if res.TTFTP50Ms != 1024 || res.TTFTP90Ms != 1436 {
+		t.Fatalf("TTFT p50 %v p90 %v, want 1024 and 1436", res.TTFTP50Ms, res.TTFTP90Ms)
+	}
+	if want := 2.0 / 7; res.HitRate != want {
+		t.Fatalf("hit rate %v, want %v", res.HitRate, want)
+	}
+	// Last completion: request 4 at 2000 + 512 ms (one output token).
+	if want := 4 / 2.512; res.Throughput < want-1e-9 || res.Throughput > want+1e-9 {
+		t.Fatalf("throughput %v, want %v", res.Throughput, want)
+	}
+}
+
+func TestDecodeInterference(t *testing.T) {
+	cfg := Config{Workers: 1, Capacity: 100, Speedup: 1, PrefillPerToken: time.Millisecond,
+		DecodePerToken: time.Second, DecodeInterference: 0.5, Seed: 1}
+	w, _ := NewWorld(cfg)
+	tr := []mooncake.Request{
+		{Timestamp: 0, InputLength: 2000, OutputLength: 100, HashIDs: []uint64{1, 2, 3, 4}}, // TTFT 2000 ms, then decodes 2,000 context tokens
+		{Timestamp: 5000, InputLength: 100, OutputLength: 1, HashIDs: []uint64{9}},          // prefill slowed by 1 + 0.5*2 = 2x
+		{Timestamp: 6000, InputLength: 100, OutputLength: 1, HashIDs: []uint64{10}},         // the same
+	}
+	res, err := Run(context.Background(), w, tr, NewRoundRobin(w), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.TTFTP50Ms != 200 || res.TTFTP90Ms != 2000 {
+		t.Fatalf("TTFT p50 %v p90 %v, want 200 (slowed) and 2000", res.TTFTP50Ms, res.TTFTP90Ms)
+	}
+}
+
+func TestGreedyOracleFollowsTheCache(t *testing.T) {
+	w, _ := NewWorld(Config{Workers: 4, Capacity: 100, Speedup: 1, Seed: 3})
+	g := NewGreedyOracle(w, 3)
+	w.engines[2].Process([]uint64{5, 6, 7})
+	w.engines[1].Process([]uint64{5})
+	got, _ := g.Pick(context.Background(), &Request{Trace: mooncake.Request{HashIDs: []uint64{5, 6, 8}}})
+	if got != 2 {
+		t.Fatalf("greedy picked %d, want 2 (two cached blocks)", got)
+	}
+}
+
+// TestPoliciesOnTraceSlice runs every policy on the first 1,500 requests:
+// runs end with no active load in kvselect's view, KV-aware routing beats
+// round-robin on hit rate, and the figures are deterministic.
+func TestPoliciesOnTraceSlice(t *testing.T) {
+	tr := loadTrace(t, 1500)
+	ctx := context.Background()
+	cfg := DefaultConfig()
+	cfg.Capacity = 2048
+	hit := map[string]float64{}
+	for _, name := range []string{"kvselect", "kvselect-approx", "round-robin", "random", "least-loaded", "greedy-oracle"} {
+		w, err := NewWorld(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var p Policy
+		switch name {
+		case "kvselect":
+			p, err = NewKVAware(ctx, w, nil)
+		case "kvselect-approx":
+			p, err = NewApproximate(ctx, w, nil)
+		case "round-robin":
+			p = NewRoundRobin(w)
+		case "random":
+			p = NewRandom(w, 1)
+		case "least-loaded":
+			p = NewLeastLoaded(w, 1)
+		case "greedy-oracle":
+			p = NewGreedyOracle(w, 1)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		calls := 0
+		res, err := Run(ctx, w, tr, p, func(done, total int) { calls++ })
+		if err != nil {
+			t.Fatal(err)
+		}
+		if calls < 2 || res.Requests != len(tr) || res.HitRate <= 0 || res.HitRate >= 1 || res.TTFTP90Ms < res.TTFTP50Ms {
+			t.Fatalf("%s: implausible result %+v (progress calls %d)", name, res, calls)
+		}
+		hit[name] = res.HitRate
+		if s, ok := p.(*Service); ok {
+			for _, m := range s.Loads() {
+				for _, l := range m.Loads {
+					if l.PotentialPrefillTokens != 0 || l.PotentialDecodeBlocks != 0 || l.ActiveRequests != 0 {
+						t.Fatalf("%s: load left after the run: %+v", name, l)
+					}
+				}
+			}
+		}
+	}
+	if hit["kvselect"] < 1.5*hit["round-robin"] || hit["kvselect-approx"] <= hit["round-robin"] {
+		t.Fatalf("KV-aware hit rates %v", hit)
+	}
+	if inf := InfiniteCacheHitRate(tr); inf < hit["greedy-oracle"] {
+		t.Fatalf("infinite cache %.3f below the oracle %.3f", inf, hit["greedy-oracle"])
+	}
+}
+
+func TestConfigValidation(t *testing.T) {
+	for _, c := range []Config{
+		{Workers: 0, Capacity: 1, Speedup: 1},
+		{Workers: 1, Capacity: 0, Speedup: 1},
+		{Workers: 1, Capacity: 1, Speedup: 0},
+		{Workers: 1, Capacity: 1, Speedup: 1, PrefillPerToken: -1},
+		{Workers: 1, Capacity: 1, Speedup: 1, DecodeInterference: -1},
+	} {
+		if _, err := NewWorld(c); err == nil {
+			t.Errorf("config %+v accepted", c)
+		}
+	}
+}
