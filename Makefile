@@ -16,6 +16,7 @@ test: fmt-check vet
 	$(GO) test -race -count=1 $(PKGS)
 	cd bench/peer && $(GO) vet ./... && $(GO) test -count=1 ./...
 	$(MAKE) conformance-rest
+	$(MAKE) fuzz-smoke
 
 # The black-box REST suite against a real kvselect process on loopback.
 conformance-rest:
@@ -56,8 +57,28 @@ bench-rest:
 demo:
 	$(GO) run ./cmd/kvbench index
 
+# Every decoder of bytes from the network, as package:FuzzTarget. `make fuzz`
+# runs each for FUZZTIME (60s); `make test` runs each briefly (fuzz-smoke).
+FUZZ_TARGETS := \
+	./selection/kvevents:FuzzDecode \
+	./selection/kvlisten:FuzzLiveMessage \
+	./selection/index:FuzzDecodeDump \
+	./httpadmin:FuzzSelectBody \
+	./extproc:FuzzParseBody \
+	./selection/replicasync:FuzzDecode \
+	./mockworker/kvpublish:FuzzParseReplayRequest
+FUZZTIME ?= 60s
+
 fuzz:
-	$(GO) test -run '^$$' -fuzz FuzzDecodeDump -fuzztime 60s ./selection/index
+	@set -e; for t in $(FUZZ_TARGETS); do \
+		pkg=$${t%%:*}; name=$${t##*:}; \
+		echo "fuzz $$name in $$pkg for $(FUZZTIME)"; \
+		$(GO) test -run '^$$' -fuzz "^$$name$$" -fuzztime $(FUZZTIME) $$pkg; \
+	done
+
+.PHONY: fuzz-smoke
+fuzz-smoke:
+	$(MAKE) fuzz FUZZTIME=3s
 
 clean:
 	rm -rf bin $(BENCHOUT)
