@@ -45,6 +45,8 @@ type options struct {
 	replicaSyncPeers   []string
 	replicaSyncResolve bool
 
+	extproc extprocFlags
+
 	version bool
 
 	set map[string]bool
@@ -112,6 +114,8 @@ func newFlagSet(o *options) *flag.FlagSet {
 		return err
 	})
 	fs.BoolVar(&o.replicaSyncResolve, "replica-sync-resolve-peers", false, "subscribe to every address a peer host name resolves to, re-resolved every 10 s, skipping this replica (a Kubernetes headless Service names all replicas); requires --replica-sync-port. Not a Dynamo flag")
+
+	o.extproc.register(fs)
 
 	fs.BoolVar(&o.version, "version", false, "print the version and exit")
 	return fs
@@ -196,6 +200,7 @@ func (o *options) validate() error {
 	if o.replicaSyncResolve && !o.set["replica-sync-port"] {
 		add("--replica-sync-resolve-peers requires --replica-sync-port")
 	}
+	errs = append(errs, o.extproc.validate()...)
 	if err := errors.Join(errs...); err != nil {
 		return &usageError{err}
 	}

@@ -134,8 +134,15 @@ func run(ctx context.Context, args []string, lookup func(string) (string, bool),
 		slog.String("version", versionString()),
 	}, configAttrs(cfg)...)...)
 
-	served := make(chan error, 1)
+	served := make(chan error, 2) // the REST and the ext_proc server
 	go func() { served <- srv.Serve(ln) }()
+	// The endpoint picker (Envoy ext_proc) beside the REST port, over the same
+	// service.
+	picker, err := startExtProc(o, svc, log, served)
+	if err != nil {
+		_ = srv.Close()
+		return err
+	}
 
 	upkeep, stopUpkeep := context.WithCancel(ctx)
 	var wg sync.WaitGroup
@@ -153,7 +160,7 @@ func run(ctx context.Context, args []string, lookup func(string) (string, bool),
 	case <-ctx.Done():
 		log.Info("shutting down", "cause", context.Cause(ctx).Error(), "timeout", o.shutdownTimeout.String())
 	case serveErr = <-served:
-		log.Error("HTTP server failed", "err", serveErr)
+		log.Error("server failed", "err", serveErr)
 	}
 
 	// Selection first (api spec §1): from here selections, bookings and
@@ -164,6 +171,7 @@ func run(ctx context.Context, args []string, lookup func(string) (string, bool),
 	start := time.Now()
 	sctx, cancel := context.WithTimeout(context.Background(), o.shutdownTimeout)
 	defer cancel()
+	picker.shutdown(sctx)
 	if err := srv.Shutdown(sctx); err != nil {
 		_ = srv.Close()
 		log.Error("graceful shutdown timed out; closed remaining connections", "timeout", o.shutdownTimeout.String())

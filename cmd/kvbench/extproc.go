@@ -1,0 +1,456 @@
+package main
+
+// kvbench extproc: per-request overhead of the ext_proc endpoint picker on
+// loopback. Every stream is one simulated HTTP request driven through
+// envoysim exactly as Envoy drives it in the GIE configuration: request
+// headers + a body of -body bytes (FULL_DUPLEX_STREAMED), the routing
+// decision, response headers with the served endpoint, -chunks streamed SSE
+// chunks (the last one ends the stream), then Envoy's close. -front rest runs
+// the same request lifecycle through the REST API instead
+// (select_and_reserve, prefill_complete, output_block per block, delete).
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"os"
+	"runtime"
+	"runtime/pprof"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"text/tabwriter"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/kvselect/kvselect/bench/report"
+	"github.com/kvselect/kvselect/envoysim"
+	"github.com/kvselect/kvselect/extproc"
+	"github.com/kvselect/kvselect/httpadmin"
+	"github.com/kvselect/kvselect/selection"
+	"github.com/kvselect/kvselect/selection/catalog"
+	"github.com/kvselect/kvselect/selection/routerconfig"
+)
+
+const (
+	epModel     = "bench"
+	epBlockSize = 16
+	epPool      = 256 // prompts in the pool
+	epSystems   = 16  // shared prefixes in the pool
+)
+
+type epConfig struct {
+	front    string
+	streams  int
+	workers  int
+	duration time.Duration
+	warmup   time.Duration
+	body     int
+	chunks   int
+	prompt   string
+	rate     float64
+	jsonOut  string
+}
+
+type epResult struct {
+	Front       string  `json:"front"`
+	Prompt      string  `json:"prompt"`
+	Streams     int     `json:"streams"`
+	Workers     int     `json:"workers"`
+	BodyBytes   int     `json:"body_bytes"`
+	Chunks      int     `json:"chunks"`
+	TargetRate  float64 `json:"target_rate"` // 0 = closed loop
+	GOMAXPROCS  int     `json:"gomaxprocs"`
+	ElapsedSec  float64 `json:"elapsed_s"`
+	Requests    int     `json:"requests"`
+	Errors      int     `json:"errors"`
+	ReqPerSec   float64 `json:"requests_per_sec"`
+	RoundTrips  int     `json:"round_trips_per_request"` // gRPC messages each way, or HTTP requests
+	Decision    pct     `json:"decision"`                // request start → routing decision
+	Total       pct     `json:"total"`                   // request start → end of the response
+	ErrorSample string  `json:"error_sample,omitempty"`
+}
+
+type pct struct {
+	P50 int64 `json:"p50_ns"`
+	P90 int64 `json:"p90_ns"`
+	P99 int64 `json:"p99_ns"`
+	Max int64 `json:"max_ns"`
+}
+
+func runExtProc(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("kvbench extproc", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var c epConfig
+	fs.StringVar(&c.front, "front", "extproc", "front to drive: extproc (gRPC ext_proc via envoysim) or rest (the same lifecycle over the REST API)")
+	fs.IntVar(&c.streams, "streams", 64, "concurrent requests (one goroutine each)")
+	fs.IntVar(&c.workers, "workers", 64, "workers registered (model \"bench\", block_size 16)")
+	fs.DurationVar(&c.duration, "duration", 10*time.Second, "measured time after the warmup")
+	fs.DurationVar(&c.warmup, "warmup", 2*time.Second, "unmeasured time before the measurement")
+	fs.IntVar(&c.body, "body", 4096, "request body size in bytes")
+	fs.IntVar(&c.chunks, "chunks", 20, "streamed response chunks (one token each)")
+	fs.StringVar(&c.prompt, "prompt", "tokens", "prompt form: tokens (completions prompt as token ids) or text (chat messages; ext_proc only)")
+	fs.Float64Var(&c.rate, "rate", 0, "open-loop arrival rate in requests/s over all streams (0 = closed loop: each stream starts its next request at once)")
+	fs.StringVar(&c.jsonOut, "json", "", "also write the results as JSON to this file")
+	prof := fs.String("cpuprofile", "", "write a CPU profile of the run (server and clients) to this file")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if *prof != "" {
+		f, err := os.Create(*prof)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
+	}
+	switch {
+	case fs.NArg() > 0:
+		return fmt.Errorf("unexpected arguments %q", fs.Args())
+	case c.front != "extproc" && c.front != "rest":
+		return fmt.Errorf("-front %q: want extproc or rest", c.front)
+	case c.prompt != "tokens" && c.prompt != "text":
+		return fmt.Errorf("-prompt %q: want tokens or text", c.prompt)
+	case c.front == "rest" && c.prompt == "text":
+		return errors.New("-front rest takes only -prompt tokens (the REST API has no text prompts)")
+	case c.streams < 1 || c.workers < 1 || c.body < 64 || c.chunks < 1 || c.duration <= 0 || c.warmup < 0 || c.rate < 0:
+		return errors.New("-streams, -workers, -chunks and -duration must be positive, -body at least 64, -warmup and -rate not negative")
+	}
+
+	rc := routerconfig.Default()
+	rc.UseKVEvents = false // no engines: the approximate index learns from the picks
+	svc, err := selection.NewBuilder().Router(rc).Build()
+	if err != nil {
+		return err
+	}
+	for id := range c.workers {
+		ep := fmt.Sprintf("http://10.%d.%d.%d:8000", id>>16&255, id>>8&255, id&255)
+		bs, kv := uint32(epBlockSize), uint64(16384)
+		if _, err := svc.UpsertWorker(ctx, catalog.Record{WorkerID: uint64(id), ModelName: epModel, Endpoint: &ep, BlockSize: &bs, TotalKVBlocks: &kv}); err != nil {
+			return err
+		}
+	}
+	upkeep, stop := context.WithCancel(ctx)
+	defer stop()
+	go svc.MaintainEvery(upkeep, 5*time.Second)
+
+	bodies := epBodies(c)
+	var do func(ctx context.Context, i int, body []byte, dec *time.Duration) error
+	res := epResult{Front: c.front, Prompt: c.prompt, Streams: c.streams, Workers: c.workers, BodyBytes: len(bodies[0]),
+		Chunks: c.chunks, TargetRate: c.rate, GOMAXPROCS: runtime.GOMAXPROCS(0)}
+	chunks := epChunks(c.chunks)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return err
+	}
+	if c.front == "extproc" {
+		g := grpc.NewServer()
+		extproc.New(svc, extproc.Options{}).Register(g)
+		go func() { _ = g.Serve(ln) }()
+		defer g.Stop()
+		conn, err := grpc.NewClient(ln.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			return err
+		}
+		defer conn.Close()
+		// One gRPC connection per 16 streams, as Envoy spreads streams over
+		// a few connections per worker thread.
+		clients := []*envoysim.Client{envoysim.New(conn)}
+		for range (c.streams - 1) / 16 {
+			cc, err := grpc.NewClient(ln.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+			if err != nil {
+				return err
+			}
+			defer cc.Close()
+			clients = append(clients, envoysim.New(cc))
+		}
+		res.RoundTrips = 3 + c.chunks // headers, body, response headers, chunks (the last ends)
+		do = func(ctx context.Context, i int, body []byte, dec *time.Duration) error {
+			return epOne(ctx, clients[i%len(clients)], body, chunks, dec)
+		}
+	} else {
+		srv := &http.Server{Handler: httpadmin.New(svc, httpadmin.Options{}), ReadHeaderTimeout: 10 * time.Second}
+		go func() { _ = srv.Serve(ln) }()
+		defer srv.Close()
+		base := "http://" + ln.Addr().String()
+		outBlocks := c.chunks / epBlockSize
+		res.RoundTrips = 3 + outBlocks
+		tr := &http.Transport{MaxIdleConns: c.streams, MaxIdleConnsPerHost: c.streams, DisableCompression: true}
+		defer tr.CloseIdleConnections()
+		hc := &http.Client{Transport: tr}
+		var seq atomic.Uint64
+		do = func(ctx context.Context, i int, body []byte, dec *time.Duration) error {
+			return restOne(ctx, hc, base, fmt.Sprintf("s%d-%d", i, seq.Add(1)), body, outBlocks, dec)
+		}
+	}
+	fmt.Fprintf(stderr, "kvbench extproc: front %s, %d streams, %d workers, %s prompt in %d-byte bodies, %d response chunks, rate %v, warmup %s + %s\n",
+		c.front, c.streams, c.workers, c.prompt, len(bodies[0]), c.chunks, c.rate, c.warmup, c.duration)
+	if err := epDrive(ctx, c, do, bodies, &res); err != nil {
+		return err
+	}
+	if err := epTable(stdout, &res); err != nil {
+		return err
+	}
+	if c.jsonOut != "" {
+		if err := report.WriteJSON(c.jsonOut, res); err != nil {
+			return err
+		}
+	}
+	if res.Requests == 0 || res.Errors*100 > res.Requests {
+		return fmt.Errorf("%d of %d requests failed: %s", res.Errors, res.Requests, res.ErrorSample)
+	}
+	return nil
+}
+
+// epBodies builds the pool: bodies of about c.body bytes, each starting with
+// one of epSystems shared prefixes a quarter of its length.
+func epBodies(c epConfig) [][]byte {
+	rng := rand.New(rand.NewPCG(1, 1))
+	out := make([][]byte, epPool)
+	for i := range out {
+		var b bytes.Buffer
+		if c.prompt == "tokens" {
+			fmt.Fprintf(&b, `{"model":%q,"stream":true,"max_tokens":%d,"prompt":[`, epModel, c.chunks)
+			for n := 0; b.Len() < c.body-8; n++ {
+				if n > 0 {
+					b.WriteByte(',')
+				}
+				tok := uint32(rng.IntN(150000))
+				if b.Len() < c.body/4 {
+					tok = uint32(i%epSystems*10000 + n)
+				}
+				b.WriteString(strconv.FormatUint(uint64(tok), 10))
+			}
+			b.WriteString("]}")
+		} else {
+			fmt.Fprintf(&b, `{"model":%q,"stream":true,"max_tokens":%d,"messages":[{"role":"system","content":"`, epModel, c.chunks)
+			for b.Len() < c.body/4 {
+				fmt.Fprintf(&b, "system prompt %d. ", i%epSystems)
+			}
+			b.WriteString(`"},{"role":"user","content":"`)
+			for b.Len() < c.body-4 {
+				fmt.Fprintf(&b, "w%d ", rng.IntN(100000))
+			}
+			b.WriteString(`"}]}`)
+		}
+		out[i] = b.Bytes()
+	}
+	return out
+}
+
+func epChunks(n int) [][]byte {
+	out := make([][]byte, n)
+	for i := range out {
+		out[i] = fmt.Appendf(nil, "data: {\"id\":\"cmpl\",\"object\":\"chat.completion.chunk\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"tok%d \"}}]}\n\n", i)
+	}
+	out[n-1] = append(out[n-1], "data: [DONE]\n\n"...)
+	return out
+}
+
+var epSSE = []envoysim.Header{{Key: "content-type", Value: "text/event-stream"}}
+
+func epOne(ctx context.Context, cl *envoysim.Client, body []byte, chunks [][]byte, dec *time.Duration) error {
+	t0 := time.Now()
+	x, d, err := cl.Start(ctx, &envoysim.Request{Modes: envoysim.GIE, Body: body})
+	*dec = time.Since(t0)
+	if err != nil {
+		return err
+	}
+	defer x.Close()
+	if d.Immediate != nil {
+		return fmt.Errorf("immediate %d: %s", d.Immediate.Status, d.Immediate.Body)
+	}
+	if _, err := x.ResponseHeaders(envoysim.Response{Served: d.Endpoint, Headers: epSSE}, false); err != nil {
+		return err
+	}
+	for i, c := range chunks {
+		if _, err := x.ResponseBody(c, i == len(chunks)-1); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// restOne is the REST client's share of the same request: book, prefill
+// complete at the first token, an output block per 16 tokens, free.
+func restOne(ctx context.Context, hc *http.Client, base, id string, body []byte, outBlocks int, dec *time.Duration) error {
+	// The completions body becomes a select_and_reserve body.
+	var in struct {
+		Prompt []uint32 `json:"prompt"`
+	}
+	if err := json.Unmarshal(body, &in); err != nil {
+		return err
+	}
+	sel, _ := json.Marshal(map[string]any{"selection_id": id, "model_name": epModel, "token_ids": in.Prompt})
+	t0 := time.Now()
+	err := restCall(ctx, hc, "POST", base+"/select_and_reserve", sel)
+	*dec = time.Since(t0)
+	if err != nil {
+		return err
+	}
+	if err := restCall(ctx, hc, "POST", base+"/reservations/"+id+"/prefill_complete", nil); err != nil {
+		return err
+	}
+	for range outBlocks {
+		if err := restCall(ctx, hc, "POST", base+"/reservations/"+id+"/output_block", []byte("{}")); err != nil {
+			return err
+		}
+	}
+	return restCall(ctx, hc, "DELETE", base+"/reservations/"+id, nil)
+}
+
+func restCall(ctx context.Context, hc *http.Client, method, u string, body []byte) error {
+	var rd io.Reader
+	if body != nil {
+		rd = bytes.NewReader(body)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, u, rd)
+	if err != nil {
+		return err
+	}
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	res, err := hc.Do(req)
+	if err != nil {
+		return err
+	}
+	defer res.Body.Close()
+	raw, _ := io.ReadAll(res.Body)
+	if res.StatusCode/100 != 2 {
+		return fmt.Errorf("%s %s: %d %.200s", method, u, res.StatusCode, raw)
+	}
+	return nil
+}
+
+// epDrive runs the streams through warmup and measurement.
+func epDrive(ctx context.Context, c epConfig, do func(context.Context, int, []byte, *time.Duration) error, bodies [][]byte, res *epResult) error {
+	type sample struct{ dec, total time.Duration }
+	start := time.Now()
+	measure, end := start.Add(c.warmup), start.Add(c.warmup+c.duration)
+	var (
+		mu      sync.Mutex
+		samples = make([]sample, 0, 1<<16)
+		errs    int
+		errOne  string
+		lastEnd = measure
+	)
+	var interval time.Duration
+	if c.rate > 0 {
+		interval = time.Duration(float64(c.streams) / c.rate * float64(time.Second))
+	}
+	var wg sync.WaitGroup
+	for i := range c.streams {
+		wg.Go(func() {
+			local := make([]sample, 0, 4096)
+			var lerr int
+			var lmsg string
+			next := start.Add(time.Duration(i) * interval / time.Duration(c.streams))
+			for p := i * 37; ; p++ {
+				if interval > 0 {
+					if d := time.Until(next); d > 0 {
+						time.Sleep(d)
+					}
+					next = next.Add(interval)
+				}
+				t0 := time.Now()
+				if !t0.Before(end) || ctx.Err() != nil {
+					break
+				}
+				var dec time.Duration
+				err := do(ctx, i, bodies[p%len(bodies)], &dec)
+				t1 := time.Now()
+				if t0.Before(measure) {
+					continue
+				}
+				if err != nil {
+					lerr++
+					if lmsg == "" {
+						lmsg = err.Error()
+					}
+					continue
+				}
+				local = append(local, sample{dec, t1.Sub(t0)})
+				if t1.After(end) {
+					break
+				}
+			}
+			mu.Lock()
+			samples = append(samples, local...)
+			errs += lerr
+			if errOne == "" {
+				errOne = lmsg
+			}
+			if now := time.Now(); now.After(lastEnd) {
+				lastEnd = now
+			}
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	res.ElapsedSec = lastEnd.Sub(measure).Seconds()
+	res.Requests, res.Errors, res.ErrorSample = len(samples), errs, errOne
+	if res.ElapsedSec > 0 {
+		res.ReqPerSec = float64(len(samples)) / res.ElapsedSec
+	}
+	decs := make([]time.Duration, len(samples))
+	tots := make([]time.Duration, len(samples))
+	for i, s := range samples {
+		decs[i], tots[i] = s.dec, s.total
+	}
+	res.Decision, res.Total = percentiles(decs), percentiles(tots)
+	return nil
+}
+
+func percentiles(ds []time.Duration) pct {
+	if len(ds) == 0 {
+		return pct{}
+	}
+	slices.Sort(ds)
+	q := func(p float64) int64 {
+		i := int(p*float64(len(ds))+0.999999) - 1
+		return int64(ds[min(max(i, 0), len(ds)-1)])
+	}
+	return pct{P50: q(0.5), P90: q(0.9), P99: q(0.99), Max: int64(ds[len(ds)-1])}
+}
+
+func epTable(w io.Writer, r *epResult) error {
+	mode := "closed loop"
+	if r.TargetRate > 0 {
+		mode = fmt.Sprintf("open loop at %.0f req/s", r.TargetRate)
+	}
+	fmt.Fprintf(w, "ext_proc bench: front %s, %d streams (%s), %d workers, %s prompt in %d-byte bodies, %d response chunks; GOMAXPROCS %d\n",
+		r.Front, r.Streams, mode, r.Workers, r.Prompt, r.BodyBytes, r.Chunks, r.GOMAXPROCS)
+	fmt.Fprintf(w, "%d requests in %.2fs = %.0f requests/s (%d round trips each), %d errors\n\n", r.Requests, r.ElapsedSec, r.ReqPerSec, r.RoundTrips, r.Errors)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	us := func(ns int64) string { return fmt.Sprintf("%.1f", float64(ns)/1e3) }
+	fmt.Fprintf(tw, "\tp50 µs\tp90 µs\tp99 µs\tmax µs\t\n")
+	for _, row := range []struct {
+		name string
+		p    pct
+	}{{"decision (start → route)", r.Decision}, {"whole request", r.Total}} {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t\n", row.name, us(row.p.P50), us(row.p.P90), us(row.p.P99), us(row.p.Max))
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	_, err := fmt.Fprintln(w, strings.Repeat("-", 0))
+	return err
+}
