@@ -16,11 +16,18 @@ test: fmt-check vet
 	$(GO) test -race -count=1 $(PKGS)
 	cd bench/peer && $(GO) vet ./... && $(GO) test -count=1 ./...
 	$(MAKE) conformance-rest
+	$(MAKE) conformance-epp
 	$(MAKE) fuzz-smoke
 
 # The black-box REST suite against a real kvselect process on loopback.
 conformance-rest:
 	./conformance/run-rest.sh
+
+# The black-box EPP (ext_proc, GIE protocol 004) suite against real kvselect
+# processes on loopback.
+.PHONY: conformance-epp
+conformance-epp:
+	./conformance/run-epp.sh
 
 test-short:
 	$(GO) test -count=1 $(PKGS)
@@ -52,6 +59,16 @@ bench-rest:
 	mkdir -p $(BENCHOUT)
 	$(GO) run ./cmd/kvbench rest -clients 32 -workers 64 -duration 10s -prompt tokens -json $(BENCHOUT)/rest-tokens.json | tee $(BENCHOUT)/rest-tokens.txt
 	$(GO) run ./cmd/kvbench rest -clients 32 -workers 64 -duration 10s -prompt hashes -json $(BENCHOUT)/rest-hashes.json | tee $(BENCHOUT)/rest-hashes.txt
+
+# Per-request overhead of the ext_proc picker (headers + 4 KB body + response
+# headers + 20 streamed chunks), 64 concurrent streams, and the same lifecycle
+# over REST (docs/extproc.md).
+.PHONY: bench-extproc
+bench-extproc:
+	mkdir -p $(BENCHOUT)
+	$(GO) run ./cmd/kvbench extproc -streams 64 -duration 10s -json $(BENCHOUT)/extproc.json | tee $(BENCHOUT)/extproc.txt
+	$(GO) run ./cmd/kvbench extproc -streams 64 -duration 10s -rate 1000 -json $(BENCHOUT)/extproc-1k.json | tee $(BENCHOUT)/extproc-1k.txt
+	$(GO) run ./cmd/kvbench extproc -front rest -streams 64 -duration 10s -json $(BENCHOUT)/extproc-rest.json | tee $(BENCHOUT)/extproc-rest.txt
 
 # The demo for now: replay the Mooncake trace through the index and print the table.
 demo:
