@@ -124,9 +124,18 @@ func (w *workload) check(ix *index.Index, wk index.WorkerKey) error {
 			heldGPU++
 		}
 	}
+	held := map[string]map[uint64]bool{}
+	for _, h := range w.order {
+		if o := w.blocks[h]; o.held {
+			if held[o.medium] == nil {
+				held[o.medium] = map[uint64]bool{}
+			}
+			held[o.medium][pathKey(o.path)] = true
+		}
+	}
 	for _, h := range w.order {
 		b := w.blocks[h]
-		want := w.leadingHeld(b)
+		want := leadingHeld(held[b.medium], b)
 		var got index.Overlap
 		for _, o := range ix.Match(b.path, false, nil) {
 			if o.Worker == wk {
@@ -149,14 +158,9 @@ func (w *workload) check(ix *index.Index, wk index.WorkerKey) error {
 }
 
 // leadingHeld is how many leading blocks of b's path the engine holds on b's
-// tier. Paths only ever extend blocks of the same tier.
-func (w *workload) leadingHeld(b *wBlock) uint32 {
-	byLocal := map[uint64]bool{}
-	for _, h := range w.order {
-		if o := w.blocks[h]; o.held && o.medium == b.medium {
-			byLocal[pathKey(o.path)] = true
-		}
-	}
+// tier (byLocal: the held paths of that tier). Paths only ever extend blocks
+// of the same tier.
+func leadingHeld(byLocal map[uint64]bool, b *wBlock) uint32 {
 	var n uint32
 	for i := range b.path {
 		if !byLocal[pathKey(b.path[:i+1])] {
