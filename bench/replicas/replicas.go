@@ -43,7 +43,10 @@ type Config struct {
 	Decode       time.Duration // mean time from prefill complete to free (8 ms)
 	SampleEvery  time.Duration // ground-truth sampling period (2 ms)
 	Sync         bool          // connect the two replicas to each other
-	Seed         uint64
+	// Single sends both replicas' clients through one replica: the reference a
+	// perfectly synchronized pair could reach.
+	Single bool
+	Seed   uint64
 }
 
 // Defaults fills the zero fields.
@@ -78,6 +81,7 @@ func (c Config) Defaults() Config {
 // Result is one run's figures.
 type Result struct {
 	Sync     bool    `json:"sync"`
+	Single   bool    `json:"single"`
 	Bookings int64   `json:"bookings"`
 	HotShare float64 `json:"hot_share"` // fraction of bookings on the worker holding the prefix
 	Samples  int     `json:"samples"`
@@ -197,7 +201,7 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 		}
 	}
 
-	res := Result{Sync: cfg.Sync}
+	res := Result{Sync: cfg.Sync, Single: cfg.Single}
 	var bookings, hot atomic.Int64
 	runCtx, stop := context.WithCancel(ctx)
 	var wg sync.WaitGroup
@@ -207,6 +211,9 @@ func Run(ctx context.Context, cfg Config) (Result, error) {
 		errOnce.Do(func() { firstErr = err; stop() })
 	}
 	for ri, r := range []*node{a, b} {
+		if cfg.Single {
+			r = a
+		}
 		for c := range cfg.Clients {
 			rnd := rand.New(rand.NewPCG(cfg.Seed, uint64(ri*1000+c)))
 			wg.Go(func() {

@@ -1,7 +1,8 @@
 package main
 
-// kvbench replicas: the load-spreading experiment of bench/replicas, run once
-// with replica sync off and once with it on, side by side.
+// kvbench replicas: the load-spreading experiment of bench/replicas, run with
+// replica sync off, with it on, and with every client on one replica (the
+// reference), side by side.
 
 import (
 	"context"
@@ -34,10 +35,10 @@ func runReplicas(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	}
 	var all []replicas.Result
 	for run := range *runs {
-		for _, sync := range []bool{false, true} {
+		for _, m := range modes {
 			cfg := c
-			cfg.Sync, cfg.Seed = sync, c.Seed+uint64(run)
-			fmt.Fprintf(stderr, "run %d, sync %v...\n", run+1, sync)
+			cfg.Sync, cfg.Single, cfg.Seed = m.sync, m.single, c.Seed+uint64(run)
+			fmt.Fprintf(stderr, "run %d, %s...\n", run+1, m.name)
 			r, err := replicas.Run(ctx, cfg)
 			if err != nil {
 				return err
@@ -46,19 +47,19 @@ func runReplicas(ctx context.Context, args []string, stdout, stderr io.Writer) e
 		}
 	}
 	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "sync\tbookings\thot share\treq max/mean\treq CV\tpeak req\tload max/mean\tload CV\t")
+	fmt.Fprintln(tw, "mode\tbookings\thot share\treq max/mean\treq CV\tpeak req\tload max/mean\tload CV\t")
 	row := func(label string, r replicas.Result) {
 		fmt.Fprintf(tw, "%s\t%d\t%.3f\t%.2f\t%.3f\t%d\t%.2f\t%.3f\t\n", label, r.Bookings, r.HotShare,
 			r.RequestsMaxOverMean, r.RequestsCV, r.PeakRequests, r.LoadMaxOverMean, r.LoadCV)
 	}
 	for _, r := range all {
-		row(map[bool]string{false: "off", true: "on"}[r.Sync], r)
+		row(modeOf(r).name, r)
 	}
-	for _, sync := range []bool{false, true} {
+	for _, mode := range modes {
 		var m replicas.Result
 		n := 0.0
 		for _, r := range all {
-			if r.Sync != sync {
+			if modeOf(r) != mode {
 				continue
 			}
 			n++
@@ -76,7 +77,7 @@ func runReplicas(ctx context.Context, args []string, stdout, stderr io.Writer) e
 		m.RequestsCV /= n
 		m.LoadMaxOverMean /= n
 		m.LoadCV /= n
-		row(map[bool]string{false: "off (mean)", true: "on (mean)"}[sync], m)
+		row(mode.name+" (mean)", m)
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -85,4 +86,20 @@ func runReplicas(ctx context.Context, args []string, stdout, stderr io.Writer) e
 		return report.WriteJSON(*jsonOut, all)
 	}
 	return nil
+}
+
+type mode struct {
+	name         string
+	sync, single bool
+}
+
+var modes = []mode{{"sync off", false, false}, {"sync on", true, false}, {"one replica", false, true}}
+
+func modeOf(r replicas.Result) mode {
+	for _, m := range modes {
+		if m.sync == r.Sync && m.single == r.Single {
+			return m
+		}
+	}
+	return mode{name: "?"}
 }

@@ -20,7 +20,7 @@ func TestReplicasPrintsBothModes(t *testing.T) {
 	if err != nil {
 		t.Fatalf("%v\n%s", err, stderr.String())
 	}
-	for _, want := range []string{"req max/mean", "off (mean)", "on (mean)"} {
+	for _, want := range []string{"req max/mean", "sync off (mean)", "sync on (mean)", "one replica (mean)"} {
 		if !strings.Contains(stdout.String(), want) {
 			t.Errorf("table lacks %q:\n%s", want, stdout.String())
 		}
@@ -30,7 +30,7 @@ func TestReplicasPrintsBothModes(t *testing.T) {
 		t.Fatal(err)
 	}
 	var rs []map[string]any
-	if err := json.Unmarshal(b, &rs); err != nil || len(rs) != 2 || rs[0]["sync"] != false || rs[1]["sync"] != true {
+	if err := json.Unmarshal(b, &rs); err != nil || len(rs) != 3 || rs[0]["sync"] != false || rs[1]["sync"] != true || rs[2]["single"] != true {
 		t.Fatalf("json %s (%v)", b, err)
 	}
 }
