@@ -90,9 +90,9 @@ type RankStatus struct {
 	// Stale counts live batches at or below the watermark, skipped. A steady
 	// rise means the publisher restarted at the same address with a fresh
 	// sequence: the seed's remedy is DELETE /workers/{id} then POST /workers.
-	Stale uint64
-	Replays      uint64 // replay requests made
-	Replayed     uint64 // batches applied from replays (included in Applied)
+	Stale    uint64
+	Replays  uint64 // replay requests made
+	Replayed uint64 // batches applied from replays (included in Applied)
 	// IncompleteReplays counts replays that did not return the whole requested
 	// range; LastIncompleteReason is the latest reason (Reason* constants).
 	IncompleteReplays    uint64
