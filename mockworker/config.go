@@ -1,0 +1,235 @@
+package mockworker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/kvselect/kvselect/mockworker/kvpublish"
+)
+
+// Defaults of Config, chosen to look like one vLLM replica of a small model on
+// one GPU.
+const (
+	DefaultModel               = "mock-model"
+	DefaultBlockSize           = 16 // vLLM's default block size
+	DefaultNumBlocks           = 4096
+	DefaultMaxNumSeqs          = 256 // vLLM --max-num-seqs
+	DefaultMaxNumBatchedTokens = 8192
+	DefaultMaxModelLen         = 32768
+	DefaultPrefillPerToken     = 50 * time.Microsecond // ~20k prefill tokens/s
+	DefaultDecodePerToken      = 10 * time.Millisecond // inter-token latency of a lone sequence
+	DefaultDecodeBatchSlowdown = 0.01                  // +1% ITL per additional running sequence
+	DefaultVocabSize           = 32000
+)
+
+// Config describes a mock worker. Zero values take the defaults above.
+type Config struct {
+	// Model is the served model name: /v1/models lists it, requests must name
+	// it, and it is the model_name the worker registers under.
+	Model string
+	// WorkerID identifies the worker to kvselect.
+	WorkerID uint64
+	// BlockSize is the number of tokens per KV block.
+	BlockSize int
+	// NumBlocks is the KV block pool of each data-parallel rank.
+	NumBlocks int
+	// DPSize is the number of data-parallel ranks, each with its own block pool,
+	// scheduler and KV event publisher; DPStartRank is the global rank of the
+	// first (kvselect's data_parallel_start_rank).
+	DPSize      int
+	DPStartRank int
+	// MaxNumSeqs bounds the sequences a rank runs at once; further requests
+	// wait in its FIFO queue.
+	MaxNumSeqs int
+	// MaxNumBatchedTokens is only advertised (registration); the timing model
+	// does not chunk prefills.
+	MaxNumBatchedTokens int
+	// MaxModelLen bounds prompt plus output tokens of one request.
+	MaxModelLen int
+
+	// Timing model: a request's prefill takes PrefillPerToken per prompt token
+	// that missed the prefix cache; then every output token after the first
+	// takes DecodePerToken × (1 + DecodeBatchSlowdown × (running−1)), running
+	// being the sequences the rank runs at that moment. All durations are
+	// divided by Speedup.
+	PrefillPerToken     time.Duration
+	DecodePerToken      time.Duration
+	DecodeBatchSlowdown float64
+	Speedup             float64
+
+	// KVEventsEndpoint is the PUB address of rank 0's KV events, vLLM style
+	// ("tcp://*:5557"); rank i binds port+i, or a free port when the port is 0.
+	// Empty publishes no events.
+	KVEventsEndpoint string
+	// ReplayEndpoint is the ROUTER address of rank 0's replay ring, offset like
+	// KVEventsEndpoint; empty serves no replay.
+	ReplayEndpoint string
+	// EventsTopic is the topic frame of every KV event message.
+	EventsTopic string
+	// EventShape is the event encoding (vLLM's current map shape by default).
+	EventShape kvpublish.Shape
+	// ReplayRing is the number of batches each rank keeps for replay (10,000).
+	ReplayRing int
+
+	// VocabSize bounds token ids of tokenized text and generated tokens.
+	VocabSize int
+	// Clock paces the timing model; the wall clock when nil. A simulation can
+	// pass a virtual clock.
+	Clock Clock
+	// Logger receives diagnostics; slog.Default() when nil.
+	Logger *slog.Logger
+}
+
+// Clock is the time source of the timing model.
+type Clock interface {
+	Now() time.Time
+	// Sleep waits d or until ctx ends, returning ctx's error then.
+	Sleep(ctx context.Context, d time.Duration) error
+}
+
+type wallClock struct{}
+
+func (wallClock) Now() time.Time { return time.Now() }
+
+func (wallClock) Sleep(ctx context.Context, d time.Duration) error {
+	if d <= 0 {
+		return ctx.Err()
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}
+
+// withDefaults fills zero fields and validates the result.
+func (c Config) withDefaults() (Config, error) {
+	setInt := func(v *int, d int) {
+		if *v == 0 {
+			*v = d
+		}
+	}
+	if c.Model == "" {
+		c.Model = DefaultModel
+	}
+	setInt(&c.BlockSize, DefaultBlockSize)
+	setInt(&c.NumBlocks, DefaultNumBlocks)
+	setInt(&c.DPSize, 1)
+	setInt(&c.MaxNumSeqs, DefaultMaxNumSeqs)
+	setInt(&c.MaxNumBatchedTokens, DefaultMaxNumBatchedTokens)
+	setInt(&c.MaxModelLen, DefaultMaxModelLen)
+	setInt(&c.ReplayRing, kvpublish.DefaultRingSize)
+	setInt(&c.VocabSize, DefaultVocabSize)
+	if c.PrefillPerToken == 0 {
+		c.PrefillPerToken = DefaultPrefillPerToken
+	}
+	if c.DecodePerToken == 0 {
+		c.DecodePerToken = DefaultDecodePerToken
+	}
+	if c.DecodeBatchSlowdown == 0 {
+		c.DecodeBatchSlowdown = DefaultDecodeBatchSlowdown
+	}
+	if c.Speedup == 0 {
+		c.Speedup = 1
+	}
+	if c.Clock == nil {
+		c.Clock = wallClock{}
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	var errs []error
+	positive := func(name string, v int) {
+		if v <= 0 {
+			errs = append(errs, fmt.Errorf("%s must be positive, got %d", name, v))
+		}
+	}
+	positive("block size", c.BlockSize)
+	positive("num blocks", c.NumBlocks)
+	positive("data parallel size", c.DPSize)
+	positive("max num seqs", c.MaxNumSeqs)
+	positive("max num batched tokens", c.MaxNumBatchedTokens)
+	positive("max model len", c.MaxModelLen)
+	positive("replay ring", c.ReplayRing)
+	if c.DPStartRank < 0 || c.DPStartRank+c.DPSize > math.MaxUint32 {
+		errs = append(errs, fmt.Errorf("data parallel ranks [%d, %d) out of range", c.DPStartRank, c.DPStartRank+c.DPSize))
+	}
+	if c.VocabSize <= firstWordID || c.VocabSize > math.MaxUint32 {
+		errs = append(errs, fmt.Errorf("vocab size must be in (%d, 2^32], got %d", firstWordID, c.VocabSize))
+	}
+	if c.PrefillPerToken < 0 || c.DecodePerToken < 0 {
+		errs = append(errs, errors.New("per-token times must not be negative"))
+	}
+	if c.DecodeBatchSlowdown < 0 || math.IsNaN(c.DecodeBatchSlowdown) || math.IsInf(c.DecodeBatchSlowdown, 0) {
+		errs = append(errs, fmt.Errorf("decode batch slowdown must be a non-negative number, got %v", c.DecodeBatchSlowdown))
+	}
+	if !(c.Speedup > 0) || math.IsInf(c.Speedup, 0) {
+		errs = append(errs, fmt.Errorf("speedup must be a positive number, got %v", c.Speedup))
+	}
+	if c.EventShape != kvpublish.ShapeMap && c.EventShape != kvpublish.ShapePositional {
+		errs = append(errs, fmt.Errorf("unknown event shape %d", c.EventShape))
+	}
+	if c.ReplayEndpoint != "" && c.KVEventsEndpoint == "" {
+		errs = append(errs, errors.New("a replay endpoint needs a KV events endpoint"))
+	}
+	for _, ep := range []string{c.KVEventsEndpoint, c.ReplayEndpoint} {
+		if ep == "" {
+			continue
+		}
+		for r := range c.DPSize {
+			if _, err := OffsetEndpoint(ep, r); err != nil {
+				errs = append(errs, err)
+				break
+			}
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return c, fmt.Errorf("mockworker: invalid config: %w", err)
+	}
+	return c, nil
+}
+
+// OffsetEndpoint is the endpoint of data-parallel rank r (0-based within the
+// worker) given rank 0's, as vLLM's offset_endpoint_port: a tcp port moves up
+// by r (port 0, "any free port", stays 0); ipc and inproc endpoints get a
+// "_dp<r>" suffix.
+func OffsetEndpoint(ep string, r int) (string, error) {
+	scheme, addr, ok := strings.Cut(ep, "://")
+	if !ok || addr == "" {
+		return "", fmt.Errorf("endpoint %q is not scheme://address", ep)
+	}
+	switch scheme {
+	case "ipc", "inproc":
+		if r == 0 {
+			return ep, nil
+		}
+		return fmt.Sprintf("%s_dp%d", ep, r), nil
+	case "tcp":
+	default:
+		return "", fmt.Errorf("endpoint %q: unsupported scheme %q (tcp, ipc, inproc)", ep, scheme)
+	}
+	i := strings.LastIndexByte(addr, ':')
+	if i < 0 {
+		return "", fmt.Errorf("endpoint %q has no port", ep)
+	}
+	port, err := strconv.ParseUint(addr[i+1:], 10, 16)
+	if err != nil {
+		return "", fmt.Errorf("endpoint %q: invalid port: %w", ep, err)
+	}
+	if port == 0 || r == 0 {
+		return ep, nil
+	}
+	if port+uint64(r) > math.MaxUint16 {
+		return "", fmt.Errorf("endpoint %q: port %d + rank %d exceeds 65535", ep, port, r)
+	}
+	return fmt.Sprintf("tcp://%s:%d", addr[:i], port+uint64(r)), nil
+}
