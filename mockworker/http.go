@@ -412,7 +412,9 @@ func (w *Worker) resolveRank(h http.Header) (int, error) {
 	return r.global, nil
 }
 
-func newID(prefix string) string { return fmt.Sprintf("%s-%016x%016x", prefix, rand.Uint64(), rand.Uint64()) }
+func newID(prefix string) string {
+	return fmt.Sprintf("%s-%016x%016x", prefix, rand.Uint64(), rand.Uint64())
+}
 
 // ---- handlers ----
 

@@ -21,7 +21,7 @@ type metrics struct {
 	queries, hits           *prometheus.Desc
 	prompt, generation      *prometheus.Desc
 	success, aborted        *prometheus.Desc
-	publishErrs             *prometheus.Desc
+	publishErrs, evicted    *prometheus.Desc
 }
 
 var labels = []string{"model_name", "engine"}
@@ -50,6 +50,7 @@ func newMetrics(w *Worker) *metrics {
 		success:     desc("vllm:request_success_total", "Count of successfully processed requests.", "finished_reason"),
 		aborted:     desc("kvselect_mockworker_requests_aborted_total", "Requests cancelled by the client or the worker's shutdown."),
 		publishErrs: desc("kvselect_mockworker_kv_events_publish_errors_total", "KV event batches that could not be published."),
+		evicted:     desc("kvselect_mockworker_evicted_blocks_total", "Cached KV blocks evicted (least recently used first) to make room."),
 	}
 	m.reg.MustRegister(m, m.ttft, m.e2e,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -58,7 +59,7 @@ func newMetrics(w *Worker) *metrics {
 
 func (m *metrics) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{m.running, m.waiting, m.usage, m.queries, m.hits,
-		m.prompt, m.generation, m.success, m.aborted, m.publishErrs} {
+		m.prompt, m.generation, m.success, m.aborted, m.publishErrs, m.evicted} {
 		ch <- d
 	}
 }
@@ -74,6 +75,7 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 		queries, hits := float64(r.queries), float64(r.hits)
 		prompt, gen := float64(r.promptToks), float64(r.genToks)
 		finished, aborted, pubErrs := float64(r.finished), float64(r.aborted), float64(r.publishErrs)
+		evicted := float64(r.pool.evictions)
 		r.mu.Unlock()
 		engine := strconv.Itoa(r.global)
 		gauge := func(d *prometheus.Desc, v float64) {
@@ -92,6 +94,7 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 		counter(m.success, finished, "length")
 		counter(m.aborted, aborted)
 		counter(m.publishErrs, pubErrs)
+		counter(m.evicted, evicted)
 	}
 }
 

@@ -62,6 +62,7 @@ type pool struct {
 	head, tail *cblock // LRU list: head is evicted first
 	lruLen     int
 	reserved   int // blocks reserved by running sequences, not yet cached
+	evictions  uint64
 
 	events []kvpublish.Event // KV events since the caller last took them
 	hbuf   []byte
@@ -178,6 +179,7 @@ func (p *pool) evict(n int) {
 		b := p.head
 		p.lruRemove(b)
 		delete(p.blocks, b.hash)
+		p.evictions++
 		rm.BlockHashes = append(rm.BlockHashes, b.hash)
 	}
 	p.events = append(p.events, rm)

@@ -470,6 +470,8 @@ type RankLoad struct {
 	UsedBlocks   int // held by running requests
 	CachedBlocks int // in the prefix cache (held or evictable)
 	TotalBlocks  int
+	// EvictedBlocks counts the cached blocks evicted to make room so far.
+	EvictedBlocks uint64
 	// NextEventSeq is the sequence number of the rank's next KV event batch.
 	NextEventSeq uint64
 }
@@ -480,7 +482,8 @@ func (w *Worker) Loads() []RankLoad {
 	for _, r := range w.ranks {
 		r.mu.Lock()
 		l := RankLoad{DPRank: r.global, Running: r.running, Waiting: len(r.queue),
-			UsedBlocks: r.pool.used(), CachedBlocks: len(r.pool.blocks), TotalBlocks: r.pool.capacity}
+			UsedBlocks: r.pool.used(), CachedBlocks: len(r.pool.blocks), TotalBlocks: r.pool.capacity,
+			EvictedBlocks: r.pool.evictions}
 		if r.pub != nil {
 			l.NextEventSeq = r.pub.NextSeq()
 		}
