@@ -37,6 +37,9 @@ type setup struct {
 	opts    extproc.Options
 	router  func(*routerconfig.Config)
 	workers []catalog.Record
+	// kvEvents runs the service with KV events on (production's default);
+	// workers get an event endpoint nothing listens on.
+	kvEvents bool
 }
 
 func ptr[T any](v T) *T { return &v }
@@ -57,7 +60,7 @@ func fourWorkers() []catalog.Record {
 func start(t testing.TB, s setup) *harness {
 	t.Helper()
 	rc := routerconfig.Default()
-	rc.UseKVEvents = false // the approximate index learns from routing decisions: no engines here
+	rc.UseKVEvents = s.kvEvents // off: the approximate index learns from routing decisions, no engines here
 	if s.router != nil {
 		s.router(&rc)
 	}
@@ -68,7 +71,10 @@ func start(t testing.TB, s setup) *harness {
 	if s.workers == nil {
 		s.workers = fourWorkers()
 	}
-	for _, w := range s.workers {
+	for i, w := range s.workers {
+		if s.kvEvents {
+			w.KVEventsEndpoint = ptr(fmt.Sprintf("tcp://127.0.0.1:%d", 30000+i))
+		}
 		if _, err := svc.UpsertWorker(context.Background(), w); err != nil {
 			t.Fatal(err)
 		}

@@ -25,9 +25,9 @@ import (
 	"runtime/pprof"
 	"slices"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"text/tabwriter"
 	"time"
 
@@ -60,25 +60,31 @@ type epConfig struct {
 	chunks   int
 	prompt   string
 	rate     float64
+	kvEvents bool
 	jsonOut  string
 }
 
 type epResult struct {
-	Front       string  `json:"front"`
-	Prompt      string  `json:"prompt"`
-	Streams     int     `json:"streams"`
-	Workers     int     `json:"workers"`
-	BodyBytes   int     `json:"body_bytes"`
-	Chunks      int     `json:"chunks"`
-	TargetRate  float64 `json:"target_rate"` // 0 = closed loop
-	GOMAXPROCS  int     `json:"gomaxprocs"`
-	ElapsedSec  float64 `json:"elapsed_s"`
-	Requests    int     `json:"requests"`
-	Errors      int     `json:"errors"`
-	ReqPerSec   float64 `json:"requests_per_sec"`
-	RoundTrips  int     `json:"round_trips_per_request"` // gRPC messages each way, or HTTP requests
-	Decision    pct     `json:"decision"`                // request start → routing decision
-	Total       pct     `json:"total"`                   // request start → end of the response
+	Front      string  `json:"front"`
+	Prompt     string  `json:"prompt"`
+	KVEvents   bool    `json:"use_kv_events"`
+	Streams    int     `json:"streams"`
+	Workers    int     `json:"workers"`
+	BodyBytes  int     `json:"body_bytes"`
+	Chunks     int     `json:"chunks"`
+	TargetRate float64 `json:"target_rate"` // 0 = closed loop
+	GOMAXPROCS int     `json:"gomaxprocs"`
+	ElapsedSec float64 `json:"elapsed_s"`
+	Requests   int     `json:"requests"`
+	Errors     int     `json:"errors"`
+	ReqPerSec  float64 `json:"requests_per_sec"`
+	RoundTrips int     `json:"round_trips_per_request"` // gRPC messages each way, or HTTP requests
+	// CPUPerReq is the process's CPU time (user + system, client and server
+	// together) per measured request: unlike latency it does not depend on
+	// what else runs on the machine.
+	CPUPerReq   float64 `json:"cpu_us_per_request"`
+	Decision    pct     `json:"decision"` // request start → routing decision
+	Total       pct     `json:"total"`    // request start → end of the response
 	ErrorSample string  `json:"error_sample,omitempty"`
 }
 
@@ -102,6 +108,7 @@ func runExtProc(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	fs.IntVar(&c.chunks, "chunks", 20, "streamed response chunks (one token each)")
 	fs.StringVar(&c.prompt, "prompt", "tokens", "prompt form: tokens (completions prompt as token ids) or text (chat messages; ext_proc only)")
 	fs.Float64Var(&c.rate, "rate", 0, "open-loop arrival rate in requests/s over all streams (0 = closed loop: each stream starts its next request at once)")
+	fs.BoolVar(&c.kvEvents, "kv-events", true, "run the service with KV events on (the default; no engine publishes, so token prompts find no cache) instead of the approximate index that records every pick")
 	fs.StringVar(&c.jsonOut, "json", "", "also write the results as JSON to this file")
 	prof := fs.String("cpuprofile", "", "write a CPU profile of the run (server and clients) to this file")
 	if err := fs.Parse(args); err != nil {
@@ -132,7 +139,7 @@ func runExtProc(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	}
 
 	rc := routerconfig.Default()
-	rc.UseKVEvents = false // no engines: the approximate index learns from the picks
+	rc.UseKVEvents = c.kvEvents
 	svc, err := selection.NewBuilder().Router(rc).Build()
 	if err != nil {
 		return err
@@ -140,7 +147,11 @@ func runExtProc(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	for id := range c.workers {
 		ep := fmt.Sprintf("http://10.%d.%d.%d:8000", id>>16&255, id>>8&255, id&255)
 		bs, kv := uint32(epBlockSize), uint64(16384)
-		if _, err := svc.UpsertWorker(ctx, catalog.Record{WorkerID: uint64(id), ModelName: epModel, Endpoint: &ep, BlockSize: &bs, TotalKVBlocks: &kv}); err != nil {
+		// With KV events on, a worker needs an event endpoint to be
+		// schedulable; nothing listens to it in this process.
+		zmq := fmt.Sprintf("tcp://127.0.0.1:%d", 20000+id)
+		if _, err := svc.UpsertWorker(ctx, catalog.Record{WorkerID: uint64(id), ModelName: epModel, Endpoint: &ep, BlockSize: &bs,
+			TotalKVBlocks: &kv, KVEventsEndpoint: &zmq}); err != nil {
 			return err
 		}
 	}
@@ -150,7 +161,7 @@ func runExtProc(ctx context.Context, args []string, stdout, stderr io.Writer) er
 
 	bodies := epBodies(c)
 	var do func(ctx context.Context, i int, body []byte, dec *time.Duration) error
-	res := epResult{Front: c.front, Prompt: c.prompt, Streams: c.streams, Workers: c.workers, BodyBytes: len(bodies[0]),
+	res := epResult{Front: c.front, Prompt: c.prompt, KVEvents: c.kvEvents, Streams: c.streams, Workers: c.workers, BodyBytes: len(bodies[0]),
 		Chunks: c.chunks, TargetRate: c.rate, GOMAXPROCS: runtime.GOMAXPROCS(0)}
 	chunks := epChunks(c.chunks)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -353,6 +364,13 @@ func epDrive(ctx context.Context, c epConfig, do func(context.Context, int, []by
 	if c.rate > 0 {
 		interval = time.Duration(float64(c.streams) / c.rate * float64(time.Second))
 	}
+	var cpuAtMeasure time.Duration
+	go func() {
+		time.Sleep(time.Until(measure))
+		mu.Lock()
+		cpuAtMeasure = cpuTime()
+		mu.Unlock()
+	}()
 	var wg sync.WaitGroup
 	for i := range c.streams {
 		wg.Go(func() {
@@ -402,9 +420,15 @@ func epDrive(ctx context.Context, c epConfig, do func(context.Context, int, []by
 		})
 	}
 	wg.Wait()
+	cpuAtEnd := cpuTime()
 	if err := ctx.Err(); err != nil {
 		return err
 	}
+	mu.Lock()
+	if len(samples) > 0 && cpuAtMeasure > 0 {
+		res.CPUPerReq = float64((cpuAtEnd - cpuAtMeasure).Microseconds()) / float64(len(samples)+errs)
+	}
+	mu.Unlock()
 	res.ElapsedSec = lastEnd.Sub(measure).Seconds()
 	res.Requests, res.Errors, res.ErrorSample = len(samples), errs, errOne
 	if res.ElapsedSec > 0 {
@@ -436,9 +460,13 @@ func epTable(w io.Writer, r *epResult) error {
 	if r.TargetRate > 0 {
 		mode = fmt.Sprintf("open loop at %.0f req/s", r.TargetRate)
 	}
-	fmt.Fprintf(w, "ext_proc bench: front %s, %d streams (%s), %d workers, %s prompt in %d-byte bodies, %d response chunks; GOMAXPROCS %d\n",
-		r.Front, r.Streams, mode, r.Workers, r.Prompt, r.BodyBytes, r.Chunks, r.GOMAXPROCS)
-	fmt.Fprintf(w, "%d requests in %.2fs = %.0f requests/s (%d round trips each), %d errors\n\n", r.Requests, r.ElapsedSec, r.ReqPerSec, r.RoundTrips, r.Errors)
+	fmt.Fprintf(w, "ext_proc bench: front %s, %d streams (%s), %d workers, %s prompt in %d-byte bodies, %d response chunks, use_kv_events %v; GOMAXPROCS %d\n",
+		r.Front, r.Streams, mode, r.Workers, r.Prompt, r.BodyBytes, r.Chunks, r.KVEvents, r.GOMAXPROCS)
+	fmt.Fprintf(w, "%d requests in %.2fs = %.0f requests/s (%d round trips each), %d errors\n", r.Requests, r.ElapsedSec, r.ReqPerSec, r.RoundTrips, r.Errors)
+	if r.CPUPerReq > 0 {
+		fmt.Fprintf(w, "CPU per request (client + server, user + system): %.0f µs = %.0f requests/s per core if CPU-bound\n", r.CPUPerReq, 1e6/r.CPUPerReq)
+	}
+	fmt.Fprintln(w)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	us := func(ns int64) string { return fmt.Sprintf("%.1f", float64(ns)/1e3) }
 	fmt.Fprintf(tw, "\tp50 µs\tp90 µs\tp99 µs\tmax µs\t\n")
@@ -451,6 +479,14 @@ func epTable(w io.Writer, r *epResult) error {
 	if err := tw.Flush(); err != nil {
 		return err
 	}
-	_, err := fmt.Fprintln(w, strings.Repeat("-", 0))
-	return err
+	return nil
+}
+
+// cpuTime is the process's user + system CPU time so far.
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
