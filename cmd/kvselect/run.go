@@ -95,7 +95,9 @@ func run(ctx context.Context, args []string, lookup func(string) (string, bool),
 	// peer's. A port that cannot be bound stops the server, as in Dynamo.
 	var peers httpadmin.PeerManager
 	if o.set["replica-sync-port"] {
-		mesh, err := replicasync.Start(ctx, svc, replicasync.Options{
+		// Not stopped by the signal: frees made while in-flight requests drain
+		// still reach the peers; the deferred Close ends the mesh after that.
+		mesh, err := replicasync.Start(context.WithoutCancel(ctx), svc, replicasync.Options{
 			Bind:         "tcp://*:" + strconv.FormatUint(o.replicaSyncPort, 10),
 			Peers:        o.replicaSyncPeers,
 			Affinity:     cfg.Router.SessionAffinityTTL.IsSet(),
