@@ -96,7 +96,7 @@ func serve(t testing.TB, srv *extproc.Server) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	g := grpc.NewServer()
+	g := grpc.NewServer(extproc.ServerOptions()...)
 	srv.Register(g)
 	go func() { _ = g.Serve(ln) }()
 	t.Cleanup(g.Stop)

@@ -62,6 +62,9 @@ type epConfig struct {
 	rate     float64
 	kvEvents bool
 	jsonOut  string
+	// plainGRPC serves with grpc.NewServer's defaults instead of
+	// extproc.ServerOptions (for comparison).
+	plainGRPC bool
 }
 
 type epResult struct {
@@ -109,6 +112,7 @@ func runExtProc(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	fs.StringVar(&c.prompt, "prompt", "tokens", "prompt form: tokens (completions prompt as token ids) or text (chat messages; ext_proc only)")
 	fs.Float64Var(&c.rate, "rate", 0, "open-loop arrival rate in requests/s over all streams (0 = closed loop: each stream starts its next request at once)")
 	fs.BoolVar(&c.kvEvents, "kv-events", true, "run the service with KV events on (the default; no engine publishes, so token prompts find no cache) instead of the approximate index that records every pick")
+	fs.BoolVar(&c.plainGRPC, "plain-grpc", false, "serve ext_proc with grpc.NewServer's defaults instead of extproc.ServerOptions (vtprotobuf marshal, stream workers)")
 	fs.StringVar(&c.jsonOut, "json", "", "also write the results as JSON to this file")
 	prof := fs.String("cpuprofile", "", "write a CPU profile of the run (server and clients) to this file")
 	if err := fs.Parse(args); err != nil {
@@ -169,7 +173,11 @@ func runExtProc(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		return err
 	}
 	if c.front == "extproc" {
-		g := grpc.NewServer()
+		var opts []grpc.ServerOption
+		if !c.plainGRPC {
+			opts = extproc.ServerOptions()
+		}
+		g := grpc.NewServer(opts...)
 		extproc.New(svc, extproc.Options{}).Register(g)
 		go func() { _ = g.Serve(ln) }()
 		defer g.Stop()

@@ -81,7 +81,7 @@ func startExtProc(o *options, svc *selection.Service, log *slog.Logger, served c
 	}
 	picker := extproc.New(svc, extproc.Options{Logger: log, Fallbacks: e.fallbacks, MaxBodyBytes: e.maxBodyBytes,
 		TestPickHeader: e.testPick, DefaultModel: e.defaultModel})
-	g := grpc.NewServer()
+	g := grpc.NewServer(extproc.ServerOptions()...)
 	picker.Register(g)
 	log.Info("ext_proc listening", "addr", ln.Addr().String(), "fallbacks", e.fallbacks, "max_body_bytes", e.maxBodyBytes,
 		"test_pick_header", e.testPick)
