@@ -100,9 +100,20 @@ func (x *Exchange) ResponseBody(chunk []byte, endOfStream bool) ([]byte, error) 
 	}
 }
 
+// bodyMsg holds every level of a response-body message: one allocation per
+// chunk.
+type bodyMsg struct {
+	req  extprocv3.ProcessingRequest
+	one  extprocv3.ProcessingRequest_ResponseBody
+	body extprocv3.HttpBody
+}
+
 func (x *Exchange) sendResponseBody(b []byte, eos bool) error {
-	return x.send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_ResponseBody{
-		ResponseBody: &extprocv3.HttpBody{Body: b, EndOfStream: eos}}})
+	m := &bodyMsg{}
+	m.body.Body, m.body.EndOfStream = b, eos
+	m.one.ResponseBody = &m.body
+	m.req.Request = &m.one
+	return x.send(&m.req)
 }
 
 // drainResponse collects streamed response bodies: whatever is queued, or,

@@ -572,15 +572,34 @@ func bodyResponse(request bool, mut *extprocv3.HeaderMutation) *extprocv3.Proces
 		ResponseBody: &extprocv3.BodyResponse{Response: c}}}
 }
 
+// streamedMsg holds every level of a streamed body response, so one
+// allocation builds the message (it is sent once per response chunk).
+type streamedMsg struct {
+	resp extprocv3.ProcessingResponse
+	req  extprocv3.ProcessingResponse_RequestBody
+	res  extprocv3.ProcessingResponse_ResponseBody
+	body extprocv3.BodyResponse
+	cr   extprocv3.CommonResponse
+	mut  extprocv3.BodyMutation
+	sr   extprocv3.BodyMutation_StreamedResponse
+	sbr  extprocv3.StreamedBodyResponse
+}
+
 func streamedBody(request bool, b []byte, eos bool) *extprocv3.ProcessingResponse {
-	c := &extprocv3.CommonResponse{BodyMutation: &extprocv3.BodyMutation{Mutation: &extprocv3.BodyMutation_StreamedResponse{
-		StreamedResponse: &extprocv3.StreamedBodyResponse{Body: b, EndOfStream: eos}}}}
+	m := &streamedMsg{}
+	m.sbr.Body, m.sbr.EndOfStream = b, eos
+	m.sr.StreamedResponse = &m.sbr
+	m.mut.Mutation = &m.sr
+	m.cr.BodyMutation = &m.mut
+	m.body.Response = &m.cr
 	if request {
-		return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestBody{
-			RequestBody: &extprocv3.BodyResponse{Response: c}}}
+		m.req.RequestBody = &m.body
+		m.resp.Response = &m.req
+	} else {
+		m.res.ResponseBody = &m.body
+		m.resp.Response = &m.res
 	}
-	return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseBody{
-		ResponseBody: &extprocv3.BodyResponse{Response: c}}}
+	return &m.resp
 }
 
 func setHeader(k, v string) *corev3.HeaderValueOption {

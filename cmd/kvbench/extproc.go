@@ -25,6 +25,7 @@ import (
 	"runtime/pprof"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -65,10 +66,13 @@ type epConfig struct {
 	// plainGRPC serves with grpc.NewServer's defaults instead of
 	// extproc.ServerOptions (for comparison).
 	plainGRPC bool
+	url, addr string
+	serverCPU func() (time.Duration, bool) // external server's CPU clock, nil in-process
 }
 
 type epResult struct {
 	Front      string  `json:"front"`
+	Server     string  `json:"server"` // "in-process" or the -url
 	Prompt     string  `json:"prompt"`
 	KVEvents   bool    `json:"use_kv_events"`
 	Streams    int     `json:"streams"`
@@ -85,10 +89,13 @@ type epResult struct {
 	// CPUPerReq is the process's CPU time (user + system, client and server
 	// together) per measured request: unlike latency it does not depend on
 	// what else runs on the machine.
-	CPUPerReq   float64 `json:"cpu_us_per_request"`
-	Decision    pct     `json:"decision"` // request start → routing decision
-	Total       pct     `json:"total"`    // request start → end of the response
-	ErrorSample string  `json:"error_sample,omitempty"`
+	CPUPerReq float64 `json:"cpu_us_per_request"`
+	// ServerCPUPerReq is the external server's own CPU per request (from its
+	// process_cpu_seconds_total), 0 in-process.
+	ServerCPUPerReq float64 `json:"server_cpu_us_per_request"`
+	Decision        pct     `json:"decision"` // request start → routing decision
+	Total           pct     `json:"total"`    // request start → end of the response
+	ErrorSample     string  `json:"error_sample,omitempty"`
 }
 
 type pct struct {
@@ -113,6 +120,8 @@ func runExtProc(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	fs.Float64Var(&c.rate, "rate", 0, "open-loop arrival rate in requests/s over all streams (0 = closed loop: each stream starts its next request at once)")
 	fs.BoolVar(&c.kvEvents, "kv-events", true, "run the service with KV events on (the default; no engine publishes, so token prompts find no cache) instead of the approximate index that records every pick")
 	fs.BoolVar(&c.plainGRPC, "plain-grpc", false, "serve ext_proc with grpc.NewServer's defaults instead of extproc.ServerOptions (vtprotobuf marshal, stream workers)")
+	fs.StringVar(&c.url, "url", "", "REST base URL of an external kvselect on loopback (workers are registered there; its /metrics gives the server's own CPU per request); empty: run the server in this process")
+	fs.StringVar(&c.addr, "addr", "", "ext_proc host:port of the external kvselect (with -url)")
 	fs.StringVar(&c.jsonOut, "json", "", "also write the results as JSON to this file")
 	prof := fs.String("cpuprofile", "", "write a CPU profile of the run (server and clients) to this file")
 	if err := fs.Parse(args); err != nil {
@@ -142,55 +151,38 @@ func runExtProc(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		return errors.New("-streams, -workers, -chunks and -duration must be positive, -body at least 64, -warmup and -rate not negative")
 	}
 
-	rc := routerconfig.Default()
-	rc.UseKVEvents = c.kvEvents
-	svc, err := selection.NewBuilder().Router(rc).Build()
-	if err != nil {
-		return err
-	}
-	for id := range c.workers {
-		ep := fmt.Sprintf("http://10.%d.%d.%d:8000", id>>16&255, id>>8&255, id&255)
-		bs, kv := uint32(epBlockSize), uint64(16384)
-		// With KV events on, a worker needs an event endpoint to be
-		// schedulable; nothing listens to it in this process.
-		zmq := fmt.Sprintf("tcp://127.0.0.1:%d", 20000+id)
-		if _, err := svc.UpsertWorker(ctx, catalog.Record{WorkerID: uint64(id), ModelName: epModel, Endpoint: &ep, BlockSize: &bs,
-			TotalKVBlocks: &kv, KVEventsEndpoint: &zmq}); err != nil {
-			return err
-		}
-	}
-	upkeep, stop := context.WithCancel(ctx)
-	defer stop()
-	go svc.MaintainEvery(upkeep, 5*time.Second)
-
 	bodies := epBodies(c)
 	var do func(ctx context.Context, i int, body []byte, dec *time.Duration) error
 	res := epResult{Front: c.front, Prompt: c.prompt, KVEvents: c.kvEvents, Streams: c.streams, Workers: c.workers, BodyBytes: len(bodies[0]),
-		Chunks: c.chunks, TargetRate: c.rate, GOMAXPROCS: runtime.GOMAXPROCS(0)}
+		Chunks: c.chunks, TargetRate: c.rate, GOMAXPROCS: runtime.GOMAXPROCS(0), Server: "in-process"}
 	chunks := epChunks(c.chunks)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return err
-	}
-	if c.front == "extproc" {
-		var opts []grpc.ServerOption
-		if !c.plainGRPC {
-			opts = extproc.ServerOptions()
-		}
-		g := grpc.NewServer(opts...)
-		extproc.New(svc, extproc.Options{}).Register(g)
-		go func() { _ = g.Serve(ln) }()
-		defer g.Stop()
-		conn, err := grpc.NewClient(ln.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-		if err != nil {
+
+	restBase, epAddr := strings.TrimSuffix(c.url, "/"), c.addr
+	var serverCPU func() (time.Duration, bool)
+	if c.url == "" {
+		var err error
+		if restBase, epAddr, err = epInProcess(ctx, c); err != nil {
 			return err
 		}
-		defer conn.Close()
+	} else {
+		if err := checkLoopback(c.url); err != nil {
+			return err
+		}
+		if c.front == "extproc" && c.addr == "" {
+			return errors.New("-url needs -addr, the server's ext_proc host:port, for -front extproc")
+		}
+		if err := epRegister(ctx, restBase, c.workers); err != nil {
+			return err
+		}
+		res.Server, res.KVEvents = c.url, false
+		serverCPU = func() (time.Duration, bool) { return scrapeCPU(restBase) }
+	}
+	if c.front == "extproc" {
 		// One gRPC connection per 16 streams, as Envoy spreads streams over
 		// a few connections per worker thread.
-		clients := []*envoysim.Client{envoysim.New(conn)}
-		for range (c.streams - 1) / 16 {
-			cc, err := grpc.NewClient(ln.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+		var clients []*envoysim.Client
+		for range 1 + (c.streams-1)/16 {
+			cc, err := grpc.NewClient(epAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 			if err != nil {
 				return err
 			}
@@ -202,20 +194,18 @@ func runExtProc(ctx context.Context, args []string, stdout, stderr io.Writer) er
 			return epOne(ctx, clients[i%len(clients)], body, chunks, dec)
 		}
 	} else {
-		srv := &http.Server{Handler: httpadmin.New(svc, httpadmin.Options{}), ReadHeaderTimeout: 10 * time.Second}
-		go func() { _ = srv.Serve(ln) }()
-		defer srv.Close()
-		base := "http://" + ln.Addr().String()
 		outBlocks := c.chunks / epBlockSize
 		res.RoundTrips = 3 + outBlocks
 		tr := &http.Transport{MaxIdleConns: c.streams, MaxIdleConnsPerHost: c.streams, DisableCompression: true}
 		defer tr.CloseIdleConnections()
 		hc := &http.Client{Transport: tr}
 		var seq atomic.Uint64
+		nonce := strconv.FormatInt(time.Now().UnixNano()%1e9, 36)
 		do = func(ctx context.Context, i int, body []byte, dec *time.Duration) error {
-			return restOne(ctx, hc, base, fmt.Sprintf("s%d-%d", i, seq.Add(1)), body, outBlocks, dec)
+			return restOne(ctx, hc, restBase, fmt.Sprintf("x%s-%d-%d", nonce, i, seq.Add(1)), body, outBlocks, dec)
 		}
 	}
+	c.serverCPU = serverCPU
 	fmt.Fprintf(stderr, "kvbench extproc: front %s, %d streams, %d workers, %s prompt in %d-byte bodies, %d response chunks, rate %v, warmup %s + %s\n",
 		c.front, c.streams, c.workers, c.prompt, len(bodies[0]), c.chunks, c.rate, c.warmup, c.duration)
 	if err := epDrive(ctx, c, do, bodies, &res); err != nil {
@@ -372,11 +362,14 @@ func epDrive(ctx context.Context, c epConfig, do func(context.Context, int, []by
 	if c.rate > 0 {
 		interval = time.Duration(float64(c.streams) / c.rate * float64(time.Second))
 	}
-	var cpuAtMeasure time.Duration
+	var cpuAtMeasure, srvAtMeasure time.Duration
 	go func() {
 		time.Sleep(time.Until(measure))
 		mu.Lock()
 		cpuAtMeasure = cpuTime()
+		if c.serverCPU != nil {
+			srvAtMeasure, _ = c.serverCPU()
+		}
 		mu.Unlock()
 	}()
 	var wg sync.WaitGroup
@@ -429,12 +422,19 @@ func epDrive(ctx context.Context, c epConfig, do func(context.Context, int, []by
 	}
 	wg.Wait()
 	cpuAtEnd := cpuTime()
+	var srvAtEnd time.Duration
+	if c.serverCPU != nil {
+		srvAtEnd, _ = c.serverCPU()
+	}
 	if err := ctx.Err(); err != nil {
 		return err
 	}
 	mu.Lock()
 	if len(samples) > 0 && cpuAtMeasure > 0 {
 		res.CPUPerReq = float64((cpuAtEnd - cpuAtMeasure).Microseconds()) / float64(len(samples)+errs)
+		if srvAtMeasure > 0 && srvAtEnd > srvAtMeasure {
+			res.ServerCPUPerReq = float64((srvAtEnd - srvAtMeasure).Microseconds()) / float64(len(samples)+errs)
+		}
 	}
 	mu.Unlock()
 	res.ElapsedSec = lastEnd.Sub(measure).Seconds()
@@ -471,7 +471,11 @@ func epTable(w io.Writer, r *epResult) error {
 	fmt.Fprintf(w, "ext_proc bench: front %s, %d streams (%s), %d workers, %s prompt in %d-byte bodies, %d response chunks, use_kv_events %v; GOMAXPROCS %d\n",
 		r.Front, r.Streams, mode, r.Workers, r.Prompt, r.BodyBytes, r.Chunks, r.KVEvents, r.GOMAXPROCS)
 	fmt.Fprintf(w, "%d requests in %.2fs = %.0f requests/s (%d round trips each), %d errors\n", r.Requests, r.ElapsedSec, r.ReqPerSec, r.RoundTrips, r.Errors)
-	if r.CPUPerReq > 0 {
+	switch {
+	case r.ServerCPUPerReq > 0:
+		fmt.Fprintf(w, "CPU per request: client (this process) %.0f µs, server (%s, /metrics) %.0f µs = %.0f requests/s per server core if CPU-bound\n",
+			r.CPUPerReq, r.Server, r.ServerCPUPerReq, 1e6/r.ServerCPUPerReq)
+	case r.CPUPerReq > 0:
 		fmt.Fprintf(w, "CPU per request (client + server, user + system): %.0f µs = %.0f requests/s per core if CPU-bound\n", r.CPUPerReq, 1e6/r.CPUPerReq)
 	}
 	fmt.Fprintln(w)
@@ -497,4 +501,80 @@ func cpuTime() time.Duration {
 		return 0
 	}
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// epInProcess starts the selection service with c.workers workers and the
+// front under test on 127.0.0.1, returning the REST base URL or the ext_proc
+// address. Everything stops when ctx ends.
+func epInProcess(ctx context.Context, c epConfig) (restBase, epAddr string, err error) {
+	rc := routerconfig.Default()
+	rc.UseKVEvents = c.kvEvents
+	svc, err := selection.NewBuilder().Router(rc).Build()
+	if err != nil {
+		return "", "", err
+	}
+	for id := range c.workers {
+		ep := fmt.Sprintf("http://10.%d.%d.%d:8000", id>>16&255, id>>8&255, id&255)
+		bs, kv := uint32(epBlockSize), uint64(16384)
+		// With KV events on, a worker needs an event endpoint to be
+		// schedulable; nothing listens to it in this process.
+		zmq := fmt.Sprintf("tcp://127.0.0.1:%d", 20000+id)
+		if _, err := svc.UpsertWorker(ctx, catalog.Record{WorkerID: uint64(id), ModelName: epModel, Endpoint: &ep, BlockSize: &bs,
+			TotalKVBlocks: &kv, KVEventsEndpoint: &zmq}); err != nil {
+			return "", "", err
+		}
+	}
+	go svc.MaintainEvery(ctx, 5*time.Second)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", "", err
+	}
+	if c.front == "extproc" {
+		var opts []grpc.ServerOption
+		if !c.plainGRPC {
+			opts = extproc.ServerOptions()
+		}
+		g := grpc.NewServer(opts...)
+		extproc.New(svc, extproc.Options{}).Register(g)
+		go func() { _ = g.Serve(ln) }()
+		context.AfterFunc(ctx, g.Stop)
+		return "", ln.Addr().String(), nil
+	}
+	srv := &http.Server{Handler: httpadmin.New(svc, httpadmin.Options{}), ReadHeaderTimeout: 10 * time.Second}
+	go func() { _ = srv.Serve(ln) }()
+	context.AfterFunc(ctx, func() { srv.Close() })
+	return "http://" + ln.Addr().String(), "", nil
+}
+
+// epRegister registers the workers of the bench model on an external server.
+func epRegister(ctx context.Context, base string, n int) error {
+	hc := &http.Client{Timeout: 10 * time.Second}
+	for id := range n {
+		body, _ := json.Marshal(map[string]any{
+			"worker_id": id, "model_name": epModel, "block_size": epBlockSize, "total_kv_blocks": 16384,
+			"endpoint":           fmt.Sprintf("http://10.%d.%d.%d:8000", id>>16&255, id>>8&255, id&255),
+			"kv_events_endpoint": fmt.Sprintf("tcp://127.0.0.1:%d", 20000+id),
+		})
+		if err := restCall(ctx, hc, "POST", base+"/workers", body); err != nil {
+			return fmt.Errorf("register worker %d: %w", id, err)
+		}
+	}
+	return nil
+}
+
+// scrapeCPU reads process_cpu_seconds_total from the server's /metrics.
+func scrapeCPU(base string) (time.Duration, bool) {
+	res, err := http.Get(base + "/metrics")
+	if err != nil {
+		return 0, false
+	}
+	defer res.Body.Close()
+	raw, _ := io.ReadAll(res.Body)
+	for line := range strings.SplitSeq(string(raw), "\n") {
+		if v, ok := strings.CutPrefix(line, "process_cpu_seconds_total "); ok {
+			f, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
+			return time.Duration(f * float64(time.Second)), err == nil
+		}
+	}
+	return 0, false
 }
