@@ -119,7 +119,7 @@ func runExtProc(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	fs.StringVar(&c.prompt, "prompt", "tokens", "prompt form: tokens (completions prompt as token ids) or text (chat messages; ext_proc only)")
 	fs.Float64Var(&c.rate, "rate", 0, "open-loop arrival rate in requests/s over all streams (0 = closed loop: each stream starts its next request at once)")
 	fs.BoolVar(&c.kvEvents, "kv-events", true, "run the service with KV events on (the default; no engine publishes, so token prompts find no cache) instead of the approximate index that records every pick")
-	fs.BoolVar(&c.plainGRPC, "plain-grpc", false, "serve ext_proc with grpc.NewServer's defaults instead of extproc.ServerOptions (vtprotobuf marshal, stream workers)")
+	fs.BoolVar(&c.plainGRPC, "plain-grpc", false, "serve ext_proc with grpc.NewServer's defaults instead of extproc.ServerOptions (stream workers)")
 	fs.StringVar(&c.url, "url", "", "REST base URL of an external kvselect on loopback (workers are registered there; its /metrics gives the server's own CPU per request); empty: run the server in this process")
 	fs.StringVar(&c.addr, "addr", "", "ext_proc host:port of the external kvselect (with -url)")
 	fs.StringVar(&c.jsonOut, "json", "", "also write the results as JSON to this file")
