@@ -2,12 +2,18 @@ package extproc_test
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"strconv"
 	"strings"
 	"testing"
 
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
 
 	"github.com/kvselect/kvselect/envoysim"
 	"github.com/kvselect/kvselect/extproc"
@@ -443,4 +449,35 @@ func contains(list []string, s string) bool {
 		}
 	}
 	return false
+}
+
+// A stream carries one request: a second request-headers message is a
+// stream error, and the first request's booking is still freed.
+func TestSecondRequestOnAStreamIsRejected(t *testing.T) {
+	h := start(t, setup{opts: extproc.Options{DefaultModel: model}})
+	conn, err := grpc.NewClient(h.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	st, err := extprocv3.NewExternalProcessorClient(conn).Process(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	hdrs := &extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: &extprocv3.HttpHeaders{
+		Headers: &corev3.HeaderMap{Headers: []*corev3.HeaderValue{{Key: ":path", RawValue: []byte("/v1/models")}}}, EndOfStream: true}}}
+	if err := st.Send(hdrs); err != nil {
+		t.Fatal(err)
+	}
+	if r, err := st.Recv(); err != nil || r.GetRequestHeaders() == nil {
+		t.Fatalf("first request: %v %v", r, err)
+	}
+	if h.activeRequests() != 1 {
+		t.Fatal("the first request was not booked")
+	}
+	_ = st.Send(hdrs)
+	if _, err := st.Recv(); status.Code(err) != codes.InvalidArgument {
+		t.Fatalf("second request headers: %v, want InvalidArgument", err)
+	}
+	h.idle(t)
 }

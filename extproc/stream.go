@@ -12,6 +12,8 @@ import (
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	json "github.com/goccy/go-json"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/kvselect/kvselect/selection"
@@ -38,7 +40,7 @@ type stream struct {
 	subset    []string
 	hasSubset bool
 	body      []byte
-	headersIn bool // request headers seen
+	headersIn bool // request headers seen (once per stream)
 	picked    bool // routing decision sent
 
 	// The booking.
@@ -109,6 +111,10 @@ func (st *stream) responseMode() filterv3.ProcessingMode_BodySendMode {
 // reaches the processor, so they pick from the headers alone, as do
 // requests without a body.
 func (st *stream) onRequestHeaders(h *extprocv3.HttpHeaders) error {
+	if st.headersIn {
+		// One stream is one request: a second request would book twice.
+		return status.Error(codes.InvalidArgument, "ext_proc: request headers received twice on one stream")
+	}
 	st.headersIn = true
 	if err := readHeaders(h.GetHeaders(), &st.id); err != nil {
 		return st.immediate(typev3.StatusCode_BadRequest, err.Error())
