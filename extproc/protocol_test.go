@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
@@ -480,4 +481,29 @@ func TestSecondRequestOnAStreamIsRejected(t *testing.T) {
 		t.Fatalf("second request headers: %v, want InvalidArgument", err)
 	}
 	h.idle(t)
+}
+
+// Session affinity comes from the session header (or nvext's session id): a
+// session's requests stay on the worker its first request got.
+func TestSessionHeaderKeepsTheSessionOnItsWorker(t *testing.T) {
+	h := start(t, setup{router: func(c *routerconfig.Config) { c.SessionAffinityTTL = routerconfig.Some(time.Minute) }})
+	first := ""
+	for i := range 8 {
+		req := &envoysim.Request{Modes: envoysim.GIE, Body: chatBody("turn "+strconv.Itoa(i)+strings.Repeat(" x", i*50), false),
+			Headers: []envoysim.Header{{Key: extproc.HeaderSessionID, Value: "conversation-1"}}}
+		if i%2 == 1 {
+			// The same session named in Dynamo's nvext instead of the header.
+			req.Headers = nil
+			req.Body = []byte(`{"model":"llama","prompt":"turn ` + strconv.Itoa(i) + `","nvext":{"session_control":{"session_id":"conversation-1"}}}`)
+		}
+		x, d := h.start(t, req)
+		if first == "" {
+			first = d.Endpoint
+		}
+		if d.Endpoint != first {
+			t.Fatalf("request %d of the session went to %s, its first to %s", i, d.Endpoint, first)
+		}
+		x.Close()
+		h.idle(t)
+	}
 }
