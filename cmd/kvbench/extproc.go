@@ -74,7 +74,7 @@ type epResult struct {
 	Front      string  `json:"front"`
 	Server     string  `json:"server"` // "in-process" or the -url
 	Prompt     string  `json:"prompt"`
-	KVEvents   bool    `json:"use_kv_events"`
+	KVEvents   *bool   `json:"use_kv_events"` // the in-process service's setting; null (unknown) with -url
 	Streams    int     `json:"streams"`
 	Workers    int     `json:"workers"`
 	BodyBytes  int     `json:"body_bytes"`
@@ -153,7 +153,7 @@ func runExtProc(ctx context.Context, args []string, stdout, stderr io.Writer) er
 
 	bodies := epBodies(c)
 	var do func(ctx context.Context, i int, body []byte, dec *time.Duration) error
-	res := epResult{Front: c.front, Prompt: c.prompt, KVEvents: c.kvEvents, Streams: c.streams, Workers: c.workers, BodyBytes: len(bodies[0]),
+	res := epResult{Front: c.front, Prompt: c.prompt, KVEvents: &c.kvEvents, Streams: c.streams, Workers: c.workers, BodyBytes: len(bodies[0]),
 		Chunks: c.chunks, TargetRate: c.rate, GOMAXPROCS: runtime.GOMAXPROCS(0), Server: "in-process"}
 	chunks := epChunks(c.chunks)
 
@@ -174,7 +174,7 @@ func runExtProc(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		if err := epRegister(ctx, restBase, c.workers); err != nil {
 			return err
 		}
-		res.Server, res.KVEvents = c.url, false
+		res.Server, res.KVEvents = c.url, nil
 		serverCPU = func() (time.Duration, bool) { return scrapeCPU(restBase) }
 	}
 	if c.front == "extproc" {
@@ -468,8 +468,12 @@ func epTable(w io.Writer, r *epResult) error {
 	if r.TargetRate > 0 {
 		mode = fmt.Sprintf("open loop at %.0f req/s", r.TargetRate)
 	}
-	fmt.Fprintf(w, "ext_proc bench: front %s, %d streams (%s), %d workers, %s prompt in %d-byte bodies, %d response chunks, use_kv_events %v; GOMAXPROCS %d\n",
-		r.Front, r.Streams, mode, r.Workers, r.Prompt, r.BodyBytes, r.Chunks, r.KVEvents, r.GOMAXPROCS)
+	ev := "server's own setting"
+	if r.KVEvents != nil {
+		ev = strconv.FormatBool(*r.KVEvents)
+	}
+	fmt.Fprintf(w, "ext_proc bench: front %s (%s server), %d streams (%s), %d workers, %s prompt in %d-byte bodies, %d response chunks, use_kv_events %s; GOMAXPROCS %d\n",
+		r.Front, r.Server, r.Streams, mode, r.Workers, r.Prompt, r.BodyBytes, r.Chunks, ev, r.GOMAXPROCS)
 	fmt.Fprintf(w, "%d requests in %.2fs = %.0f requests/s (%d round trips each), %d errors\n", r.Requests, r.ElapsedSec, r.ReqPerSec, r.RoundTrips, r.Errors)
 	switch {
 	case r.ServerCPUPerReq > 0:
