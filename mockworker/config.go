@@ -28,7 +28,8 @@ const (
 	DefaultVocabSize           = 32000
 )
 
-// Config describes a mock worker. Zero values take the defaults above.
+// Config describes a mock worker. Zero values take the defaults above, except
+// for the timing model's, where zero is a useful value of its own.
 type Config struct {
 	// Model is the served model name: /v1/models lists it, requests must name
 	// it, and it is the model_name the worker registers under.
@@ -57,7 +58,9 @@ type Config struct {
 	// that missed the prefix cache; then every output token after the first
 	// takes DecodePerToken × (1 + DecodeBatchSlowdown × (running−1)), running
 	// being the sequences the rank runs at that moment. All durations are
-	// divided by Speedup.
+	// divided by Speedup. Unlike the other fields, zero times mean zero (a
+	// worker that answers at once); the Default* constants are what the
+	// command-line flags start from.
 	PrefillPerToken     time.Duration
 	DecodePerToken      time.Duration
 	DecodeBatchSlowdown float64
@@ -129,15 +132,6 @@ func (c Config) withDefaults() (Config, error) {
 	setInt(&c.MaxModelLen, DefaultMaxModelLen)
 	setInt(&c.ReplayRing, kvpublish.DefaultRingSize)
 	setInt(&c.VocabSize, DefaultVocabSize)
-	if c.PrefillPerToken == 0 {
-		c.PrefillPerToken = DefaultPrefillPerToken
-	}
-	if c.DecodePerToken == 0 {
-		c.DecodePerToken = DefaultDecodePerToken
-	}
-	if c.DecodeBatchSlowdown == 0 {
-		c.DecodeBatchSlowdown = DefaultDecodeBatchSlowdown
-	}
 	if c.Speedup == 0 {
 		c.Speedup = 1
 	}

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -110,5 +109,16 @@ func call(ctx context.Context, client *http.Client, method, url string, body []b
 		}
 	}
 	return fmt.Errorf("mockworker: %s %s: %w", method, url,
-		errors.New(resp.Status+": "+strings.TrimSpace(string(msg))))
+		&StatusError{Code: resp.StatusCode, Body: strings.TrimSpace(string(msg))})
+}
+
+// StatusError is an answer of the kvselect API with an unexpected status: a
+// rejection rather than an unreachable server.
+type StatusError struct {
+	Code int
+	Body string // the start of the response body
+}
+
+func (e *StatusError) Error() string {
+	return fmt.Sprintf("%d %s: %s", e.Code, http.StatusText(e.Code), e.Body)
 }

@@ -1,0 +1,167 @@
+package mockworker
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kvselect/kvselect/httpadmin"
+	"github.com/kvselect/kvselect/selection"
+	"github.com/kvselect/kvselect/selection/kvlisten"
+	"github.com/kvselect/kvselect/selection/routerconfig"
+)
+
+// kvselectREST starts kvselect's REST API on loopback: the real
+// selection.Service with real KV event listeners behind httpadmin.
+func kvselectREST(t *testing.T) string {
+	t.Helper()
+	l := kvlisten.New(context.Background(), kvlisten.Options{Logger: quiet(),
+		ReconnectMin: 20 * time.Millisecond, ReconnectMax: 200 * time.Millisecond})
+	t.Cleanup(l.Close)
+	svc, err := selection.NewBuilder().Router(routerconfig.Default()).Listeners(l).Build()
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(httpadmin.New(svc, httpadmin.Options{Logger: quiet()}))
+	t.Cleanup(srv.Close)
+	return srv.URL
+}
+
+type selectResult struct {
+	WorkerID uint64 `json:"worker_id"`
+	DPRank   uint32 `json:"dp_rank"`
+	Endpoint string `json:"endpoint"`
+	Overlap  struct {
+		GPU uint64 `json:"gpu"`
+	} `json:"overlap"`
+}
+
+func selectTokens(t *testing.T, base string, tokens []uint32) selectResult {
+	t.Helper()
+	body, _ := json.Marshal(map[string]any{"model_name": DefaultModel, "token_ids": tokens})
+	resp, err := http.Post(base+"/select", "application/json", strings.NewReader(string(body)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Fatalf("/select: status %d", resp.StatusCode)
+	}
+	var out selectResult
+	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// TestRegisterThenSelectFindsThePrefix registers two mock workers (one with
+// two data-parallel ranks) with a real kvselect REST API, runs a prompt on
+// each, and checks that /select sends each prompt to the worker and rank
+// whose cache holds it: the events travelled from the mock's pools through
+// ZMQ into kvselect's index.
+func TestRegisterThenSelectFindsThePrefix(t *testing.T) {
+	const bs = 4
+	base := kvselectREST(t)
+	ctx := context.Background()
+	events := Config{BlockSize: bs, KVEventsEndpoint: "tcp://127.0.0.1:0", ReplayEndpoint: "tcp://127.0.0.1:0"}
+	a := events
+	a.WorkerID = 1
+	b := events
+	b.WorkerID, b.DPSize = 2, 2
+	wa, wb := newWorker(t, a), newWorker(t, b)
+	for _, w := range []*Worker{wa, wb} {
+		reg := w.Registration(fmt.Sprintf("http://worker-%d:8000", w.Config().WorkerID), "", "")
+		if err := Register(ctx, nil, base, reg); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if reg := wb.Registration("x", "", ""); reg.ReplayEndpoint != "" || len(reg.KVEventsEndpoints) != 2 {
+		t.Fatalf("two-rank registration %+v: replay is only allowed with one rank", reg)
+	}
+	var workers []struct {
+		WorkerID  uint64 `json:"worker_id"`
+		Lifecycle string `json:"lifecycle"`
+	}
+	resp, err := http.Get(base + "/workers")
+	if err != nil {
+		t.Fatal(err)
+	}
+	json.NewDecoder(resp.Body).Decode(&workers)
+	resp.Body.Close()
+	if len(workers) != 2 || workers[0].Lifecycle != "schedulable" || workers[1].Lifecycle != "schedulable" {
+		t.Fatalf("workers %+v", workers)
+	}
+
+	p := toks(1000, 10*bs)
+	q := toks(5000, 12*bs)
+	if _, err := wa.Generate(ctx, Request{Tokens: p, MaxTokens: 1}); err != nil {
+		t.Fatal(err)
+	}
+	rank1 := 1
+	if _, err := wb.Generate(ctx, Request{Tokens: q, MaxTokens: 1, DPRank: &rank1}); err != nil {
+		t.Fatal(err)
+	}
+	// A subscriber that connected after a worker's last batch hears of it only
+	// with the next one (then replays from 0), so keep each worker busy with
+	// unrelated one-block prompts while waiting, as real traffic would.
+	nudges := 0
+	nudge := func(w *Worker, rank *int) {
+		nudges++
+		if _, err := w.Generate(ctx, Request{Tokens: toks(20000+nudges*bs, bs+1), MaxTokens: 1, DPRank: rank}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var got selectResult
+	eventually(t, "prompt p routed to worker 1", func() bool {
+		nudge(wa, nil)
+		got = selectTokens(t, base, p)
+		return got.WorkerID == 1 && got.Overlap.GPU == 10*bs
+	})
+	if got.Endpoint != "http://worker-1:8000" {
+		t.Fatalf("endpoint %q", got.Endpoint)
+	}
+	eventually(t, "prompt q routed to worker 2 rank 1", func() bool {
+		nudge(wb, &rank1)
+		got = selectTokens(t, base, q)
+		return got.WorkerID == 2 && got.DPRank == 1 && got.Overlap.GPU == 12*bs
+	})
+
+	if err := Deregister(ctx, nil, base, 1); err != nil {
+		t.Fatal(err)
+	}
+	if err := Deregister(ctx, nil, base, 1); err != nil {
+		t.Fatalf("second deregister: %v", err)
+	}
+	if got := selectTokens(t, base, p); got.WorkerID != 2 {
+		t.Fatalf("after deregistering worker 1, /select chose %d", got.WorkerID)
+	}
+}
+
+func TestRegisterReportsRejection(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(rw http.ResponseWriter, _ *http.Request) {
+		http.Error(rw, `{"error":"nope"}`, http.StatusUnprocessableEntity)
+	}))
+	defer srv.Close()
+	err := Register(context.Background(), nil, srv.URL, Registration{WorkerID: 1})
+	if err == nil || !strings.Contains(err.Error(), "422") || !strings.Contains(err.Error(), "nope") {
+		t.Fatalf("err %v", err)
+	}
+}
+
+func TestWithHost(t *testing.T) {
+	for _, c := range []struct{ ep, host, want string }{
+		{"tcp://127.0.0.1:5557", "", "tcp://127.0.0.1:5557"},
+		{"tcp://127.0.0.1:5557", "10.0.0.7", "tcp://10.0.0.7:5557"},
+		{"tcp://127.0.0.1:5557", "::1", "tcp://[::1]:5557"},
+		{"ipc:///tmp/x", "h", "ipc:///tmp/x"},
+	} {
+		if got := withHost(c.ep, c.host); got != c.want {
+			t.Errorf("withHost(%q, %q) = %q, want %q", c.ep, c.host, got, c.want)
+		}
+	}
+}
