@@ -47,6 +47,8 @@ type options struct {
 
 	extproc extprocFlags
 
+	discovery discoveryFlags // --workers-file, --pool-name (discovery.go)
+
 	version bool
 
 	set map[string]bool
@@ -116,6 +118,7 @@ func newFlagSet(o *options) *flag.FlagSet {
 	fs.BoolVar(&o.replicaSyncResolve, "replica-sync-resolve-peers", false, "subscribe to every address a peer host name resolves to, re-resolved every 10 s, skipping this replica (a Kubernetes headless Service names all replicas); requires --replica-sync-port. Not a Dynamo flag")
 
 	o.extproc.register(fs)
+	o.discovery.register(fs)
 
 	fs.BoolVar(&o.version, "version", false, "print the version and exit")
 	return fs
@@ -201,6 +204,7 @@ func (o *options) validate() error {
 		add("--replica-sync-resolve-peers requires --replica-sync-port")
 	}
 	errs = append(errs, o.extproc.validate()...)
+	errs = append(errs, o.discovery.validate(o.set)...)
 	if err := errors.Join(errs...); err != nil {
 		return &usageError{err}
 	}

@@ -117,6 +117,13 @@ func run(ctx context.Context, args []string, lookup func(string) (string, bool),
 		svc.SetIndexRecovery(selection.RecoveryPending)
 	}
 
+	// Workers from a file or an InferencePool, through the same catalog calls
+	// as POST/DELETE /workers (discovery.go); /ready waits for the first sync.
+	startDiscovery, err := prepareDiscovery(o.discovery, svc, log)
+	if err != nil {
+		return err
+	}
+
 	ln, err := net.Listen(listenNetwork(o.host), net.JoinHostPort(o.host, strconv.FormatUint(o.port, 10)))
 	if err != nil {
 		return err
@@ -149,6 +156,7 @@ func run(ctx context.Context, args []string, lookup func(string) (string, bool),
 	upkeep, stopUpkeep := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	wg.Go(func() { svc.MaintainEvery(upkeep, maintainEvery) })
+	startDiscovery(upkeep, &wg)
 	if len(o.indexerPeers) > 0 {
 		wg.Go(func() { recovery.Run(upkeep, svc, recovery.Options{Peers: o.indexerPeers, Logger: log}) })
 	}
