@@ -366,3 +366,47 @@ func TestMetricsScraped(t *testing.T) {
 		}
 	}
 }
+
+// FuzzCompletionsBody feeds arbitrary bodies and rank headers to the
+// completions and chat handlers: every input gets a JSON answer with a
+// status from the API's set, never a panic.
+func FuzzCompletionsBody(f *testing.F) {
+	w, err := New(fast(Config{BlockSize: 4, NumBlocks: 64, MaxModelLen: 256, VocabSize: 1000, DPSize: 2}))
+	if err != nil {
+		f.Fatal(err)
+	}
+	defer w.Close()
+	h := w.Handler()
+	for _, seed := range []string{
+		`{"prompt":"hello world","max_tokens":2}`,
+		`{"prompt":[1,2,3],"max_tokens":1,"stream":true,"stream_options":{"include_usage":true}}`,
+		`{"prompt":[[1,2],[3]],"max_tokens":2}`,
+		`{"prompt":["a","b"],"stream":true}`,
+		`{"messages":[{"role":"user","content":"hi"}],"max_tokens":2}`,
+		`{"messages":[{"role":"user","content":[{"type":"text","text":"x"}]}],"stream":true}`,
+		`{"model":"x"}`, `[]`, `null`, `{"prompt":1e99}`,
+	} {
+		f.Add(seed, "", false)
+		f.Add(seed, "1", true)
+	}
+	f.Fuzz(func(t *testing.T, body, rank string, chat bool) {
+		path := "/v1/completions"
+		if chat {
+			path = "/v1/chat/completions"
+		}
+		req := httptest.NewRequest(http.MethodPost, path, strings.NewReader(body))
+		if rank != "" {
+			req.Header.Set(HeaderDPRank, rank)
+		}
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+		switch rec.Code {
+		case 200, 400, 404, 413:
+		default:
+			t.Fatalf("status %d for %q: %s", rec.Code, body, rec.Body)
+		}
+		if rec.Code != 200 && !json.Valid(rec.Body.Bytes()) {
+			t.Fatalf("error body is not JSON: %q", rec.Body)
+		}
+	})
+}
