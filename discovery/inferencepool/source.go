@@ -140,7 +140,7 @@ func (s *Source) Run(ctx context.Context, sink func(discovery.Snapshot)) {
 			return
 		}
 		reason := ReasonAPIUnavailable
-		if meta.IsNoMatchError(err) || errors.As(err, new(*meta.NoKindMatchError)) {
+		if meta.IsNoMatchError(err) {
 			reason = ReasonCRDMissing
 		}
 		s.log.Error("InferencePool watch failed; starting over", "err", err, "in", delay.String())
@@ -182,6 +182,11 @@ func (s *Source) watch(ctx context.Context) error {
 	})
 	if err != nil {
 		return fmt.Errorf("controller manager: %w", err)
+	}
+	// Without the CRD the pool's informer would only time out; ask the API
+	// server's discovery first so the condition can name the cause.
+	if _, err := mgr.GetRESTMapper().RESTMapping(giev1.SchemeGroupVersion.WithKind("InferencePool").GroupKind(), giev1.SchemeGroupVersion.Version); err != nil {
+		return fmt.Errorf("InferencePool API (%s): %w", giev1.SchemeGroupVersion, err)
 	}
 	c := mgr.GetClient()
 	one := func(context.Context, client.Object) []reconcile.Request {
