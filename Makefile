@@ -70,9 +70,13 @@ bench-extproc:
 	$(GO) run ./cmd/kvbench extproc -streams 64 -duration 10s -rate 1000 -json $(BENCHOUT)/extproc-1k.json | tee $(BENCHOUT)/extproc-1k.txt
 	$(GO) run ./cmd/kvbench extproc -front rest -streams 64 -duration 10s -json $(BENCHOUT)/extproc-rest.json | tee $(BENCHOUT)/extproc-rest.txt
 
-# The demo for now: replay the Mooncake trace through the index and print the table.
+# The demo (README's "run it"): builds, starts kvselect and 4 mock workers on
+# loopback, replays a slice of the Mooncake conversation trace through the
+# ext_proc picker and then round-robin, prints the table and writes
+# bench/out/demo/demo.{json,svg}.
 demo:
-	$(GO) run ./cmd/kvbench index
+	$(GO) build -o bin/ ./cmd/kvselect ./cmd/kvselect-mockworker ./cmd/kvbench
+	bin/kvbench demo -out $(BENCHOUT)/demo
 
 # Every decoder of bytes from the network, as package:FuzzTarget. `make fuzz`
 # runs each for FUZZTIME (60s); `make test` runs each briefly (fuzz-smoke).

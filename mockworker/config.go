@@ -65,6 +65,12 @@ type Config struct {
 	DecodePerToken      time.Duration
 	DecodeBatchSlowdown float64
 	Speedup             float64
+	// PrefillSlots bounds how many prefills a rank computes at once; the
+	// others wait for a slot, FIFO, and the wait counts in their TTFT. 1 models
+	// a GPU whose prefill throughput is shared by every request (what makes
+	// load-aware routing matter); 0 lets every admitted request prefill at
+	// once, as if prefill compute were unlimited.
+	PrefillSlots int
 
 	// KVEventsEndpoint is the PUB address of rank 0's KV events, vLLM style
 	// ("tcp://*:5557"); rank i binds port+i, or a free port when the port is 0.
@@ -162,6 +168,9 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if c.PrefillPerToken < 0 || c.DecodePerToken < 0 {
 		errs = append(errs, errors.New("per-token times must not be negative"))
+	}
+	if c.PrefillSlots < 0 {
+		errs = append(errs, fmt.Errorf("prefill slots must be zero (unlimited) or positive, got %d", c.PrefillSlots))
 	}
 	if c.DecodeBatchSlowdown < 0 || math.IsNaN(c.DecodeBatchSlowdown) || math.IsInf(c.DecodeBatchSlowdown, 0) {
 		errs = append(errs, fmt.Errorf("decode batch slowdown must be a non-negative number, got %v", c.DecodeBatchSlowdown))

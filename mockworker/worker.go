@@ -84,6 +84,9 @@ type rank struct {
 	global int
 	local  int
 
+	// prefill holds one token per prefill in progress when PrefillSlots > 0.
+	prefill chan struct{}
+
 	mu      sync.Mutex
 	pool    *pool
 	running int
@@ -116,7 +119,11 @@ func New(cfg Config) (*Worker, error) {
 	w := &Worker{cfg: cfg, log: cfg.Logger.With("component", "mockworker", "worker_id", cfg.WorkerID)}
 	w.closeCtx, w.closeFn = context.WithCancel(context.Background())
 	for i := range cfg.DPSize {
-		w.ranks = append(w.ranks, &rank{global: cfg.DPStartRank + i, local: i, pool: newPool(cfg.NumBlocks, cfg.BlockSize)})
+		r := &rank{global: cfg.DPStartRank + i, local: i, pool: newPool(cfg.NumBlocks, cfg.BlockSize)}
+		if cfg.PrefillSlots > 0 {
+			r.prefill = make(chan struct{}, cfg.PrefillSlots)
+		}
+		w.ranks = append(w.ranks, r)
 	}
 	w.metrics = newMetrics(w)
 	return w, nil
@@ -325,7 +332,18 @@ func (w *Worker) Generate(ctx context.Context, req Request) (Result, error) {
 	}
 	speed := w.cfg.Speedup
 	prefill := time.Duration(float64(w.cfg.PrefillPerToken) * float64(len(req.Tokens)-wt.hit) / speed)
-	if err := clk.Sleep(ctx, prefill); err != nil {
+	if r.prefill != nil {
+		select {
+		case r.prefill <- struct{}{}:
+		case <-ctx.Done():
+			return abort(context.Cause(ctx))
+		}
+	}
+	err = clk.Sleep(ctx, prefill)
+	if r.prefill != nil {
+		<-r.prefill
+	}
+	if err != nil {
 		return abort(err)
 	}
 	seed := promptDigest(req.Tokens)

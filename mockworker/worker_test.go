@@ -3,6 +3,7 @@ package mockworker
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"math/rand/v2"
@@ -399,5 +400,61 @@ func TestEventStreamMatchesPool(t *testing.T) {
 		if ld.Running != 0 || ld.Waiting != 0 || ld.UsedBlocks != 0 {
 			t.Fatalf("loads at rest %+v", ld)
 		}
+	}
+}
+
+// gateClock blocks every Sleep until the test releases it, reporting each
+// sleep as it starts.
+type gateClock struct {
+	entered chan time.Duration
+	release chan struct{}
+}
+
+func (c *gateClock) Now() time.Time { return time.Unix(1700000000, 0) }
+func (c *gateClock) Sleep(ctx context.Context, d time.Duration) error {
+	c.entered <- d
+	select {
+	case <-c.release:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func TestPrefillSlots(t *testing.T) {
+	for _, slots := range []int{0, 1} {
+		t.Run(fmt.Sprintf("slots=%d", slots), func(t *testing.T) {
+			clk := &gateClock{entered: make(chan time.Duration, 4), release: make(chan struct{})}
+			w := newWorker(t, Config{Clock: clk, BlockSize: 4, PrefillPerToken: time.Millisecond, PrefillSlots: slots})
+			errs := make(chan error, 2)
+			for i := range 2 {
+				go func() {
+					_, err := w.Generate(context.Background(), Request{Tokens: toks(1000*(i+1), 8), MaxTokens: 1})
+					errs <- err
+				}()
+			}
+			<-clk.entered // one prefill runs
+			if slots == 0 {
+				select {
+				case <-clk.entered: // the second runs beside it
+				case <-time.After(10 * time.Second):
+					t.Fatal("unlimited slots, yet the second prefill did not start")
+				}
+			} else {
+				select {
+				case <-clk.entered:
+					t.Fatal("a second prefill started while the only slot was taken")
+				case <-time.After(100 * time.Millisecond):
+				}
+				clk.release <- struct{}{} // end the first prefill: the second takes the slot
+				<-clk.entered
+			}
+			close(clk.release)
+			for range 2 {
+				if err := <-errs; err != nil {
+					t.Fatal(err)
+				}
+			}
+		})
 	}
 }

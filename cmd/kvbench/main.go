@@ -23,13 +23,14 @@ import (
 	"github.com/kvselect/kvselect/bench/report"
 )
 
-const usage = `usage: kvbench <index|rest|route|extproc> [flags]
+const usage = `usage: kvbench <index|rest|route|extproc|replicas|demo> [flags]
 
 Subcommands:
   replicas two replicas selecting concurrently, with replica sync off and on: per-worker load spread
   index   replay a Mooncake trace against kvselect's KV index
   rest    closed-loop HTTP load on the REST API (select_and_reserve + delete)
   route   routing-policy comparison on a Mooncake trace over simulated workers
+  demo    kvselect + mock worker processes on loopback, a trace slice through ext_proc vs round-robin
   extproc per-request overhead of the ext_proc picker (or the same lifecycle over REST)
 
 Run 'kvbench <subcommand> -h' for the flags.
@@ -60,6 +61,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return runRest(ctx, args[1:], stdout, stderr)
 	case "route":
 		return runRoute(ctx, args[1:], stdout, stderr)
+	case "demo":
+		return runDemo(ctx, args[1:], stdout, stderr)
 	case "extproc":
 		return runExtProc(ctx, args[1:], stdout, stderr)
 	}

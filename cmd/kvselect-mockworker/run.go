@@ -80,6 +80,7 @@ func newFlagSet(o *options) *flag.FlagSet {
 	fs.DurationVar(&c.DecodePerToken, "decode-time-per-token", mockworker.DefaultDecodePerToken, "time per output token of a sequence running alone")
 	fs.Float64Var(&c.DecodeBatchSlowdown, "decode-batch-slowdown", mockworker.DefaultDecodeBatchSlowdown, "decode time grows by this fraction per additional running sequence")
 	fs.Float64Var(&c.Speedup, "speedup", 1, "divide every simulated duration by this factor")
+	fs.IntVar(&c.PrefillSlots, "prefill-slots", 0, "prefills a rank computes at once, the rest wait (1: prefill throughput shared like one GPU's; 0: unlimited)")
 	fs.BoolVar(&o.kvEvents, "kv-events", true, "publish KV events on ZMQ")
 	fs.StringVar(&o.eventsEP, "kv-events-endpoint", "", "PUB endpoint of rank 0, vLLM style; rank i uses port+i, port 0 a free port per rank (default tcp://HOST:0)")
 	fs.BoolVar(&o.kvReplay, "kv-replay", true, "serve the replay ring on a ROUTER socket")

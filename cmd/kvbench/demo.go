@@ -1,0 +1,706 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"text/tabwriter"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/kvselect/kvselect/bench/mooncake"
+	"github.com/kvselect/kvselect/bench/report"
+	"github.com/kvselect/kvselect/envoysim"
+)
+
+// The demo: kvselect and N mock workers as real processes on loopback; a
+// slice of the Mooncake conversation trace replayed twice, once through
+// kvselect's ext_proc picker with the Envoy-faithful client (the way Envoy
+// reaches a worker behind an InferencePool) and once round-robin (Envoy's
+// plain load balancing, no picker), with the workers' prefix caches reset in
+// between. It prints a side-by-side table and writes JSON and an SVG chart.
+
+type demoConfig struct {
+	kvselectBin, workerBin string
+	trace                  string
+	workers                int
+	requests, offset       int
+	compress               float64 // trace time is divided by this
+	concurrency            int
+	blockTokens            int // prompt tokens per trace block
+	blockSize              int
+	poolBlocks             int // KV blocks per worker
+	speedup                float64
+	prefillPerToken        time.Duration
+	decodePerToken         time.Duration
+	maxOutput              int
+	out                    string
+	quiet                  bool
+}
+
+// demoPhase is one policy's run.
+type demoPhase struct {
+	Policy        string  `json:"policy"`
+	Requests      int     `json:"requests"`
+	Errors        int     `json:"errors"`
+	HitRate       float64 `json:"prefix_cache_hit_rate"` // cached prompt tokens / prompt tokens, from the workers' metrics
+	TTFTP50Ms     float64 `json:"ttft_p50_ms"`
+	TTFTP90Ms     float64 `json:"ttft_p90_ms"`
+	Throughput    float64 `json:"throughput_rps"`
+	SelectP50Us   float64 `json:"select_p50_us,omitempty"` // ext_proc decision latency
+	SelectP99Us   float64 `json:"select_p99_us,omitempty"`
+	WallSeconds   float64 `json:"wall_seconds"`
+	PerWorker     []int   `json:"requests_per_worker"`
+	LoadAfterRun  uint64  `json:"active_requests_after_run,omitempty"`
+	promptTokens  float64
+	cachedTokens  float64
+	ttfts, selDur []time.Duration
+}
+
+type demoReport struct {
+	Trace    string      `json:"trace"`
+	Requests int         `json:"requests"`
+	Workers  int         `json:"workers"`
+	Phases   []demoPhase `json:"phases"`
+}
+
+func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("kvbench demo", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var c demoConfig
+	fs.StringVar(&c.kvselectBin, "kvselect", "bin/kvselect", "kvselect `binary`")
+	fs.StringVar(&c.workerBin, "mockworker", "bin/kvselect-mockworker", "mock worker `binary`")
+	fs.StringVar(&c.trace, "trace", "bench/testdata/mooncake/conversation_trace.jsonl.gz", "Mooncake trace `path`")
+	fs.IntVar(&c.workers, "workers", 4, "mock `workers`")
+	fs.IntVar(&c.requests, "requests", 1000, "trace `requests` to replay per phase")
+	fs.IntVar(&c.offset, "offset", 0, "skip this many trace requests first")
+	fs.Float64Var(&c.compress, "compress", 20, "replay the trace this many `times` faster than recorded")
+	fs.IntVar(&c.concurrency, "concurrency", 128, "most requests in flight")
+	fs.IntVar(&c.blockTokens, "block-tokens", 64, "prompt `tokens` per trace block (the trace's blocks are 512 tokens; smaller keeps the demo quick)")
+	fs.IntVar(&c.blockSize, "block-size", 16, "mock workers' KV block size")
+	fs.IntVar(&c.poolBlocks, "pool-blocks", 8192, "mock workers' KV pool, in KV blocks")
+	fs.Float64Var(&c.speedup, "speedup", 40, "mock workers' timing speed-up (with -compress 20 and 4 workers, each worker sees the load one of 8 would see at the trace's own pace)")
+	// A trace block is 512 tokens; with -block-tokens 64 each prompt token
+	// stands for 8, so the per-token times are 8x vLLM-like ones (50 µs
+	// prefill, 10 ms decode).
+	fs.DurationVar(&c.prefillPerToken, "prefill-time-per-token", 400*time.Microsecond, "mock workers' prefill time per uncached prompt token (before -speedup)")
+	fs.DurationVar(&c.decodePerToken, "decode-time-per-token", 80*time.Millisecond, "mock workers' decode time per output token (before -speedup)")
+	fs.IntVar(&c.maxOutput, "max-output", 16, "cap on output `tokens` per request (the trace's lengths scaled like the prompts, then capped: every streamed chunk is an ext_proc round trip)")
+	fs.StringVar(&c.out, "out", "bench/out/demo", "`directory` for demo.json, demo.svg and the processes' logs")
+	fs.BoolVar(&c.quiet, "quiet", false, "no progress bars")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	switch {
+	case fs.NArg() > 0:
+		return fmt.Errorf("unexpected arguments %q", fs.Args())
+	case c.workers < 1 || c.requests < 1 || c.concurrency < 1 || c.blockTokens < 1 || c.blockSize < 1 || c.poolBlocks < 1 || c.maxOutput < 1:
+		return errors.New("-workers, -requests, -concurrency, -block-tokens, -block-size, -pool-blocks and -max-output must be positive")
+	case !(c.compress > 0) || !(c.speedup > 0):
+		return errors.New("-compress and -speedup must be positive")
+	}
+	reqs, err := mooncake.LoadTrace(c.trace)
+	if err != nil {
+		return err
+	}
+	if c.offset >= len(reqs) {
+		return fmt.Errorf("-offset %d: the trace has %d requests", c.offset, len(reqs))
+	}
+	reqs = reqs[c.offset:min(len(reqs), c.offset+c.requests)]
+	if err := os.MkdirAll(c.out, 0o755); err != nil {
+		return err
+	}
+	fl, err := startFleet(ctx, &c, stderr)
+	if err != nil {
+		return err
+	}
+	defer fl.stop()
+
+	rep := demoReport{Trace: c.trace, Requests: len(reqs), Workers: c.workers}
+	for _, policy := range []string{"kvselect", "round-robin"} {
+		if err := fl.resetCaches(ctx); err != nil {
+			return err
+		}
+		ph, err := fl.replay(ctx, &c, policy, reqs, stderr)
+		if err != nil {
+			return err
+		}
+		rep.Phases = append(rep.Phases, ph)
+	}
+	if err := demoTable(stdout, &rep); err != nil {
+		return err
+	}
+	if err := report.WriteJSON(filepath.Join(c.out, "demo.json"), rep); err != nil {
+		return err
+	}
+	svg := filepath.Join(c.out, "demo.svg")
+	if err := report.WriteSVG(svg, fmt.Sprintf("kvselect demo: %d mock workers, %d trace requests", c.workers, len(reqs)), demoCharts(&rep)...); err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "\nwrote %s and %s (logs in %s)\n", filepath.Join(c.out, "demo.json"), svg, c.out)
+	for _, ph := range rep.Phases {
+		if ph.Errors > 0 {
+			return fmt.Errorf("%s: %d of %d requests failed (see %s)", ph.Policy, ph.Errors, ph.Requests, c.out)
+		}
+	}
+	return nil
+}
+
+// fleet is the running processes.
+type fleet struct {
+	procs   []proc
+	rest    string   // kvselect REST base URL
+	extproc string   // kvselect ext_proc address
+	workers []string // host:port of every mock worker, worker id i+1 at i
+	conn    *grpc.ClientConn
+	hc      *http.Client
+}
+
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+func startFleet(ctx context.Context, c *demoConfig, stderr io.Writer) (*fleet, error) {
+	fl := &fleet{hc: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: c.concurrency, MaxIdleConns: 4 * c.concurrency}}}
+	ok := false
+	defer func() {
+		if !ok {
+			fl.stop()
+		}
+	}()
+	restPort, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	epPort, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	fl.rest = fmt.Sprintf("http://127.0.0.1:%d", restPort)
+	fl.extproc = fmt.Sprintf("127.0.0.1:%d", epPort)
+	if err := fl.start(c, "kvselect", c.kvselectBin, "--host", "127.0.0.1", "--port", strconv.Itoa(restPort),
+		"--extproc-port", strconv.Itoa(epPort), "--log-level", "warn"); err != nil {
+		return nil, err
+	}
+	if err := waitHTTP(ctx, fl.hc, fl.rest+"/health", 30*time.Second); err != nil {
+		return nil, fmt.Errorf("kvselect did not come up: %w (log in %s)", err, c.out)
+	}
+	for i := range c.workers {
+		port, err := freePort()
+		if err != nil {
+			return nil, err
+		}
+		fl.workers = append(fl.workers, fmt.Sprintf("127.0.0.1:%d", port))
+		if err := fl.start(c, fmt.Sprintf("worker-%d", i+1), c.workerBin, "--host", "127.0.0.1", "--port", strconv.Itoa(port),
+			"--worker-id", strconv.Itoa(i+1), "--block-size", strconv.Itoa(c.blockSize), "--num-gpu-blocks", strconv.Itoa(c.poolBlocks),
+			"--speedup", strconv.FormatFloat(c.speedup, 'g', -1, 64), "--prefill-slots", "1",
+			"--prefill-time-per-token", c.prefillPerToken.String(), "--decode-time-per-token", c.decodePerToken.String(),
+			"--register", fl.rest, "--log-level", "warn"); err != nil {
+			return nil, err
+		}
+	}
+	fmt.Fprintf(stderr, "started kvselect (REST %s, ext_proc %s) and %d mock workers; waiting for their KV event streams...\n",
+		fl.rest, fl.extproc, c.workers)
+	if err := fl.waitWorkers(ctx, c.workers, 60*time.Second); err != nil {
+		return nil, fmt.Errorf("%w (logs in %s)", err, c.out)
+	}
+	fl.conn, err = grpc.NewClient(fl.extproc, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return nil, err
+	}
+	ok = true
+	return fl, nil
+}
+
+func (fl *fleet) start(c *demoConfig, name, bin string, args ...string) error {
+	logf, err := os.Create(filepath.Join(c.out, name+".log"))
+	if err != nil {
+		return err
+	}
+	cmd := exec.Command(bin, args...)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	if err := cmd.Start(); err != nil {
+		logf.Close()
+		return fmt.Errorf("start %s (%s): %w; build it with `make build`", name, bin, err)
+	}
+	done := make(chan struct{})
+	go func() { cmd.Wait(); logf.Close(); close(done) }()
+	fl.procs = append(fl.procs, proc{cmd, done})
+	return nil
+}
+
+type proc struct {
+	cmd    *exec.Cmd
+	exited chan struct{}
+}
+
+// stop ends the workers first (they deregister), then kvselect.
+func (fl *fleet) stop() {
+	if fl.conn != nil {
+		fl.conn.Close()
+	}
+	for i := len(fl.procs) - 1; i >= 0; i-- {
+		p := fl.procs[i]
+		p.cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-p.exited:
+		case <-time.After(10 * time.Second):
+			p.cmd.Process.Kill()
+			<-p.exited
+		}
+	}
+}
+
+func waitHTTP(ctx context.Context, hc *http.Client, url string, limit time.Duration) error {
+	deadline := time.Now().Add(limit)
+	var last error
+	for time.Now().Before(deadline) {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		resp, err := hc.Get(url)
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return nil
+			}
+			err = fmt.Errorf("%s: %s", url, resp.Status)
+		}
+		last = err
+		time.Sleep(50 * time.Millisecond)
+	}
+	return fmt.Errorf("timed out: %w", last)
+}
+
+// waitWorkers waits until kvselect lists n schedulable workers whose KV event
+// listeners are connected.
+func (fl *fleet) waitWorkers(ctx context.Context, n int, limit time.Duration) error {
+	deadline := time.Now().Add(limit)
+	for time.Now().Before(deadline) {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		var ws []struct {
+			Lifecycle      string `json:"lifecycle"`
+			KVEventsStatus map[string]struct {
+				Connected bool `json:"connected"`
+			} `json:"kv_events_status"`
+		}
+		if err := getJSON(fl.hc, fl.rest+"/workers", &ws); err == nil {
+			ready := 0
+			for _, w := range ws {
+				conn := len(w.KVEventsStatus) > 0
+				for _, st := range w.KVEventsStatus {
+					conn = conn && st.Connected
+				}
+				if w.Lifecycle == "schedulable" && conn {
+					ready++
+				}
+			}
+			if ready == n {
+				return nil
+			}
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	return fmt.Errorf("timed out waiting for %d registered workers with connected KV event streams", n)
+}
+
+func getJSON(hc *http.Client, url string, v any) error {
+	resp, err := hc.Get(url)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("GET %s: %s", url, resp.Status)
+	}
+	return json.NewDecoder(resp.Body).Decode(v)
+}
+
+// resetCaches empties every worker's prefix cache (vLLM's POST
+// /reset_prefix_cache); the workers publish AllBlocksCleared, so kvselect's
+// index empties too.
+func (fl *fleet) resetCaches(ctx context.Context) error {
+	for _, w := range fl.workers {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+w+"/reset_prefix_cache", nil)
+		resp, err := fl.hc.Do(req)
+		if err != nil {
+			return fmt.Errorf("reset %s: %w", w, err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			return fmt.Errorf("reset %s: %s", w, resp.Status)
+		}
+	}
+	return nil
+}
+
+// cacheCounters sums the workers' vLLM prefix-cache counters (tokens).
+func (fl *fleet) cacheCounters() (queries, hits float64, err error) {
+	for _, w := range fl.workers {
+		resp, err := fl.hc.Get("http://" + w + "/metrics")
+		if err != nil {
+			return 0, 0, err
+		}
+		sc := bufio.NewScanner(resp.Body)
+		sc.Buffer(make([]byte, 64<<10), 1<<20)
+		for sc.Scan() {
+			line := sc.Text()
+			name, val, ok := strings.Cut(line, " ")
+			if !ok || strings.HasPrefix(line, "#") {
+				continue
+			}
+			if i := strings.IndexByte(name, '{'); i >= 0 {
+				name = name[:i]
+			}
+			v, perr := strconv.ParseFloat(strings.TrimSpace(val), 64)
+			if perr != nil {
+				continue
+			}
+			switch name {
+			case "vllm:prefix_cache_queries_total":
+				queries += v
+			case "vllm:prefix_cache_hits_total":
+				hits += v
+			}
+		}
+		resp.Body.Close()
+	}
+	return queries, hits, nil
+}
+
+// demoTokens is the prompt of a trace request: every trace block becomes
+// blockTokens token ids derived from its hash id, so requests that share a
+// prefix of hash ids share a token prefix.
+func demoTokens(ids []uint64, blockTokens int) []uint32 {
+	out := make([]uint32, 0, len(ids)*blockTokens)
+	for _, id := range ids {
+		for j := range blockTokens {
+			out = append(out, uint32(mooncake.Mix64(id<<16|uint64(j))%32000))
+		}
+	}
+	return out
+}
+
+type demoBody struct {
+	Model     string   `json:"model"`
+	Prompt    []uint32 `json:"prompt"`
+	MaxTokens int      `json:"max_tokens"`
+	Stream    bool     `json:"stream"`
+}
+
+// replay runs one phase: open loop at the trace's (compressed) arrival times,
+// at most c.concurrency requests in flight.
+func (fl *fleet) replay(ctx context.Context, c *demoConfig, policy string, reqs []mooncake.Request, stderr io.Writer) (demoPhase, error) {
+	ph := demoPhase{Policy: policy, Requests: len(reqs), PerWorker: make([]int, len(fl.workers))}
+	q0, h0, err := fl.cacheCounters()
+	if err != nil {
+		return ph, err
+	}
+	bodies := make([][]byte, len(reqs))
+	for i, r := range reqs {
+		b, err := json.Marshal(demoBody{Model: "mock-model", Prompt: demoTokens(r.HashIDs, c.blockTokens),
+			MaxTokens: min(max(1, r.OutputLength*c.blockTokens/512), c.maxOutput), Stream: true})
+		if err != nil {
+			return ph, err
+		}
+		bodies[i] = b
+	}
+	var bar *report.Progress
+	if !c.quiet {
+		bar = report.NewProgress(stderr, policy)
+	}
+	client := envoysim.New(fl.conn)
+	var (
+		mu       sync.Mutex
+		done     atomic.Int64
+		wg       sync.WaitGroup
+		sem      = make(chan struct{}, c.concurrency)
+		rr       atomic.Int64
+		firstErr error
+	)
+	start := time.Now()
+	t0 := reqs[0].Timestamp
+	for i, r := range reqs {
+		at := start.Add(time.Duration(float64(time.Duration(r.Timestamp-t0)*time.Millisecond) / c.compress))
+		if d := time.Until(at); d > 0 {
+			select {
+			case <-ctx.Done():
+				wg.Wait()
+				return ph, ctx.Err()
+			case <-time.After(d):
+			}
+		}
+		sem <- struct{}{}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			var res demoResult
+			var err error
+			if policy == "kvselect" {
+				res, err = fl.viaPicker(ctx, client, bodies[i], i)
+			} else {
+				w := int(rr.Add(1)-1) % len(fl.workers)
+				res, err = fl.direct(ctx, fl.workers[w], bodies[i], nil)
+				res.worker = w
+			}
+			mu.Lock()
+			if err != nil {
+				ph.Errors++
+				if firstErr == nil {
+					firstErr = err
+				}
+			} else {
+				ph.ttfts = append(ph.ttfts, res.ttft)
+				if policy == "kvselect" {
+					ph.selDur = append(ph.selDur, res.selection)
+				}
+				if res.worker >= 0 && res.worker < len(ph.PerWorker) {
+					ph.PerWorker[res.worker]++
+				}
+			}
+			mu.Unlock()
+			bar.Update(int(done.Add(1)), len(reqs))
+		}()
+	}
+	wg.Wait()
+	wall := time.Since(start)
+	if firstErr != nil {
+		fmt.Fprintf(stderr, "%s: first error: %v\n", policy, firstErr)
+	}
+	q1, h1, err := fl.cacheCounters()
+	if err != nil {
+		return ph, err
+	}
+	ph.promptTokens, ph.cachedTokens = q1-q0, h1-h0
+	if ph.promptTokens > 0 {
+		ph.HitRate = ph.cachedTokens / ph.promptTokens
+	}
+	slices.Sort(ph.ttfts)
+	slices.Sort(ph.selDur)
+	ph.TTFTP50Ms, ph.TTFTP90Ms = ms(quantileDur(ph.ttfts, 0.5)), ms(quantileDur(ph.ttfts, 0.9))
+	if len(ph.selDur) > 0 {
+		ph.SelectP50Us = float64(quantileDur(ph.selDur, 0.5)) / 1e3
+		ph.SelectP99Us = float64(quantileDur(ph.selDur, 0.99)) / 1e3
+	}
+	ph.WallSeconds = wall.Seconds()
+	ph.Throughput = float64(len(ph.ttfts)) / wall.Seconds()
+	if policy == "kvselect" {
+		ph.LoadAfterRun, err = fl.activeRequests()
+		if err != nil {
+			return ph, err
+		}
+	}
+	return ph, nil
+}
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+func quantileDur(sorted []time.Duration, q float64) time.Duration {
+	if len(sorted) == 0 {
+		return 0
+	}
+	return sorted[min(int(q*float64(len(sorted))), len(sorted)-1)]
+}
+
+// activeRequests sums kvselect's active requests over every worker (GET /loads).
+func (fl *fleet) activeRequests() (uint64, error) {
+	var loads []struct {
+		Loads []struct {
+			ActiveRequests uint64 `json:"active_requests"`
+		} `json:"loads"`
+	}
+	if err := getJSON(fl.hc, fl.rest+"/loads", &loads); err != nil {
+		return 0, err
+	}
+	var n uint64
+	for _, m := range loads {
+		for _, l := range m.Loads {
+			n += l.ActiveRequests
+		}
+	}
+	return n, nil
+}
+
+type demoResult struct {
+	ttft, selection time.Duration
+	worker          int
+}
+
+// viaPicker is one request as Envoy runs it with the ext_proc filter: the
+// picker chooses the endpoint from the body, the request goes there with the
+// headers the picker set, and the response streams back through the filter.
+func (fl *fleet) viaPicker(ctx context.Context, client *envoysim.Client, body []byte, i int) (demoResult, error) {
+	begin := time.Now()
+	x, d, err := client.Start(ctx, &envoysim.Request{Path: "/v1/completions", Body: body, Modes: envoysim.GIE,
+		Headers: []envoysim.Header{{Key: "content-type", Value: "application/json"}, {Key: "x-request-id", Value: fmt.Sprintf("demo-%d-%d", time.Now().UnixNano(), i)}}})
+	if err != nil {
+		return demoResult{}, err
+	}
+	if d.Immediate != nil {
+		return demoResult{}, fmt.Errorf("picker answered %d: %s", d.Immediate.Status, d.Immediate.Body)
+	}
+	sel := time.Since(begin)
+	res, err := fl.direct(ctx, d.Endpoint, d.Body, func(resp *http.Response, chunk []byte, end bool) error {
+		if resp != nil {
+			hs := make([]envoysim.Header, 0, len(resp.Header))
+			for k, vs := range resp.Header {
+				hs = append(hs, envoysim.Header{Key: strings.ToLower(k), Value: vs[0]})
+			}
+			_, err := x.ResponseHeaders(envoysim.Response{Status: resp.StatusCode, Headers: hs, Served: d.Endpoint}, false)
+			return err
+		}
+		_, err := x.ResponseBody(chunk, end)
+		return err
+	}, d.SetHeaders)
+	if err != nil {
+		x.Abort()
+		return demoResult{}, err
+	}
+	x.Close()
+	res.ttft += sel // the request waited for the pick before it was sent
+	res.selection = sel
+	res.worker = slices.Index(fl.workers, d.Endpoint)
+	return res, nil
+}
+
+// direct sends body to a worker, streams the SSE answer and measures the
+// time to the first data chunk. filter, when set, sees the response head and
+// every chunk (the ext_proc response path).
+func (fl *fleet) direct(ctx context.Context, endpoint string, body []byte, filter func(*http.Response, []byte, bool) error, headers ...map[string]string) (demoResult, error) {
+	begin := time.Now()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+endpoint+"/v1/completions", bytes.NewReader(body))
+	if err != nil {
+		return demoResult{}, err
+	}
+	req.Header.Set("content-type", "application/json")
+	for _, h := range headers {
+		for k, v := range h {
+			if !strings.HasPrefix(k, ":") && k != "content-length" {
+				req.Header.Set(k, v)
+			}
+		}
+	}
+	resp, err := fl.hc.Do(req)
+	if err != nil {
+		return demoResult{}, err
+	}
+	defer resp.Body.Close()
+	if filter != nil {
+		if err := filter(resp, nil, false); err != nil {
+			return demoResult{}, err
+		}
+	}
+	if resp.StatusCode != http.StatusOK {
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+		return demoResult{}, fmt.Errorf("worker %s answered %s: %s", endpoint, resp.Status, b)
+	}
+	var res demoResult
+	buf := make([]byte, 4096)
+	for {
+		n, rerr := resp.Body.Read(buf)
+		if n > 0 {
+			if res.ttft == 0 && bytes.Contains(buf[:n], []byte("data:")) {
+				res.ttft = time.Since(begin)
+			}
+			if filter != nil {
+				if err := filter(nil, buf[:n], false); err != nil {
+					return demoResult{}, err
+				}
+			}
+		}
+		if rerr == io.EOF {
+			break
+		}
+		if rerr != nil {
+			return demoResult{}, rerr
+		}
+	}
+	if filter != nil {
+		if err := filter(nil, nil, true); err != nil {
+			return demoResult{}, err
+		}
+	}
+	if res.ttft == 0 {
+		return demoResult{}, fmt.Errorf("worker %s sent no data", endpoint)
+	}
+	return res, nil
+}
+
+func demoTable(w io.Writer, rep *demoReport) error {
+	fmt.Fprintf(w, "\n%d requests of %s over %d mock workers, each policy from empty caches:\n\n", rep.Requests, rep.Trace, rep.Workers)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	row := func(name string, f func(p demoPhase) string) {
+		fmt.Fprintf(tw, "%s\t", name)
+		for _, p := range rep.Phases {
+			fmt.Fprintf(tw, "%s\t", f(p))
+		}
+		fmt.Fprintln(tw)
+	}
+	row("", func(p demoPhase) string { return p.Policy })
+	row("prefix-cache hit rate", func(p demoPhase) string { return fmt.Sprintf("%.3f", p.HitRate) })
+	row("TTFT p50 (ms)", func(p demoPhase) string { return fmt.Sprintf("%.1f", p.TTFTP50Ms) })
+	row("TTFT p90 (ms)", func(p demoPhase) string { return fmt.Sprintf("%.1f", p.TTFTP90Ms) })
+	row("throughput (req/s)", func(p demoPhase) string { return fmt.Sprintf("%.1f", p.Throughput) })
+	row("selection p50 / p99 (µs)", func(p demoPhase) string {
+		if p.SelectP50Us == 0 {
+			return "-"
+		}
+		return fmt.Sprintf("%.0f / %.0f", p.SelectP50Us, p.SelectP99Us)
+	})
+	row("requests per worker", func(p demoPhase) string { return strings.Trim(fmt.Sprint(p.PerWorker), "[]") })
+	row("errors", func(p demoPhase) string { return strconv.Itoa(p.Errors) })
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	for _, p := range rep.Phases {
+		if p.Policy == "kvselect" {
+			fmt.Fprintf(w, "\nkvselect active requests after the run: %d (every booking freed when its response ended)\n", p.LoadAfterRun)
+		}
+	}
+	return nil
+}
+
+func demoCharts(rep *demoReport) []report.Chart {
+	series := make([]string, len(rep.Phases))
+	hit := [][]float64{make([]float64, len(rep.Phases))}
+	ttft := [][]float64{make([]float64, len(rep.Phases)), make([]float64, len(rep.Phases))}
+	thr := [][]float64{make([]float64, len(rep.Phases))}
+	for i, p := range rep.Phases {
+		series[i] = p.Policy
+		hit[0][i] = p.HitRate
+		ttft[0][i], ttft[1][i] = p.TTFTP50Ms, p.TTFTP90Ms
+		thr[0][i] = p.Throughput
+	}
+	return []report.Chart{
+		{Title: "Prefix-cache hit rate", Groups: []string{"hit rate"}, Series: series, Values: hit},
+		{Title: "Time to first token", Unit: "ms", Groups: []string{"p50", "p90"}, Series: series, Values: ttft, LowerIsBetter: true},
+		{Title: "Throughput", Unit: "req/s", Groups: []string{"completed requests per second"}, Series: series, Values: thr},
+	}
+}
