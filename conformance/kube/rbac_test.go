@@ -156,7 +156,9 @@ func TestRoleIsEnoughAndNoMore(t *testing.T) {
 			_, err := cs.CoreV1().Pods(ns).Create(ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "x"}, Spec: pod.Spec}, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
 			return err
 		}},
-		{"delete pods", func() error { return cs.CoreV1().Pods(ns).Delete(ctx, "vllm-0", metav1.DeleteOptions{DryRun: []string{metav1.DryRunAll}}) }},
+		{"delete pods", func() error {
+			return cs.CoreV1().Pods(ns).Delete(ctx, "vllm-0", metav1.DeleteOptions{DryRun: []string{metav1.DryRunAll}})
+		}},
 		{"list pods in another namespace", func() error { _, err := cs.CoreV1().Pods("other").List(ctx, metav1.ListOptions{}); return err }},
 		{"list pods cluster-wide", func() error { _, err := cs.CoreV1().Pods("").List(ctx, metav1.ListOptions{}); return err }},
 		{"list configmaps", func() error { _, err := cs.CoreV1().ConfigMaps(ns).List(ctx, metav1.ListOptions{}); return err }},
