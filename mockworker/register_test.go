@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -59,6 +60,32 @@ func selectTokens(t *testing.T, base string, tokens []uint32) selectResult {
 	return out
 }
 
+// lastSequence is the KV event sequence kvselect last applied for a worker
+// rank, from GET /workers.
+func lastSequence(t *testing.T, base string, workerID uint64, rank int) (uint64, bool) {
+	t.Helper()
+	resp, err := http.Get(base + "/workers")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var ws []struct {
+		WorkerID uint64 `json:"worker_id"`
+		Status   map[string]struct {
+			LastSequence *uint64 `json:"last_sequence"`
+		} `json:"kv_events_status"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&ws); err != nil {
+		t.Fatal(err)
+	}
+	for _, w := range ws {
+		if st, ok := w.Status[fmt.Sprint(rank)]; ok && w.WorkerID == workerID && st.LastSequence != nil {
+			return *st.LastSequence, true
+		}
+	}
+	return 0, false
+}
+
 // TestRegisterThenSelectFindsThePrefix registers two mock workers (one with
 // two data-parallel ranks) with a real kvselect REST API, runs a prompt on
 // each, and checks that /select sends each prompt to the worker and rank
@@ -103,21 +130,35 @@ func TestRegisterThenSelectFindsThePrefix(t *testing.T) {
 		t.Fatal(err)
 	}
 	rank1 := 1
-	if _, err := wb.Generate(ctx, Request{Tokens: q, MaxTokens: 1, DPRank: &rank1}); err != nil {
-		t.Fatal(err)
-	}
 	// A subscriber that connected after a worker's last batch hears of it only
 	// with the next one (then replays from 0), so keep each worker busy with
 	// unrelated one-block prompts while waiting, as real traffic would.
 	nudges := 0
 	nudge := func(w *Worker, rank *int) {
 		nudges++
-		if _, err := w.Generate(ctx, Request{Tokens: toks(20000+nudges*bs, bs+1), MaxTokens: 1, DPRank: rank}); err != nil {
+		prompt := []uint32{7, uint32(300 + nudges%30000), uint32(300 + nudges/30000), 8, 9}
+		if _, err := w.Generate(ctx, Request{Tokens: prompt, MaxTokens: 1, DPRank: rank}); err != nil {
 			t.Fatal(err)
 		}
 	}
 	var got selectResult
-	eventually(t, "prompt p routed to worker 1", func() bool {
+	routed := func(what string, cond func() bool) {
+		t.Helper()
+		deadline := time.Now().Add(waitFor)
+		for !cond() {
+			if time.Now().After(deadline) {
+				resp, err := http.Get(base + "/workers")
+				var body []byte
+				if err == nil {
+					body, _ = io.ReadAll(resp.Body)
+					resp.Body.Close()
+				}
+				t.Fatalf("timed out waiting for %s; last /select %+v; /workers %s", what, got, body)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	routed("prompt p routed to worker 1", func() bool {
 		nudge(wa, nil)
 		got = selectTokens(t, base, p)
 		return got.WorkerID == 1 && got.Overlap.GPU == 10*bs
@@ -125,8 +166,19 @@ func TestRegisterThenSelectFindsThePrefix(t *testing.T) {
 	if got.Endpoint != "http://worker-1:8000" {
 		t.Fatalf("endpoint %q", got.Endpoint)
 	}
-	eventually(t, "prompt q routed to worker 2 rank 1", func() bool {
+	// Worker 2 has two ranks, so it registered no replay endpoint (the API
+	// allows one only with a single rank): a batch published before kvselect
+	// subscribed would be lost for good. Wait until rank 1's listener has
+	// caught up with the publisher before running q.
+	routed("worker 2 rank 1 listener caught up", func() bool {
 		nudge(wb, &rank1)
+		seq, ok := lastSequence(t, base, 2, 1)
+		return ok && seq == wb.Loads()[1].NextEventSeq-1
+	})
+	if _, err := wb.Generate(ctx, Request{Tokens: q, MaxTokens: 1, DPRank: &rank1}); err != nil {
+		t.Fatal(err)
+	}
+	routed("prompt q routed to worker 2 rank 1", func() bool {
 		got = selectTokens(t, base, q)
 		return got.WorkerID == 2 && got.DPRank == 1 && got.Overlap.GPU == 12*bs
 	})

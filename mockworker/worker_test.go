@@ -2,6 +2,7 @@ package mockworker
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -11,9 +12,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-zeromq/zmq4"
+
 	"github.com/kvselect/kvselect/selection"
 	"github.com/kvselect/kvselect/selection/catalog"
 	"github.com/kvselect/kvselect/selection/index"
+	"github.com/kvselect/kvselect/selection/kvevents"
 	"github.com/kvselect/kvselect/selection/kvhash"
 	"github.com/kvselect/kvselect/selection/kvlisten"
 )
@@ -354,7 +358,9 @@ func TestEventStreamMatchesPool(t *testing.T) {
 			}
 			st, ok := l.Status(part, wk)
 			next := w.Loads()[e.DPRank-2].NextEventSeq
-			return ok && st.Synced && st.LastSeq == next-1
+			// LastSeq moves when a batch is queued for the index, Applied when
+			// it has been applied: wait for both.
+			return ok && st.Synced && st.LastSeq == next-1 && st.Applied == next
 		})
 		if st, _ := l.Status(part, wk); st.Failed != 0 || st.DecodeErrors != 0 || st.Lost != 0 {
 			t.Fatalf("rank %d listener status %+v", e.DPRank, st)
@@ -374,6 +380,16 @@ func TestEventStreamMatchesPool(t *testing.T) {
 	}
 	for rank := 2; rank <= 3; rank++ {
 		pool := w.CachedBlocks(rank)
+		// The replay ring holds the rank's whole history: folded, it is the pool.
+		replayed, batches := replayedBlocks(t, eps[rank-2].Replay, bs)
+		if len(replayed) != len(pool) {
+			t.Errorf("rank %d: replayed history (%d batches) leaves %d blocks, pool has %d", rank, batches, len(replayed), len(pool))
+		}
+		for _, b := range pool {
+			if !replayed[b.Hash] {
+				t.Errorf("rank %d: pool block %x missing from the replayed history", rank, b.Hash)
+			}
+		}
 		want := map[blk]bool{}
 		for _, b := range pool {
 			local := kvhash.LocalBlockHashes(b.Tokens, "", "", kvhash.BlockOptions{BlockSize: bs})[0]
@@ -382,9 +398,34 @@ func TestEventStreamMatchesPool(t *testing.T) {
 		if len(want) != len(indexed[rank]) {
 			t.Errorf("rank %d: pool has %d blocks, index %d", rank, len(want), len(indexed[rank]))
 		}
+		byHash := map[uint64]CachedBlock{}
+		for _, b := range pool {
+			byHash[b.Hash] = b
+		}
 		for b := range want {
 			if !indexed[rank][b] {
-				t.Errorf("rank %d: pool block %x (local %x) not indexed", rank, b.ext, b.local)
+				// Say whether the index holds the block's whole chain (a
+				// snapshot problem) or not (an event problem).
+				var chain []CachedBlock
+				for c, ok := byHash[b.ext]; ok; c, ok = byHash[c.Parent] {
+					chain = append([]CachedBlock{c}, chain...)
+					if !c.HasParent {
+						break
+					}
+				}
+				var all []uint32
+				for _, c := range chain {
+					all = append(all, c.Tokens...)
+				}
+				locals := kvhash.LocalBlockHashes(all, "", "", kvhash.BlockOptions{BlockSize: bs})
+				var held uint32
+				for _, o := range ix.Match(locals, false, nil) {
+					if o.Worker.DPRank == uint32(rank) {
+						held = o.Device
+					}
+				}
+				t.Errorf("rank %d: pool block %x (local %x, chain of %d) not in the snapshot; Match finds %d of the chain",
+					rank, b.ext, b.local, len(chain), held)
 			}
 		}
 		for b := range indexed[rank] {
@@ -456,5 +497,59 @@ func TestPrefillSlots(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// replayedBlocks fetches a rank's whole event history from its replay ring
+// over a real DEALER and folds it into the set of engine hashes it leaves.
+func replayedBlocks(t *testing.T, ep string, bs int) (map[uint64]bool, uint64) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), waitFor)
+	defer cancel()
+	d := zmq4.NewDealer(ctx)
+	defer d.Close()
+	if err := d.Dial(ep); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Send(zmq4.NewMsgFrom([]byte{}, make([]byte, 8))); err != nil {
+		t.Fatal(err)
+	}
+	dec, err := kvevents.NewDecoder(kvevents.Config{WorkerID: 1, BlockSize: bs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	set := map[uint64]bool{}
+	var n uint64
+	for {
+		msg, err := d.Recv()
+		if err != nil {
+			t.Fatal(err)
+		}
+		f := msg.Frames
+		if len(f) != 3 || len(f[2]) == 0 {
+			return set, n
+		}
+		if s := binary.BigEndian.Uint64(f[1]); s != n {
+			t.Fatalf("replay seq %d, want %d", s, n)
+		}
+		n++
+		evs, _, err := dec.Decode(f[2], nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, e := range evs {
+			switch e.Kind {
+			case index.EventStored:
+				for _, b := range e.Blocks {
+					set[b.Ext] = true
+				}
+			case index.EventRemoved:
+				for _, h := range e.Hashes {
+					delete(set, h)
+				}
+			case index.EventCleared:
+				clear(set)
+			}
+		}
 	}
 }
