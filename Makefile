@@ -87,7 +87,8 @@ FUZZ_TARGETS := \
 	./httpadmin:FuzzSelectBody \
 	./extproc:FuzzParseBody \
 	./selection/replicasync:FuzzDecode \
-	./mockworker/kvpublish:FuzzParseReplayRequest
+	./mockworker/kvpublish:FuzzParseReplayRequest \
+	./discovery/workersfile:FuzzParse
 FUZZTIME ?= 60s
 
 fuzz:
@@ -100,6 +101,21 @@ fuzz:
 .PHONY: fuzz-smoke
 fuzz-smoke:
 	$(MAKE) fuzz FUZZTIME=3s
+
+# Kubernetes (docs/kubernetes.md): discovery against a real kube-apiserver
+# (built once from k8s.io/kubernetes and cached) and Debian's etcd, the Helm
+# chart and every manifest applied with server-side dry-run, the Role checked,
+# and the GIE conformance suite compiled with kvselect in place of lwepp.
+.PHONY: test-kube
+test-kube:
+	./conformance/kube/run.sh
+
+# GIE's conformance suite on a kind cluster with kvselect as the endpoint
+# picker. Needs Docker, kind, kubectl, helm and internet; ARGS are passed on,
+# e.g. make conformance-kind ARGS='--gateway kgateway --keep'.
+.PHONY: conformance-kind
+conformance-kind:
+	./conformance/kind/run.sh $(ARGS)
 
 clean:
 	rm -rf bin $(BENCHOUT)
