@@ -19,7 +19,7 @@ import (
 
 var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
 
-func newService(t *testing.T) *selection.Service {
+func newService(t testing.TB) *selection.Service {
 	t.Helper()
 	rc := routerconfig.Default()
 	rc.UseKVEvents = false // no engines here: the approximate index needs no event endpoints
