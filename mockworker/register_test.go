@@ -171,9 +171,11 @@ func TestRegisterThenSelectFindsThePrefix(t *testing.T) {
 	// subscribed would be lost for good. Wait until rank 1's listener has
 	// caught up with the publisher before running q.
 	routed("worker 2 rank 1 listener caught up", func() bool {
+		if seq, ok := lastSequence(t, base, 2, 1); ok && seq == wb.Loads()[1].NextEventSeq-1 {
+			return true
+		}
 		nudge(wb, &rank1)
-		seq, ok := lastSequence(t, base, 2, 1)
-		return ok && seq == wb.Loads()[1].NextEventSeq-1
+		return false
 	})
 	if _, err := wb.Generate(ctx, Request{Tokens: q, MaxTokens: 1, DPRank: &rank1}); err != nil {
 		t.Fatal(err)

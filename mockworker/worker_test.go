@@ -351,16 +351,19 @@ func TestEventStreamMatchesPool(t *testing.T) {
 	for _, e := range eps {
 		wk := index.WorkerKey{WorkerID: 1, DPRank: uint32(e.DPRank)}
 		eventually(t, "listener caught up", func() bool {
+			st, ok := l.Status(part, wk)
+			next := w.Loads()[e.DPRank-2].NextEventSeq
+			// LastSeq moves when a batch is queued for the index, Applied when
+			// it has been applied: wait for both.
+			if ok && st.Synced && st.LastSeq == next-1 && st.Applied == next {
+				return true
+			}
 			nudge++
 			rank := e.DPRank
 			if _, err := w.Generate(context.Background(), Request{Tokens: toks(20000+nudge*bs, bs+1), MaxTokens: 1, DPRank: &rank}); err != nil {
 				t.Fatal(err)
 			}
-			st, ok := l.Status(part, wk)
-			next := w.Loads()[e.DPRank-2].NextEventSeq
-			// LastSeq moves when a batch is queued for the index, Applied when
-			// it has been applied: wait for both.
-			return ok && st.Synced && st.LastSeq == next-1 && st.Applied == next
+			return false
 		})
 		if st, _ := l.Status(part, wk); st.Failed != 0 || st.DecodeErrors != 0 || st.Lost != 0 {
 			t.Fatalf("rank %d listener status %+v", e.DPRank, st)

@@ -44,7 +44,15 @@ func TestKVListenRecoversDroppedBatches(t *testing.T) {
 		st, ok := l.Status(part, w)
 		return ok && st.Synced && st.LastSeq == p.NextSeq()-1
 	}
-	eventually(t, "listener synced", func() bool { heartbeat(); return synced() })
+	// Publish until the subscription is live; check before publishing again,
+	// or the listener is always one batch behind.
+	eventually(t, "listener synced", func() bool {
+		if synced() {
+			return true
+		}
+		heartbeat()
+		return false
+	})
 
 	// A 12-block chain in 4 batches; the 2nd and 3rd never go out live.
 	toks := tokens(100, 12*bs)
