@@ -76,7 +76,7 @@ type Options struct {
 type RankStatus struct {
 	// Synced reports whether the watermark is set; LastSeq is meaningful only then.
 	Synced  bool
-	LastSeq uint64 // last applied sequence number (the watermark)
+	LastSeq uint64 // last accepted sequence number (the watermark); Applied counts what the lane has applied
 	Applied uint64 // batches decoded and applied (live and replayed)
 	Blocks  uint64 // block operations applied (stored + removed blocks)
 	Failed  uint64 // events the index rejected (ApplyBatch failures)
