@@ -68,8 +68,10 @@ func TestWorkersFileThroughTheServer(t *testing.T) {
 		}
 		defer resp.Body.Close()
 		var body struct {
-			Ready      bool `json:"ready"`
-			Workers    []struct{ WorkerID uint64 `json:"worker_id"` }
+			Ready   bool `json:"ready"`
+			Workers []struct {
+				WorkerID uint64 `json:"worker_id"`
+			}
 			Conditions []struct{ Name, Reason string }
 		}
 		_ = json.NewDecoder(resp.Body).Decode(&body)
