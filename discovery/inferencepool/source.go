@@ -108,8 +108,9 @@ type Source struct {
 	key  types.NamespacedName
 	sink func(discovery.Snapshot)
 
-	mu   sync.Mutex // serializes sync passes
-	last []catalog.Record
+	mu         sync.Mutex // serializes sync passes
+	last       []catalog.Record
+	lastReason string
 }
 
 // New validates opts.
@@ -263,6 +264,16 @@ func (s *Source) sync(ctx context.Context, c client.Client) error {
 
 func (s *Source) publish(ws []catalog.Record, st discovery.State) {
 	s.last = ws
+	// Say it once per change of state: a missing pool is logged when it goes
+	// missing, not on every pod event.
+	if st.Reason != s.lastReason {
+		s.lastReason = st.Reason
+		if st.Ready {
+			s.log.Info("InferencePool synced", "reason", st.Reason, "detail", st.Message)
+		} else {
+			s.log.Warn("InferencePool not usable: not ready", "reason", st.Reason, "detail", st.Message)
+		}
+	}
 	s.log.Debug("InferencePool snapshot", "workers", len(ws), "reason", st.Reason)
 	s.sink(discovery.Snapshot{Workers: ws, State: st})
 }
