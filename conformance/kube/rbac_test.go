@@ -162,7 +162,7 @@ func TestRoleIsEnoughAndNoMore(t *testing.T) {
 		{"list pods in another namespace", func() error { _, err := cs.CoreV1().Pods("other").List(ctx, metav1.ListOptions{}); return err }},
 		{"list pods cluster-wide", func() error { _, err := cs.CoreV1().Pods("").List(ctx, metav1.ListOptions{}); return err }},
 		{"list configmaps", func() error { _, err := cs.CoreV1().ConfigMaps(ns).List(ctx, metav1.ListOptions{}); return err }},
-		{"create leases", func() error {
+		{"list leases", func() error {
 			_, err := cs.CoordinationV1().Leases(ns).List(ctx, metav1.ListOptions{})
 			return err
 		}},

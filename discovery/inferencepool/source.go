@@ -146,6 +146,7 @@ func (s *Source) Run(ctx context.Context, sink func(discovery.Snapshot)) {
 		}
 		s.log.Error("InferencePool watch failed; starting over", "err", err, "in", delay.String())
 		s.mu.Lock()
+		s.lastReason = reason
 		s.sink(discovery.Snapshot{Workers: s.last, State: discovery.State{Ready: false, Reason: reason,
 			Message: fmt.Sprintf("watching InferencePool %s: %v (retrying every %s)", s.key, err, delay)}})
 		s.mu.Unlock()
