@@ -1,6 +1,8 @@
 package envoysim
 
 import (
+	"errors"
+	"io"
 	"strconv"
 	"strings"
 
@@ -96,19 +98,28 @@ func (x *Exchange) request(req *Request) (*Decision, error) {
 // answer: the headers response first, then streamed body chunks up to
 // end_of_stream (or the trailers response when there are trailers).
 func (x *Exchange) fullDuplexRequest(req *Request, md *corev3.Metadata, chunk int, d *Decision) error {
+	// The processor may answer (an immediate response) and end the stream
+	// while the body is still being sent: grpc-go's Send then reports io.EOF
+	// and the answer waits in the receive queue. Envoy stops forwarding the
+	// request in that case; so does the client, and reads the answer.
+	peerEnded := false
 	for off := 0; ; off += chunk {
 		end := min(off+chunk, len(req.Body))
 		last := end == len(req.Body)
 		if err := x.sendBody(req.Body[off:end], last && len(req.Trailers) == 0, md); err != nil {
-			return err
+			if !errors.Is(err, io.EOF) {
+				return err
+			}
+			peerEnded = true
+			break
 		}
 		if last {
 			break
 		}
 	}
-	if len(req.Trailers) > 0 {
+	if len(req.Trailers) > 0 && !peerEnded {
 		if err := x.send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestTrailers{
-			RequestTrailers: &extprocv3.HttpTrailers{Trailers: headerMap(req.Trailers)}}}); err != nil {
+			RequestTrailers: &extprocv3.HttpTrailers{Trailers: headerMap(req.Trailers)}}}); err != nil && !errors.Is(err, io.EOF) {
 			return err
 		}
 	}
