@@ -135,6 +135,18 @@ func protoErr(format string, args ...any) error {
 // ErrClosed is returned by calls on an exchange that already ended.
 var ErrClosed = errors.New("envoysim: exchange ended")
 
+// envoyWindow is Envoy's default HTTP/2 stream and connection window
+// (initial_stream_window_size / initial_connection_window_size, 256 MiB).
+const envoyWindow = 256 << 20
+
+// DialOptions are the gRPC client settings that make a connection behave like
+// Envoy's to an ext_proc cluster: Envoy's large HTTP/2 flow-control windows,
+// so that many concurrent streams with bodies never wait for window updates.
+// Credentials are the caller's.
+func DialOptions() []grpc.DialOption {
+	return []grpc.DialOption{grpc.WithInitialWindowSize(envoyWindow), grpc.WithInitialConnWindowSize(envoyWindow)}
+}
+
 // Client opens exchanges on one gRPC connection.
 type Client struct {
 	c extprocv3.ExternalProcessorClient

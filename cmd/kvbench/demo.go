@@ -227,7 +227,7 @@ func startFleet(ctx context.Context, c *demoConfig, stderr io.Writer) (*fleet, e
 	if err := fl.waitWorkers(ctx, c.workers, 60*time.Second); err != nil {
 		return nil, fmt.Errorf("%w (logs in %s)", err, c.out)
 	}
-	fl.conn, err = grpc.NewClient(fl.extproc, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	fl.conn, err = grpc.NewClient(fl.extproc, append(envoysim.DialOptions(), grpc.WithTransportCredentials(insecure.NewCredentials()))...)
 	if err != nil {
 		return nil, err
 	}

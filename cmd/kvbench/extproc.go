@@ -63,6 +63,7 @@ type epConfig struct {
 	rate     float64
 	kvEvents bool
 	jsonOut  string
+	svgOut   string
 	// plainGRPC serves with grpc.NewServer's defaults instead of
 	// extproc.ServerOptions (for comparison).
 	plainGRPC bool
@@ -123,6 +124,7 @@ func runExtProc(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	fs.StringVar(&c.url, "url", "", "REST base URL of an external kvselect on loopback (workers are registered there; its /metrics gives the server's own CPU per request); empty: run the server in this process")
 	fs.StringVar(&c.addr, "addr", "", "ext_proc host:port of the external kvselect (with -url)")
 	fs.StringVar(&c.jsonOut, "json", "", "also write the results as JSON to this file")
+	fs.StringVar(&c.svgOut, "svg", "", "also write a latency and throughput chart to this SVG `file`")
 	prof := fs.String("cpuprofile", "", "write a CPU profile of the run (server and clients) to this file")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -216,6 +218,14 @@ func runExtProc(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	}
 	if c.jsonOut != "" {
 		if err := report.WriteJSON(c.jsonOut, res); err != nil {
+			return err
+		}
+	}
+	if c.svgOut != "" {
+		charts := report.LatencyChart(res.Front, []string{"decision", "whole request"},
+			[]int64{res.Decision.P50, res.Total.P50}, []int64{res.Decision.P90, res.Total.P90}, []int64{res.Decision.P99, res.Total.P99},
+			[]float64{res.ReqPerSec, res.ReqPerSec})
+		if err := report.WriteSVG(c.svgOut, fmt.Sprintf("kvbench extproc: front %s, %d streams", res.Front, res.Streams), charts...); err != nil {
 			return err
 		}
 	}

@@ -19,7 +19,8 @@ func TestExtProcBenchInProcess(t *testing.T) {
 		t.Run(strings.Join(args, " "), func(t *testing.T) {
 			out := filepath.Join(t.TempDir(), "ep.json")
 			var stdout, stderr bytes.Buffer
-			all := append([]string{"extproc", "-streams", "4", "-workers", "4", "-duration", "500ms", "-warmup", "100ms", "-chunks", "20", "-json", out}, args...)
+			svg := filepath.Join(filepath.Dir(out), "ep.svg")
+			all := append([]string{"extproc", "-streams", "4", "-workers", "4", "-duration", "500ms", "-warmup", "100ms", "-chunks", "20", "-json", out, "-svg", svg}, args...)
 			if err := run(context.Background(), all, &stdout, &stderr); err != nil {
 				t.Fatalf("run: %v\n%s", err, stderr.String())
 			}
@@ -36,6 +37,7 @@ func TestExtProcBenchInProcess(t *testing.T) {
 			if err := json.Unmarshal(raw, &v); err != nil || v.Requests == 0 || v.Errors != 0 || v.Total.P50 == 0 {
 				t.Fatalf("json %s: %v", raw, err)
 			}
+			checkSVG(t, svg, "decision")
 		})
 	}
 }

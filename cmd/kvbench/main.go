@@ -78,6 +78,7 @@ func runIndex(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	jsonOut := fs.String("json", "", "also write the results as JSON to this file")
 	noReserve := fs.Bool("no-reserve", false, "do not pre-size kvselect's per-worker tables from the engines' capacity (the service does, from total_kv_blocks)")
 	prof := fs.String("cpuprofile", "", "write a CPU profile of the timed replay to this file")
+	svgOut := fs.String("svg", "", "also write a chart of the results to this SVG `file`")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -117,6 +118,11 @@ func runIndex(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		res.Config.Workers, res.Config.BlocksPerWorker, res.Config.Assign, res.Config.TraceDuplication, st.Entries, st.Nodes)
 	if err := report.Table(stdout, res); err != nil {
 		return err
+	}
+	if *svgOut != "" {
+		if err := report.WriteSVG(*svgOut, "kvbench index: "+m.Trace, report.ReplayCharts(res)...); err != nil {
+			return err
+		}
 	}
 	if *jsonOut != "" {
 		return report.WriteJSON(*jsonOut, map[string]any{"results": []mooncake.Result{res}, "index": st})

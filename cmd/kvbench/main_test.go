@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"encoding/xml"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -15,7 +17,7 @@ const trace = "../../bench/testdata/mooncake/conversation_trace.jsonl.gz"
 func TestIndexReplayPrintsTableAndJSON(t *testing.T) {
 	out := filepath.Join(t.TempDir(), "r.json")
 	var stdout, stderr bytes.Buffer
-	err := run(context.Background(), []string{"index", "-trace", trace, "-max", "300", "-workers", "4", "-blocks", "256", "-json", out}, &stdout, &stderr)
+	err := run(context.Background(), []string{"index", "-trace", trace, "-max", "300", "-workers", "4", "-blocks", "256", "-json", out, "-svg", out + ".svg"}, &stdout, &stderr)
 	if err != nil {
 		t.Fatalf("run: %v\n%s", err, stderr.String())
 	}
@@ -33,6 +35,27 @@ func TestIndexReplayPrintsTableAndJSON(t *testing.T) {
 	}
 	if err := json.Unmarshal(b, &v); err != nil || len(v.Results) != 1 || v.Results[0].Requests != 300 || v.Results[0].RemovedBlocks == 0 {
 		t.Fatalf("json = %s (err %v)", b, err)
+	}
+	checkSVG(t, out+".svg", "Lookup latency")
+}
+
+// checkSVG asserts path is well-formed XML that mentions want.
+func checkSVG(t *testing.T, path, want string) {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dec := xml.NewDecoder(bytes.NewReader(b))
+	for {
+		if _, err := dec.Token(); err == io.EOF {
+			break
+		} else if err != nil {
+			t.Fatalf("%s is not well-formed XML: %v", path, err)
+		}
+	}
+	if !bytes.Contains(b, []byte(want)) {
+		t.Fatalf("%s lacks %q", path, want)
 	}
 }
 

@@ -55,6 +55,7 @@ type restConfig struct {
 	prompt   string
 	blocks   int
 	jsonOut  string
+	svgOut   string
 }
 
 // latencyStats is one request kind over the measured window. Latencies in ns.
@@ -126,6 +127,7 @@ func runRest(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	fs.StringVar(&c.prompt, "prompt", "tokens", "prompt form: tokens (token_ids) or hashes (block_hashes + sequence_hashes + isl_tokens)")
 	fs.IntVar(&c.blocks, "blocks", 32, "prompt size in 16-token blocks")
 	fs.StringVar(&c.jsonOut, "json", "", "also write the results as JSON to this file")
+	fs.StringVar(&c.svgOut, "svg", "", "also write a latency and throughput chart to this SVG `file`")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -198,6 +200,14 @@ func runRest(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	}
 	if c.jsonOut != "" {
 		if err := report.WriteJSON(c.jsonOut, res); err != nil {
+			return err
+		}
+	}
+	if c.svgOut != "" {
+		charts := report.LatencyChart("REST", []string{"select_and_reserve", "delete"},
+			[]int64{res.Select.P50, res.Delete.P50}, []int64{res.Select.P90, res.Delete.P90}, []int64{res.Select.P99, res.Delete.P99},
+			[]float64{res.Select.PerSec, res.Delete.PerSec})
+		if err := report.WriteSVG(c.svgOut, fmt.Sprintf("kvbench rest: %d clients, %s prompt", res.Clients, res.Prompt), charts...); err != nil {
 			return err
 		}
 	}

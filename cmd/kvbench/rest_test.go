@@ -18,7 +18,7 @@ func TestRestInProcess(t *testing.T) {
 			out := filepath.Join(t.TempDir(), "rest.json")
 			var stdout, stderr bytes.Buffer
 			err := run(context.Background(), []string{"rest", "-clients", "4", "-workers", "8", "-duration", "1s", "-warmup", "200ms",
-				"-prompt", prompt, "-blocks", "8", "-json", out}, &stdout, &stderr)
+				"-prompt", prompt, "-blocks", "8", "-json", out, "-svg", out + ".svg"}, &stdout, &stderr)
 			if err != nil {
 				t.Fatalf("run: %v\n%s", err, stderr.String())
 			}
@@ -30,6 +30,7 @@ func TestRestInProcess(t *testing.T) {
 			if !strings.Contains(stderr.String(), "req/s") {
 				t.Errorf("no progress line on stderr:\n%s", stderr.String())
 			}
+			checkSVG(t, out+".svg", "select_and_reserve")
 			b, err := os.ReadFile(out)
 			if err != nil {
 				t.Fatal(err)

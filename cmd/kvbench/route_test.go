@@ -4,8 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"encoding/xml"
-	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -40,21 +38,7 @@ func TestRouteTableJSONAndSVG(t *testing.T) {
 	if len(rep.Results) != 2*len(routePolicies) || rep.Requests != 400 || rep.InfiniteCacheHitRate <= 0 {
 		t.Fatalf("report: %d results, %d requests, infinite %v", len(rep.Results), rep.Requests, rep.InfiniteCacheHitRate)
 	}
-	svg, err := os.ReadFile(svgOut)
-	if err != nil {
-		t.Fatal(err)
-	}
-	dec := xml.NewDecoder(bytes.NewReader(svg))
-	for {
-		if _, err := dec.Token(); err == io.EOF {
-			break
-		} else if err != nil {
-			t.Fatalf("SVG is not well-formed XML: %v", err)
-		}
-	}
-	if !bytes.Contains(svg, []byte("kvselect")) {
-		t.Fatal("SVG lacks the series")
-	}
+	checkSVG(t, svgOut, "kvselect")
 }
 
 func TestRouteFlagErrors(t *testing.T) {
