@@ -97,11 +97,12 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	fs.IntVar(&c.blockTokens, "block-tokens", 64, "prompt `tokens` per trace block (the trace's blocks are 512 tokens; smaller keeps the demo quick)")
 	fs.IntVar(&c.blockSize, "block-size", 16, "mock workers' KV block size")
 	fs.IntVar(&c.poolBlocks, "pool-blocks", 8192, "mock workers' KV pool, in KV blocks")
-	fs.Float64Var(&c.speedup, "speedup", 40, "mock workers' timing speed-up (with -compress 20 and 4 workers, each worker sees the load one of 8 would see at the trace's own pace)")
+	fs.Float64Var(&c.speedup, "speedup", 40, "mock workers' timing speed-up (with -compress 20 and 4 workers, each worker sees the load one of 8 would see at the trace's own pace, scaled by the per-token times)")
 	// A trace block is 512 tokens; with -block-tokens 64 each prompt token
-	// stands for 8, so the per-token times are 8x vLLM-like ones (50 µs
-	// prefill, 10 ms decode).
-	fs.DurationVar(&c.prefillPerToken, "prefill-time-per-token", 400*time.Microsecond, "mock workers' prefill time per uncached prompt token (before -speedup)")
+	// stands for 8, so the per-token times are 8x engine-like ones: 100 µs
+	// of prefill per real token (10k prefill tokens/s, a large model on one
+	// GPU) and 10 ms per output token.
+	fs.DurationVar(&c.prefillPerToken, "prefill-time-per-token", 800*time.Microsecond, "mock workers' prefill time per uncached prompt token (before -speedup)")
 	fs.DurationVar(&c.decodePerToken, "decode-time-per-token", 80*time.Millisecond, "mock workers' decode time per output token (before -speedup)")
 	fs.IntVar(&c.maxOutput, "max-output", 16, "cap on output `tokens` per request (the trace's lengths scaled like the prompts, then capped: every streamed chunk is an ext_proc round trip)")
 	fs.StringVar(&c.out, "out", "bench/out/demo", "`directory` for demo.json, demo.svg and the processes' logs")
