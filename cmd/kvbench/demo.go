@@ -503,13 +503,9 @@ func (fl *fleet) replay(ctx context.Context, c *demoConfig, policy string, reqs 
 	if ph.promptTokens > 0 {
 		ph.HitRate = ph.cachedTokens / ph.promptTokens
 	}
-	slices.Sort(ph.ttfts)
-	slices.Sort(ph.selDur)
-	ph.TTFTP50Ms, ph.TTFTP90Ms = ms(quantileDur(ph.ttfts, 0.5)), ms(quantileDur(ph.ttfts, 0.9))
-	if len(ph.selDur) > 0 {
-		ph.SelectP50Us = float64(quantileDur(ph.selDur, 0.5)) / 1e3
-		ph.SelectP99Us = float64(quantileDur(ph.selDur, 0.99)) / 1e3
-	}
+	ttft, sel := percentiles(ph.ttfts), percentiles(ph.selDur)
+	ph.TTFTP50Ms, ph.TTFTP90Ms = float64(ttft.P50)/1e6, float64(ttft.P90)/1e6
+	ph.SelectP50Us, ph.SelectP99Us = float64(sel.P50)/1e3, float64(sel.P99)/1e3
 	ph.WallSeconds = wall.Seconds()
 	ph.Throughput = float64(len(ph.ttfts)) / wall.Seconds()
 	if policy == "kvselect" {
@@ -519,15 +515,6 @@ func (fl *fleet) replay(ctx context.Context, c *demoConfig, policy string, reqs 
 		}
 	}
 	return ph, nil
-}
-
-func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
-
-func quantileDur(sorted []time.Duration, q float64) time.Duration {
-	if len(sorted) == 0 {
-		return 0
-	}
-	return sorted[min(int(q*float64(len(sorted))), len(sorted)-1)]
 }
 
 // activeRequests sums kvselect's active requests over every worker (GET /loads).

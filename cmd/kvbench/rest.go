@@ -598,12 +598,8 @@ func summarize(ds []time.Duration, clients []*restClient, k int, elapsed float64
 	if len(ds) == 0 {
 		return s
 	}
-	slices.Sort(ds)
-	q := func(p float64) int64 {
-		i := int(p*float64(len(ds))+0.999999) - 1
-		return int64(ds[min(max(i, 0), len(ds)-1)])
-	}
-	s.P50, s.P90, s.P99, s.Max = q(0.50), q(0.90), q(0.99), int64(ds[len(ds)-1])
+	p := percentiles(ds)
+	s.P50, s.P90, s.P99, s.Max = p.P50, p.P90, p.P99, p.Max
 	if elapsed > 0 {
 		s.PerSec = float64(len(ds)) / elapsed
 	}

@@ -12,6 +12,7 @@
 package kvlisten
 
 import (
+	"cmp"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -26,6 +27,7 @@ import (
 
 	"github.com/kvselect/kvselect/selection"
 	"github.com/kvselect/kvselect/selection/index"
+	"github.com/kvselect/kvselect/selection/internal/zmqdial"
 	"github.com/kvselect/kvselect/selection/kvevents"
 )
 
@@ -377,7 +379,7 @@ func (r *rank) session() (received bool, err error) {
 		zmq4.WithDialerTimeout(r.l.opts.DialTimeout))
 	defer sub.Close()
 	dctx, cancel := context.WithTimeout(r.ctx, r.l.opts.DialTimeout)
-	err = dial(dctx, sub, r.a.Endpoints.KVEvents)
+	err = zmqdial.Dial(dctx, sub, r.a.Endpoints.KVEvents)
 	cancel()
 	if err != nil {
 		return false, err
@@ -505,7 +507,7 @@ func (r *rank) fetchReplay(ep string, start, target uint64) (got uint64, reason 
 		zmq4.WithDialerTimeout(r.l.opts.DialTimeout),
 		zmq4.WithTimeout(r.l.opts.ReplayTimeout))
 	defer d.Close()
-	if err := dial(ctx, d, ep); err != nil {
+	if err := zmqdial.Dial(ctx, d, ep); err != nil {
 		return 0, ReasonFailed, err
 	}
 	var req [8]byte
@@ -538,9 +540,9 @@ func (r *rank) fetchReplay(ep string, start, target uint64) (got uint64, reason 
 		}
 		if s > next {
 			if next == start && got == 0 {
-				reason = cmpOr(reason, ReasonStartedAfterRequested)
+				reason = cmp.Or(reason, ReasonStartedAfterRequested)
 			} else {
-				reason = cmpOr(reason, ReasonNonContiguous)
+				reason = cmp.Or(reason, ReasonNonContiguous)
 			}
 		}
 		got++
@@ -557,34 +559,4 @@ func (r *rank) fetchReplay(ep string, start, target uint64) (got uint64, reason 
 		reason = ReasonEndedBeforeTarget
 	}
 	return got, reason, err
-}
-
-// dial connects sock to ep and gives up when ctx ends. zmq4 runs the ZMTP
-// handshake without a deadline, so a peer that accepts the TCP connection but
-// never answers would block Dial, and with it Detach and Close, for good. The
-// dial therefore runs in its own goroutine; when ctx ends first, that goroutine
-// is left to finish on its own (it closes the socket once Dial returns) and is
-// not waited for.
-func dial(ctx context.Context, sock zmq4.Socket, ep string) error {
-	errc := make(chan error, 1)
-	go func() {
-		err := sock.Dial(ep)
-		if ctx.Err() != nil {
-			sock.Close()
-		}
-		errc <- err
-	}()
-	select {
-	case err := <-errc:
-		return err
-	case <-ctx.Done():
-		return fmt.Errorf("dial %s: %w", ep, ctx.Err())
-	}
-}
-
-func cmpOr(a, b string) string {
-	if a != "" {
-		return a
-	}
-	return b
 }

@@ -2,7 +2,6 @@ package replicasync
 
 import (
 	"context"
-	"fmt"
 	"maps"
 	"net"
 	"slices"
@@ -12,6 +11,8 @@ import (
 	"time"
 
 	"github.com/go-zeromq/zmq4"
+
+	"github.com/kvselect/kvselect/selection/internal/zmqdial"
 )
 
 // peer is one configured peer endpoint (--replica-sync-peers or registered):
@@ -225,7 +226,7 @@ func (m *Mesh) session(ctx context.Context, s *sub) (received bool, err error) {
 	sock := zmq4.NewSub(ctx, zmq4.WithLogger(m.zlog), zmq4.WithDialerMaxRetries(0), zmq4.WithDialerTimeout(m.opts.DialTimeout))
 	defer sock.Close()
 	dctx, cancel := context.WithTimeout(ctx, m.opts.DialTimeout)
-	err = dial(dctx, sock, s.ep)
+	err = zmqdial.Dial(dctx, sock, s.ep)
 	cancel()
 	if err != nil {
 		return false, err
@@ -245,26 +246,6 @@ func (m *Mesh) session(ctx context.Context, s *sub) (received bool, err error) {
 		received = true
 		s.update(func(st *PeerStatus) { st.Received++ })
 		m.handle(s.ep, msg.Frames)
-	}
-}
-
-// dial connects sock to ep, giving up when ctx ends: go-zeromq's Dial has no
-// context, and a peer that accepts TCP but never answers the ZMTP greeting
-// would otherwise block Deregister and Close.
-func dial(ctx context.Context, sock zmq4.Socket, ep string) error {
-	errc := make(chan error, 1)
-	go func() {
-		err := sock.Dial(ep)
-		if ctx.Err() != nil {
-			sock.Close()
-		}
-		errc <- err
-	}()
-	select {
-	case err := <-errc:
-		return err
-	case <-ctx.Done():
-		return fmt.Errorf("dial %s: %w", ep, ctx.Err())
 	}
 }
 
