@@ -88,7 +88,8 @@ FUZZ_TARGETS := \
 	./extproc:FuzzParseBody \
 	./selection/replicasync:FuzzDecode \
 	./mockworker/kvpublish:FuzzParseReplayRequest \
-	./discovery/workersfile:FuzzParse
+	./discovery/workersfile:FuzzParse \
+	./mockworker:FuzzCompletionsBody
 FUZZTIME ?= 60s
 
 fuzz:
