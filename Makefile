@@ -3,6 +3,12 @@ GO       ?= go
 PKGS     := ./...
 BENCHOUT := bench/out
 
+# go-control-plane's vtprotobuf marshal code (the Envoy messages' generated
+# encoders) compiles only under this tag; internal/vtcodec uses it for the
+# ext_proc picker's messages and falls back to protobuf-go without it. Every
+# go command below — and the scripts they start — builds with it.
+export GOFLAGS += -tags=vtprotobuf
+
 .PHONY: all build test conformance-rest test-short vet fmt-check bench bench-index bench-peer fuzz demo clean
 
 all: build test

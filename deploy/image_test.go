@@ -71,6 +71,9 @@ func TestImageRecipe(t *testing.T) {
 	if !strings.Contains(build, "CGO_ENABLED=0") || !strings.Contains(build, "-o /out/kvselect ./cmd/kvselect") {
 		t.Fatalf("build recipe %q: want a static build of ./cmd/kvselect into /out/kvselect", build)
 	}
+	if !strings.Contains(build, "-tags vtprotobuf") {
+		t.Fatalf("build recipe %q: want -tags vtprotobuf (the picker's generated message encoders)", build)
+	}
 
 	// Run it from the repository root, as the Dockerfile's WORKDIR /src holds
 	// the whole context, with /out mapped to a temporary directory and the

@@ -81,7 +81,7 @@ func start(t testing.TB, s setup) *harness {
 	}
 	h := &harness{svc: svc, srv: extproc.New(svc, s.opts)}
 	h.addr = serve(t, h.srv)
-	conn, err := grpc.NewClient(h.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := grpc.NewClient(h.addr, append(envoysim.DialOptions(), grpc.WithTransportCredentials(insecure.NewCredentials()))...)
 	if err != nil {
 		t.Fatal(err)
 	}

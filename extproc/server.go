@@ -31,6 +31,7 @@ import (
 
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/health"
@@ -97,10 +98,14 @@ type Server struct {
 	addrs  addrCache
 	health *health.Server
 
-	active atomic.Int64 // streams in flight
+	active  atomic.Int64 // streams in flight
+	metrics *metrics
 }
 
-var _ extprocv3.ExternalProcessorServer = (*Server)(nil)
+var (
+	_ extprocv3.ExternalProcessorServer = (*Server)(nil)
+	_ prometheus.Collector              = (*Server)(nil)
+)
 
 // New returns the ext_proc front over svc.
 func New(svc *selection.Service, opts Options) *Server {
@@ -110,7 +115,7 @@ func New(svc *selection.Service, opts Options) *Server {
 	if opts.Fallbacks < 0 {
 		opts.Fallbacks = 0
 	}
-	s := &Server{svc: svc, opts: opts, log: opts.Logger, health: health.NewServer()}
+	s := &Server{svc: svc, opts: opts, log: opts.Logger, health: health.NewServer(), metrics: newMetrics()}
 	if s.log == nil {
 		s.log = slog.Default()
 	}
@@ -135,9 +140,15 @@ func (s *Server) Shutdown() { s.health.Shutdown() }
 func (s *Server) Active() int64 { return s.active.Load() }
 
 // Process serves one HTTP request's ext_proc stream.
-func (s *Server) Process(srv extprocv3.ExternalProcessor_ProcessServer) error {
+func (s *Server) Process(srv extprocv3.ExternalProcessor_ProcessServer) (err error) {
 	s.active.Add(1)
-	defer s.active.Add(-1)
+	s.metrics.streams.Add(1)
+	defer func() {
+		s.active.Add(-1)
+		if err != nil {
+			s.metrics.streamErrors.Add(1)
+		}
+	}()
 	st := &stream{s: s, srv: srv, ctx: srv.Context()}
 	defer st.cleanup()
 	for !st.closed {

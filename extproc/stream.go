@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -241,6 +242,7 @@ func (st *stream) sendBodyChunks(eos bool) error {
 // the decision. Errors the client should see become an immediate response
 // (st.closed); a returned error is a stream error.
 func (st *stream) pick(withBody bool) (*extprocv3.HeaderMutation, *structpb.Struct, error) {
+	defer st.s.metrics.observePick(time.Now())
 	id := &st.id
 	var pb parsedBody
 	if withBody {
@@ -314,6 +316,7 @@ func (st *stream) pick(withBody bool) (*extprocv3.HeaderMutation, *structpb.Stru
 		return nil, nil, st.immediateErr(err)
 	}
 	st.picked, st.booked = true, true
+	st.s.metrics.routed.Add(1)
 	st.selID = *resp.SelectionID
 	st.blockSize = int(resp.BlockSize)
 	st.primary = st.s.addrs.addr(resp.Endpoint)
@@ -445,6 +448,7 @@ func (st *stream) rebook(served string) {
 		return
 	}
 	st.primary = served
+	st.s.metrics.rebooked.Add(1)
 }
 
 // onResponseBody: the first chunk means the prefill is done (TTFT); streamed
@@ -484,7 +488,9 @@ func (st *stream) outputBlocks() {
 		decay := loads.DecayFraction(st.blocksSent*st.blockSize, st.expected)
 		if err := st.s.svc.OutputBlock(st.ctx, st.selID, decay); err != nil {
 			st.lost(err)
+			continue
 		}
+		st.s.metrics.outputBlocks.Add(1)
 	}
 }
 
@@ -493,6 +499,7 @@ func (st *stream) outputBlocks() {
 func (st *stream) lost(err error) {
 	if selection.KindOf(err) == selection.KindNotFound {
 		st.booked = false
+		st.s.metrics.lost.Add(1)
 		return
 	}
 	st.s.log.Warn("extproc: booking update failed", "selection_id", st.selID, "err", err)
@@ -504,9 +511,7 @@ func (st *stream) complete() {
 		return
 	}
 	st.booked = false
-	if err := st.s.svc.Free(context.WithoutCancel(st.ctx), st.selID); err != nil && selection.KindOf(err) != selection.KindNotFound {
-		st.s.log.Warn("extproc: free failed", "selection_id", st.selID, "err", err)
-	}
+	st.freed(st.s.svc.Free(context.WithoutCancel(st.ctx), st.selID), &st.s.metrics.freedAtEnd)
 }
 
 // cleanup runs when the stream ends, however it ends: a booking whose
@@ -519,8 +524,19 @@ func (st *stream) cleanup() {
 	st.booked = false
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(st.ctx), freeTimeout)
 	defer cancel()
-	if err := st.s.svc.Free(ctx, st.selID); err != nil && selection.KindOf(err) != selection.KindNotFound {
-		st.s.log.Warn("extproc: free on stream end failed", "selection_id", st.selID, "err", err)
+	st.freed(st.s.svc.Free(ctx, st.selID), &st.s.metrics.freedAtStreamEnd)
+}
+
+// freed accounts for the result of a Free: counted under at, lost when the
+// booking was already gone, logged when it failed otherwise.
+func (st *stream) freed(err error, at *atomic.Uint64) {
+	switch {
+	case err == nil:
+		at.Add(1)
+	case selection.KindOf(err) == selection.KindNotFound:
+		st.s.metrics.lost.Add(1)
+	default:
+		st.s.log.Warn("extproc: free failed", "selection_id", st.selID, "err", err)
 	}
 }
 
@@ -544,6 +560,7 @@ func (st *stream) immediateErr(err error) error {
 // the REST front's envelope.
 func (st *stream) immediate(code typev3.StatusCode, msg string) error {
 	st.closed = true
+	st.s.metrics.immediateResponse(code)
 	body, err := json.Marshal(struct {
 		Error string `json:"error"`
 	}{msg})

@@ -2,6 +2,7 @@ package httpadmin
 
 import (
 	"errors"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -509,6 +510,29 @@ func TestWorkerIDPath(t *testing.T) {
 	}
 }
 
+// TestPprof: with Options.Pprof the runtime profiles are served (GIE's
+// --enable-pprof); POST is still refused.
+func TestPprof(t *testing.T) {
+	a := newAPI(t, nil, Options{Pprof: true})
+	for path, frag := range map[string]string{
+		"/debug/pprof":              "Types of profiles available",
+		"/debug/pprof/heap?debug=1": "heap profile",
+		"/debug/pprof/goroutine":    "", // gzipped protobuf
+		"/debug/pprof/cmdline":      "httpadmin.test",
+	} {
+		res, err := a.client.Get(a.srv.URL + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		raw, _ := io.ReadAll(res.Body)
+		res.Body.Close()
+		if res.StatusCode != 200 || len(raw) == 0 || !strings.Contains(string(raw), frag) {
+			t.Errorf("GET %s: %d, %d bytes, want 200 containing %q", path, res.StatusCode, len(raw), frag)
+		}
+	}
+	a.do("POST", "/debug/pprof/heap", nil).want(t, 405, "method not allowed")
+}
+
 func TestFallbacksAndTransportRules(t *testing.T) {
 	a := newAPI(t, nil, Options{})
 	a.addWorker(1)
@@ -520,6 +544,7 @@ func TestFallbacksAndTransportRules(t *testing.T) {
 		{"GET", "/nope", 404, `{"error":"route not found"}`},
 		{"GET", "/", 404, `{"error":"route not found"}`},
 		{"GET", "/metrics", 404, "route not found"},
+		{"GET", "/debug/pprof/heap", 404, "route not found"}, // Options.Pprof off
 		{"GET", "/workers/", 404, "route not found"},
 		{"GET", "//workers", 404, "route not found"},
 		{"GET", "/workers/../workers", 404, "route not found"},

@@ -15,6 +15,7 @@ import (
 	"errors"
 	"log/slog"
 	"net/http"
+	"net/http/pprof"
 	"path"
 	"strings"
 
@@ -32,6 +33,10 @@ type Options struct {
 	// selection service has no such route (api §3), so without it /metrics is
 	// the usual 404.
 	Metrics http.Handler
+	// Pprof serves Go's runtime profiles under /debug/pprof/ (net/http/pprof),
+	// as GIE's endpoint picker does with --enable-pprof. Off by default: a CPU
+	// profile costs the server while it runs, and the port is unauthenticated.
+	Pprof bool
 }
 
 // PeerManager is the replica-sync peer membership behind /replica_sync/* (api
@@ -102,6 +107,16 @@ func New(svc *selection.Service, opts Options) http.Handler {
 	}
 	if opts.Metrics != nil {
 		s.mux.Handle("GET /metrics", opts.Metrics)
+	}
+	if opts.Pprof {
+		// The index without its trailing slash: ServeHTTP treats paths
+		// that are not in canonical form as unknown routes.
+		s.mux.HandleFunc("GET /debug/pprof", pprof.Index)
+		s.mux.HandleFunc("GET /debug/pprof/", pprof.Index) // named profiles: heap, goroutine, ...
+		s.mux.HandleFunc("GET /debug/pprof/cmdline", pprof.Cmdline)
+		s.mux.HandleFunc("GET /debug/pprof/profile", pprof.Profile)
+		s.mux.HandleFunc("GET /debug/pprof/symbol", pprof.Symbol)
+		s.mux.HandleFunc("GET /debug/pprof/trace", pprof.Trace)
 	}
 	return s
 }

@@ -184,7 +184,7 @@ func runExtProc(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		// a few connections per worker thread.
 		var clients []*envoysim.Client
 		for range 1 + (c.streams-1)/16 {
-			cc, err := grpc.NewClient(epAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+			cc, err := grpc.NewClient(epAddr, append(envoysim.DialOptions(), grpc.WithTransportCredentials(insecure.NewCredentials()))...)
 			if err != nil {
 				return err
 			}

@@ -49,6 +49,8 @@ type options struct {
 
 	discovery discoveryFlags // --workers-file, --pool-name (discovery.go)
 
+	enablePprof bool
+
 	version bool
 
 	set map[string]bool
@@ -120,6 +122,7 @@ func newFlagSet(o *options) *flag.FlagSet {
 	o.extproc.register(fs)
 	o.discovery.register(fs)
 
+	fs.BoolVar(&o.enablePprof, "enable-pprof", false, "serve Go's runtime profiles (net/http/pprof) under /debug/pprof/ on the REST port, as GIE's endpoint picker does; unauthenticated, for debugging")
 	fs.BoolVar(&o.version, "version", false, "print the version and exit")
 	return fs
 }

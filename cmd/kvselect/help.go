@@ -30,7 +30,7 @@ var helpSections = []struct {
 	title string
 	flags []string
 }{
-	{"Server", []string{"host", "port", "shutdown-timeout", "log-format", "log-level"}},
+	{"Server", []string{"host", "port", "shutdown-timeout", "log-format", "log-level", "enable-pprof"}},
 	{"Selection", []string{"threads", "session-affinity-ttl-secs", "selection-cache-ttl-secs", "selection-cache-max-entries", "selection-cache-max-bytes"}},
 	{"Tracking hashes", []string{"router-tracking-hash", "router-tracking-key-file", "router-tracking-key-id", "router-assume-kv-reuse", "no-router-assume-kv-reuse"}},
 	{"Peers (index recovery over HTTP, replica sync over ZMQ)", []string{"indexer-peers", "replica-sync-port", "replica-sync-peers", "replica-sync-resolve-peers"}},

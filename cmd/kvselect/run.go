@@ -133,6 +133,7 @@ func run(ctx context.Context, args []string, lookup func(string) (string, bool),
 			Logger:  log,
 			Peers:   peers,
 			Metrics: promhttp.HandlerFor(metrics, promhttp.HandlerOpts{ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}),
+			Pprof:   o.enablePprof,
 		}),
 		ReadHeaderTimeout: readHeaderTimeout,
 		IdleTimeout:       idleTimeout,
@@ -151,6 +152,9 @@ func run(ctx context.Context, args []string, lookup func(string) (string, bool),
 	if err != nil {
 		_ = srv.Close()
 		return err
+	}
+	if picker != nil {
+		metrics.MustRegister(picker.picker) // kvselect_extproc_*
 	}
 
 	upkeep, stopUpkeep := context.WithCancel(ctx)

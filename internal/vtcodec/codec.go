@@ -1,0 +1,98 @@
+// Package vtcodec is the gRPC codec of kvselect's ext_proc picker and of
+// envoysim: protobuf on the wire, encoded by the vtprotobuf code that
+// go-control-plane generates for every Envoy message instead of by
+// protobuf-go's reflection.
+//
+// go-control-plane compiles its _vtproto.pb.go files only under the
+// vtprotobuf build tag; the Makefile, the Dockerfile and CI build with it.
+// Without the tag (a plain `go build`) the messages lack the generated
+// methods and Codec encodes with protobuf-go, as grpc's default codec does:
+// the bytes are the same, only slower. Fast reports which one a binary has.
+// go-control-plane generates no vtproto unmarshal, so decoding is
+// protobuf-go's either way.
+//
+// Every HTTP request through the picker is ~46 ext_proc messages, and their
+// encoding is a measurable share of its CPU (docs/benchmarks.md). The codec is
+// set per server (grpc.ForceServerCodecV2) or per connection
+// (grpc.ForceCodecV2), never registered globally, so it changes nothing for
+// other gRPC services in the process.
+package vtcodec
+
+import (
+	"fmt"
+
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"google.golang.org/grpc/encoding"
+	"google.golang.org/grpc/mem"
+	"google.golang.org/protobuf/proto"
+)
+
+// vtMarshaler is the marshal half of vtprotobuf's generated API.
+// MarshalToSizedBufferVTStrict writes the fields in field-number order, as
+// protobuf-go does, from the end of a buffer of exactly SizeVT bytes.
+type vtMarshaler interface {
+	SizeVT() int
+	MarshalToSizedBufferVTStrict(dAtA []byte) (int, error)
+}
+
+// Fast reports whether this binary was built with the vtprotobuf tag, i.e.
+// whether Codec encodes ext_proc messages with generated code.
+func Fast() bool {
+	_, ok := any(&extprocv3.ProcessingResponse{}).(vtMarshaler)
+	return ok
+}
+
+// Codec is a grpc encoding.CodecV2 for protobuf messages.
+type Codec struct{}
+
+var _ encoding.CodecV2 = Codec{}
+
+// Name is "proto", the content-subtype of grpc's default codec: the peer sees
+// no difference.
+func (Codec) Name() string { return "proto" }
+
+// Marshal encodes v, into a pooled buffer when it is large enough to be
+// pooled (grpc's own threshold).
+func (Codec) Marshal(v any) (mem.BufferSlice, error) {
+	vt, ok := v.(vtMarshaler)
+	if !ok {
+		m, ok := v.(proto.Message)
+		if !ok {
+			return nil, fmt.Errorf("vtcodec: cannot marshal %T: not a protobuf message", v)
+		}
+		b, err := proto.Marshal(m)
+		if err != nil {
+			return nil, fmt.Errorf("vtcodec: marshal %T: %w", v, err)
+		}
+		return mem.BufferSlice{mem.SliceBuffer(b)}, nil
+	}
+	size := vt.SizeVT()
+	if mem.IsBelowBufferPoolingThreshold(size) {
+		b := make([]byte, size)
+		if _, err := vt.MarshalToSizedBufferVTStrict(b); err != nil {
+			return nil, fmt.Errorf("vtcodec: marshal %T: %w", v, err)
+		}
+		return mem.BufferSlice{mem.SliceBuffer(b)}, nil
+	}
+	pool := mem.DefaultBufferPool()
+	buf := pool.Get(size)
+	if _, err := vt.MarshalToSizedBufferVTStrict((*buf)[:size]); err != nil {
+		pool.Put(buf)
+		return nil, fmt.Errorf("vtcodec: marshal %T: %w", v, err)
+	}
+	return mem.BufferSlice{mem.NewBuffer(buf, pool)}, nil
+}
+
+// Unmarshal decodes data into v with protobuf-go.
+func (Codec) Unmarshal(data mem.BufferSlice, v any) error {
+	m, ok := v.(proto.Message)
+	if !ok {
+		return fmt.Errorf("vtcodec: cannot unmarshal into %T: not a protobuf message", v)
+	}
+	buf := data.MaterializeToBuffer(mem.DefaultBufferPool())
+	defer buf.Free()
+	if err := proto.Unmarshal(buf.ReadOnlyData(), m); err != nil {
+		return fmt.Errorf("vtcodec: unmarshal %T: %w", v, err)
+	}
+	return nil
+}
