@@ -92,6 +92,7 @@ FUZZ_TARGETS := \
 	./selection/index:FuzzDecodeDump \
 	./httpadmin:FuzzSelectBody \
 	./extproc:FuzzParseBody \
+	./extproc:FuzzScanTokenIDs \
 	./selection/replicasync:FuzzDecode \
 	./mockworker/kvpublish:FuzzParseReplayRequest \
 	./discovery/workersfile:FuzzParse \

@@ -141,10 +141,72 @@ func parsePrompt(raw json.RawMessage) (tokens []uint32, text string, err error) 
 		}
 		return batch[0], "", nil
 	}
+	if tokens, ok := scanTokenIDs(raw); ok {
+		return tokens, "", nil
+	}
 	if err := json.Unmarshal(raw, &tokens); err != nil {
 		return nil, "", fmt.Errorf("%w: prompt token ids must be integers from 0 to 4294967295: %s", errBadBody, shortJSONError(err))
 	}
 	return tokens, "", nil
+}
+
+// scanTokenIDs reads the common prompt — a JSON array of token ids — in one
+// pass over the bytes, without the decoder's copy of its input: the prompt is
+// most of a tokenized request body and the picker parses one per request.
+// It accepts only the plain form (decimal integers in the uint32 range, no
+// leading zeros, JSON whitespace); ok is false for anything else, which then
+// goes through the JSON decoder and gets its error message.
+// FuzzScanTokenIDs holds it to encoding/json's result.
+func scanTokenIDs(raw []byte) (tokens []uint32, ok bool) {
+	i, n := 0, len(raw)
+	skip := func() {
+		for i < n && (raw[i] == ' ' || raw[i] == '\n' || raw[i] == '\t' || raw[i] == '\r') {
+			i++
+		}
+	}
+	skip()
+	if i == n || raw[i] != '[' {
+		return nil, false
+	}
+	i++
+	skip()
+	// A token id is 1 to 10 digits plus a comma: size the slice once.
+	tokens = make([]uint32, 0, n/4+1)
+	if i < n && raw[i] == ']' {
+		i++
+		skip()
+		return tokens, i == n
+	}
+	for {
+		start := i
+		var v uint64
+		for i < n && raw[i] >= '0' && raw[i] <= '9' {
+			v = v*10 + uint64(raw[i]-'0')
+			i++
+			if i-start > 10 {
+				return nil, false
+			}
+		}
+		if i == start || v > 1<<32-1 || (raw[start] == '0' && i-start > 1) {
+			return nil, false
+		}
+		tokens = append(tokens, uint32(v))
+		skip()
+		if i == n {
+			return nil, false
+		}
+		switch raw[i] {
+		case ',':
+			i++
+			skip()
+		case ']':
+			i++
+			skip()
+			return tokens, i == n
+		default:
+			return nil, false
+		}
+	}
 }
 
 // chatText flattens chat messages into the text that is hashed: per message

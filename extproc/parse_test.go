@@ -1,8 +1,11 @@
 package extproc
 
 import (
+	"bytes"
+	stdjson "encoding/json"
 	"errors"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"unicode/utf8"
@@ -130,5 +133,77 @@ func TestHostPort(t *testing.T) {
 	ts := parseTargets([]string{"10.0.0.1", " 10.0.0.2:8001 ", "[fd00::1]:9000", ""})
 	if len(ts) != 3 || !ts[0].matches("10.0.0.1:1234") || !ts[1].matches("10.0.0.2:8001") || ts[1].matches("10.0.0.2:8000") || !ts[2].matches("[fd00::1]:9000") {
 		t.Fatalf("targets %+v", ts)
+	}
+}
+
+// FuzzScanTokenIDs: wherever the one-pass prompt scanner answers, its token
+// ids are encoding/json's for the same bytes; and a plain array of ids in
+// range is always taken by the scanner.
+func FuzzScanTokenIDs(f *testing.F) {
+	for _, s := range []string{`[]`, `[0]`, `[1,2,3]`, ` [ 4294967295 , 0 ] `, `[4294967296]`, `[01]`, `[-1]`, `[1.0]`, `[1e3]`,
+		`[1,]`, `[,1]`, `[1 2]`, `[1]x`, `["1"]`, `[[1]]`, "[\n1,\t2\r]", `[00]`, `[12345678901]`} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		got, ok := scanTokenIDs(b)
+		var want []uint32
+		stdErr := stdjson.Unmarshal(b, &want)
+		if ok {
+			if stdErr != nil {
+				t.Fatalf("scanner took %q (%v), encoding/json rejects it: %v", b, got, stdErr)
+			}
+			if !slices.Equal(got, want) || got == nil {
+				t.Fatalf("scanner %v, encoding/json %v for %q", got, want, b)
+			}
+			return
+		}
+		if stdErr == nil && want != nil && !bytes.ContainsAny(b, "-.eE+\"") && plainArray(b) {
+			t.Fatalf("scanner refused a plain array of token ids %q (encoding/json: %v)", b, want)
+		}
+	})
+}
+
+// plainArray: b is "[" ids separated by commas "]" with JSON whitespace and
+// no leading zeros, as the scanner's doc promises to take.
+func plainArray(b []byte) bool {
+	s := strings.Trim(string(b), " \t\r\n")
+	if len(s) < 2 || s[0] != '[' || s[len(s)-1] != ']' {
+		return false
+	}
+	inner := strings.Trim(s[1:len(s)-1], " \t\r\n")
+	if inner == "" {
+		return true
+	}
+	for _, f := range strings.Split(inner, ",") {
+		f = strings.Trim(f, " \t\r\n")
+		if f == "" || (len(f) > 1 && f[0] == '0') {
+			return false
+		}
+		for _, c := range f {
+			if c < '0' || c > '9' {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+func BenchmarkParseBody(b *testing.B) {
+	var sb strings.Builder
+	sb.WriteString(`{"model":"m","stream":true,"prompt":[`)
+	for j := 0; sb.Len() < 4090; j++ {
+		if j > 0 {
+			sb.WriteByte(',')
+		}
+		sb.WriteString(strconv.Itoa(100000 + j))
+	}
+	sb.WriteString("]}")
+	body := []byte(sb.String())
+	b.SetBytes(int64(len(body)))
+	b.ReportAllocs()
+	for b.Loop() {
+		if pb, err := parseBody(body); err != nil || len(pb.tokens) == 0 {
+			b.Fatal(err)
+		}
 	}
 }
