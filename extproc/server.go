@@ -151,9 +151,12 @@ func (s *Server) Process(srv extprocv3.ExternalProcessor_ProcessServer) (err err
 	}()
 	st := &stream{s: s, srv: srv, ctx: srv.Context()}
 	defer st.cleanup()
+	// One message value for the whole stream: decoding resets it, and
+	// nothing of a message outlives its handling (bodies are copied into
+	// the stream's buffer, echoes are encoded before the next receive).
+	req := new(extprocv3.ProcessingRequest)
 	for !st.closed {
-		req, err := srv.Recv()
-		if err != nil {
+		if err := srv.RecvMsg(req); err != nil {
 			// Envoy ends every stream, normal or not, with a half-close
 			// immediately followed by a reset (spec §2.4 step 8): both are a
 			// normal end here.
