@@ -207,3 +207,18 @@ func BenchmarkParseBody(b *testing.B) {
 		}
 	}
 }
+
+func TestParseBodyMode(t *testing.T) {
+	for in, want := range map[string]string{"full_duplex_streamed": "FULL_DUPLEX_STREAMED", "Buffered": "BUFFERED", " none ": "NONE",
+		"streamed": "STREAMED", "BUFFERED_PARTIAL": "BUFFERED_PARTIAL"} {
+		got, err := ParseBodyMode(in)
+		if err != nil || got.String() != want {
+			t.Errorf("ParseBodyMode(%q) = %v, %v; want %s", in, got, err, want)
+		}
+	}
+	for _, in := range []string{"", "duplex", "4"} {
+		if _, err := ParseBodyMode(in); err == nil || !strings.Contains(err.Error(), "full_duplex_streamed") {
+			t.Errorf("ParseBodyMode(%q) = %v, want an error listing the modes", in, err)
+		}
+	}
+}

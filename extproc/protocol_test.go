@@ -35,20 +35,23 @@ func TestProcessingModes(t *testing.T) {
 		wantChunk int // streamed body messages back (FULL_DUPLEX_STREAMED)
 		wantCL    bool
 		bodyPick  bool // the pick saw the body (ISL from the text, not the path)
+		assumed   *extproc.BodyModes
 	}{
-		{"full duplex", envoysim.GIE, hello, 1, true, true},
-		{"full duplex large body re-chunked", envoysim.GIE, big, 3, true, true},
+		{"full duplex", envoysim.GIE, hello, 1, true, true, nil},
+		{"full duplex large body re-chunked", envoysim.GIE, big, 3, true, true, nil},
 		{"full duplex without protocol_config", envoysim.Modes{Request: envoysim.FullDuplexStreamed, Response: envoysim.FullDuplexStreamed, OmitProtocolConfig: true},
-			hello, 1, true, true},
-		{"buffered", envoysim.Modes{Request: envoysim.Buffered, Response: envoysim.Buffered}, hello, 0, false, true},
-		{"buffered partial", envoysim.Modes{Request: envoysim.BufferedPartial, Response: envoysim.Streamed}, hello, 0, false, true},
-		{"streamed picks on headers", envoysim.Modes{Request: envoysim.Streamed, Response: envoysim.Streamed}, hello, 0, false, false},
-		{"headers-only body mode", envoysim.Modes{Request: envoysim.None, Response: envoysim.None}, hello, 0, false, false},
-		{"request without body", envoysim.GIE, nil, 0, false, false},
+			hello, 1, true, true, nil},
+		{"buffered without protocol_config, modes assumed", envoysim.Modes{Request: envoysim.Buffered, Response: envoysim.Streamed, OmitProtocolConfig: true},
+			hello, 0, false, true, &extproc.BodyModes{Request: envoysim.Buffered, Response: envoysim.Streamed}},
+		{"buffered", envoysim.Modes{Request: envoysim.Buffered, Response: envoysim.Buffered}, hello, 0, false, true, nil},
+		{"buffered partial", envoysim.Modes{Request: envoysim.BufferedPartial, Response: envoysim.Streamed}, hello, 0, false, true, nil},
+		{"streamed picks on headers", envoysim.Modes{Request: envoysim.Streamed, Response: envoysim.Streamed}, hello, 0, false, false, nil},
+		{"headers-only body mode", envoysim.Modes{Request: envoysim.None, Response: envoysim.None}, hello, 0, false, false, nil},
+		{"request without body", envoysim.GIE, nil, 0, false, false, nil},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			h := start(t, setup{opts: extproc.Options{DefaultModel: model}})
+			h := start(t, setup{opts: extproc.Options{DefaultModel: model, AssumedModes: tc.assumed}})
 			x, d := h.start(t, &envoysim.Request{Modes: tc.modes, Body: tc.body, ChunkSize: 8 << 10,
 				Headers: []envoysim.Header{{Key: "x-request-id", Value: "req-" + tc.name}}})
 			if d.Immediate != nil {

@@ -25,10 +25,13 @@ package extproc
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
+	"strings"
 	"sync/atomic"
 
+	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"github.com/prometheus/client_golang/prometheus"
@@ -79,11 +82,33 @@ type Options struct {
 	// (requests without a body, STREAMED and NONE request modes, which route
 	// on headers alone). Empty means Dynamo's "default" partition.
 	DefaultModel string
+	// AssumedModes are the body send modes taken for a stream whose first
+	// message carries no protocol_config (Envoy releases before it existed):
+	// they must match the filter's processing_mode, which the picker cannot
+	// see otherwise. nil means FULL_DUPLEX_STREAMED both ways, GIE's
+	// configuration.
+	AssumedModes *BodyModes
 	// TestPickHeader enables the GIE conformance hooks: the
 	// test-epp-endpoint-selection request header restricts the pick to the
 	// listed endpoints (over the subset hint), and responses carry
 	// x-conformance-test-served-endpoint. Off in production.
 	TestPickHeader bool
+}
+
+// BodyModes are the request and response body send modes of Envoy's ext_proc
+// filter (processing_mode.request_body_mode / response_body_mode).
+type BodyModes struct {
+	Request, Response filterv3.ProcessingMode_BodySendMode
+}
+
+// ParseBodyMode reads a body send mode by its Envoy name, case-insensitive:
+// none, streamed, buffered, buffered_partial or full_duplex_streamed.
+func ParseBodyMode(s string) (filterv3.ProcessingMode_BodySendMode, error) {
+	v, ok := filterv3.ProcessingMode_BodySendMode_value[strings.ToUpper(strings.TrimSpace(s))]
+	if !ok {
+		return 0, fmt.Errorf("body send mode %q: want none, streamed, buffered, buffered_partial or full_duplex_streamed", s)
+	}
+	return filterv3.ProcessingMode_BodySendMode(v), nil
 }
 
 // Server is the ext_proc server. It implements

@@ -32,8 +32,8 @@ type stream struct {
 	ctx context.Context
 
 	// Processing modes from the first message's protocol_config; without
-	// it (Envoy before protocol_config existed) FULL_DUPLEX_STREAMED, the GIE
-	// reference configuration, is assumed.
+	// it (Envoy before protocol_config existed) Options.AssumedModes, by
+	// default FULL_DUPLEX_STREAMED, the GIE reference configuration.
 	modesKnown        bool
 	reqMode, respMode filterv3.ProcessingMode_BodySendMode
 
@@ -91,17 +91,23 @@ func (st *stream) handle(req *extprocv3.ProcessingRequest) error {
 }
 
 func (st *stream) requestMode() filterv3.ProcessingMode_BodySendMode {
-	if !st.modesKnown {
-		return filterv3.ProcessingMode_FULL_DUPLEX_STREAMED
+	switch {
+	case st.modesKnown:
+		return st.reqMode
+	case st.s.opts.AssumedModes != nil:
+		return st.s.opts.AssumedModes.Request
 	}
-	return st.reqMode
+	return filterv3.ProcessingMode_FULL_DUPLEX_STREAMED
 }
 
 func (st *stream) responseMode() filterv3.ProcessingMode_BodySendMode {
-	if !st.modesKnown {
-		return filterv3.ProcessingMode_FULL_DUPLEX_STREAMED
+	switch {
+	case st.modesKnown:
+		return st.respMode
+	case st.s.opts.AssumedModes != nil:
+		return st.s.opts.AssumedModes.Response
 	}
-	return st.respMode
+	return filterv3.ProcessingMode_FULL_DUPLEX_STREAMED
 }
 
 // onRequestHeaders decides, per mode, whether the pick waits for the body:
