@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"log/slog"
@@ -9,8 +10,10 @@ import (
 	"strconv"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 
 	"github.com/kvselect/kvselect/extproc"
+	"github.com/kvselect/kvselect/internal/servingtls"
 	"github.com/kvselect/kvselect/selection"
 )
 
@@ -22,6 +25,10 @@ type extprocFlags struct {
 	maxBodyBytes int
 	testPick     bool
 	defaultModel string
+
+	secure     bool   // --extproc-secure-serving
+	certPath   string // --extproc-cert-path
+	certReload bool   // --extproc-cert-reload
 }
 
 // defaultExtProcPort is GIE's EPP port.
@@ -37,6 +44,12 @@ func (e *extprocFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&e.maxBodyBytes, "extproc-max-body-bytes", extproc.DefaultMaxBodyBytes, "largest request body the picker buffers, in `bytes`; larger requests get a 413 immediate response")
 	fs.BoolVar(&e.testPick, "extproc-test-pick-header", false, "honour GIE conformance's test-epp-endpoint-selection request header and report x-conformance-test-served-endpoint (testing only)")
 	fs.StringVar(&e.defaultModel, "extproc-default-model", "", "model (partition) of requests that name none in a header or body, e.g. bodiless requests; empty = \"default\"")
+	// TLS as GIE's reference picker serves it (internal/servingtls has what
+	// was read in GIE's source), but off by default: deploy/envoy/envoy.yaml
+	// and the manifests under deploy/ dial the picker in plaintext.
+	fs.BoolVar(&e.secure, "extproc-secure-serving", false, "serve the picker's gRPC (ext_proc and gRPC health) over TLS 1.2+ with ALPN h2. GIE's reference endpoint picker serves TLS by default (its --secure-serving), so gateways configured for it dial TLS and need this on; plain Envoy setups such as deploy/envoy/envoy.yaml dial plaintext (deploy/envoy/envoy-tls.yaml dials TLS). Without --extproc-cert-path the certificate is self-signed, generated at startup. Kubernetes gRPC probes speak no TLS: probe GET /health on --port instead")
+	fs.StringVar(&e.certPath, "extproc-cert-path", "", "`directory` holding tls.crt and tls.key (PEM; a mounted Kubernetes TLS Secret) for --extproc-secure-serving, which it requires; empty = a self-signed ECDSA P-256 certificate for localhost, 127.0.0.1, ::1 and the host name, valid one year")
+	fs.BoolVar(&e.certReload, "extproc-cert-reload", false, "re-read tls.crt and tls.key when their size or modification time changes (checked at new TLS connections, at most once a second); a pair that fails to load is logged and the previous one kept. Requires --extproc-cert-path")
 }
 
 func (e *extprocFlags) validate() []error {
@@ -50,7 +63,45 @@ func (e *extprocFlags) validate() []error {
 	if e.maxBodyBytes < 1 {
 		errs = append(errs, fmt.Errorf("--extproc-max-body-bytes %d: must be at least 1", e.maxBodyBytes))
 	}
+	// GIE ignores --cert-path without secure serving; here TLS is off by
+	// default, so a certificate given without the switch is a mistake to
+	// report, not a silent plaintext server.
+	if e.certPath != "" && !e.secure {
+		errs = append(errs, errors.New("--extproc-cert-path requires --extproc-secure-serving"))
+	}
+	if e.certReload && e.certPath == "" {
+		errs = append(errs, errors.New("--extproc-cert-reload requires --extproc-cert-path (a self-signed certificate has no files to reload)"))
+	}
 	return errs
+}
+
+// tlsOption is the picker's TLS server credential, or nil for plaintext. The
+// key pair is read here, before the picker listens: a missing or unreadable
+// file is a configuration error (exit status 2), like a bad key file.
+func (e *extprocFlags) tlsOption(host string, log *slog.Logger) (grpc.ServerOption, error) {
+	if !e.secure {
+		return nil, nil // "ext_proc listening" says tls=false
+	}
+	var extra []string
+	if host != "" && host != "0.0.0.0" && host != "::" {
+		extra = append(extra, host)
+	}
+	cfg, leaf, err := servingtls.ServerConfig(servingtls.Options{CertDir: e.certPath, Reload: e.certReload, Hosts: extra, Logger: log})
+	switch {
+	case err != nil && e.certPath != "":
+		return nil, &usageError{fmt.Errorf("--extproc-cert-path %s: %w", e.certPath, err)}
+	case err != nil:
+		return nil, fmt.Errorf("ext_proc TLS: %w", err)
+	}
+	// Where the certificate comes from; the gateway's TLS settings depend on
+	// it (docs/extproc.md "TLS").
+	source := []any{"cert", "self-signed, generated at startup"}
+	if e.certPath != "" {
+		source = []any{"cert", "--extproc-cert-path", "dir", e.certPath, "reload", e.certReload}
+	}
+	log.Info("ext_proc TLS on", append(source, "subject", leaf.Subject.String(), "dns_names", leaf.DNSNames,
+		"ip_addresses", leaf.IPAddresses, "not_after", leaf.NotAfter)...)
+	return grpc.Creds(credentials.NewTLS(cfg)), nil
 }
 
 // extprocServer is the running picker.
@@ -75,15 +126,23 @@ func startExtProc(o *options, svc *selection.Service, log *slog.Logger, served c
 		// too, named by the startup log, instead of a clash on 9002.
 		port = 0
 	}
+	creds, err := e.tlsOption(o.host, log)
+	if err != nil {
+		return nil, err
+	}
 	ln, err := net.Listen(listenNetwork(o.host), net.JoinHostPort(o.host, strconv.FormatUint(port, 10)))
 	if err != nil {
 		return nil, fmt.Errorf("ext_proc listener: %w", err)
 	}
 	picker := extproc.New(svc, extproc.Options{Logger: log, Fallbacks: e.fallbacks, MaxBodyBytes: e.maxBodyBytes,
 		TestPickHeader: e.testPick, DefaultModel: e.defaultModel})
-	g := grpc.NewServer(extproc.ServerOptions()...)
+	opts := extproc.ServerOptions()
+	if creds != nil {
+		opts = append(opts, creds)
+	}
+	g := grpc.NewServer(opts...)
 	picker.Register(g)
-	log.Info("ext_proc listening", "addr", ln.Addr().String(), "fallbacks", e.fallbacks, "max_body_bytes", e.maxBodyBytes,
+	log.Info("ext_proc listening", "addr", ln.Addr().String(), "tls", e.secure, "fallbacks", e.fallbacks, "max_body_bytes", e.maxBodyBytes,
 		"test_pick_header", e.testPick)
 	go func() {
 		if err := g.Serve(ln); err != nil {

@@ -118,4 +118,21 @@ func TestExtProcFlagsValidate(t *testing.T) {
 	if err != nil || o.extproc.port != 0 || !o.extproc.testPick || o.extproc.defaultModel != "m" {
 		t.Fatalf("%+v %v", o, err)
 	}
+	for _, tc := range []struct {
+		args []string
+		want extprocFlags
+	}{
+		{[]string{"--extproc-secure-serving"}, extprocFlags{secure: true}},
+		{[]string{"--extproc-secure-serving", "--extproc-cert-path", "/etc/tls"}, extprocFlags{secure: true, certPath: "/etc/tls"}},
+		{[]string{"--extproc-secure-serving", "--extproc-cert-path", "/etc/tls", "--extproc-cert-reload"}, extprocFlags{secure: true, certPath: "/etc/tls", certReload: true}},
+	} {
+		o, err := parseFlags(tc.args)
+		if err != nil {
+			t.Errorf("%v: %v", tc.args, err)
+			continue
+		}
+		if got := o.extproc; got.secure != tc.want.secure || got.certPath != tc.want.certPath || got.certReload != tc.want.certReload {
+			t.Errorf("%v: parsed %+v", tc.args, got)
+		}
+	}
 }

@@ -44,6 +44,10 @@ func TestParseFlagsDefaultsAreDynamos(t *testing.T) {
 		{"selection-cache-max-entries", o.cacheMaxEntries, 4096},
 		{"selection-cache-max-bytes", o.cacheMaxBytes, int64(268435456)},
 		{"router-tracking-hash", o.trackingHash, ""}, // environment, else public-xxh3-v1
+		// Plaintext, unlike GIE's picker: deploy/envoy/envoy.yaml dials plaintext.
+		{"extproc-secure-serving", o.extproc.secure, false},
+		{"extproc-cert-path", o.extproc.certPath, ""},
+		{"extproc-cert-reload", o.extproc.certReload, false},
 		{"flags given", len(o.set), 0},
 	} {
 		if c.got != c.want {
@@ -120,6 +124,10 @@ func TestParseFlagsRejects(t *testing.T) {
 		{"indexer peer unparsable", []string{"--indexer-peers", "http://b:80/%zz"}, "invalid HTTP URL"},
 		{"indexer peer empty element", []string{"--indexer-peers", "http://a:1,,http://b:1"}, "empty element"},
 		{"resolve peers without port", []string{"--replica-sync-resolve-peers"}, "--replica-sync-resolve-peers requires --replica-sync-port"},
+		{"cert path without secure serving", []string{"--extproc-cert-path", "/etc/tls"}, "--extproc-cert-path requires --extproc-secure-serving"},
+		{"cert path with secure serving off", []string{"--extproc-secure-serving=false", "--extproc-cert-path", "/etc/tls"}, "--extproc-cert-path requires --extproc-secure-serving"},
+		{"cert reload without cert path", []string{"--extproc-secure-serving", "--extproc-cert-reload"}, "--extproc-cert-reload requires --extproc-cert-path"},
+		{"cert reload alone", []string{"--extproc-cert-reload"}, "--extproc-cert-reload requires --extproc-cert-path"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := parseFlags(tc.args)

@@ -1,10 +1,12 @@
-// Package envoy holds the reference Envoy configuration for running kvselect
-// as an endpoint picker (envoy.yaml); its test parses the file with
-// go-control-plane's bootstrap proto, so a field Envoy would reject fails here.
+// Package envoy holds the reference Envoy configurations for running kvselect
+// as an endpoint picker (envoy.yaml, and envoy-tls.yaml for a picker that
+// serves TLS); its test parses the files with go-control-plane's bootstrap
+// proto, so a field Envoy would reject fails here.
 package envoy
 
 import (
 	"os"
+	"slices"
 	"testing"
 
 	bootstrapv3 "github.com/envoyproxy/go-control-plane/envoy/config/bootstrap/v3"
@@ -12,14 +14,15 @@ import (
 	extprocfilter "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/router/v3"
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
+	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
 	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/upstreams/http/v3"
 	"google.golang.org/protobuf/encoding/protojson"
 	"sigs.k8s.io/yaml"
 )
 
-func load(t *testing.T) *bootstrapv3.Bootstrap {
+func load(t *testing.T, name string) *bootstrapv3.Bootstrap {
 	t.Helper()
-	raw, err := os.ReadFile("envoy.yaml")
+	raw, err := os.ReadFile(name)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -30,16 +33,50 @@ func load(t *testing.T) *bootstrapv3.Bootstrap {
 	var b bootstrapv3.Bootstrap
 	// Unknown fields are errors: a misspelt key must not pass silently.
 	if err := (protojson.UnmarshalOptions{}).Unmarshal(js, &b); err != nil {
-		t.Fatalf("envoy.yaml is not a valid Bootstrap: %v", err)
+		t.Fatalf("%s is not a valid Bootstrap: %v", name, err)
 	}
 	if err := b.ValidateAll(); err != nil {
-		t.Fatalf("envoy.yaml fails Envoy's proto validation: %v", err)
+		t.Fatalf("%s fails Envoy's proto validation: %v", name, err)
 	}
 	return &b
 }
 
 func TestEnvoyConfigIsTheEndpointPickerSetup(t *testing.T) {
-	b := load(t)
+	pk := checkPickerSetup(t, load(t, "envoy.yaml"))
+	if ts := pk.GetTransportSocket(); ts != nil {
+		t.Fatalf("envoy.yaml dials the picker with %v; kvselect serves plaintext by default", ts)
+	}
+}
+
+// envoy-tls.yaml is envoy.yaml with the picker dialed over TLS: ALPN h2 on
+// the data and health-check connections (grpc-go servers refuse TLS without
+// it) and no verification of the self-signed certificate.
+func TestEnvoyTLSConfigDialsThePickerOverTLS(t *testing.T) {
+	pk := checkPickerSetup(t, load(t, "envoy-tls.yaml"))
+	ts := pk.GetTransportSocket()
+	if ts.GetName() != "envoy.transport_sockets.tls" {
+		t.Fatalf("picker transport socket %v", ts)
+	}
+	var up tlsv3.UpstreamTlsContext
+	if err := ts.GetTypedConfig().UnmarshalTo(&up); err != nil {
+		t.Fatal(err)
+	}
+	ctx := up.GetCommonTlsContext()
+	if !slices.Equal(ctx.GetAlpnProtocols(), []string{"h2"}) {
+		t.Fatalf("picker ALPN %v, want h2", ctx.GetAlpnProtocols())
+	}
+	if ctx.GetValidationContextType() != nil {
+		t.Fatalf("validation %v: the example dials the self-signed certificate unverified", ctx.GetValidationContextType())
+	}
+	if hc := pk.GetHealthChecks()[0]; !slices.Equal(hc.GetTlsOptions().GetAlpnProtocols(), []string{"h2"}) {
+		t.Fatalf("health check TLS options %v, want ALPN h2", hc.GetTlsOptions())
+	}
+}
+
+// checkPickerSetup checks what both configurations share and returns the
+// picker's cluster.
+func checkPickerSetup(t *testing.T, b *bootstrapv3.Bootstrap) *clusterv3.Cluster {
+	t.Helper()
 	ls := b.GetStaticResources().GetListeners()
 	if len(ls) != 1 {
 		t.Fatalf("%d listeners", len(ls))
@@ -91,6 +128,7 @@ func TestEnvoyConfigIsTheEndpointPickerSetup(t *testing.T) {
 	if port != 9002 {
 		t.Fatalf("picker port %d, want kvselect's default 9002", port)
 	}
+	return pk
 }
 
 func has(list []string, s string) bool {
