@@ -9,11 +9,13 @@ import (
 	"net"
 	"strconv"
 
+	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 
 	"github.com/kvselect/kvselect/extproc"
 	"github.com/kvselect/kvselect/internal/servingtls"
+	"github.com/kvselect/kvselect/internal/vtcodec"
 	"github.com/kvselect/kvselect/selection"
 )
 
@@ -29,6 +31,11 @@ type extprocFlags struct {
 	secure     bool   // --extproc-secure-serving
 	certPath   string // --extproc-cert-path
 	certReload bool   // --extproc-cert-reload
+
+	// --extproc-assume-request-body-mode / -response-: for Envoy releases
+	// that send no protocol_config; set says whether either was given.
+	assumedRequest, assumedResponse filterv3.ProcessingMode_BodySendMode
+	assumeSet                       bool
 }
 
 // defaultExtProcPort is GIE's EPP port.
@@ -49,6 +56,17 @@ func (e *extprocFlags) register(fs *flag.FlagSet) {
 	// and the manifests under deploy/ dial the picker in plaintext.
 	fs.BoolVar(&e.secure, "extproc-secure-serving", false, "serve the picker's gRPC (ext_proc and gRPC health) over TLS 1.2+ with ALPN h2. GIE's reference endpoint picker serves TLS by default (its --secure-serving), so gateways configured for it dial TLS and need this on; plain Envoy setups such as deploy/envoy/envoy.yaml dial plaintext (deploy/envoy/envoy-tls.yaml dials TLS). Without --extproc-cert-path the certificate is self-signed, generated at startup. Kubernetes gRPC probes speak no TLS: probe GET /health on --port instead")
 	fs.StringVar(&e.certPath, "extproc-cert-path", "", "`directory` holding tls.crt and tls.key (PEM; a mounted Kubernetes TLS Secret) for --extproc-secure-serving, which it requires; empty = a self-signed ECDSA P-256 certificate for localhost, 127.0.0.1, ::1 and the host name, valid one year")
+	e.assumedRequest, e.assumedResponse = filterv3.ProcessingMode_FULL_DUPLEX_STREAMED, filterv3.ProcessingMode_FULL_DUPLEX_STREAMED
+	for _, m := range []struct {
+		name, what string
+		mode       *filterv3.ProcessingMode_BodySendMode
+	}{{"extproc-assume-request-body-mode", "request_body_mode", &e.assumedRequest}, {"extproc-assume-response-body-mode", "response_body_mode", &e.assumedResponse}} {
+		fs.Func(m.name, "body send `mode` (none, streamed, buffered, buffered_partial or full_duplex_streamed) taken for streams whose first message carries no protocol_config, i.e. from Envoy releases before it existed: set it to the ext_proc filter's processing_mode."+m.what+" (default full_duplex_streamed, GIE's configuration)", func(v string) error {
+			mode, err := extproc.ParseBodyMode(v)
+			*m.mode, e.assumeSet = mode, true
+			return err
+		})
+	}
 	fs.BoolVar(&e.certReload, "extproc-cert-reload", false, "re-read tls.crt and tls.key when their size or modification time changes (checked at new TLS connections, at most once a second); a pair that fails to load is logged and the previous one kept. Requires --extproc-cert-path")
 }
 
@@ -134,16 +152,24 @@ func startExtProc(o *options, svc *selection.Service, log *slog.Logger, served c
 	if err != nil {
 		return nil, fmt.Errorf("ext_proc listener: %w", err)
 	}
+	var assumed *extproc.BodyModes
+	if e.assumeSet {
+		assumed = &extproc.BodyModes{Request: e.assumedRequest, Response: e.assumedResponse}
+	}
 	picker := extproc.New(svc, extproc.Options{Logger: log, Fallbacks: e.fallbacks, MaxBodyBytes: e.maxBodyBytes,
-		TestPickHeader: e.testPick, DefaultModel: e.defaultModel})
+		TestPickHeader: e.testPick, DefaultModel: e.defaultModel, AssumedModes: assumed})
 	opts := extproc.ServerOptions()
 	if creds != nil {
 		opts = append(opts, creds)
 	}
 	g := grpc.NewServer(opts...)
 	picker.Register(g)
+	encoder := "protobuf-go (built without -tags vtprotobuf)"
+	if vtcodec.Fast() {
+		encoder = "vtprotobuf"
+	}
 	log.Info("ext_proc listening", "addr", ln.Addr().String(), "tls", e.secure, "fallbacks", e.fallbacks, "max_body_bytes", e.maxBodyBytes,
-		"test_pick_header", e.testPick)
+		"test_pick_header", e.testPick, "assumed_body_modes", e.assumedRequest.String()+"/"+e.assumedResponse.String(), "encoder", encoder)
 	go func() {
 		if err := g.Serve(ln); err != nil {
 			served <- fmt.Errorf("ext_proc server: %w", err)

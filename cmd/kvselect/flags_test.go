@@ -48,6 +48,9 @@ func TestParseFlagsDefaultsAreDynamos(t *testing.T) {
 		{"extproc-secure-serving", o.extproc.secure, false},
 		{"extproc-cert-path", o.extproc.certPath, ""},
 		{"extproc-cert-reload", o.extproc.certReload, false},
+		{"extproc-assume-*-body-mode given", o.extproc.assumeSet, false},
+		{"extproc-assume-request-body-mode", o.extproc.assumedRequest.String(), "FULL_DUPLEX_STREAMED"},
+		{"extproc-assume-response-body-mode", o.extproc.assumedResponse.String(), "FULL_DUPLEX_STREAMED"},
 		{"flags given", len(o.set), 0},
 	} {
 		if c.got != c.want {
@@ -62,10 +65,13 @@ func TestParseFlagsAcceptsValidValues(t *testing.T) {
 		"--threads", "8", "--session-affinity-ttl-secs", "31536000", "--selection-cache-ttl-secs", "0.25",
 		"--selection-cache-max-entries", "1", "--selection-cache-max-bytes", "1",
 		"--router-tracking-hash", "keyed-xxh3-v1", "--router-tracking-key-file", "/k", "--router-tracking-key-id", "e1",
-		"--no-router-assume-kv-reuse",
+		"--no-router-assume-kv-reuse", "--extproc-assume-request-body-mode", "Buffered",
 	})
 	if err != nil {
 		t.Fatal(err)
+	}
+	if e := o.extproc; !e.assumeSet || e.assumedRequest.String() != "BUFFERED" || e.assumedResponse.String() != "FULL_DUPLEX_STREAMED" {
+		t.Errorf("assumed body modes %v/%v (given %v), want BUFFERED/FULL_DUPLEX_STREAMED", e.assumedRequest, e.assumedResponse, e.assumeSet)
 	}
 	if o.host != "127.0.0.1" || o.port != 0 || o.shutdownTimeout != 2*time.Second || o.logFormat != "json" ||
 		o.logLevel != slog.LevelDebug || o.threads != 8 || o.sessionAffinityTTLSecs != 31536000 ||
@@ -128,6 +134,7 @@ func TestParseFlagsRejects(t *testing.T) {
 		{"cert path with secure serving off", []string{"--extproc-secure-serving=false", "--extproc-cert-path", "/etc/tls"}, "--extproc-cert-path requires --extproc-secure-serving"},
 		{"cert reload without cert path", []string{"--extproc-secure-serving", "--extproc-cert-reload"}, "--extproc-cert-reload requires --extproc-cert-path"},
 		{"cert reload alone", []string{"--extproc-cert-reload"}, "--extproc-cert-reload requires --extproc-cert-path"},
+		{"unknown body mode", []string{"--extproc-assume-request-body-mode", "duplex"}, `body send mode "duplex": want none, streamed, buffered, buffered_partial or full_duplex_streamed`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := parseFlags(tc.args)
