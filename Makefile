@@ -93,6 +93,7 @@ FUZZ_TARGETS := \
 	./httpadmin:FuzzSelectBody \
 	./extproc:FuzzParseBody \
 	./extproc:FuzzScanTokenIDs \
+	./internal/vtcodec:FuzzBodyDecoders \
 	./selection/replicasync:FuzzDecode \
 	./mockworker/kvpublish:FuzzParseReplayRequest \
 	./discovery/workersfile:FuzzParse \

@@ -8,8 +8,9 @@
 // Without the tag (a plain `go build`) the messages lack the generated
 // methods and Codec encodes with protobuf-go, as grpc's default codec does:
 // the bytes are the same, only slower. Fast reports which one a binary has.
-// go-control-plane generates no vtproto unmarshal, so decoding is
-// protobuf-go's either way.
+// go-control-plane generates no vtproto unmarshal: decoding is protobuf-go's,
+// except for the body-chunk messages that make up most of a streamed
+// request, which bodies.go reads with protowire into one allocation each.
 //
 // Every HTTP request through the picker is ~46 ext_proc messages, and their
 // encoding is a measurable share of its CPU (docs/benchmarks.md). The codec is
@@ -83,7 +84,8 @@ func (Codec) Marshal(v any) (mem.BufferSlice, error) {
 	return mem.BufferSlice{mem.NewBuffer(buf, pool)}, nil
 }
 
-// Unmarshal decodes data into v with protobuf-go.
+// Unmarshal decodes data into v: body chunks by the readers in bodies.go,
+// everything else with protobuf-go.
 func (Codec) Unmarshal(data mem.BufferSlice, v any) error {
 	m, ok := v.(proto.Message)
 	if !ok {
@@ -91,6 +93,16 @@ func (Codec) Unmarshal(data mem.BufferSlice, v any) error {
 	}
 	buf := data.MaterializeToBuffer(mem.DefaultBufferPool())
 	defer buf.Free()
+	switch m := m.(type) {
+	case *extprocv3.ProcessingRequest:
+		if decodeBodyRequest(buf.ReadOnlyData(), m) {
+			return nil
+		}
+	case *extprocv3.ProcessingResponse:
+		if decodeBodyResponse(buf.ReadOnlyData(), m) {
+			return nil
+		}
+	}
 	if err := proto.Unmarshal(buf.ReadOnlyData(), m); err != nil {
 		return fmt.Errorf("vtcodec: unmarshal %T: %w", v, err)
 	}
