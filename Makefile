@@ -66,6 +66,12 @@ bench-rest:
 	$(GO) run ./cmd/kvbench rest -clients 32 -workers 64 -duration 10s -prompt tokens -json $(BENCHOUT)/rest-tokens.json | tee $(BENCHOUT)/rest-tokens.txt
 	$(GO) run ./cmd/kvbench rest -clients 32 -workers 64 -duration 10s -prompt hashes -json $(BENCHOUT)/rest-hashes.json | tee $(BENCHOUT)/rest-hashes.txt
 
+# The picker's throughput as deployed: kvselect on CPU 0, the Envoy-side load
+# generator on CPU 1, each GOMAXPROCS=1 (docs/benchmarks.md). RUNS=3.
+.PHONY: bench-extproc-pinned
+bench-extproc-pinned:
+	BENCHOUT=$(BENCHOUT) ./bench/extproc-pinned.sh
+
 # Per-request overhead of the ext_proc picker (headers + 4 KB body + response
 # headers + 20 streamed chunks), 64 concurrent streams, and the same lifecycle
 # over REST (docs/extproc.md).
