@@ -34,8 +34,8 @@ type stream struct {
 	// Processing modes from the first message's protocol_config; without
 	// it (Envoy before protocol_config existed) Options.AssumedModes, by
 	// default FULL_DUPLEX_STREAMED, the GIE reference configuration.
-	modesKnown        bool
-	reqMode, respMode filterv3.ProcessingMode_BodySendMode
+	modesKnown bool
+	modes      BodyModes
 
 	id        identity
 	subset    []string
@@ -64,7 +64,7 @@ type stream struct {
 
 func (st *stream) handle(req *extprocv3.ProcessingRequest) error {
 	if pc := req.GetProtocolConfig(); pc != nil && !st.modesKnown {
-		st.modesKnown, st.reqMode, st.respMode = true, pc.GetRequestBodyMode(), pc.GetResponseBodyMode()
+		st.modesKnown, st.modes = true, BodyModes{Request: pc.GetRequestBodyMode(), Response: pc.GetResponseBodyMode()}
 	}
 	if !st.picked {
 		if e, ok := subsetHint(req.GetMetadataContext()); ok {
@@ -90,25 +90,19 @@ func (st *stream) handle(req *extprocv3.ProcessingRequest) error {
 	return nil
 }
 
-func (st *stream) requestMode() filterv3.ProcessingMode_BodySendMode {
+// bodyModes are the modes in effect: announced, else assumed.
+func (st *stream) bodyModes() BodyModes {
 	switch {
 	case st.modesKnown:
-		return st.reqMode
+		return st.modes
 	case st.s.opts.AssumedModes != nil:
-		return st.s.opts.AssumedModes.Request
+		return *st.s.opts.AssumedModes
 	}
-	return filterv3.ProcessingMode_FULL_DUPLEX_STREAMED
+	return BodyModes{Request: filterv3.ProcessingMode_FULL_DUPLEX_STREAMED, Response: filterv3.ProcessingMode_FULL_DUPLEX_STREAMED}
 }
 
-func (st *stream) responseMode() filterv3.ProcessingMode_BodySendMode {
-	switch {
-	case st.modesKnown:
-		return st.respMode
-	case st.s.opts.AssumedModes != nil:
-		return st.s.opts.AssumedModes.Response
-	}
-	return filterv3.ProcessingMode_FULL_DUPLEX_STREAMED
-}
+func (st *stream) requestMode() filterv3.ProcessingMode_BodySendMode  { return st.bodyModes().Request }
+func (st *stream) responseMode() filterv3.ProcessingMode_BodySendMode { return st.bodyModes().Response }
 
 // onRequestHeaders decides, per mode, whether the pick waits for the body:
 // FULL_DUPLEX_STREAMED defers the headers response until the body's end (the

@@ -26,10 +26,11 @@ import (
 	"github.com/kvselect/kvselect/internal/servingtls"
 )
 
-// startPicker runs kvselect on loopback with args and one registered worker,
-// and returns the ext_proc address and the logs. The server stops (and must
+// startPicker runs kvselect on loopback with args and one registered worker
+// (1, model "m", 10.0.0.1:8000), and returns the REST and ext_proc addresses
+// and the logs. The server stops (and must
 // stop cleanly) when the test ends.
-func startPicker(t *testing.T, args ...string) (addr string, logs *logBuffer) {
+func startPicker(t *testing.T, args ...string) (rest, addr string, logs *logBuffer) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(t.Context())
 	logs = &logBuffer{}
@@ -54,7 +55,6 @@ func startPicker(t *testing.T, args ...string) (addr string, logs *logBuffer) {
 			t.Error("run did not return after cancel")
 		}
 	})
-	var rest string
 	waitFor(t, "both startup log lines", 10*time.Second, func() bool {
 		var ok1, ok2 bool
 		rest, ok1 = listeningAddr(logs.String())
@@ -67,7 +67,7 @@ func startPicker(t *testing.T, args ...string) (addr string, logs *logBuffer) {
 		t.Fatalf("register: %v %v", res, err)
 	}
 	res.Body.Close()
-	return addr, logs
+	return rest, addr, logs
 }
 
 // dialPicker connects as Envoy does (envoysim.DialOptions) with creds.
@@ -140,7 +140,7 @@ func writeCertDir(t *testing.T, dir string) *x509.CertPool {
 // cannot pin it skip verification, as GIE gateways do), says so at startup,
 // and a plaintext client gets nothing.
 func TestExtProcServesTLSWithASelfSignedCertificate(t *testing.T) {
-	addr, logs := startPicker(t, "--extproc-secure-serving")
+	_, addr, logs := startPicker(t, "--extproc-secure-serving")
 	conn := dialPicker(t, addr, credentials.NewTLS(&tls.Config{InsecureSkipVerify: true}))
 	if err := healthCheck(t.Context(), conn); err != nil {
 		t.Fatalf("health over TLS: %v", err)
@@ -188,7 +188,7 @@ func TestExtProcServesTLSWithASelfSignedCertificate(t *testing.T) {
 func TestExtProcServesTheMountedCertificateAndReloadsIt(t *testing.T) {
 	dir := t.TempDir()
 	first := writeCertDir(t, dir)
-	addr, _ := startPicker(t, "--extproc-secure-serving", "--extproc-cert-path", dir, "--extproc-cert-reload")
+	_, addr, _ := startPicker(t, "--extproc-secure-serving", "--extproc-cert-path", dir, "--extproc-cert-reload")
 	conn := dialPicker(t, addr, credentials.NewTLS(&tls.Config{RootCAs: first}))
 	if err := healthCheck(t.Context(), conn); err != nil {
 		t.Fatalf("health, verifying the mounted certificate: %v", err)

@@ -1,8 +1,6 @@
 package main
 
 import (
-	"bytes"
-	"context"
 	"io"
 	"net/http"
 	"strings"
@@ -19,38 +17,13 @@ import (
 // Go runtime's, and they move with the traffic; --enable-pprof serves the
 // runtime profiles on the same port.
 func TestMetricsAndPprofEndToEnd(t *testing.T) {
-	ctx, cancel := context.WithCancel(t.Context())
-	defer cancel()
-	var logs logBuffer
-	done := make(chan error, 1)
-	go func() {
-		done <- run(ctx, []string{"--host", "127.0.0.1", "--port", "0", "--log-format", "json", "--enable-pprof"},
-			func(k string) (string, bool) {
-				if k == "DYN_ROUTER_USE_KV_EVENTS" {
-					return "false", true
-				}
-				return "", false
-			}, &bytes.Buffer{}, &logs)
-	}()
-	var rest, ep string
-	waitFor(t, "both startup log lines", 10*time.Second, func() bool {
-		var ok1, ok2 bool
-		rest, ok1 = listeningAddr(logs.String())
-		ep, ok2 = extprocAddr(logs.String())
-		return ok1 && ok2
-	})
-	res, err := http.Post("http://"+rest+"/workers", "application/json",
-		strings.NewReader(`{"worker_id":1,"model_name":"m","endpoint":"http://10.0.0.1:8000","block_size":4}`))
-	if err != nil || res.StatusCode/100 != 2 {
-		t.Fatalf("register: %v %v", res, err)
-	}
-	res.Body.Close()
+	rest, ep, _ := startPicker(t, "--enable-pprof")
 	conn, err := grpc.NewClient(ep, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer conn.Close()
-	x, d, err := envoysim.New(conn).Start(ctx, &envoysim.Request{Modes: envoysim.GIE, Body: []byte(`{"model":"m","prompt":[1,2,3,4,5]}`)})
+	x, d, err := envoysim.New(conn).Start(t.Context(), &envoysim.Request{Modes: envoysim.GIE, Body: []byte(`{"model":"m","prompt":[1,2,3,4,5]}`)})
 	if err != nil || d.Immediate != nil {
 		t.Fatalf("start: %v %+v", err, d)
 	}
@@ -85,9 +58,5 @@ func TestMetricsAndPprofEndToEnd(t *testing.T) {
 	}
 	if !strings.Contains(get("/debug/pprof/heap?debug=1"), "heap profile") {
 		t.Error("--enable-pprof: no heap profile")
-	}
-	cancel()
-	if err := <-done; err != nil {
-		t.Fatal(err)
 	}
 }
