@@ -20,9 +20,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/http"
-	"os"
 	"runtime"
-	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -129,17 +127,11 @@ func runExtProc(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	if *prof != "" {
-		f, err := os.Create(*prof)
-		if err != nil {
-			return err
-		}
-		defer f.Close()
-		if err := pprof.StartCPUProfile(f); err != nil {
-			return err
-		}
-		defer pprof.StopCPUProfile()
+	stopProfile, err := startCPUProfile(*prof)
+	if err != nil {
+		return err
 	}
+	defer stopProfile()
 	switch {
 	case fs.NArg() > 0:
 		return fmt.Errorf("unexpected arguments %q", fs.Args())
@@ -216,18 +208,13 @@ func runExtProc(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if err := epTable(stdout, &res); err != nil {
 		return err
 	}
-	if c.jsonOut != "" {
-		if err := report.WriteJSON(c.jsonOut, res); err != nil {
-			return err
-		}
-	}
-	if c.svgOut != "" {
-		charts := report.LatencyChart(res.Front, []string{"decision", "whole request"},
-			[]int64{res.Decision.P50, res.Total.P50}, []int64{res.Decision.P90, res.Total.P90}, []int64{res.Decision.P99, res.Total.P99},
-			[]float64{res.ReqPerSec, res.ReqPerSec})
-		if err := report.WriteSVG(c.svgOut, fmt.Sprintf("kvbench extproc: front %s, %d streams", res.Front, res.Streams), charts...); err != nil {
-			return err
-		}
+	if err := writeOutputs(c.jsonOut, res, c.svgOut, fmt.Sprintf("kvbench extproc: front %s, %d streams", res.Front, res.Streams),
+		func() []report.Chart {
+			return report.LatencyChart(res.Front, []string{"decision", "whole request"},
+				[]int64{res.Decision.P50, res.Total.P50}, []int64{res.Decision.P90, res.Total.P90}, []int64{res.Decision.P99, res.Total.P99},
+				[]float64{res.ReqPerSec, res.ReqPerSec})
+		}); err != nil {
+		return err
 	}
 	if res.Requests == 0 || res.Errors*100 > res.Requests {
 		return fmt.Errorf("%d of %d requests failed: %s", res.Errors, res.Requests, res.ErrorSample)

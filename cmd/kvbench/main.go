@@ -97,17 +97,11 @@ func runIndex(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if !*noReserve {
 		kv.Reserve(w.Config().Workers, w.Config().BlocksPerWorker)
 	}
-	if *prof != "" {
-		f, err := os.Create(*prof)
-		if err != nil {
-			return err
-		}
-		defer f.Close()
-		if err := pprof.StartCPUProfile(f); err != nil {
-			return err
-		}
-		defer pprof.StopCPUProfile()
+	stopProfile, err := startCPUProfile(*prof)
+	if err != nil {
+		return err
 	}
+	defer stopProfile()
 	res := w.Run(kv)
 	if kv.Errors() > 0 {
 		return fmt.Errorf("the index rejected %d events of a well-formed replay", kv.Errors())
@@ -119,13 +113,37 @@ func runIndex(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if err := report.Table(stdout, res); err != nil {
 		return err
 	}
-	if *svgOut != "" {
-		if err := report.WriteSVG(*svgOut, "kvbench index: "+m.Trace, report.ReplayCharts(res)...); err != nil {
+	return writeOutputs(*jsonOut, map[string]any{"results": []mooncake.Result{res}, "index": st},
+		*svgOut, "kvbench index: "+m.Trace, func() []report.Chart { return report.ReplayCharts(res) })
+}
+
+// startCPUProfile starts a CPU profile into path; stop ends it and closes
+// the file. An empty path profiles nothing.
+func startCPUProfile(path string) (stop func(), err error) {
+	if path == "" {
+		return func() {}, nil
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, err
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return func() { pprof.StopCPUProfile(); f.Close() }, nil
+}
+
+// writeOutputs writes the results as JSON and the charts as SVG, each only
+// when its path is set (the -json and -svg flags of every subcommand).
+func writeOutputs(jsonPath string, results any, svgPath, title string, charts func() []report.Chart) error {
+	if jsonPath != "" {
+		if err := report.WriteJSON(jsonPath, results); err != nil {
 			return err
 		}
 	}
-	if *jsonOut != "" {
-		return report.WriteJSON(*jsonOut, map[string]any{"results": []mooncake.Result{res}, "index": st})
+	if svgPath != "" {
+		return report.WriteSVG(svgPath, title, charts()...)
 	}
 	return nil
 }

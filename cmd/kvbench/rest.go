@@ -198,18 +198,13 @@ func runRest(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if err := restTable(stdout, &res); err != nil {
 		return err
 	}
-	if c.jsonOut != "" {
-		if err := report.WriteJSON(c.jsonOut, res); err != nil {
-			return err
-		}
-	}
-	if c.svgOut != "" {
-		charts := report.LatencyChart("REST", []string{"select_and_reserve", "delete"},
-			[]int64{res.Select.P50, res.Delete.P50}, []int64{res.Select.P90, res.Delete.P90}, []int64{res.Select.P99, res.Delete.P99},
-			[]float64{res.Select.PerSec, res.Delete.PerSec})
-		if err := report.WriteSVG(c.svgOut, fmt.Sprintf("kvbench rest: %d clients, %s prompt", res.Clients, res.Prompt), charts...); err != nil {
-			return err
-		}
+	if err := writeOutputs(c.jsonOut, res, c.svgOut, fmt.Sprintf("kvbench rest: %d clients, %s prompt", res.Clients, res.Prompt),
+		func() []report.Chart {
+			return report.LatencyChart("REST", []string{"select_and_reserve", "delete"},
+				[]int64{res.Select.P50, res.Delete.P50}, []int64{res.Select.P90, res.Delete.P90}, []int64{res.Select.P99, res.Delete.P99},
+				[]float64{res.Select.PerSec, res.Delete.PerSec})
+		}); err != nil {
+		return err
 	}
 	return failRate(&res)
 }

@@ -94,17 +94,8 @@ func runRoute(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if err := routeTable(stdout, &rep); err != nil {
 		return err
 	}
-	if *jsonOut != "" {
-		if err := report.WriteJSON(*jsonOut, rep); err != nil {
-			return err
-		}
-	}
-	if *svgOut != "" {
-		if err := report.WriteSVG(*svgOut, fmt.Sprintf("kvbench route: %d workers, %d requests", cfg.Workers, len(reqs)), routeCharts(&rep)...); err != nil {
-			return err
-		}
-	}
-	return nil
+	return writeOutputs(*jsonOut, rep, *svgOut, fmt.Sprintf("kvbench route: %d workers, %d requests", cfg.Workers, len(reqs)),
+		func() []report.Chart { return routeCharts(&rep) })
 }
 
 func parsePolicies(s string) ([]string, error) {
