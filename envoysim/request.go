@@ -118,8 +118,7 @@ func (x *Exchange) fullDuplexRequest(req *Request, md *corev3.Metadata, chunk in
 		}
 	}
 	if len(req.Trailers) > 0 && !peerEnded {
-		if err := x.send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestTrailers{
-			RequestTrailers: &extprocv3.HttpTrailers{Trailers: headerMap(req.Trailers)}}}); err != nil && !errors.Is(err, io.EOF) {
+		if err := x.sendTrailers(req.Trailers, md); err != nil && !errors.Is(err, io.EOF) {
 			return err
 		}
 	}
@@ -166,14 +165,18 @@ func (x *Exchange) sendBody(b []byte, eos bool, md *corev3.Metadata) error {
 	})
 }
 
+func (x *Exchange) sendTrailers(trailers []Header, md *corev3.Metadata) error {
+	return x.send(&extprocv3.ProcessingRequest{
+		Request:         &extprocv3.ProcessingRequest_RequestTrailers{RequestTrailers: &extprocv3.HttpTrailers{Trailers: headerMap(trailers)}},
+		MetadataContext: md,
+	})
+}
+
 func (x *Exchange) requestTrailers(req *Request, md *corev3.Metadata, d *Decision) error {
 	if len(req.Trailers) == 0 {
 		return nil
 	}
-	if err := x.send(&extprocv3.ProcessingRequest{
-		Request:         &extprocv3.ProcessingRequest_RequestTrailers{RequestTrailers: &extprocv3.HttpTrailers{Trailers: headerMap(req.Trailers)}},
-		MetadataContext: md,
-	}); err != nil {
+	if err := x.sendTrailers(req.Trailers, md); err != nil {
 		return err
 	}
 	r, err := x.next()
