@@ -343,31 +343,19 @@ func (r *rank) update(fn func(*RankStatus)) {
 
 // run keeps a SUB session up, reconnecting with capped exponential backoff.
 func (r *rank) run() {
-	opts := r.l.opts
-	delay := opts.ReconnectMin
-	for {
-		received, err := r.session()
-		r.update(func(s *RankStatus) { s.Connected = false })
-		if r.ctx.Err() != nil {
-			return
-		}
-		r.update(func(s *RankStatus) {
-			s.Reconnects++
-			s.LastError = err.Error()
+	zmqdial.Redial(r.ctx, r.l.opts.ReconnectMin, r.l.opts.ReconnectMax,
+		func() (bool, error) {
+			received, err := r.session()
+			r.update(func(s *RankStatus) { s.Connected = false })
+			return received, err
+		},
+		func(err error, wait time.Duration) {
+			r.update(func(s *RankStatus) {
+				s.Reconnects++
+				s.LastError = err.Error()
+			})
+			r.log.Warn("kv events subscriber disconnected; reconnecting", "err", err, "retry_in", wait)
 		})
-		if received {
-			delay = opts.ReconnectMin
-		}
-		r.log.Warn("kv events subscriber disconnected; reconnecting", "err", err, "retry_in", delay)
-		t := time.NewTimer(delay)
-		select {
-		case <-r.ctx.Done():
-			t.Stop()
-			return
-		case <-t.C:
-		}
-		delay = min(delay*2, opts.ReconnectMax)
-	}
 }
 
 // session dials the publisher and consumes messages until an error. It reports

@@ -195,30 +195,19 @@ func (p *peer) appendStatus(dst []PeerStatus) []PeerStatus {
 // session that received something resets the backoff.
 func (m *Mesh) runSub(ctx context.Context, s *sub) {
 	defer close(s.done)
-	delay := m.opts.ReconnectMin
-	for {
-		received, err := m.session(ctx, s)
-		s.update(func(st *PeerStatus) { st.Connected = false })
-		if ctx.Err() != nil {
-			return
-		}
-		s.update(func(st *PeerStatus) {
-			st.Reconnects++
-			st.LastError = err.Error()
+	zmqdial.Redial(ctx, m.opts.ReconnectMin, m.opts.ReconnectMax,
+		func() (bool, error) {
+			received, err := m.session(ctx, s)
+			s.update(func(st *PeerStatus) { st.Connected = false })
+			return received, err
+		},
+		func(err error, wait time.Duration) {
+			s.update(func(st *PeerStatus) {
+				st.Reconnects++
+				st.LastError = err.Error()
+			})
+			m.log.Debug("replica peer disconnected; reconnecting", "endpoint", s.ep, "err", err, "retry_in", wait)
 		})
-		if received {
-			delay = m.opts.ReconnectMin
-		}
-		m.log.Debug("replica peer disconnected; reconnecting", "endpoint", s.ep, "err", err, "retry_in", delay)
-		t := time.NewTimer(delay)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return
-		case <-t.C:
-		}
-		delay = min(delay*2, m.opts.ReconnectMax)
-	}
 }
 
 // session dials, subscribes and applies messages until an error.

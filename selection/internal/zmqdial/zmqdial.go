@@ -1,10 +1,12 @@
-// Package zmqdial dials go-zeromq sockets under a context. The ZMQ adapters
+// Package zmqdial dials go-zeromq sockets under a context and keeps
+// subscriber sessions up with capped exponential backoff. The ZMQ adapters
 // (KV-event listeners, the replica mesh) share it.
 package zmqdial
 
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/go-zeromq/zmq4"
 )
@@ -29,5 +31,32 @@ func Dial(ctx context.Context, sock zmq4.Socket, ep string) error {
 		return err
 	case <-ctx.Done():
 		return fmt.Errorf("dial %s: %w", ep, ctx.Err())
+	}
+}
+
+// Redial runs session until ctx ends, waiting between sessions with capped
+// exponential backoff: the first wait is first, each further one doubles up
+// to limit, and a session that received something starts over at first (the
+// publisher was up; this is a new outage). After every session that ends
+// while ctx is live, retry gets its error and the wait before the next.
+func Redial(ctx context.Context, first, limit time.Duration, session func() (received bool, err error), retry func(err error, wait time.Duration)) {
+	delay := first
+	for {
+		received, err := session()
+		if ctx.Err() != nil {
+			return
+		}
+		if received {
+			delay = first
+		}
+		retry(err, delay)
+		t := time.NewTimer(delay)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+		delay = min(delay*2, limit)
 	}
 }

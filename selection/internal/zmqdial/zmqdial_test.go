@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net"
+	"slices"
 	"testing"
 	"time"
 
@@ -49,5 +50,36 @@ func TestDialConnects(t *testing.T) {
 	defer cancel()
 	if err := Dial(ctx, sub, "tcp://"+pub.Addr().String()); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestRedialBackoff: waits double from the first up to the limit, a session
+// that received something starts over, and the loop ends with ctx without a
+// retry for the session that ctx ended.
+func TestRedialBackoff(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	const first, limit = time.Millisecond, 4 * time.Millisecond
+	received := []bool{false, false, false, false, true, false}
+	var waits []time.Duration
+	n := 0
+	Redial(ctx, first, limit,
+		func() (bool, error) {
+			r := received[n]
+			n++
+			if n == len(received) {
+				cancel()
+			}
+			return r, errors.New("session ended")
+		},
+		func(err error, wait time.Duration) {
+			if err == nil || err.Error() != "session ended" {
+				t.Errorf("retry got %v", err)
+			}
+			waits = append(waits, wait)
+		})
+	want := []time.Duration{first, 2 * first, limit, limit, first}
+	if !slices.Equal(waits, want) || n != len(received) {
+		t.Fatalf("%d sessions, waits %v; want %d, %v", n, waits, len(received), want)
 	}
 }
