@@ -6,21 +6,8 @@
 # `make conformance-epp`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-dir=$(mktemp -d)
-bin=$dir/kvselect
-go build -o "$bin" ./cmd/kvselect
-pids=()
-cleanup() {
-  for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  rm -rf "$dir"
-}
-trap cleanup EXIT
-
-# logged MSG LOG: the addr of the JSON log line with that msg, once written.
-logged() {
-  grep "\"msg\":\"$1\"" "$2" | grep -o '"addr":"[^"]*"' | head -n1 | cut -d'"' -f4 || true
-}
+# shellcheck source=conformance/servers.sh
+. conformance/servers.sh
 
 # run NAME ENV... -- FLAGS... [-- GOTEST-ARGS...]: start a server, run the suite.
 run() {
@@ -32,23 +19,7 @@ run() {
   local flags=()
   while [ $# -gt 0 ] && [ "$1" != "--" ]; do flags+=("$1"); shift; done
   [ $# -gt 0 ] && shift
-  local log=$dir/$name.log
-  # --port 0 without --extproc-port puts the picker on a free port as well.
-  env DYN_ROUTER_USE_KV_EVENTS=false "${envs[@]}" "$bin" --host 127.0.0.1 --port 0 \
-    --log-format json "${flags[@]}" >"$log" 2>&1 &
-  pids+=($!)
-  local rest="" ep=""
-  for _ in $(seq 1 100); do
-    rest=$(logged "kvselect listening" "$log")
-    ep=$(logged "ext_proc listening" "$log")
-    [ -n "$rest" ] && [ -n "$ep" ] && break
-    sleep 0.1
-  done
-  if [ -z "$rest" ] || [ -z "$ep" ]; then
-    echo "kvselect ($name) did not start:" >&2
-    cat "$log" >&2
-    exit 1
-  fi
+  start_kvselect "$name" "${envs[@]}" -- "${flags[@]}"
   echo "conformance/epp ($name) against kvselect: REST http://$rest, ext_proc $ep"
   env "${envs[@]}" KVSELECT_URL="http://$rest" KVSELECT_EXTPROC="$ep" \
     go test -count=1 -v "$@" ./conformance/epp | grep -E '^(--- |ok|FAIL|PASS|panic)'
