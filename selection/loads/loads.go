@@ -466,14 +466,7 @@ func (t *Tracker) addOutput(rq *request, decay *float64) {
 }
 
 func (t *Tracker) free(rq *request) {
-	r := rq.rank
-	r.prefill -= rq.prefill
-	r.release(rq.keys)
-	r.unit -= rq.outUnit
-	r.fracN -= rq.outFrac
-	r.fracSum -= float64(rq.outFrac) * rq.outFracVal
-	r.settle()
-	r.requests--
+	rq.rank.drop(rq)
 	delete(t.reqs, rq.id)
 	*rq = request{keys: rq.keys[:0]}
 	t.spare = append(t.spare, rq)
@@ -497,3 +490,15 @@ func compareKeys(a, b index.WorkerKey) int {
 // roundHalfAway matches Rust's f64::round, which BlockTracker::active_blocks
 // uses (halves round away from zero; math.Round does the same).
 func roundHalfAway(x float64) int { return int(math.Round(x)) }
+
+// drop takes rq's whole contribution off r: its prefill, its blocks and its
+// output. Free and Move both go through it.
+func (r *rank) drop(rq *request) {
+	r.prefill -= rq.prefill
+	r.release(rq.keys)
+	r.unit -= rq.outUnit
+	r.fracN -= rq.outFrac
+	r.fracSum -= float64(rq.outFrac) * rq.outFracVal
+	r.settle()
+	r.requests--
+}

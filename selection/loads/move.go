@@ -29,13 +29,7 @@ func (t *Tracker) Move(id string, to index.WorkerKey) (remainingPrefill int, err
 	if src == dst {
 		return rq.prefill, nil
 	}
-	src.prefill -= rq.prefill
-	src.release(rq.keys)
-	src.unit -= rq.outUnit
-	src.fracN -= rq.outFrac
-	src.fracSum -= float64(rq.outFrac) * rq.outFracVal
-	src.settle()
-	src.requests--
+	src.drop(rq)
 
 	rq.rank = dst
 	dst.acquire(rq.keys)
