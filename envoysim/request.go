@@ -127,14 +127,11 @@ func (x *Exchange) fullDuplexRequest(req *Request, md *corev3.Metadata, chunk in
 	}
 	d.Body = []byte{}
 	for {
-		r, err := x.next()
-		if err != nil {
+		r, err := x.answer(d)
+		if err != nil || r == nil {
 			return err
 		}
 		switch v := r.GetResponse().(type) {
-		case *extprocv3.ProcessingResponse_ImmediateResponse:
-			d.Immediate = immediateOf(v.ImmediateResponse)
-			return nil
 		case *extprocv3.ProcessingResponse_RequestBody:
 			c := v.RequestBody.GetResponse()
 			sr := c.GetBodyMutation().GetStreamedResponse()
@@ -179,30 +176,37 @@ func (x *Exchange) requestTrailers(req *Request, md *corev3.Metadata, d *Decisio
 	if err := x.sendTrailers(req.Trailers, md); err != nil {
 		return err
 	}
-	r, err := x.next()
-	if err != nil {
+	r, err := x.answer(d)
+	if err != nil || r == nil {
 		return err
 	}
-	switch v := r.GetResponse().(type) {
-	case *extprocv3.ProcessingResponse_ImmediateResponse:
-		d.Immediate = immediateOf(v.ImmediateResponse)
-		return nil
-	case *extprocv3.ProcessingResponse_RequestTrailers:
+	if _, ok := r.GetResponse().(*extprocv3.ProcessingResponse_RequestTrailers); ok {
 		return nil
 	}
 	return protoErr("expected a request trailers response, got %T", r.GetResponse())
 }
 
-// expectHeaders reads the request headers response (or an immediate one).
-func (x *Exchange) expectHeaders(d *Decision) error {
+// answer reads the processor's next response; an immediate response ends the
+// exchange: it goes to d and answer returns nil.
+func (x *Exchange) answer(d *Decision) (*extprocv3.ProcessingResponse, error) {
 	r, err := x.next()
 	if err != nil {
+		return nil, err
+	}
+	if v, ok := r.GetResponse().(*extprocv3.ProcessingResponse_ImmediateResponse); ok {
+		d.Immediate = immediateOf(v.ImmediateResponse)
+		return nil, nil
+	}
+	return r, nil
+}
+
+// expectHeaders reads the request headers response (or an immediate one).
+func (x *Exchange) expectHeaders(d *Decision) error {
+	r, err := x.answer(d)
+	if err != nil || r == nil {
 		return err
 	}
 	switch v := r.GetResponse().(type) {
-	case *extprocv3.ProcessingResponse_ImmediateResponse:
-		d.Immediate = immediateOf(v.ImmediateResponse)
-		return nil
 	case *extprocv3.ProcessingResponse_RequestHeaders:
 		c := v.RequestHeaders.GetResponse()
 		if c.GetBodyMutation() != nil {
@@ -218,14 +222,11 @@ func (x *Exchange) expectHeaders(d *Decision) error {
 // expectBody reads a non-streamed request body response; sent is the body
 // that was sent (forwarded unless the processor replaced it).
 func (x *Exchange) expectBody(d *Decision, sent []byte) error {
-	r, err := x.next()
-	if err != nil {
+	r, err := x.answer(d)
+	if err != nil || r == nil {
 		return err
 	}
 	switch v := r.GetResponse().(type) {
-	case *extprocv3.ProcessingResponse_ImmediateResponse:
-		d.Immediate = immediateOf(v.ImmediateResponse)
-		return nil
 	case *extprocv3.ProcessingResponse_RequestBody:
 		c := v.RequestBody.GetResponse()
 		if c.GetBodyMutation().GetStreamedResponse() != nil {
