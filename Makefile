@@ -47,7 +47,7 @@ fmt-check:
 # Micro-benchmarks with allocation counts; compare runs with benchstat.
 bench:
 	mkdir -p $(BENCHOUT)
-	$(GO) test -run '^$$' -bench . -skip Memory10M -benchmem -count 6 ./selection/... | tee $(BENCHOUT)/micro.txt
+	$(GO) test -run '^$$' -bench . -skip Memory10M -benchmem -count 6 ./selection/... ./engines/... ./replicas/... | tee $(BENCHOUT)/micro.txt
 	$(GO) test -run '^$$' -bench Memory10M -benchtime 1x ./selection/index | tee $(BENCHOUT)/memory.txt
 	$(MAKE) bench-peer
 
@@ -93,14 +93,14 @@ demo:
 # Every decoder of bytes from the network, as package:FuzzTarget. `make fuzz`
 # runs each for FUZZTIME (60s); `make test` runs each briefly (fuzz-smoke).
 FUZZ_TARGETS := \
-	./selection/kvevents:FuzzDecode \
-	./selection/kvlisten:FuzzLiveMessage \
+	./engines/kvevents:FuzzDecode \
+	./engines/kvlisten:FuzzLiveMessage \
 	./selection/index:FuzzDecodeDump \
 	./httpadmin:FuzzSelectBody \
 	./extproc:FuzzParseBody \
 	./extproc:FuzzScanTokenIDs \
 	./internal/vtcodec:FuzzBodyDecoders \
-	./selection/replicasync:FuzzDecode \
+	./replicas/mesh:FuzzDecode \
 	./mockworker/kvpublish:FuzzParseReplayRequest \
 	./discovery/workersfile:FuzzParse \
 	./mockworker:FuzzCompletionsBody

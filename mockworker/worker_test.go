@@ -17,9 +17,9 @@ import (
 	"github.com/kvselect/kvselect/selection"
 	"github.com/kvselect/kvselect/selection/catalog"
 	"github.com/kvselect/kvselect/selection/index"
-	"github.com/kvselect/kvselect/selection/kvevents"
+	"github.com/kvselect/kvselect/engines/kvevents"
 	"github.com/kvselect/kvselect/selection/kvhash"
-	"github.com/kvselect/kvselect/selection/kvlisten"
+	"github.com/kvselect/kvselect/engines/kvlisten"
 )
 
 const waitFor = 30 * time.Second

@@ -14,8 +14,8 @@ import (
 // session bindings, handed to a ReplicaObserver), how it applies what its peers
 // published (ApplyRemoteBooking, ApplyRemoteBinding), and the readiness gate of
 // startup index recovery. The transport — ZMQ sockets, the wire envelope, peer
-// membership — lives in selection/replicasync; fetching a peer's /dump in
-// selection/recovery. The service itself still does no I/O.
+// membership — lives in replicas/mesh; fetching a peer's /dump in
+// replicas/recovery. The service itself still does no I/O.
 
 // BookingEventKind names a replicated booking transition: the variants of
 // Dynamo's ActiveSequenceEventData (api §7.1). Output-block growth has no kind:

@@ -13,7 +13,7 @@ import (
 
 // recorder is a ReplicaObserver that keeps what a service published, so a test
 // can deliver it to another real service by hand (the transport is
-// selection/replicasync's job and tested there).
+// replicas/mesh's job and tested there).
 type recorder struct {
 	mu       sync.Mutex
 	bookings []BookingEvent

@@ -2,7 +2,7 @@
 // (in-process selection.Services) select concurrently for prompts that share
 // one hot prefix, cached on one of the workers, and book load there. Without
 // sync each replica sees only its own bookings and both pile onto the cached
-// worker; with sync (real ZMQ PUB/SUB on loopback, selection/replicasync)
+// worker; with sync (real ZMQ PUB/SUB on loopback, replicas/mesh)
 // each sees the other's load and spreads earlier.
 //
 // The ground truth is a third replica that subscribes to both and books
@@ -27,7 +27,7 @@ import (
 	"github.com/kvselect/kvselect/selection"
 	"github.com/kvselect/kvselect/selection/catalog"
 	"github.com/kvselect/kvselect/selection/index"
-	"github.com/kvselect/kvselect/selection/replicasync"
+	"github.com/kvselect/kvselect/replicas/mesh"
 	"github.com/kvselect/kvselect/selection/routerconfig"
 )
 
@@ -104,7 +104,7 @@ const hotWorker = 1
 
 type node struct {
 	svc  *selection.Service
-	mesh *replicasync.Mesh
+	mesh *mesh.Mesh
 }
 
 func newNode(ctx context.Context, cfg Config, seed uint64, dump index.Dump) (*node, error) {
@@ -125,7 +125,7 @@ func newNode(ctx context.Context, cfg Config, seed uint64, dump index.Dump) (*no
 			return nil, fmt.Errorf("seed the hot prefix: %+v", r)
 		}
 	}
-	m, err := replicasync.Start(ctx, svc, replicasync.Options{Bind: "tcp://127.0.0.1:0", Logger: quiet, ReconnectMax: 200 * time.Millisecond})
+	m, err := mesh.Start(ctx, svc, mesh.Options{Bind: "tcp://127.0.0.1:0", Logger: quiet, ReconnectMax: 200 * time.Millisecond})
 	if err != nil {
 		return nil, err
 	}

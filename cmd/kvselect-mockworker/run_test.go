@@ -14,7 +14,7 @@ import (
 
 	"github.com/kvselect/kvselect/httpadmin"
 	"github.com/kvselect/kvselect/selection"
-	"github.com/kvselect/kvselect/selection/kvlisten"
+	"github.com/kvselect/kvselect/engines/kvlisten"
 	"github.com/kvselect/kvselect/selection/routerconfig"
 )
 

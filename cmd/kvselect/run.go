@@ -22,9 +22,9 @@ import (
 
 	"github.com/kvselect/kvselect/httpadmin"
 	"github.com/kvselect/kvselect/selection"
-	"github.com/kvselect/kvselect/selection/kvlisten"
-	"github.com/kvselect/kvselect/selection/recovery"
-	"github.com/kvselect/kvselect/selection/replicasync"
+	"github.com/kvselect/kvselect/engines/kvlisten"
+	"github.com/kvselect/kvselect/replicas/recovery"
+	"github.com/kvselect/kvselect/replicas/mesh"
 )
 
 // version is set at release time with -ldflags "-X main.version=v1.2.3";
@@ -97,7 +97,7 @@ func run(ctx context.Context, args []string, lookup func(string) (string, bool),
 	if o.set["replica-sync-port"] {
 		// Not stopped by the signal: frees made while in-flight requests drain
 		// still reach the peers; the deferred Close ends the mesh after that.
-		mesh, err := replicasync.Start(context.WithoutCancel(ctx), svc, replicasync.Options{
+		m, err := mesh.Start(context.WithoutCancel(ctx), svc, mesh.Options{
 			Bind:         "tcp://*:" + strconv.FormatUint(o.replicaSyncPort, 10),
 			Peers:        o.replicaSyncPeers,
 			Affinity:     cfg.Router.SessionAffinityTTL.IsSet(),
@@ -107,9 +107,9 @@ func run(ctx context.Context, args []string, lookup func(string) (string, bool),
 		if err != nil {
 			return err
 		}
-		defer mesh.Close()
-		metrics.MustRegister(mesh)
-		peers = mesh
+		defer m.Close()
+		metrics.MustRegister(m)
+		peers = m
 	}
 	// Index recovery runs while the server already answers /health; /ready
 	// stays 503 until it is over (recovery package doc).

@@ -7,7 +7,7 @@ import (
 
 	"github.com/go-zeromq/zmq4"
 
-	"github.com/kvselect/kvselect/selection/kvevents"
+	"github.com/kvselect/kvselect/engines/kvevents"
 )
 
 // BenchmarkPublish64BlocksThroughSockets publishes 64-block BlockStored

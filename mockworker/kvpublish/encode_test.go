@@ -9,7 +9,7 @@ import (
 	"testing"
 
 	"github.com/kvselect/kvselect/selection/index"
-	"github.com/kvselect/kvselect/selection/kvevents"
+	"github.com/kvselect/kvselect/engines/kvevents"
 	"github.com/kvselect/kvselect/selection/kvhash"
 )
 

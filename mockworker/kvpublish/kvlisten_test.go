@@ -10,7 +10,7 @@ import (
 	"github.com/kvselect/kvselect/selection/catalog"
 	"github.com/kvselect/kvselect/selection/index"
 	"github.com/kvselect/kvselect/selection/kvhash"
-	"github.com/kvselect/kvselect/selection/kvlisten"
+	"github.com/kvselect/kvselect/engines/kvlisten"
 )
 
 // TestKVListenRecoversDroppedBatches drives kvselect's real listener: batches

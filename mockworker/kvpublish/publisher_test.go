@@ -14,7 +14,7 @@ import (
 
 	"github.com/go-zeromq/zmq4"
 
-	"github.com/kvselect/kvselect/selection/kvevents"
+	"github.com/kvselect/kvselect/engines/kvevents"
 )
 
 // waitFor is generous: two shared cores, and -race.

@@ -1,4 +1,4 @@
-package replicasync
+package mesh
 
 import (
 	"errors"
@@ -14,7 +14,7 @@ import (
 // panic, must fail only with ErrMalformed, and whatever they accept must survive
 // an encode/decode round trip unchanged.
 //
-//	go test -run '^$' -fuzz FuzzDecode -fuzztime 60s ./selection/replicasync
+//	go test -run '^$' -fuzz FuzzDecode -fuzztime 60s ./replicas/mesh
 func FuzzDecode(f *testing.F) {
 	add := selection.BookingEvent{Kind: selection.BookingAdded, Partition: index.Partition{Model: "m", RoutingGroup: "g"},
 		BlockSize: 16, RequestID: "r", Worker: index.WorkerKey{WorkerID: 3, DPRank: 1}, Origin: 1 << 63, LoraName: "l",

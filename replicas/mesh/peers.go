@@ -1,4 +1,4 @@
-package replicasync
+package mesh
 
 import (
 	"context"
@@ -12,7 +12,7 @@ import (
 
 	"github.com/go-zeromq/zmq4"
 
-	"github.com/kvselect/kvselect/selection/internal/zmqdial"
+	"github.com/kvselect/kvselect/internal/zmqdial"
 )
 
 // peer is one configured peer endpoint (--replica-sync-peers or registered):

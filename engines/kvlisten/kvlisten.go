@@ -27,8 +27,8 @@ import (
 
 	"github.com/kvselect/kvselect/selection"
 	"github.com/kvselect/kvselect/selection/index"
-	"github.com/kvselect/kvselect/selection/internal/zmqdial"
-	"github.com/kvselect/kvselect/selection/kvevents"
+	"github.com/kvselect/kvselect/internal/zmqdial"
+	"github.com/kvselect/kvselect/engines/kvevents"
 )
 
 // Defaults for Options.

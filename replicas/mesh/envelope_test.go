@@ -1,4 +1,4 @@
-package replicasync
+package mesh
 
 import (
 	"bytes"

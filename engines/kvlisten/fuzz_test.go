@@ -6,7 +6,7 @@ import (
 	"testing"
 
 	"github.com/kvselect/kvselect/selection/index"
-	"github.com/kvselect/kvselect/selection/kvevents"
+	"github.com/kvselect/kvselect/engines/kvevents"
 )
 
 // FuzzLiveMessage drives a rank's whole receive path (multipart frame check,

@@ -18,7 +18,7 @@ import (
 // One op is one 64-block batch; blocks/s counts stored plus removed blocks.
 // Publishing runs in the same process and shares the 2 cores.
 //
-//	go test -run '^$' -bench Ingest -benchtime 20000x -count 3 ./selection/kvlisten
+//	go test -run '^$' -bench Ingest -benchtime 20000x -count 3 ./engines/kvlisten
 func BenchmarkIngest(b *testing.B) {
 	for _, tc := range []struct{ publishers, lanes int }{{1, 1}, {1, 4}, {16, 1}, {16, 4}} {
 		b.Run(fmt.Sprintf("publishers=%d/lanes=%d", tc.publishers, tc.lanes), func(b *testing.B) {

@@ -1,4 +1,4 @@
-package replicasync
+package mesh
 
 import (
 	"github.com/prometheus/client_golang/prometheus"

@@ -1,4 +1,4 @@
-// Package replicasync is the replica synchronization mesh of api spec §7 (seed
+// Package mesh is the replica synchronization mesh of api spec §7 (seed
 // doc "Peer Planes"): a ZMQ PUB socket bound on --replica-sync-port carries this
 // replica's booking admissions, prefill completions and frees
 // (dynamo.slot-tracker.v1) and its session bindings
@@ -14,7 +14,7 @@
 // acknowledgement, ordering across peers, replay or resync; events for unknown
 // workers, partitions, ranks or block sizes are dropped and counted (Stats).
 // Output-block growth never leaves the replica.
-package replicasync
+package mesh
 
 import (
 	"cmp"
@@ -155,7 +155,7 @@ type Stats struct {
 }
 
 // ErrClosed is returned by Register after Close.
-var ErrClosed = errors.New("replicasync: mesh closed")
+var ErrClosed = errors.New("mesh: mesh closed")
 
 // Start binds the PUB socket, connects to the initial peers and starts
 // publishing r's events. A bind failure or an invalid peer endpoint fails
