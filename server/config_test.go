@@ -1,4 +1,4 @@
-package main
+package server
 
 import (
 	"bytes"
@@ -119,12 +119,12 @@ func TestInvalidConfigurationIsAUsageError(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := resolve(t, tc.env, tc.args...)
-			var ue *usageError
+			var ue *UsageError
 			if !errors.As(err, &ue) || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("err = %v, want a usage error mentioning %q", err, tc.want)
 			}
 			var out, errb bytes.Buffer
-			if got := exitStatus(run(t.Context(), tc.args, envOf(tc.env), &out, &errb), &errb); got != 2 || !strings.Contains(errb.String(), tc.want) {
+			if got := ExitStatus(runWith(t.Context(), tc.args, envOf(tc.env), &out, &errb), &errb); got != 2 || !strings.Contains(errb.String(), tc.want) {
 				t.Errorf("run: status %d, stderr %q", got, errb.String())
 			}
 		})

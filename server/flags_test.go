@@ -1,4 +1,4 @@
-package main
+package server
 
 import (
 	"bytes"
@@ -21,7 +21,7 @@ func noEnv(string) (string, bool) { return "", false }
 func runArgs(t *testing.T, args ...string) (status int, stdout, stderr string) {
 	t.Helper()
 	var out, errb bytes.Buffer
-	status = exitStatus(run(context.Background(), args, noEnv, &out, &errb), &errb)
+	status = ExitStatus(runWith(context.Background(), args, noEnv, &out, &errb), &errb)
 	return status, out.String(), errb.String()
 }
 
@@ -138,7 +138,7 @@ func TestParseFlagsRejects(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := parseFlags(tc.args)
-			var ue *usageError
+			var ue *UsageError
 			if !errors.As(err, &ue) {
 				t.Fatalf("parseFlags(%q) = %v, want a usage error", tc.args, err)
 			}
@@ -245,11 +245,11 @@ func TestExitStatus(t *testing.T) {
 		{errors.New("listen tcp: address already in use"), 1},
 	} {
 		var b bytes.Buffer
-		if got := exitStatus(tc.err, &b); got != tc.want {
-			t.Errorf("exitStatus(%v) = %d, want %d", tc.err, got, tc.want)
+		if got := ExitStatus(tc.err, &b); got != tc.want {
+			t.Errorf("ExitStatus(%v) = %d, want %d", tc.err, got, tc.want)
 		}
 		if (tc.err == nil) != (b.Len() == 0) {
-			t.Errorf("exitStatus(%v) printed %q", tc.err, b.String())
+			t.Errorf("ExitStatus(%v) printed %q", tc.err, b.String())
 		}
 	}
 }

@@ -1,4 +1,4 @@
-package main
+package server
 
 import (
 	"fmt"
@@ -16,14 +16,14 @@ import (
 // DYN_ROUTER_* environment (routerconfig.FromEnv), then every flag given on the
 // command line; the merged router configuration is validated last, so a flag
 // can repair an environment value that only its cross-field rules reject.
-// FromEnv's warnings are logged; every error is a *usageError (exit status 2).
+// FromEnv's warnings are logged; every error is a *UsageError (exit status 2).
 func resolveConfig(o *options, lookup func(string) (string, bool), log *slog.Logger) (selection.Config, error) {
 	rc, warnings, err := routerconfig.FromEnv(lookup)
 	for _, w := range warnings {
 		log.Warn(w, "source", "environment")
 	}
 	if err != nil {
-		return selection.Config{}, &usageError{fmt.Errorf("environment: %w", err)}
+		return selection.Config{}, &UsageError{fmt.Errorf("environment: %w", err)}
 	}
 
 	if o.set["threads"] {
@@ -50,7 +50,7 @@ func resolveConfig(o *options, lookup func(string) (string, bool), log *slog.Log
 		rc.AssumeKVReuse = !o.noAssumeKVReuse
 	}
 	if err := rc.Validate(); err != nil {
-		return selection.Config{}, &usageError{err}
+		return selection.Config{}, &UsageError{err}
 	}
 
 	return selection.Config{

@@ -1,4 +1,4 @@
-package main
+package server
 
 import (
 	"bytes"
@@ -41,7 +41,7 @@ func TestPoolFlagsAgainstARealAPIServer(t *testing.T) {
 		return "", false
 	}
 	go func() {
-		done <- run(ctx, []string{"--host", "127.0.0.1", "--port", "0", "--extproc-port", "0", "--log-format", "json",
+		done <- runWith(ctx, []string{"--host", "127.0.0.1", "--port", "0", "--extproc-port", "0", "--log-format", "json",
 			"--pool-name", "vllm-pool", "--pool-namespace", "default", "--kubeconfig", kubeconfig}, env2, &bytes.Buffer{}, &logs)
 	}()
 	var addr string

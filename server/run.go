@@ -1,4 +1,4 @@
-package main
+package server
 
 import (
 	"context"
@@ -27,10 +27,6 @@ import (
 	"github.com/kvselect/kvselect/replicas/mesh"
 )
 
-// version is set at release time with -ldflags "-X main.version=v1.2.3";
-// otherwise the module version or VCS revision from the build info is shown.
-var version = ""
-
 // maintainEvery is the cadence of svc.Maintain. Dynamo runs its expiry task
 // every 60 s, so a stale booking lingers five to six minutes at the default
 // 300 s expiry (api spec §10). Maintain only walks the partitions and what has
@@ -49,25 +45,25 @@ const readHeaderTimeout = 10 * time.Second
 // would stay open forever (no ReadTimeout is set to fall back on).
 const idleTimeout = 2 * time.Minute
 
-// run is the whole program: parse args, resolve the configuration from the
-// environment (lookup) and the flags, serve until ctx is cancelled (SIGINT or
-// SIGTERM in main), then shut down gracefully. Help and version go to stdout,
-// logs to stderr.
-func run(ctx context.Context, args []string, lookup func(string) (string, bool), stdout, stderr io.Writer) error {
+// run is Run with its options applied.
+func run(ctx context.Context, args []string, set *settings) error {
 	o, err := parseFlags(args)
 	switch {
 	case errors.Is(err, errHelp):
-		writeHelp(stdout)
+		writeHelp(set.stdout)
 		return nil
 	case err != nil:
 		return err
 	case o.version:
-		fmt.Fprintln(stdout, versionString())
+		fmt.Fprintln(set.stdout, versionString(set.version))
 		return nil
 	}
 
-	log := newLogger(o, stderr)
-	cfg, err := resolveConfig(o, lookup, log)
+	log := set.logger
+	if log == nil {
+		log = newLogger(o, set.stderr)
+	}
+	cfg, err := resolveConfig(o, set.lookup, log)
 	if err != nil {
 		return err
 	}
@@ -88,7 +84,7 @@ func run(ctx context.Context, args []string, lookup func(string) (string, bool),
 	svc, err := selection.NewBuilder().Config(cfg).Build()
 	if err != nil {
 		// Only configuration reaches Build (an unreadable key file, say).
-		return &usageError{err}
+		return &UsageError{err}
 	}
 	// Replica sync (seed doc "Peer Planes"): admissions, prefill completions,
 	// frees and session bindings go out on a PUB socket and come in from every
@@ -141,7 +137,7 @@ func run(ctx context.Context, args []string, lookup func(string) (string, bool),
 	}
 	log.Info("kvselect listening", append([]any{
 		slog.String("addr", ln.Addr().String()),
-		slog.String("version", versionString()),
+		slog.String("version", versionString(set.version)),
 	}, configAttrs(cfg)...)...)
 
 	served := make(chan error, 2) // the REST and the ext_proc server
@@ -153,8 +149,13 @@ func run(ctx context.Context, args []string, lookup func(string) (string, bool),
 		_ = srv.Close()
 		return err
 	}
+	listening := Listening{REST: ln.Addr()}
 	if picker != nil {
 		metrics.MustRegister(picker.picker) // kvselect_extproc_*
+		listening.ExtProc = picker.addr
+	}
+	if set.listening != nil {
+		set.listening(listening)
 	}
 
 	upkeep, stopUpkeep := context.WithCancel(ctx)
@@ -216,25 +217,7 @@ func newLogger(o *options, w io.Writer) *slog.Logger {
 	return slog.New(slog.NewTextHandler(w, opts))
 }
 
-// exitStatus prints err (if any) to stderr and returns the process exit status:
-// 0 on success, 2 for usage and configuration errors, 1 otherwise.
-func exitStatus(err error, stderr io.Writer) int {
-	if err == nil {
-		return 0
-	}
-	var ue *usageError
-	if errors.As(err, &ue) {
-		for line := range strings.SplitSeq(err.Error(), "\n") {
-			fmt.Fprintf(stderr, "kvselect: %s\n", line)
-		}
-		fmt.Fprintln(stderr, "Run 'kvselect --help' for usage.")
-		return 2
-	}
-	fmt.Fprintf(stderr, "kvselect: %v\n", err)
-	return 1
-}
-
-func versionString() string {
+func versionString(version string) string {
 	v, rev := version, ""
 	if bi, ok := debug.ReadBuildInfo(); ok {
 		if v == "" && bi.Main.Version != "" && bi.Main.Version != "(devel)" {

@@ -1,4 +1,4 @@
-package main
+package server
 
 import (
 	"bytes"
@@ -14,17 +14,12 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/kvselect/kvselect/envoysim"
+	"github.com/kvselect/kvselect/internal/logwatch"
 )
 
 // extprocAddr returns the ext_proc startup line's addr from JSON logs.
 func extprocAddr(logs string) (string, bool) {
-	for line := range strings.SplitSeq(logs, "\n") {
-		var rec struct{ Msg, Addr string }
-		if json.Unmarshal([]byte(line), &rec) == nil && rec.Msg == "ext_proc listening" {
-			return rec.Addr, true
-		}
-	}
-	return "", false
+	return logwatch.Attr(logs, "ext_proc listening", "addr")
 }
 
 // The picker runs beside the REST API over the same service: a worker
@@ -36,7 +31,7 @@ func TestExtProcServesBesideREST(t *testing.T) {
 	var logs logBuffer
 	done := make(chan error, 1)
 	go func() {
-		done <- run(ctx, []string{"--host", "127.0.0.1", "--port", "0", "--log-format", "json", "--extproc-fallbacks", "1"},
+		done <- runWith(ctx, []string{"--host", "127.0.0.1", "--port", "0", "--log-format", "json", "--extproc-fallbacks", "1"},
 			func(k string) (string, bool) {
 				if k == "DYN_ROUTER_USE_KV_EVENTS" {
 					return "false", true

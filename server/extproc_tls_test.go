@@ -1,4 +1,4 @@
-package main
+package server
 
 import (
 	"bytes"
@@ -36,7 +36,7 @@ func startPicker(t *testing.T, args ...string) (rest, addr string, logs *logBuff
 	logs = &logBuffer{}
 	done := make(chan error, 1)
 	go func() {
-		done <- run(ctx, append([]string{"--host", "127.0.0.1", "--port", "0", "--log-format", "json"}, args...),
+		done <- runWith(ctx, append([]string{"--host", "127.0.0.1", "--port", "0", "--log-format", "json"}, args...),
 			func(k string) (string, bool) {
 				if k == "DYN_ROUTER_USE_KV_EVENTS" {
 					return "false", true

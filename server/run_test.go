@@ -1,48 +1,33 @@
-package main
+package server
 
 import (
 	"bufio"
 	"bytes"
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"strings"
-	"sync"
 	"testing"
 	"time"
+
+	"github.com/kvselect/kvselect/internal/logwatch"
 )
 
 // logBuffer collects the JSON log lines a running server writes from several
 // goroutines.
-type logBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *logBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *logBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
+type logBuffer = logwatch.Buffer
 
 // listeningAddr returns the addr of the startup line in JSON logs, if written.
 func listeningAddr(logs string) (string, bool) {
-	for line := range strings.SplitSeq(logs, "\n") {
-		var rec struct{ Msg, Addr string }
-		if json.Unmarshal([]byte(line), &rec) == nil && rec.Msg == "kvselect listening" {
-			return rec.Addr, true
-		}
-	}
-	return "", false
+	return logwatch.Attr(logs, "kvselect listening", "addr")
+}
+
+// runWith runs the server with the environment lookup, help output and log
+// output the tests give it.
+func runWith(ctx context.Context, args []string, lookup func(string) (string, bool), stdout, stderr io.Writer) error {
+	return Run(ctx, args, WithEnv(lookup), WithStdout(stdout), WithStderr(stderr))
 }
 
 func waitFor(t *testing.T, what string, timeout time.Duration, cond func() bool) {
@@ -62,7 +47,7 @@ func TestRunServesUntilCancelledThenStopsCleanly(t *testing.T) {
 	var logs logBuffer
 	done := make(chan error, 1)
 	go func() {
-		done <- run(ctx, []string{"--host", "127.0.0.1", "--port", "0", "--log-format", "json"}, noEnv, &bytes.Buffer{}, &logs)
+		done <- runWith(ctx, []string{"--host", "127.0.0.1", "--port", "0", "--log-format", "json"}, noEnv, &bytes.Buffer{}, &logs)
 	}()
 	var addr string
 	waitFor(t, "the startup log line", 10*time.Second, func() bool {
@@ -111,7 +96,7 @@ func TestShutdownStopsTheServiceBeforeDraining(t *testing.T) {
 	var logs logBuffer
 	done := make(chan error, 1)
 	go func() {
-		done <- run(ctx, []string{"--host", "127.0.0.1", "--port", "0", "--log-format", "json"}, noEnv, &bytes.Buffer{}, &logs)
+		done <- runWith(ctx, []string{"--host", "127.0.0.1", "--port", "0", "--log-format", "json"}, noEnv, &bytes.Buffer{}, &logs)
 	}()
 	var addr string
 	waitFor(t, "the startup log line", 10*time.Second, func() bool {
@@ -202,7 +187,7 @@ func TestShutdownTimeoutClosesStragglers(t *testing.T) {
 	var logs logBuffer
 	done := make(chan error, 1)
 	go func() {
-		done <- run(ctx, []string{"--host", "127.0.0.1", "--port", "0", "--log-format", "json", "--shutdown-timeout", "300ms"}, noEnv, &bytes.Buffer{}, &logs)
+		done <- runWith(ctx, []string{"--host", "127.0.0.1", "--port", "0", "--log-format", "json", "--shutdown-timeout", "300ms"}, noEnv, &bytes.Buffer{}, &logs)
 	}()
 	var addr string
 	waitFor(t, "the startup log line", 10*time.Second, func() bool {
@@ -216,7 +201,7 @@ func TestShutdownTimeoutClosesStragglers(t *testing.T) {
 	cancel()
 	select {
 	case err := <-done:
-		if err == nil || !strings.Contains(err.Error(), "graceful shutdown") || exitStatus(err, io.Discard) != 1 {
+		if err == nil || !strings.Contains(err.Error(), "graceful shutdown") || ExitStatus(err, io.Discard) != 1 {
 			t.Fatalf("run = %v, want a graceful-shutdown error with status 1", err)
 		}
 		if took := time.Since(start); took > 5*time.Second {

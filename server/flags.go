@@ -1,4 +1,4 @@
-package main
+package server
 
 import (
 	"errors"
@@ -59,17 +59,6 @@ type options struct {
 // errHelp reports that --help was printed: exit status 0.
 var errHelp = errors.New("help requested")
 
-// usageError is a command-line or configuration mistake: the process exits
-// with status 2, as clap (Dynamo's parser) and Go's flag package do.
-type usageError struct{ err error }
-
-func (e *usageError) Error() string { return e.err.Error() }
-func (e *usageError) Unwrap() error { return e.err }
-
-func usagef(format string, args ...any) error {
-	return &usageError{fmt.Errorf(format, args...)}
-}
-
 // Dynamo's bounds (api spec §6, §11).
 const (
 	maxSessionAffinityTTLSecs = uint64(routerconfig.MaxSessionAffinityTTL / time.Second)
@@ -128,7 +117,7 @@ func newFlagSet(o *options) *flag.FlagSet {
 }
 
 // parseFlags parses args (without the program name). It returns errHelp for
-// -h/--help and a *usageError for every other mistake. The flag package stops
+// -h/--help and a *UsageError for every other mistake. The flag package stops
 // at the first value it cannot parse; the rules checked after parsing are all
 // reported at once, so one run shows every problem.
 func parseFlags(args []string) (*options, error) {
@@ -141,7 +130,7 @@ func parseFlags(args []string) (*options, error) {
 		// The flag package names flags with one dash; the help, Dynamo and
 		// every other message here use two.
 		msg := strings.NewReplacer("for flag -", "for flag --", "not defined: -", "not defined: --", "an argument: -", "an argument: --").Replace(err.Error())
-		return nil, &usageError{errors.New(msg)}
+		return nil, &UsageError{errors.New(msg)}
 	}
 	if fs.NArg() > 0 {
 		return nil, usagef("unexpected argument %q (every setting is a --flag)", fs.Arg(0))
@@ -209,7 +198,7 @@ func (o *options) validate() error {
 	errs = append(errs, o.extproc.validate()...)
 	errs = append(errs, o.discovery.validate(o.set)...)
 	if err := errors.Join(errs...); err != nil {
-		return &usageError{err}
+		return &UsageError{err}
 	}
 	return nil
 }

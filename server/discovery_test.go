@@ -1,4 +1,4 @@
-package main
+package server
 
 import (
 	"bytes"
@@ -53,7 +53,7 @@ func TestWorkersFileThroughTheServer(t *testing.T) {
 		return "", false
 	}
 	go func() {
-		done <- run(ctx, []string{"--host", "127.0.0.1", "--port", "0", "--extproc-port", "0", "--log-format", "json", "--workers-file", path}, env, &bytes.Buffer{}, &logs)
+		done <- runWith(ctx, []string{"--host", "127.0.0.1", "--port", "0", "--extproc-port", "0", "--log-format", "json", "--workers-file", path}, env, &bytes.Buffer{}, &logs)
 	}()
 	var addr string
 	waitFor(t, "the startup log line", 30*time.Second, func() bool {

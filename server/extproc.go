@@ -1,4 +1,4 @@
-package main
+package server
 
 import (
 	"context"
@@ -107,7 +107,7 @@ func (e *extprocFlags) tlsOption(host string, log *slog.Logger) (grpc.ServerOpti
 	cfg, leaf, err := servingtls.ServerConfig(servingtls.Options{CertDir: e.certPath, Reload: e.certReload, Hosts: extra, Logger: log})
 	switch {
 	case err != nil && e.certPath != "":
-		return nil, &usageError{fmt.Errorf("--extproc-cert-path %s: %w", e.certPath, err)}
+		return nil, &UsageError{fmt.Errorf("--extproc-cert-path %s: %w", e.certPath, err)}
 	case err != nil:
 		return nil, fmt.Errorf("ext_proc TLS: %w", err)
 	}
@@ -126,6 +126,7 @@ func (e *extprocFlags) tlsOption(host string, log *slog.Logger) (grpc.ServerOpti
 type extprocServer struct {
 	picker *extproc.Server
 	grpc   *grpc.Server
+	addr   net.Addr
 	log    *slog.Logger
 }
 
@@ -175,7 +176,7 @@ func startExtProc(o *options, svc *selection.Service, log *slog.Logger, served c
 			served <- fmt.Errorf("ext_proc server: %w", err)
 		}
 	}()
-	return &extprocServer{picker: picker, grpc: g, log: log}, nil
+	return &extprocServer{picker: picker, grpc: g, addr: ln.Addr(), log: log}, nil
 }
 
 // shutdown reports NOT_SERVING, lets in-flight streams finish until ctx ends,

@@ -1,4 +1,4 @@
-package main
+package server
 
 import (
 	"context"
@@ -77,14 +77,14 @@ func prepareDiscovery(d discoveryFlags, svc *selection.Service, log *slog.Logger
 	case d.workersFile != "":
 		s, err := workersfile.New(workersfile.Options{Path: d.workersFile, Logger: log})
 		if err != nil {
-			return nil, &usageError{err}
+			return nil, &UsageError{err}
 		}
 		src, name = s, "workers file "+d.workersFile
 		pending = selection.Condition{Name: discovery.ConditionName, Reason: "WorkersFilePending", Message: "reading " + d.workersFile}
 	case d.poolName != "":
 		cfg, err := inferencepool.RESTConfig(d.kubeconfig)
 		if err != nil {
-			return nil, &usageError{err}
+			return nil, &UsageError{err}
 		}
 		// controller-runtime and client-go keep process-wide loggers; route
 		// both to the server's, once, here in the program.
@@ -92,7 +92,7 @@ func prepareDiscovery(d discoveryFlags, svc *selection.Service, log *slog.Logger
 		klog.SetSlogLogger(log)
 		s, err := inferencepool.New(inferencepool.Options{Config: cfg, Namespace: d.poolNamespace, Name: d.poolName, Logger: log})
 		if err != nil {
-			return nil, &usageError{err}
+			return nil, &UsageError{err}
 		}
 		src, name = s, "InferencePool "+d.poolNamespace+"/"+d.poolName
 		pending = selection.Condition{Name: discovery.ConditionName, Reason: inferencepool.ReasonPending, Message: "waiting for the first sync of " + name}
