@@ -14,12 +14,12 @@ import (
 
 	"github.com/go-zeromq/zmq4"
 
+	"github.com/kvselect/kvselect/engines/kvevents"
+	"github.com/kvselect/kvselect/engines/kvlisten"
 	"github.com/kvselect/kvselect/selection"
 	"github.com/kvselect/kvselect/selection/catalog"
 	"github.com/kvselect/kvselect/selection/index"
-	"github.com/kvselect/kvselect/engines/kvevents"
 	"github.com/kvselect/kvselect/selection/kvhash"
-	"github.com/kvselect/kvselect/engines/kvlisten"
 )
 
 const waitFor = 30 * time.Second

@@ -20,11 +20,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
-	"github.com/kvselect/kvselect/httpadmin"
-	"github.com/kvselect/kvselect/selection"
 	"github.com/kvselect/kvselect/engines/kvlisten"
-	"github.com/kvselect/kvselect/replicas/recovery"
+	"github.com/kvselect/kvselect/httpadmin"
 	"github.com/kvselect/kvselect/replicas/mesh"
+	"github.com/kvselect/kvselect/replicas/recovery"
+	"github.com/kvselect/kvselect/selection"
 )
 
 // maintainEvery is the cadence of svc.Maintain. Dynamo runs its expiry task

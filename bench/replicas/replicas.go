@@ -24,10 +24,10 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/kvselect/kvselect/replicas/mesh"
 	"github.com/kvselect/kvselect/selection"
 	"github.com/kvselect/kvselect/selection/catalog"
 	"github.com/kvselect/kvselect/selection/index"
-	"github.com/kvselect/kvselect/replicas/mesh"
 	"github.com/kvselect/kvselect/selection/routerconfig"
 )
 

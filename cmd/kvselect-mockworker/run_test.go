@@ -12,9 +12,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvselect/kvselect/engines/kvlisten"
 	"github.com/kvselect/kvselect/httpadmin"
 	"github.com/kvselect/kvselect/selection"
-	"github.com/kvselect/kvselect/engines/kvlisten"
 	"github.com/kvselect/kvselect/selection/routerconfig"
 )
 

@@ -5,8 +5,8 @@ import (
 	"encoding/binary"
 	"testing"
 
-	"github.com/kvselect/kvselect/selection/index"
 	"github.com/kvselect/kvselect/engines/kvevents"
+	"github.com/kvselect/kvselect/selection/index"
 )
 
 // FuzzLiveMessage drives a rank's whole receive path (multipart frame check,

@@ -25,10 +25,10 @@ import (
 
 	"github.com/go-zeromq/zmq4"
 
+	"github.com/kvselect/kvselect/engines/kvevents"
+	"github.com/kvselect/kvselect/internal/zmqdial"
 	"github.com/kvselect/kvselect/selection"
 	"github.com/kvselect/kvselect/selection/index"
-	"github.com/kvselect/kvselect/internal/zmqdial"
-	"github.com/kvselect/kvselect/engines/kvevents"
 )
 
 // Defaults for Options.

@@ -8,8 +8,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/kvselect/kvselect/selection/index"
 	"github.com/kvselect/kvselect/engines/kvevents"
+	"github.com/kvselect/kvselect/selection/index"
 	"github.com/kvselect/kvselect/selection/kvhash"
 )
 

@@ -6,11 +6,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvselect/kvselect/engines/kvlisten"
 	"github.com/kvselect/kvselect/selection"
 	"github.com/kvselect/kvselect/selection/catalog"
 	"github.com/kvselect/kvselect/selection/index"
 	"github.com/kvselect/kvselect/selection/kvhash"
-	"github.com/kvselect/kvselect/engines/kvlisten"
 )
 
 // TestKVListenRecoversDroppedBatches drives kvselect's real listener: batches
