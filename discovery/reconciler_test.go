@@ -23,7 +23,7 @@ func newService(t testing.TB) *selection.Service {
 	t.Helper()
 	rc := routerconfig.Default()
 	rc.UseKVEvents = false // no engines here: the approximate index needs no event endpoints
-	svc, err := selection.NewBuilder().Router(rc).Build()
+	svc, err := selection.New(selection.Config{Router: rc})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -2,7 +2,6 @@ package extproc
 
 import (
 	"net"
-	"net/url"
 	"strings"
 	"sync"
 
@@ -10,6 +9,7 @@ import (
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	"github.com/kvselect/kvselect/selection"
+	"github.com/kvselect/kvselect/selection/catalog"
 )
 
 // addrCache maps a worker endpoint as registered ("http://10.0.0.5:8000") to
@@ -21,37 +21,9 @@ func (c *addrCache) addr(endpoint string) string {
 	if v, ok := c.m.Load(endpoint); ok {
 		return v.(string)
 	}
-	a := hostPort(endpoint)
+	a := catalog.Address(endpoint)
 	c.m.Store(endpoint, a)
 	return a
-}
-
-// hostPort turns a worker endpoint into host:port: the URL's host with its
-// port, or the scheme's default port (http 80, https 443); an endpoint without
-// a scheme is taken as host[:port]. IPv6 hosts come out bracketed
-// (net.JoinHostPort), as protocol 004 asks.
-func hostPort(endpoint string) string {
-	host, port := endpoint, ""
-	if strings.Contains(endpoint, "://") {
-		u, err := url.Parse(endpoint)
-		if err != nil || u.Host == "" {
-			return endpoint
-		}
-		host, port = u.Hostname(), u.Port()
-		if port == "" {
-			switch u.Scheme {
-			case "https", "grpcs":
-				port = "443"
-			default:
-				port = "80"
-			}
-		}
-		return net.JoinHostPort(host, port)
-	}
-	if h, p, err := net.SplitHostPort(endpoint); err == nil {
-		return net.JoinHostPort(h, p)
-	}
-	return strings.Trim(host, "[]")
 }
 
 // target is one entry of a subset hint or test-pick list: an IP (any port) or

@@ -64,7 +64,7 @@ func start(t testing.TB, s setup) *harness {
 	if s.router != nil {
 		s.router(&rc)
 	}
-	svc, err := selection.NewBuilder().Router(rc).Rand(rand.New(rand.NewPCG(7, 7))).Build()
+	svc, err := selection.New(selection.Config{Router: rc, Rand: rand.New(rand.NewPCG(7, 7))})
 	if err != nil {
 		t.Fatal(err)
 	}

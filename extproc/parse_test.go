@@ -114,22 +114,7 @@ func TestTokenCounter(t *testing.T) {
 	}
 }
 
-func TestHostPort(t *testing.T) {
-	for in, want := range map[string]string{
-		"http://10.0.0.5:8000":     "10.0.0.5:8000",
-		"http://10.0.0.5":          "10.0.0.5:80",
-		"https://w.example/v1":     "w.example:443",
-		"http://[fd00::1]:9000/x":  "[fd00::1]:9000",
-		"10.0.0.7:8001":            "10.0.0.7:8001",
-		"[::1]:8000":               "[::1]:8000",
-		"worker-3":                 "worker-3",
-		"dyn://ns.component.ep":    "ns.component.ep:80",
-		"http://user@10.1.1.1:81/": "10.1.1.1:81",
-	} {
-		if got := hostPort(in); got != want {
-			t.Errorf("hostPort(%q) = %q, want %q", in, got, want)
-		}
-	}
+func TestParseTargets(t *testing.T) {
 	ts := parseTargets([]string{"10.0.0.1", " 10.0.0.2:8001 ", "[fd00::1]:9000", ""})
 	if len(ts) != 3 || !ts[0].matches("10.0.0.1:1234") || !ts[1].matches("10.0.0.2:8001") || ts[1].matches("10.0.0.2:8000") || !ts[2].matches("[fd00::1]:9000") {
 		t.Fatalf("targets %+v", ts)

@@ -61,8 +61,6 @@ const (
 	// BodyChunkBytes is the largest body message sent back to Envoy
 	// (GIE's BodyByteLimit, under Envoy's ~64 KiB per-message guidance).
 	BodyChunkBytes = 62000
-	// maxOutputBlocks bounds the output blocks one request can add.
-	maxOutputBlocks = 1 << 16
 )
 
 // Options configures the ext_proc front.

@@ -18,7 +18,6 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/kvselect/kvselect/selection"
-	"github.com/kvselect/kvselect/selection/loads"
 )
 
 // freeTimeout bounds the deferred free; it runs on a context detached from
@@ -50,14 +49,11 @@ type stream struct {
 	primary   string
 	fallbacks []selection.RankEndpoint
 	partKey   selection.PartitionKey
-	blockSize int
-	expected  *uint32
 
 	// Response progress.
 	sse         bool
 	prefillDone bool
 	counter     tokenCounter
-	blocksSent  int
 
 	closed bool // an immediate response ended the exchange
 }
@@ -276,11 +272,10 @@ func (st *stream) pick(withBody bool) (*extprocv3.HeaderMutation, *structpb.Stru
 		// load-aware and the booking is freed like any other.
 		req.PromptText = firstNonEmpty(id.method+" "+id.path, "/")
 	}
-	st.expected = id.expected
-	if st.expected == nil {
-		st.expected = pb.osl
+	req.ExpectedOutputTokens = id.expected
+	if req.ExpectedOutputTokens == nil {
+		req.ExpectedOutputTokens = pb.osl
 	}
-	req.ExpectedOutputTokens = st.expected
 	if s := firstNonEmpty(id.session, pb.session); s != "" {
 		req.SessionID = &s
 	}
@@ -318,7 +313,6 @@ func (st *stream) pick(withBody bool) (*extprocv3.HeaderMutation, *structpb.Stru
 	st.picked, st.booked = true, true
 	st.s.metrics.routed.Add(1)
 	st.selID = *resp.SelectionID
-	st.blockSize = int(resp.BlockSize)
 	st.primary = st.s.addrs.addr(resp.Endpoint)
 	st.fallbacks = resp.Fallbacks
 	st.partKey = selection.PartitionKey{ModelName: resp.ModelName, RoutingGroup: resp.RoutingGroup}
@@ -421,30 +415,16 @@ func (st *stream) onResponseHeaders(h *extprocv3.HttpHeaders, md *corev3.Metadat
 		ResponseHeaders: &extprocv3.HeadersResponse{Response: &extprocv3.CommonResponse{HeaderMutation: mut}}}})
 }
 
-// rebook moves the booking to the rank behind the served endpoint: one of
-// the fallbacks sent, else any schedulable worker at that address.
+// rebook attributes the booking to the rank behind the served endpoint; the
+// core chooses it (the fallbacks sent first) and refuses an address that
+// names no single rank, in which case the booking stays.
 func (st *stream) rebook(served string) {
-	var to *selection.RankEndpoint
-	for i := range st.fallbacks {
-		if st.s.addrs.addr(st.fallbacks[i].Endpoint) == served {
-			to = &st.fallbacks[i]
-			break
-		}
+	preferred := make([]selection.WorkerRank, len(st.fallbacks))
+	for i, f := range st.fallbacks {
+		preferred[i] = selection.WorkerRank{WorkerID: f.WorkerID, DPRank: f.DPRank}
 	}
-	if to == nil {
-		for _, e := range st.s.svc.Endpoints(st.partKey) {
-			if st.s.addrs.addr(e.Endpoint) == served {
-				to = &e
-				break
-			}
-		}
-	}
-	if to == nil {
-		st.s.log.Debug("extproc: served endpoint is not a known worker; booking stays", "selection_id", st.selID, "served", served)
-		return
-	}
-	if _, err := st.s.svc.Rebook(st.ctx, st.selID, selection.WorkerRank{WorkerID: to.WorkerID, DPRank: to.DPRank}); err != nil {
-		st.s.log.Debug("extproc: rebook failed", "selection_id", st.selID, "served", served, "err", err)
+	if _, err := st.s.svc.RebookServed(st.ctx, st.selID, served, preferred); err != nil {
+		st.s.log.Debug("extproc: served endpoint not attributed; booking stays", "selection_id", st.selID, "served", served, "err", err)
 		return
 	}
 	st.primary = served
@@ -478,20 +458,15 @@ func (st *stream) onResponseBody(b *extprocv3.HttpBody) error {
 	return st.send(bodyResponse(false, nil))
 }
 
+// outputBlocks tells the core how many output tokens have streamed; it adds
+// the output blocks they complete.
 func (st *stream) outputBlocks() {
-	if st.blockSize <= 0 {
+	n, err := st.s.svc.OutputTokens(st.ctx, st.selID, st.counter.tokens())
+	if err != nil {
+		st.lost(err)
 		return
 	}
-	want := min(st.counter.tokens()/st.blockSize, maxOutputBlocks)
-	for st.booked && st.blocksSent < want {
-		st.blocksSent++
-		decay := loads.DecayFraction(st.blocksSent*st.blockSize, st.expected)
-		if err := st.s.svc.OutputBlock(st.ctx, st.selID, decay); err != nil {
-			st.lost(err)
-			continue
-		}
-		st.s.metrics.outputBlocks.Add(1)
-	}
+	st.s.metrics.outputBlocks.Add(uint64(n))
 }
 
 // lost handles a booking that vanished under the stream (expired, its

@@ -644,7 +644,7 @@ func (f *fakePeers) Deregister(ep string) error {
 		return f.err
 	}
 	if !f.peers[ep] {
-		return ErrPeerNotFound
+		return &selection.Error{Kind: selection.KindNotFound, Message: "peer not found"}
 	}
 	delete(f.peers, ep)
 	return nil

@@ -31,7 +31,7 @@ import (
 //	go test -run '^$' -bench HTTPSelectAndReserveFree -benchmem ./httpadmin/
 func BenchmarkHTTPSelectAndReserveFree(b *testing.B) {
 	rc := routerconfig.Default()
-	svc, err := selection.NewBuilder().Router(rc).Clock(time.Now).Rand(rand.New(rand.NewPCG(7, 8))).Build()
+	svc, err := selection.New(selection.Config{Router: rc, Clock: time.Now, Rand: rand.New(rand.NewPCG(7, 8))})
 	if err != nil {
 		b.Fatal(err)
 	}

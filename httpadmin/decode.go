@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	gojson "github.com/goccy/go-json"
 	"io"
 	"mime"
 	"net/http"
@@ -13,6 +12,8 @@ import (
 	"strings"
 	"sync"
 	"unicode/utf8"
+
+	gojson "github.com/goccy/go-json"
 )
 
 // maxBodyBytes is Dynamo's REQUEST_BODY_LIMIT_BYTES (api §1), applied to every

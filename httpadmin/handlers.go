@@ -2,7 +2,6 @@ package httpadmin
 
 import (
 	"encoding/json"
-	"errors"
 	"fmt"
 	"net/http"
 	"strconv"
@@ -398,10 +397,8 @@ func (s *server) deregisterPeer(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if err := s.peers.Deregister(ep); err != nil {
-		if errors.Is(err, ErrPeerNotFound) {
-			writeError(w, http.StatusNotFound, "peer not found", nil)
-			return
-		}
+		// Errors are mapped like the service's, by kind: an unknown peer is
+		// KindNotFound, 404.
 		s.fail(w, r, err)
 		return
 	}

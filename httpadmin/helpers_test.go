@@ -44,7 +44,7 @@ func newService(t testing.TB, edit func(*routerconfig.Config)) *selection.Servic
 		edit(&rc)
 	}
 	clock := &fakeClock{t: time.Unix(1_700_000_000, 0)}
-	svc, err := selection.NewBuilder().Router(rc).Clock(clock.Now).Rand(rand.New(rand.NewPCG(1, 2))).Build()
+	svc, err := selection.New(selection.Config{Router: rc, Clock: clock.Now, Rand: rand.New(rand.NewPCG(1, 2))})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -12,7 +12,6 @@
 package httpadmin
 
 import (
-	"errors"
 	"log/slog"
 	"net/http"
 	"net/http/pprof"
@@ -44,16 +43,12 @@ type Options struct {
 type PeerManager interface {
 	// Register connects to a peer; created is false when it was already present.
 	Register(endpoint string) (created bool, err error)
-	// Deregister disconnects a peer; ErrPeerNotFound when it is not present.
+	// Deregister disconnects a peer. An unknown peer is a *selection.Error of
+	// KindNotFound, which the API answers 404 {"error":"peer not found"}.
 	Deregister(endpoint string) error
 	// Peers lists the connected peer endpoints, sorted.
 	Peers() []string
 }
-
-// ErrPeerNotFound is what PeerManager.Deregister returns for an unknown peer;
-// the API answers 404 {"error":"peer not found"}. Other PeerManager errors are
-// mapped like Service errors: a *selection.Error by its Kind, anything else 500.
-var ErrPeerNotFound = errors.New("peer not found")
 
 // server holds the mux and what the handlers need.
 type server struct {

@@ -24,7 +24,7 @@ func kvselectREST(t *testing.T) string {
 	l := kvlisten.New(context.Background(), kvlisten.Options{Logger: quiet(),
 		ReconnectMin: 20 * time.Millisecond, ReconnectMax: 200 * time.Millisecond})
 	t.Cleanup(l.Close)
-	svc, err := selection.NewBuilder().Router(routerconfig.Default()).Listeners(l).Build()
+	svc, err := selection.New(selection.Config{Router: routerconfig.Default(), Listeners: l})
 	if err != nil {
 		t.Fatal(err)
 	}

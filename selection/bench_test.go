@@ -18,7 +18,7 @@ import (
 func benchService(b *testing.B, workers int) (*Service, [][]uint32) {
 	b.Helper()
 	rc := routerconfig.Default()
-	s, err := NewBuilder().Router(rc).Clock(time.Now).Rand(rand.New(rand.NewPCG(7, 8))).Build()
+	s, err := New(Config{Router: rc, Clock: time.Now, Rand: rand.New(rand.NewPCG(7, 8))})
 	if err != nil {
 		b.Fatal(err)
 	}

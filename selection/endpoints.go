@@ -2,7 +2,10 @@ package selection
 
 import (
 	"context"
+	"fmt"
+	"strings"
 
+	"github.com/kvselect/kvselect/selection/catalog"
 	"github.com/kvselect/kvselect/selection/index"
 	"github.com/kvselect/kvselect/selection/loads"
 )
@@ -46,6 +49,78 @@ func (s *Service) Endpoints(key PartitionKey) []RankEndpoint {
 		out = append(out, RankEndpoint{WorkerID: w.WorkerID, DPRank: w.DPRank, Endpoint: ws.byID[w.WorkerID].EndpointOrEmpty()})
 	}
 	return out
+}
+
+// RebookServed attributes a live booking to the rank at addr, the host:port a
+// gateway reports as having served the request (GIE protocol 004's served
+// endpoint) when it differs from the one selection chose; addresses compare
+// as catalog.Address writes a worker's endpoint. The rank is, in order:
+//
+//   - the booking's own rank, when its worker is at addr (nothing moves);
+//   - the first of preferred whose worker is at addr: the fallbacks the front
+//     offered in order, each a rank selection ranked for this request;
+//   - the one schedulable rank of the partition at addr.
+//
+// An address several ranks share — a data-parallel worker's, or one endpoint
+// registered for several workers — names no rank: the booking stays where it
+// is and the call fails with 409 (KindConflict) naming them. An address no
+// schedulable worker has is a 404, as is an unknown booking. The move itself
+// is Rebook's.
+func (s *Service) RebookServed(ctx context.Context, id, addr string, preferred []WorkerRank) (*ReservationResponse, error) {
+	r, err := s.booked(id)
+	if err != nil {
+		return nil, err
+	}
+	p := r.part
+	ws := p.workers.Load()
+	at := func(workerID uint64) bool {
+		rec, ok := ws.byID[workerID]
+		return ok && catalog.Address(rec.EndpointOrEmpty()) == addr
+	}
+	to, found := WorkerRank{WorkerID: r.worker.WorkerID, DPRank: r.worker.DPRank}, at(r.worker.WorkerID)
+	for _, w := range preferred {
+		if found {
+			break
+		}
+		if _, ok := ws.rank(index.WorkerKey{WorkerID: w.WorkerID, DPRank: w.DPRank}); ok && at(w.WorkerID) {
+			to, found = w, true
+		}
+	}
+	if !found {
+		var ranks []index.WorkerKey
+		for _, w := range ws.ranks {
+			if at(w.WorkerID) {
+				ranks = append(ranks, w)
+			}
+		}
+		switch len(ranks) {
+		case 0:
+			return nil, newError(KindNotFound, "no schedulable worker of %s is at %s", displayKey(p.key), addr)
+		case 1:
+			to = WorkerRank{WorkerID: ranks[0].WorkerID, DPRank: ranks[0].DPRank}
+		default:
+			return nil, newError(KindConflict, "%s is the address of %d ranks of %s (%s): the served rank is ambiguous, booking %s stays on worker %d dp_rank %d",
+				addr, len(ranks), displayKey(p.key), rankList(ranks), id, r.worker.WorkerID, r.worker.DPRank)
+		}
+	}
+	return s.Rebook(ctx, id, to)
+}
+
+// rankList writes ranks as "worker 1 dp_rank 0, worker 1 dp_rank 1", at most
+// eight of them.
+func rankList(ranks []index.WorkerKey) string {
+	var b strings.Builder
+	for i, w := range ranks {
+		if i == 8 {
+			fmt.Fprintf(&b, ", … %d more", len(ranks)-i)
+			break
+		}
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		fmt.Fprintf(&b, "worker %d dp_rank %d", w.WorkerID, w.DPRank)
+	}
+	return b.String()
 }
 
 // Rebook moves a live booking to another schedulable rank of its partition,

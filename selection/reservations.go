@@ -228,6 +228,29 @@ func (s *Service) OutputBlock(ctx context.Context, id string, decayFraction *flo
 	return nil
 }
 
+// OutputTokens reports that the booking's response has streamed generated
+// output tokens in total (the ext_proc picker counts them in the SSE stream it
+// relays). The booking grows by one output block per whole block_size tokens
+// not counted before, each weighted toward the booking's expected output
+// length as Dynamo's frontend weights its output blocks; it returns how many
+// blocks were added. Output blocks stay local, as with OutputBlock. Errors:
+// 400 for a negative count, 404 when the booking is gone.
+func (s *Service) OutputTokens(ctx context.Context, id string, generated int) (added int, err error) {
+	if generated < 0 {
+		return 0, newError(KindBadRequest, "output token count must not be negative, got %d", generated)
+	}
+	r, err := s.booked(id)
+	if err != nil {
+		return 0, err
+	}
+	added, err = r.part.loads.AddStreamedOutput(id, generated)
+	if err != nil {
+		s.dropReservation(id, s.clock())
+		return 0, newError(KindNotFound, "reservation %s not found", id)
+	}
+	return added, nil
+}
+
 // Free releases the booking, its reservation row and session lease.
 func (s *Service) Free(ctx context.Context, id string) error {
 	r, err := s.booked(id)

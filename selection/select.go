@@ -407,11 +407,20 @@ func bestCached(overlaps []index.Overlap, blockSize uint32, eff routerconfig.Con
 
 func weightsOf(c routerconfig.Config) scheduler.Weights {
 	return scheduler.Weights{
+		CostWeights:           CostWeightsOf(c),
+		SharedCacheMultiplier: c.SharedCacheMultiplier,
+		TrackPrefillTokens:    c.TrackPrefillTokens, TrackActiveBlocks: c.TrackActiveBlocks,
+	}
+}
+
+// CostWeightsOf is the cost weights a router configuration sets: the values
+// the kv-cost policy takes by default.
+func CostWeightsOf(c routerconfig.Config) scheduler.CostWeights {
+	return scheduler.CostWeights{
 		OverlapScoreCredit: c.OverlapScoreCredit, OverlapScoreCreditDecay: c.OverlapScoreCreditDecay,
 		PrefillLoadScale: c.PrefillLoadScale, DecodeActiveRequestWeight: c.DecodeActiveRequestWeight,
 		HostCacheHitWeight: c.HostCacheHitWeight, DiskCacheHitWeight: c.DiskCacheHitWeight,
-		SharedCacheMultiplier: c.SharedCacheMultiplier, Temperature: c.RouterTemperature,
-		TrackPrefillTokens: c.TrackPrefillTokens, TrackActiveBlocks: c.TrackActiveBlocks,
+		Temperature: c.RouterTemperature,
 	}
 }
 

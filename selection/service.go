@@ -30,10 +30,11 @@ import (
 	"github.com/kvselect/kvselect/selection/scheduler"
 )
 
-// Config assembles everything a Service needs. The zero value of each field is
-// Dynamo's default.
+// Config assembles everything a Service needs. Every field but Router has a
+// useful zero value.
 type Config struct {
-	// Router is the router configuration (DYN_ROUTER_* knobs).
+	// Router is the router configuration (the DYN_ROUTER_* knobs);
+	// routerconfig.Default() is Dynamo's. New validates it.
 	Router routerconfig.Config
 	// Tracking selects the tracking-hash algorithm (--router-tracking-*).
 	Tracking kvhash.TrackingConfig
@@ -48,39 +49,10 @@ type Config struct {
 	// Listeners receives per-rank attach/detach calls when KV events are on; nil
 	// means no adapter is connected (endpoints are still validated).
 	Listeners Listeners
-	// Policy overrides the default (Dynamo cost) selection policy.
+	// Policy replaces the default selection policy (Dynamo's cost,
+	// scheduler.DefaultPolicy) when set.
 	Policy *scheduler.Policy
 }
-
-// Builder assembles a Service.
-type Builder struct{ cfg Config }
-
-// NewBuilder starts from Dynamo's defaults.
-func NewBuilder() *Builder { return &Builder{cfg: Config{Router: routerconfig.Default()}} }
-
-// Config replaces the whole configuration.
-func (b *Builder) Config(c Config) *Builder { b.cfg = c; return b }
-
-// Router sets the router configuration.
-func (b *Builder) Router(c routerconfig.Config) *Builder { b.cfg.Router = c; return b }
-
-// Tracking sets the tracking-hash configuration.
-func (b *Builder) Tracking(c kvhash.TrackingConfig) *Builder { b.cfg.Tracking = c; return b }
-
-// SelectionCache sets the pending-selection cache bounds.
-func (b *Builder) SelectionCache(c pending.Config) *Builder { b.cfg.SelectionCache = c; return b }
-
-// Clock injects the time source.
-func (b *Builder) Clock(now func() time.Time) *Builder { b.cfg.Clock = now; return b }
-
-// Rand injects the random source.
-func (b *Builder) Rand(r *rand.Rand) *Builder { b.cfg.Rand = r; return b }
-
-// Listeners connects the KV-event adapter.
-func (b *Builder) Listeners(l Listeners) *Builder { b.cfg.Listeners = l; return b }
-
-// Policy replaces the selection policy (custom scorers and pickers).
-func (b *Builder) Policy(p scheduler.Policy) *Builder { b.cfg.Policy = &p; return b }
 
 // Service is the embedded selection service. It is safe for concurrent use.
 type Service struct {
@@ -116,9 +88,8 @@ type Service struct {
 	writer     uint64
 }
 
-// Build validates the configuration and returns the service.
-func (b *Builder) Build() (*Service, error) {
-	cfg := b.cfg
+// New validates cfg and returns the service.
+func New(cfg Config) (*Service, error) {
 	if err := cfg.Router.Validate(); err != nil {
 		return nil, fmt.Errorf("router config: %w", err)
 	}

@@ -240,7 +240,7 @@ func TestCustomPolicySeam(t *testing.T) {
 	p := scheduler.DefaultPolicy()
 	p.Scorer = lowestIDScorer{}
 	p.Filters = []scheduler.Filter{rejectWorker(1)}
-	s, err := NewBuilder().Router(rc).Rand(rand.New(rand.NewPCG(3, 3))).Policy(p).Build()
+	s, err := New(Config{Router: rc, Rand: rand.New(rand.NewPCG(3, 3)), Policy: &p})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -252,7 +252,7 @@ func TestCustomPolicySeam(t *testing.T) {
 		t.Fatalf("custom policy chose %+v (%v), want worker 2", resp, err)
 	}
 	p.Filters = []scheduler.Filter{rejectWorker(1), rejectWorker(2), rejectWorker(3)}
-	all, _ := NewBuilder().Router(rc).Policy(p).Build()
+	all, _ := New(Config{Router: rc, Policy: &p})
 	mustUpsert(t, all, workerRec(1))
 	_, err = all.SelectAndReserve(bg, selReq("z", 1, 2, 3, 4))
 	if KindOf(err) != KindUnavailable {
@@ -442,7 +442,7 @@ func (l *recordingListeners) take() []string {
 func TestListenerReconciliationRankByRank(t *testing.T) {
 	rc := routerconfig.Default()
 	l := &recordingListeners{}
-	s, err := NewBuilder().Router(rc).Rand(rand.New(rand.NewPCG(9, 9))).Listeners(l).Build()
+	s, err := New(Config{Router: rc, Rand: rand.New(rand.NewPCG(9, 9)), Listeners: l})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -42,7 +42,7 @@ func newService(t testing.TB, edit func(*routerconfig.Config)) (*Service, *fakeC
 		edit(&rc)
 	}
 	clock := &fakeClock{t: time.Unix(1_700_000_000, 0)}
-	s, err := NewBuilder().Router(rc).Clock(clock.Now).Rand(rand.New(rand.NewPCG(1, 2))).Build()
+	s, err := New(Config{Router: rc, Clock: clock.Now, Rand: rand.New(rand.NewPCG(1, 2))})
 	if err != nil {
 		t.Fatal(err)
 	}

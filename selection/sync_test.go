@@ -52,7 +52,7 @@ func replicaPair(t *testing.T, edit func(*routerconfig.Config)) (a, b *Service, 
 	}
 	clock = &fakeClock{t: time.Unix(1_700_000_000, 0)}
 	build := func(seed uint64) (*Service, *recorder) {
-		s, err := NewBuilder().Router(rc).Clock(clock.Now).Rand(rand.New(rand.NewPCG(seed, seed+1))).Build()
+		s, err := New(Config{Router: rc, Clock: clock.Now, Rand: rand.New(rand.NewPCG(seed, seed+1))})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -3,6 +3,7 @@ package server
 import (
 	"fmt"
 	"log/slog"
+	"os"
 	"reflect"
 	"time"
 
@@ -56,14 +57,31 @@ func resolveConfig(o *options, lookup func(string) (string, bool), log *slog.Log
 	return selection.Config{
 		Router: rc,
 		// The service builds its tracker from Tracking alone; it must say what
-		// the router configuration says.
+		// the router configuration says. The key itself is read by
+		// loadTrackingKey, when the server starts.
 		Tracking: kvhash.TrackingConfig{
 			Algorithm: string(rc.TrackingHash),
-			KeyFile:   rc.TrackingKeyFile.Or(""),
 			KeyID:     rc.TrackingKeyID.Or(""),
 		},
 		SelectionCache: pending.Config{TTL: o.cacheTTL, MaxEntries: o.cacheMaxEntries, MaxBytes: o.cacheMaxBytes},
 	}, nil
+}
+
+// loadTrackingKey reads the keyed-xxh3-v1 key named by the router
+// configuration (--router-tracking-key-file, DYN_ROUTER_TRACKING_KEY_FILE)
+// into cfg.Tracking. A file that cannot be read is a *UsageError naming it;
+// its size is checked by selection.New.
+func loadTrackingKey(cfg *selection.Config) error {
+	path, ok := cfg.Router.TrackingKeyFile.Get()
+	if !ok {
+		return nil
+	}
+	key, err := os.ReadFile(path)
+	if err != nil {
+		return &UsageError{fmt.Errorf("tracking key file: %w", err)}
+	}
+	cfg.Tracking.Key = key
+	return nil
 }
 
 // optionalString maps a flag value to a router knob; the empty string unsets

@@ -43,7 +43,7 @@ func TestFlagsOverrideEnvironment(t *testing.T) {
 	}{
 		{"defaults without either", nil, nil, func(c routerconfig.Config, s selection.Config) bool {
 			return c.EventThreads == 4 && !c.SessionAffinityTTL.IsSet() && c.AssumeKVReuse &&
-				c.TrackingHash == routerconfig.TrackingPublic && s.Tracking == kvhash.TrackingConfig{Algorithm: kvhash.AlgorithmPublic} &&
+				c.TrackingHash == routerconfig.TrackingPublic && s.Tracking.Algorithm == kvhash.AlgorithmPublic && s.Tracking.Key == nil &&
 				s.SelectionCache.TTL == 120*time.Second && s.SelectionCache.MaxEntries == 4096 && s.SelectionCache.MaxBytes == 268435456
 		}},
 		{"threads from environment", map[string]string{"DYN_ROUTER_EVENT_THREADS": "8"}, nil,
@@ -69,15 +69,15 @@ func TestFlagsOverrideEnvironment(t *testing.T) {
 		{"--router-assume-kv-reuse=false", nil, []string{"--router-assume-kv-reuse=false"},
 			func(c routerconfig.Config, _ selection.Config) bool { return !c.AssumeKVReuse }},
 		{"keyed tracking from environment", keyed, nil, func(c routerconfig.Config, s selection.Config) bool {
-			return s.Tracking == kvhash.TrackingConfig{Algorithm: kvhash.AlgorithmKeyed, KeyFile: "/env.key", KeyID: "env-epoch"}
+			return c.TrackingKeyFile == routerconfig.Some("/env.key") && s.Tracking.Algorithm == kvhash.AlgorithmKeyed && s.Tracking.KeyID == "env-epoch"
 		}},
 		{"tracking key flags win", keyed, []string{"--router-tracking-key-file", "/flag.key", "--router-tracking-key-id", "flag-epoch"},
-			func(_ routerconfig.Config, s selection.Config) bool {
-				return s.Tracking == kvhash.TrackingConfig{Algorithm: kvhash.AlgorithmKeyed, KeyFile: "/flag.key", KeyID: "flag-epoch"}
+			func(c routerconfig.Config, s selection.Config) bool {
+				return c.TrackingKeyFile == routerconfig.Some("/flag.key") && s.Tracking.Algorithm == kvhash.AlgorithmKeyed && s.Tracking.KeyID == "flag-epoch"
 			}},
 		{"flags switch back to public and clear the key", keyed, []string{"--router-tracking-hash", "public-xxh3-v1", "--router-tracking-key-file", "", "--router-tracking-key-id", ""},
 			func(c routerconfig.Config, s selection.Config) bool {
-				return !c.TrackingKeyFile.IsSet() && !c.TrackingKeyID.IsSet() && s.Tracking == kvhash.TrackingConfig{Algorithm: kvhash.AlgorithmPublic}
+				return !c.TrackingKeyFile.IsSet() && !c.TrackingKeyID.IsSet() && s.Tracking.Algorithm == kvhash.AlgorithmPublic && s.Tracking.KeyID == ""
 			}},
 		{"other environment knobs pass through", map[string]string{"DYN_ROUTER_TEMPERATURE": "0.5", "DYN_ROUTER_QUEUE_THRESHOLD": "2"}, []string{"--threads", "3"},
 			func(c routerconfig.Config, _ selection.Config) bool {
@@ -164,12 +164,20 @@ func TestKeyFileIsReadAtStartup(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := selection.NewBuilder().Config(cfg).Build(); err != nil {
+	if err := loadTrackingKey(&cfg); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := selection.New(cfg); err != nil {
 		t.Fatalf("Build with a 32-byte key: %v", err)
 	}
 	status, _, stderr := runArgs(t, append(keyed, short)...)
-	if status != 2 || !strings.Contains(stderr, "holds 5 bytes, want exactly 32") {
+	if status != 2 || !strings.Contains(stderr, "holds 5 bytes, want exactly 32") || !strings.Contains(stderr, short) {
 		t.Errorf("short key: status %d, stderr %q", status, stderr)
+	}
+	missing := filepath.Join(dir, "missing.key")
+	status, _, stderr = runArgs(t, append(keyed, missing)...)
+	if status != 2 || !strings.Contains(stderr, missing) {
+		t.Errorf("missing key file: status %d, stderr %q", status, stderr)
 	}
 }
 

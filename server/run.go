@@ -27,15 +27,6 @@ import (
 	"github.com/kvselect/kvselect/selection"
 )
 
-// maintainEvery is the cadence of svc.Maintain. Dynamo runs its expiry task
-// every 60 s, so a stale booking lingers five to six minutes at the default
-// 300 s expiry (api spec §10). Maintain only walks the partitions and what has
-// expired, so a 5 s tick costs nothing measurable while keeping every deadline
-// it enforces (active-request expiry, idle session bindings down to the 1 s
-// minimum TTL, approximate-index TTL, queued waiters re-checking load) within
-// 5 s of its configured value.
-const maintainEvery = 5 * time.Second
-
 // readHeaderTimeout bounds how long a client may take to send request headers
 // (slowloris). There is no whole-request timeout: a selection may wait in the
 // scheduler queue for as long as its client allows.
@@ -81,9 +72,15 @@ func run(ctx context.Context, args []string, set *settings) error {
 		cfg.Listeners = kv
 		metrics.MustRegister(kv)
 	}
-	svc, err := selection.NewBuilder().Config(cfg).Build()
+	if err := loadTrackingKey(&cfg); err != nil {
+		return err
+	}
+	svc, err := selection.New(cfg)
 	if err != nil {
-		// Only configuration reaches Build (an unreadable key file, say).
+		// Only configuration reaches New (a key of the wrong size, say).
+		if path, ok := cfg.Router.TrackingKeyFile.Get(); ok {
+			err = fmt.Errorf("tracking key file %s: %w", path, err)
+		}
 		return &UsageError{err}
 	}
 	// Replica sync (seed doc "Peer Planes"): admissions, prefill completions,
@@ -160,7 +157,7 @@ func run(ctx context.Context, args []string, set *settings) error {
 
 	upkeep, stopUpkeep := context.WithCancel(ctx)
 	var wg sync.WaitGroup
-	wg.Go(func() { svc.MaintainEvery(upkeep, maintainEvery) })
+	wg.Go(func() { Upkeep(upkeep, svc, maintainEvery) })
 	startDiscovery(upkeep, &wg)
 	if len(o.indexerPeers) > 0 {
 		wg.Go(func() { recovery.Run(upkeep, svc, recovery.Options{Peers: o.indexerPeers, Logger: log}) })

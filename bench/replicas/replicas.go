@@ -109,7 +109,7 @@ type node struct {
 
 func newNode(ctx context.Context, cfg Config, seed uint64, dump index.Dump) (*node, error) {
 	rc := routerconfig.Default() // KV-event index, as in production: bookings do not teach it
-	svc, err := selection.NewBuilder().Router(rc).Rand(rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))).Build()
+	svc, err := selection.New(selection.Config{Router: rc, Rand: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))})
 	if err != nil {
 		return nil, err
 	}

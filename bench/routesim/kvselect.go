@@ -61,14 +61,14 @@ func NewApproximate(ctx context.Context, w *World, rc *routerconfig.Config) (*Se
 
 func newService(ctx context.Context, name string, w *World, rc routerconfig.Config) (*Service, error) {
 	p := &Service{name: name, w: w, start: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
-	b := selection.NewBuilder().Router(rc).
-		Clock(func() time.Time { return p.start.Add(w.Now()) }).
-		Rand(rand.New(rand.NewPCG(w.cfg.Seed, 0x5e1ec7)))
+	cfg := selection.Config{Router: rc,
+		Clock: func() time.Time { return p.start.Add(w.Now()) },
+		Rand:  rand.New(rand.NewPCG(w.cfg.Seed, 0x5e1ec7))}
 	if rc.UseKVEvents {
 		p.sink = &eventSink{ranks: map[index.WorkerKey]*index.Index{}}
-		b = b.Listeners(p.sink)
+		cfg.Listeners = p.sink
 	}
-	svc, err := b.Build()
+	svc, err := selection.New(cfg)
 	if err != nil {
 		return nil, fmt.Errorf("routesim: %s: %w", name, err)
 	}

@@ -40,6 +40,7 @@ import (
 	"github.com/kvselect/kvselect/selection"
 	"github.com/kvselect/kvselect/selection/catalog"
 	"github.com/kvselect/kvselect/selection/routerconfig"
+	"github.com/kvselect/kvselect/server"
 )
 
 const (
@@ -514,7 +515,7 @@ func cpuTime() time.Duration {
 func epInProcess(ctx context.Context, c epConfig) (restBase, epAddr string, err error) {
 	rc := routerconfig.Default()
 	rc.UseKVEvents = c.kvEvents
-	svc, err := selection.NewBuilder().Router(rc).Build()
+	svc, err := selection.New(selection.Config{Router: rc})
 	if err != nil {
 		return "", "", err
 	}
@@ -529,7 +530,7 @@ func epInProcess(ctx context.Context, c epConfig) (restBase, epAddr string, err 
 			return "", "", err
 		}
 	}
-	go svc.MaintainEvery(ctx, 5*time.Second)
+	go server.Upkeep(ctx, svc, 5*time.Second)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return "", "", err

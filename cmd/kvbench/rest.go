@@ -32,6 +32,7 @@ import (
 	"github.com/kvselect/kvselect/selection/index"
 	"github.com/kvselect/kvselect/selection/kvhash"
 	"github.com/kvselect/kvselect/selection/routerconfig"
+	"github.com/kvselect/kvselect/server"
 )
 
 const (
@@ -153,7 +154,7 @@ func runRest(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if base == "" {
 		rc := routerconfig.Default() // UseKVEvents stays true: Dynamo's and kvselect's default
 		var err error
-		if svc, err = selection.NewBuilder().Router(rc).Build(); err != nil {
+		if svc, err = selection.New(selection.Config{Router: rc}); err != nil {
 			return err
 		}
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -165,7 +166,7 @@ func runRest(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		defer srv.Close()
 		upkeep, stop := context.WithCancel(ctx)
 		defer stop()
-		go svc.MaintainEvery(upkeep, 5*time.Second) // the host's job, as cmd/kvselect does it
+		go server.Upkeep(upkeep, svc, 5*time.Second) // the host's job, as server.Run does it
 		base = "http://" + ln.Addr().String()
 		res.Server, res.UseKVEvents = "in-process", &rc.UseKVEvents
 	} else {

@@ -76,7 +76,7 @@ func getJSON(t *testing.T, url string, v any) int {
 func TestServeRegisterDeregister(t *testing.T) {
 	l := kvlisten.New(context.Background(), kvlisten.Options{})
 	defer l.Close()
-	svc, err := selection.NewBuilder().Router(routerconfig.Default()).Listeners(l).Build()
+	svc, err := selection.New(selection.Config{Router: routerconfig.Default(), Listeners: l})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -96,7 +96,7 @@ func TestRoleIsEnoughAndNoMore(t *testing.T) {
 
 	rc := routerconfig.Default()
 	rc.UseKVEvents = false
-	svc, err := selection.NewBuilder().Router(rc).Build()
+	svc, err := selection.New(selection.Config{Router: rc})
 	if err != nil {
 		t.Fatal(err)
 	}

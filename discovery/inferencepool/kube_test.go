@@ -49,7 +49,7 @@ func startPicker(t *testing.T, cfg *rest.Config, ns, name string) *picker {
 	t.Helper()
 	rc := routerconfig.Default()
 	rc.UseKVEvents = false // no engines publish here; the endpoints are still built and shown
-	svc, err := selection.NewBuilder().Router(rc).Build()
+	svc, err := selection.New(selection.Config{Router: rc})
 	if err != nil {
 		t.Fatal(err)
 	}

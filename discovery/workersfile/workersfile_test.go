@@ -114,7 +114,7 @@ func start(t *testing.T) *harness {
 	t.Helper()
 	rc := routerconfig.Default()
 	rc.UseKVEvents = false
-	svc, err := selection.NewBuilder().Router(rc).Build()
+	svc, err := selection.New(selection.Config{Router: rc})
 	if err != nil {
 		t.Fatal(err)
 	}

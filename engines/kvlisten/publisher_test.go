@@ -139,7 +139,7 @@ func TestLanesDroppedBatchesGroundTruth(t *testing.T) {
 // then holds exactly what the restarted engine holds.
 func TestPublisherRestartSameAddress(t *testing.T) {
 	l := newListeners(t)
-	svc, err := selection.NewBuilder().Router(routerconfig.Default()).Listeners(l).Build()
+	svc, err := selection.New(selection.Config{Router: routerconfig.Default(), Listeners: l})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -20,7 +20,7 @@ import (
 func TestServiceIndexesRegisteredWorkerEvents(t *testing.T) {
 	e := newEngine(t, true)
 	l := newListeners(t)
-	svc, err := selection.NewBuilder().Router(routerconfig.Default()).Listeners(l).Build()
+	svc, err := selection.New(selection.Config{Router: routerconfig.Default(), Listeners: l})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -56,7 +56,7 @@ func BenchmarkMeshAddFree(b *testing.B) {
 	build := func(seed uint64) (*selection.Service, *Mesh) {
 		rc := routerconfig.Default()
 		rc.UseKVEvents = false
-		svc, err := selection.NewBuilder().Router(rc).Clock(clk.Now).Rand(rand.New(rand.NewPCG(seed, seed))).Build()
+		svc, err := selection.New(selection.Config{Router: rc, Clock: clk.Now, Rand: rand.New(rand.NewPCG(seed, seed))})
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -32,7 +32,6 @@ import (
 
 	"github.com/go-zeromq/zmq4"
 
-	"github.com/kvselect/kvselect/httpadmin"
 	"github.com/kvselect/kvselect/selection"
 	"github.com/kvselect/kvselect/selection/affinity"
 	"github.com/kvselect/kvselect/selection/catalog"
@@ -88,8 +87,9 @@ type Options struct {
 }
 
 // Mesh is one replica's side of the replica mesh. It implements
-// selection.ReplicaObserver (outbound) and httpadmin.PeerManager (dynamic
-// peers).
+// selection.ReplicaObserver (outbound) and, with Register, Deregister and
+// Peers, the dynamic peer membership the REST API's /replica_sync/* routes
+// manage (the server hands it to httpadmin as its PeerManager).
 type Mesh struct {
 	r      Replica
 	opts   Options
@@ -114,10 +114,7 @@ type Mesh struct {
 	c counters
 }
 
-var (
-	_ selection.ReplicaObserver = (*Mesh)(nil)
-	_ httpadmin.PeerManager     = (*Mesh)(nil)
-)
+var _ selection.ReplicaObserver = (*Mesh)(nil)
 
 // counters are the mesh's statistics, updated without locks.
 type counters struct {
@@ -347,7 +344,8 @@ func (m *Mesh) Deregister(endpoint string) error {
 	delete(m.peers, endpoint)
 	m.mu.Unlock()
 	if !ok {
-		return httpadmin.ErrPeerNotFound
+		// Dynamo's text for POST /replica_sync/deregister_peer's 404.
+		return &selection.Error{Kind: selection.KindNotFound, Message: "peer not found"}
 	}
 	p.cancel()
 	<-p.done

@@ -2,7 +2,6 @@ package mesh
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -16,7 +15,6 @@ import (
 
 	"github.com/go-zeromq/zmq4"
 
-	"github.com/kvselect/kvselect/httpadmin"
 	"github.com/kvselect/kvselect/selection"
 	"github.com/kvselect/kvselect/selection/catalog"
 	"github.com/kvselect/kvselect/selection/routerconfig"
@@ -60,7 +58,7 @@ func newReplica(t *testing.T, name string, seed uint64, clk *clock, workers int,
 	if edit != nil {
 		edit(&rc)
 	}
-	svc, err := selection.NewBuilder().Router(rc).Clock(clk.Now).Rand(rand.New(rand.NewPCG(seed, seed))).Build()
+	svc, err := selection.New(selection.Config{Router: rc, Clock: clk.Now, Rand: rand.New(rand.NewPCG(seed, seed))})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -305,7 +303,7 @@ func TestDynamicPeers(t *testing.T) {
 	if err := a.mesh.Deregister(b.endpoint()); err != nil {
 		t.Fatal(err)
 	}
-	if err := a.mesh.Deregister(b.endpoint()); !errors.Is(err, httpadmin.ErrPeerNotFound) {
+	if err := a.mesh.Deregister(b.endpoint()); selection.KindOf(err) != selection.KindNotFound || err.Error() != "peer not found" {
 		t.Fatalf("second deregister: %v", err)
 	}
 	// A no longer hears B.
@@ -337,7 +335,7 @@ func TestStartRejectsBadPeerAndFreesPort(t *testing.T) {
 	if err := a.mesh.Close(); err != nil {
 		t.Fatal(err)
 	}
-	svc, err := selection.NewBuilder().Build()
+	svc, err := selection.New(selection.Config{Router: routerconfig.Default()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -390,7 +388,7 @@ func TestResolvePeersExpandsNamesAndSkipsSelf(t *testing.T) {
 	b := newReplica(t, "B", 2, clk, 1, nil)
 	rc := routerconfig.Default()
 	rc.UseKVEvents = false
-	svc, err := selection.NewBuilder().Router(rc).Clock(clk.Now).Rand(rand.New(rand.NewPCG(9, 9))).Build()
+	svc, err := selection.New(selection.Config{Router: rc, Clock: clk.Now, Rand: rand.New(rand.NewPCG(9, 9))})
 	if err != nil {
 		t.Fatal(err)
 	}

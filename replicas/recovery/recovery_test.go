@@ -30,7 +30,7 @@ func newService(t *testing.T, seed uint64, workers int) *selection.Service {
 	t.Helper()
 	rc := routerconfig.Default()
 	rc.UseKVEvents = false
-	s, err := selection.NewBuilder().Router(rc).Rand(rand.New(rand.NewPCG(seed, seed))).Build()
+	s, err := selection.New(selection.Config{Router: rc, Rand: rand.New(rand.NewPCG(seed, seed))})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -3,8 +3,6 @@ package kvhash
 import (
 	"errors"
 	"math/rand/v2"
-	"os"
-	"path/filepath"
 	"slices"
 	"testing"
 
@@ -160,16 +158,8 @@ func TestKeyedVectors(t *testing.T) {
 }
 
 func TestTrackerConfigErrors(t *testing.T) {
-	dir := t.TempDir()
-	good := filepath.Join(dir, "good.key")
-	short := filepath.Join(dir, "short.key")
 	k := key(0x5a)
-	if err := os.WriteFile(good, k[:], 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(short, k[:31], 0o600); err != nil {
-		t.Fatal(err)
-	}
+	good, short := k[:], k[:31]
 	for _, tc := range []struct {
 		name string
 		cfg  TrackingConfig
@@ -177,14 +167,14 @@ func TestTrackerConfigErrors(t *testing.T) {
 	}{
 		{"public default", TrackingConfig{}, true},
 		{"public explicit", TrackingConfig{Algorithm: AlgorithmPublic}, true},
-		{"public rejects key file", TrackingConfig{KeyFile: good}, false},
+		{"public rejects a key", TrackingConfig{Key: good}, false},
 		{"public rejects key id", TrackingConfig{KeyID: "x"}, false},
 		{"unknown algorithm", TrackingConfig{Algorithm: "sha256"}, false},
-		{"keyed ok", TrackingConfig{Algorithm: AlgorithmKeyed, KeyFile: good, KeyID: " 2026-01 "}, true},
-		{"keyed needs id", TrackingConfig{Algorithm: AlgorithmKeyed, KeyFile: good, KeyID: "  "}, false},
-		{"keyed needs file", TrackingConfig{Algorithm: AlgorithmKeyed, KeyID: "a"}, false},
-		{"keyed short file", TrackingConfig{Algorithm: AlgorithmKeyed, KeyFile: short, KeyID: "a"}, false},
-		{"keyed missing file", TrackingConfig{Algorithm: AlgorithmKeyed, KeyFile: filepath.Join(dir, "nope"), KeyID: "a"}, false},
+		{"keyed ok", TrackingConfig{Algorithm: AlgorithmKeyed, Key: good, KeyID: " 2026-01 "}, true},
+		{"keyed needs id", TrackingConfig{Algorithm: AlgorithmKeyed, Key: good, KeyID: "  "}, false},
+		{"keyed needs a key", TrackingConfig{Algorithm: AlgorithmKeyed, KeyID: "a"}, false},
+		{"keyed short key", TrackingConfig{Algorithm: AlgorithmKeyed, Key: short, KeyID: "a"}, false},
+		{"keyed long key", TrackingConfig{Algorithm: AlgorithmKeyed, Key: append(k[:], 0), KeyID: "a"}, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			tr, err := NewTracker(tc.cfg, nil)

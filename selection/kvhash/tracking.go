@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"os"
 	"strings"
 	"sync"
 
@@ -36,8 +35,10 @@ var ErrTrackingConfig = errors.New("invalid tracking-hash configuration")
 type TrackingConfig struct {
 	// Algorithm is AlgorithmPublic (the default when empty) or AlgorithmKeyed.
 	Algorithm string
-	// KeyFile is the path of the 32-byte key (keyed mode only).
-	KeyFile string
+	// Key is the KeySize-byte secret (keyed mode only). The caller reads it
+	// from wherever it is kept (the server reads --router-tracking-key-file);
+	// the tracker copies it.
+	Key []byte
 	// KeyID names the key epoch (keyed mode only); it is trimmed and must be non-empty.
 	KeyID string
 }
@@ -61,7 +62,7 @@ type Tracker struct {
 	rnd   *rand.Rand
 }
 
-// NewTracker validates cfg and loads the key file in keyed mode. rnd supplies the
+// NewTracker validates cfg. rnd supplies the
 // random hashes (KV reuse not assumed, placeholder output blocks); nil seeds a
 // private ChaCha8 source from crypto/rand. Pass a seeded source for determinism.
 func NewTracker(cfg TrackingConfig, rnd *rand.Rand) (*Tracker, error) {
@@ -73,8 +74,8 @@ func NewTracker(cfg TrackingConfig, rnd *rand.Rand) (*Tracker, error) {
 	t := &Tracker{rnd: rnd}
 	switch cfg.Algorithm {
 	case "", AlgorithmPublic:
-		if cfg.KeyFile != "" || cfg.KeyID != "" {
-			return nil, fmt.Errorf("%w: %s takes no key file or key id", ErrTrackingConfig, AlgorithmPublic)
+		if cfg.Key != nil || cfg.KeyID != "" {
+			return nil, fmt.Errorf("%w: %s takes no key or key id", ErrTrackingConfig, AlgorithmPublic)
 		}
 		return t, nil
 	case AlgorithmKeyed:
@@ -85,19 +86,15 @@ func NewTracker(cfg TrackingConfig, rnd *rand.Rand) (*Tracker, error) {
 	if id == "" {
 		return nil, fmt.Errorf("%w: %s needs a non-empty key id", ErrTrackingConfig, AlgorithmKeyed)
 	}
-	if cfg.KeyFile == "" {
-		return nil, fmt.Errorf("%w: %s needs a key file", ErrTrackingConfig, AlgorithmKeyed)
+	if cfg.Key == nil {
+		return nil, fmt.Errorf("%w: %s needs a key", ErrTrackingConfig, AlgorithmKeyed)
 	}
-	key, err := os.ReadFile(cfg.KeyFile)
-	if err != nil {
-		return nil, fmt.Errorf("%w: read key file: %w", ErrTrackingConfig, err)
-	}
-	if len(key) != KeySize {
-		return nil, fmt.Errorf("%w: key file %s holds %d bytes, want exactly %d", ErrTrackingConfig, cfg.KeyFile, len(key), KeySize)
+	if len(cfg.Key) != KeySize {
+		return nil, fmt.Errorf("%w: the key holds %d bytes, want exactly %d", ErrTrackingConfig, len(cfg.Key), KeySize)
 	}
 	t.keyed = true
 	t.keyID = id
-	copy(t.key[:], key)
+	copy(t.key[:], cfg.Key)
 	return t, nil
 }
 

@@ -135,10 +135,10 @@ func (p Projection) PotentialDecodeBlocks() int {
 	return p.ActiveDecodeBlocks + p.AdditionalBlocks
 }
 
-// DecayFraction is the output-block decay weight Dynamo's push router sends
+// decayFraction is the output-block decay weight Dynamo's push router sends
 // after generated output tokens of an expected total: 1 − generated/expected,
 // floored at 0, expected clamped to at least 1. Nil when nothing is expected.
-func DecayFraction(generated int, expected *uint32) *float64 {
+func decayFraction(generated int, expected *uint32) *float64 {
 	if expected == nil {
 		return nil
 	}
@@ -175,6 +175,8 @@ type request struct {
 	// blocks is ceil((isl + generated)/block_size) at the last output block
 	// RecordOutputTokens emitted.
 	blocks int
+	// streamed counts the output blocks AddStreamedOutput added.
+	streamed int
 	// Output blocks: outUnit at weight 1, outFrac at weight outFracVal. A decay
 	// fraction re-weights every output block of the request at once
 	// (set_unique_suffix_fractional), so two groups suffice.
@@ -309,8 +311,8 @@ func (t *Tracker) PrefillComplete(id string) error {
 // suffix of its prompt path) is re-weighted to that fraction; shared prompt
 // blocks keep their weight (block_tracker.rs set_unique_suffix_fractional). The
 // fraction is checked before the lookup, as the service does.
-func (t *Tracker) AddOutputBlock(id string, decayFraction *float64) error {
-	if decayFraction != nil && !(*decayFraction >= 0 && *decayFraction <= 1) {
+func (t *Tracker) AddOutputBlock(id string, fraction *float64) error {
+	if fraction != nil && !(*fraction >= 0 && *fraction <= 1) {
 		return ErrDecayFraction
 	}
 	t.mu.Lock()
@@ -319,14 +321,14 @@ func (t *Tracker) AddOutputBlock(id string, decayFraction *float64) error {
 	if !ok {
 		return fmt.Errorf("output block %q: %w", id, ErrRequestNotFound)
 	}
-	t.addOutput(rq, decayFraction)
+	t.addOutput(rq, fraction)
 	return nil
 }
 
 // RecordOutputTokens reports that the booking has generated generated output
 // tokens in total. When TrackOutputBlocks is set and isl+generated crosses into
 // a new block since the last output block, it adds one output block (one per
-// call, however many boundaries were crossed) weighted by DecayFraction, and
+// call, however many boundaries were crossed) weighted by decayFraction, and
 // reports true: the embedded router's rule in push_router.rs.
 func (t *Tracker) RecordOutputTokens(id string, generated int) (added bool, err error) {
 	t.mu.Lock()
@@ -343,8 +345,40 @@ func (t *Tracker) RecordOutputTokens(id string, generated int) (added bool, err 
 		return false, nil
 	}
 	rq.blocks = blocks
-	t.addOutput(rq, DecayFraction(generated, rq.expected))
+	t.addOutput(rq, decayFraction(generated, rq.expected))
 	return true, nil
+}
+
+// MaxStreamedOutputBlocks bounds the output blocks AddStreamedOutput adds to
+// one booking: a response that streams without end cannot grow a rank's load
+// without bound before the booking expires.
+const MaxStreamedOutputBlocks = 1 << 16
+
+// AddStreamedOutput reports that the booking's response has streamed
+// generated output tokens in total, as a gateway counts them on the response
+// path. It adds one output block for every whole BlockSize tokens not counted
+// by an earlier call (at most MaxStreamedOutputBlocks per booking), block n
+// weighted by decayFraction(n × BlockSize, expected output tokens), as Dynamo's
+// frontend does per generated block; it returns how many it added. Unlike
+// RecordOutputTokens it does not depend on TrackOutputBlocks: the gateway asked
+// for the blocks, as the REST API's output_block route does.
+func (t *Tracker) AddStreamedOutput(id string, generated int) (added int, err error) {
+	if generated < 0 {
+		return 0, fmt.Errorf("streamed output %q: %d tokens: %w", id, generated, ErrInvalidBooking)
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	rq, ok := t.reqs[id]
+	if !ok {
+		return 0, fmt.Errorf("streamed output %q: %w", id, ErrRequestNotFound)
+	}
+	bs := int(t.cfg.BlockSize)
+	want := min(generated/bs, MaxStreamedOutputBlocks)
+	for ; rq.streamed < want; added++ {
+		rq.streamed++
+		t.addOutput(rq, decayFraction(rq.streamed*bs, rq.expected))
+	}
+	return added, nil
 }
 
 // Free releases the booking. A second free of the same id fails with

@@ -573,7 +573,7 @@ func TestRecordOutputTokensEmitsAtBlockBoundaries(t *testing.T) {
 	}
 }
 
-func TestDecayFraction(t *testing.T) {
+func TestDecayFractionFormula(t *testing.T) {
 	for _, tc := range []struct {
 		generated int
 		expected  *uint32
@@ -586,9 +586,9 @@ func TestDecayFraction(t *testing.T) {
 		{0, u32(0), frac(1)},
 		{1, u32(0), frac(0)},
 	} {
-		got := DecayFraction(tc.generated, tc.expected)
+		got := decayFraction(tc.generated, tc.expected)
 		if (got == nil) != (tc.want == nil) || got != nil && *got != *tc.want {
-			t.Errorf("DecayFraction(%d, %v) = %v, want %v", tc.generated, tc.expected, got, tc.want)
+			t.Errorf("decayFraction(%d, %v) = %v, want %v", tc.generated, tc.expected, got, tc.want)
 		}
 	}
 }

@@ -23,6 +23,10 @@ type Policy struct {
 	// ranks (Dynamo's default selector). Without it the target is advisory:
 	// the picker may read ctx.Request.AffinityTarget.
 	ExclusiveAffinity bool
+	// Costs, when set, replace the cost weights the caller derives from its
+	// router configuration (the kv-cost policy's parameters); a request's own
+	// router_config_override still applies on top of them.
+	Costs *CostWeights
 }
 
 // DefaultPolicy is Dynamo's default policy: no policy filters, CostScorer,

@@ -11,6 +11,23 @@ import (
 // Weights is the effective router configuration of one request: the partition's
 // KvRouterConfig after router_config_override (router-core §6, api spec §2.3).
 type Weights struct {
+	CostWeights
+	// SharedCacheMultiplier credits cluster-shared-cache hits past the device prefix.
+	SharedCacheMultiplier float64
+	// TrackPrefillTokens includes prompt-side load in the cost.
+	TrackPrefillTokens bool
+	// TrackActiveBlocks includes decode blocks in the cost. When Dynamo does not
+	// track active blocks it books no tracking hashes, so every rank's decode
+	// blocks and this request's additional blocks are zero; the scorer applies
+	// that directly.
+	TrackActiveBlocks bool
+}
+
+// CostWeights are the weights of the cost terms and the pick's temperature:
+// the parameters of the kv-cost policy (Policy.Costs), which a config file
+// names as Dynamo's KvRouterConfig does (overlap_score_credit,
+// router_temperature, ...).
+type CostWeights struct {
 	// OverlapScoreCredit is the credit per device-resident prefix block.
 	OverlapScoreCredit float64
 	// OverlapScoreCreditDecay shrinks the device credit of ranks whose active
@@ -23,26 +40,19 @@ type Weights struct {
 	// HostCacheHitWeight and DiskCacheHitWeight credit the lower-tier extension
 	// blocks (disk also covers external).
 	HostCacheHitWeight, DiskCacheHitWeight float64
-	// SharedCacheMultiplier credits cluster-shared-cache hits past the device prefix.
-	SharedCacheMultiplier float64
 	// Temperature 0 picks the argmin; > 0 samples a softmax.
 	Temperature float64
-	// TrackPrefillTokens includes prompt-side load in the cost.
-	TrackPrefillTokens bool
-	// TrackActiveBlocks includes decode blocks in the cost. When Dynamo does not
-	// track active blocks it books no tracking hashes, so every rank's decode
-	// blocks and this request's additional blocks are zero; the scorer applies
-	// that directly.
-	TrackActiveBlocks bool
 }
 
 // DefaultWeights returns Dynamo's KvRouterConfig defaults (router-core §6).
 func DefaultWeights() Weights {
 	return Weights{
-		OverlapScoreCredit: 1.0,
-		PrefillLoadScale:   1.0,
-		HostCacheHitWeight: 0.75,
-		DiskCacheHitWeight: 0.25,
+		CostWeights: CostWeights{
+			OverlapScoreCredit: 1.0,
+			PrefillLoadScale:   1.0,
+			HostCacheHitWeight: 0.75,
+			DiskCacheHitWeight: 0.25,
+		},
 		TrackPrefillTokens: true,
 		TrackActiveBlocks:  true,
 	}

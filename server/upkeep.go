@@ -1,0 +1,34 @@
+package server
+
+import (
+	"context"
+	"time"
+
+	"github.com/kvselect/kvselect/selection"
+)
+
+// maintainEvery is the cadence of svc.Maintain. Dynamo runs its expiry task
+// every 60 s, so a stale booking lingers five to six minutes at the default
+// 300 s expiry (lib/kv-router/src/sequences in ai-dynamo/dynamo). Maintain
+// only walks the partitions and what has expired, so a 5 s tick costs nothing
+// measurable while keeping every deadline it enforces (active-request expiry,
+// idle session bindings down to the 1 s minimum TTL, approximate-index TTL,
+// queued waiters re-checking load) within 5 s of its configured value.
+const maintainEvery = 5 * time.Second
+
+// Upkeep calls svc.Maintain every interval until ctx ends: the one timer of
+// the selection core, which starts none of its own. Run starts it; a program
+// that embeds a selection.Service without Run starts it the same way, in a
+// goroutine of its own.
+func Upkeep(ctx context.Context, svc *selection.Service, every time.Duration) {
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			svc.Maintain(ctx)
+		}
+	}
+}
