@@ -11,20 +11,41 @@ import (
 	"github.com/kvselect/kvselect/selection/kvhash"
 	"github.com/kvselect/kvselect/selection/pending"
 	"github.com/kvselect/kvselect/selection/routerconfig"
+	"github.com/kvselect/kvselect/selection/scheduler"
 )
 
-// resolveConfig layers the configuration as Dynamo does: defaults, then the
-// DYN_ROUTER_* environment (routerconfig.FromEnv), then every flag given on the
-// command line; the merged router configuration is validated last, so a flag
-// can repair an environment value that only its cross-field rules reject.
-// FromEnv's warnings are logged; every error is a *UsageError (exit status 2).
-func resolveConfig(o *options, lookup func(string) (string, bool), log *slog.Logger) (selection.Config, error) {
-	rc, warnings, err := routerconfig.FromEnv(lookup)
+// resolved is the configuration Run starts with, and what a reload compares
+// the re-read file against.
+type resolved struct {
+	cfg    selection.Config // cfg.Policy is set
+	policy policyChoice
+}
+
+// resolveConfig layers the configuration: defaults, then the --config file
+// (nil without one), then the DYN_ROUTER_* and KVSELECT_* environment, then
+// every flag given on the command line, as Dynamo layers environment and
+// flags. The merged router configuration is validated last, so a flag can
+// repair an environment value that only its cross-field rules reject.
+// Warnings are logged; every error is a *UsageError (exit status 2).
+// embedded is WithPolicy's policy, if any.
+func resolveConfig(o *options, lookup func(string) (string, bool), file *configFile, embedded *scheduler.Policy, log *slog.Logger) (resolved, error) {
+	choice, warnings, err := choosePolicy(o, lookup, file, embedded != nil)
+	if err != nil {
+		return resolved{}, err
+	}
+	for _, w := range warnings {
+		log.Warn(w, "source", "config file")
+	}
+	rf, err := routerFile(file, &choice)
+	if err != nil {
+		return resolved{}, err
+	}
+	rc, warnings, err := routerconfig.Load(rf, lookup)
 	for _, w := range warnings {
 		log.Warn(w, "source", "environment")
 	}
 	if err != nil {
-		return selection.Config{}, &UsageError{fmt.Errorf("environment: %w", err)}
+		return resolved{}, &UsageError{fmt.Errorf("environment: %w", err)}
 	}
 
 	if o.set["threads"] {
@@ -51,11 +72,26 @@ func resolveConfig(o *options, lookup func(string) (string, bool), log *slog.Log
 		rc.AssumeKVReuse = !o.noAssumeKVReuse
 	}
 	if err := rc.Validate(); err != nil {
-		return selection.Config{}, &UsageError{err}
+		return resolved{}, &UsageError{err}
 	}
 
-	return selection.Config{
+	var pol scheduler.Policy
+	switch {
+	case embedded != nil:
+		pol = *embedded
+	case choice.name == scheduler.DefaultPolicyName:
+		// kv-cost's parameters are the router's cost weights, layered above.
+		pol, err = scheduler.New(choice.name, scheduler.CostParams(selection.CostWeightsOf(rc)))
+	default:
+		pol, err = scheduler.New(choice.name, choice.params)
+	}
+	if err != nil {
+		return resolved{}, &UsageError{fmt.Errorf("%s: %w", choice.source, err)}
+	}
+
+	return resolved{policy: choice, cfg: selection.Config{
 		Router: rc,
+		Policy: &pol,
 		// The service builds its tracker from Tracking alone; it must say what
 		// the router configuration says. The key itself is read by
 		// loadTrackingKey, when the server starts.
@@ -64,7 +100,7 @@ func resolveConfig(o *options, lookup func(string) (string, bool), log *slog.Log
 			KeyID:     rc.TrackingKeyID.Or(""),
 		},
 		SelectionCache: pending.Config{TTL: o.cacheTTL, MaxEntries: o.cacheMaxEntries, MaxBytes: o.cacheMaxBytes},
-	}, nil
+	}}, nil
 }
 
 // loadTrackingKey reads the keyed-xxh3-v1 key named by the router

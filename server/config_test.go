@@ -26,7 +26,8 @@ func resolve(t *testing.T, env map[string]string, args ...string) (selection.Con
 	if err != nil {
 		t.Fatalf("parseFlags(%q): %v", args, err)
 	}
-	return resolveConfig(o, envOf(env), slog.New(slog.NewTextHandler(io.Discard, nil)))
+	r, err := resolveConfig(o, envOf(env), nil, nil, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	return r.cfg, err
 }
 
 func TestFlagsOverrideEnvironment(t *testing.T) {
@@ -138,7 +139,7 @@ func TestEnvironmentWarningsAreLogged(t *testing.T) {
 	}
 	var logs bytes.Buffer
 	env := envOf(map[string]string{"DYN_ROUTER_REPLICA_SYNC": "true", "DYN_ROUTER_MODE": "round-robin"})
-	if _, err := resolveConfig(o, env, newLogger(o, &logs)); err != nil {
+	if _, err := resolveConfig(o, env, nil, nil, newLogger(o, &logs)); err != nil {
 		t.Fatal(err)
 	}
 	for _, want := range []string{`"level":"WARN","msg":"DYN_ROUTER_REPLICA_SYNC=true`, `"msg":"DYN_ROUTER_MODE=\"round-robin\" is ignored`, `"source":"environment"`} {

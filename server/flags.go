@@ -15,6 +15,7 @@ import (
 	"github.com/kvselect/kvselect/selection/catalog"
 	"github.com/kvselect/kvselect/selection/kvhash"
 	"github.com/kvselect/kvselect/selection/routerconfig"
+	"github.com/kvselect/kvselect/selection/scheduler"
 )
 
 // options is the parsed command line. The field defaults are Dynamo's
@@ -50,6 +51,9 @@ type options struct {
 	discovery discoveryFlags // --workers-file, --pool-name (discovery.go)
 
 	enablePprof bool
+
+	policy     string // --policy
+	configFile string // --config
 
 	version bool
 
@@ -111,6 +115,8 @@ func newFlagSet(o *options) *flag.FlagSet {
 	o.extproc.register(fs)
 	o.discovery.register(fs)
 
+	fs.StringVar(&o.policy, "policy", scheduler.DefaultPolicyName, "selection `policy` by registered name: "+strings.Join(scheduler.Names(), ", ")+" (a program embedding the server can register more). Overrides KVSELECT_POLICY and the config file's policy.name")
+	fs.StringVar(&o.configFile, "config", "", "YAML or JSON `file` with a policy section (name, parameters) and a router section (Dynamo's router knobs by their KvRouterConfig names; docs/configuration.md). The environment and flags win over it. SIGHUP re-reads it and applies the policy parameters; other changes need a restart")
 	fs.BoolVar(&o.enablePprof, "enable-pprof", false, "serve Go's runtime profiles (net/http/pprof) under /debug/pprof/ on the REST port, as GIE's endpoint picker does; unauthenticated, for debugging")
 	fs.BoolVar(&o.version, "version", false, "print the version and exit")
 	return fs
@@ -194,6 +200,12 @@ func (o *options) validate() error {
 	}
 	if o.replicaSyncResolve && !o.set["replica-sync-port"] {
 		add("--replica-sync-resolve-peers requires --replica-sync-port")
+	}
+	if o.set["policy"] && strings.TrimSpace(o.policy) == "" {
+		add("--policy: empty policy name")
+	}
+	if o.set["config"] && strings.TrimSpace(o.configFile) == "" {
+		add("--config: empty path")
 	}
 	errs = append(errs, o.extproc.validate()...)
 	errs = append(errs, o.discovery.validate(o.set)...)

@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/kvselect/kvselect/selection/routerconfig"
+	"github.com/kvselect/kvselect/selection/scheduler"
 )
 
 const helpIntro = `kvselect: KV-cache-aware worker selection, a re-implementation of Dynamo's
@@ -16,12 +17,16 @@ Usage:
   kvselect [flags]
 
 Serves Dynamo's selection REST API (workers, select, reservations, loads, dump)
-on --host:--port, without authentication: run it on a trusted network. Flags
-given on the command line override the environment listed at the end.
+on --host:--port, without authentication: run it on a trusted network, and the
+Envoy ext_proc endpoint picker on --extproc-port.
+
+Settings come from, in order of precedence: the flags given on the command
+line, the environment listed at the end, the --config file, the defaults.
+SIGHUP re-reads the --config file and applies its policy parameters.
 SIGINT or SIGTERM stops it gracefully: selection calls get 503 "selection
 service is shutting down", in-flight requests get --shutdown-timeout to finish.
-Exit status: 0 after a clean stop, 2 for an invalid flag or environment value,
-1 for any other failure.
+Exit status: 0 after a clean stop, 2 for an invalid flag, environment value or
+config file, 1 for any other failure.
 `
 
 // helpSections orders the flags in --help. TestHelpDocumentsEveryFlag keeps it
@@ -31,7 +36,7 @@ var helpSections = []struct {
 	flags []string
 }{
 	{"Server", []string{"host", "port", "shutdown-timeout", "log-format", "log-level", "enable-pprof"}},
-	{"Selection", []string{"threads", "session-affinity-ttl-secs", "selection-cache-ttl-secs", "selection-cache-max-entries", "selection-cache-max-bytes"}},
+	{"Selection", []string{"policy", "config", "threads", "session-affinity-ttl-secs", "selection-cache-ttl-secs", "selection-cache-max-entries", "selection-cache-max-bytes"}},
 	{"Tracking hashes", []string{"router-tracking-hash", "router-tracking-key-file", "router-tracking-key-id", "router-assume-kv-reuse", "no-router-assume-kv-reuse"}},
 	{"Peers (index recovery over HTTP, replica sync over ZMQ)", []string{"indexer-peers", "replica-sync-port", "replica-sync-peers", "replica-sync-resolve-peers"}},
 	{"Endpoint picker (Envoy ext_proc, GIE protocol 004)", []string{"extproc-port", "extproc-fallbacks", "extproc-max-body-bytes", "extproc-test-pick-header", "extproc-default-model", "extproc-assume-request-body-mode", "extproc-assume-response-body-mode", "extproc-secure-serving", "extproc-cert-path", "extproc-cert-reload"}},
@@ -60,7 +65,9 @@ func writeHelp(w io.Writer) {
 	b.WriteString("  -h, --help\n")
 	wrap(&b, "print this help and exit")
 
-	b.WriteString("\nEnvironment (router configuration; the flag named in a description wins):\n")
+	b.WriteString("\nEnvironment (the flag named in a description wins):\n")
+	fmt.Fprintf(&b, "  %s (default %s)\n", envPolicy, scheduler.DefaultPolicyName)
+	wrap(&b, "selection policy by registered name, as --policy, which wins over it; it wins over the config file's policy.name")
 	for _, v := range routerconfig.EnvTable() {
 		fmt.Fprintf(&b, "  %s (default %s)\n", v.Name, v.Default)
 		wrap(&b, v.Meaning)

@@ -9,11 +9,14 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"os"
+	"os/signal"
 	"runtime"
 	"runtime/debug"
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -54,10 +57,17 @@ func run(ctx context.Context, args []string, set *settings) error {
 	if log == nil {
 		log = newLogger(o, set.stderr)
 	}
-	cfg, err := resolveConfig(o, set.lookup, log)
+	var file *configFile
+	if o.configFile != "" {
+		if file, err = readConfigFile(o.configFile); err != nil {
+			return &UsageError{err}
+		}
+	}
+	initial, err := resolveConfig(o, set.lookup, file, set.policy, log)
 	if err != nil {
 		return err
 	}
+	cfg := initial.cfg
 	log.Debug("router configuration", routerAttrs(cfg.Router, false)...)
 	// GET /metrics on the REST port: process and Go runtime metrics plus what
 	// each component registers.
@@ -83,9 +93,10 @@ func run(ctx context.Context, args []string, set *settings) error {
 		}
 		return &UsageError{err}
 	}
-	// Replica sync (seed doc "Peer Planes"): admissions, prefill completions,
-	// frees and session bindings go out on a PUB socket and come in from every
-	// peer's. A port that cannot be bound stops the server, as in Dynamo.
+	// Replica sync: admissions, prefill completions, frees and session
+	// bindings go out on a PUB socket and come in from every peer's (Dynamo's
+	// "Peer Planes"). A port that cannot be bound stops the server, as in
+	// Dynamo.
 	var peers httpadmin.PeerManager
 	if o.set["replica-sync-port"] {
 		// Not stopped by the signal: frees made while in-flight requests drain
@@ -135,7 +146,7 @@ func run(ctx context.Context, args []string, set *settings) error {
 	log.Info("kvselect listening", append([]any{
 		slog.String("addr", ln.Addr().String()),
 		slog.String("version", versionString(set.version)),
-	}, configAttrs(cfg)...)...)
+	}, append(policyAttrs(initial), configAttrs(cfg)...)...)...)
 
 	served := make(chan error, 2) // the REST and the ext_proc server
 	go func() { served <- srv.Serve(ln) }()
@@ -161,6 +172,18 @@ func run(ctx context.Context, args []string, set *settings) error {
 	startDiscovery(upkeep, &wg)
 	if len(o.indexerPeers) > 0 {
 		wg.Go(func() { recovery.Run(upkeep, svc, recovery.Options{Peers: o.indexerPeers, Logger: log}) })
+	}
+	// SIGHUP re-reads the config file (the policy parameters), unless the
+	// program gave its own trigger.
+	if o.configFile != "" || set.reload != nil {
+		var hup chan os.Signal
+		if set.reload == nil {
+			hup = make(chan os.Signal, 1)
+			signal.Notify(hup, syscall.SIGHUP)
+			defer signal.Stop(hup)
+		}
+		r := &reloader{o: o, lookup: set.lookup, embedded: set.policy, svc: svc, log: log, cur: initial}
+		wg.Go(func() { r.run(upkeep, hup, set.reload) })
 	}
 	defer func() {
 		stopUpkeep()

@@ -1,20 +1,29 @@
-// Package kvlisten consumes engines' KV events over ZMQ (router-core spec §1–§2):
-// one SUB socket per attached worker rank, a sequence cursor per rank, gap
-// recovery through the engine's ROUTER replay endpoint, and application of the
-// decoded batches to the partition's index by a fixed set of writer lanes.
+// Package kvlisten consumes inference engines' KV events over ZMQ: one SUB
+// socket per attached worker rank, a sequence cursor per rank, gap recovery
+// through the engine's ROUTER replay endpoint, and application of the decoded
+// batches to the partition's index by a fixed set of writer lanes.
 //
-// A rank's goroutine owns the socket and the sequence cursor; it hands every
-// accepted batch, live or replayed, to the one writer lane the rank was given
-// when it was attached. A lane decodes and applies batches in the order it
-// received them, so the events of one (worker, rank) are applied in sequence
-// order while up to Options.Lanes ranks are decoded and applied in parallel
-// (Dynamo's --threads / DYN_ROUTER_EVENT_THREADS).
+// The engine side is vLLM's ZmqEventPublisher (vllm/distributed/kv_events.py):
+// each data-parallel rank publishes [topic, seq (8 bytes big-endian), msgpack
+// batch] with seq counting from 0, and may serve replays of its recent batches
+// on a ROUTER socket (replay.go describes the exchange). The consumer side
+// follows Dynamo's standalone indexer
+// (lib/kv-router/src/services/indexer/listener.rs in ai-dynamo/dynamo, commit
+// 0c496f29): a watermark per rank, stale batches skipped, missed ones
+// replayed, and a replay that comes back short logged with its reason and not
+// retried.
+//
+// A rank's goroutine (rank.go) owns the socket and the sequence cursor
+// (cursor.go, with no I/O); it hands every accepted batch, live or replayed,
+// to the one writer lane the rank was given when it was attached. A lane
+// decodes and applies batches in the order it received them, so the events of
+// one (worker, rank) are applied in sequence order while up to Options.Lanes
+// ranks are decoded and applied in parallel (Dynamo's --threads /
+// DYN_ROUTER_EVENT_THREADS).
 package kvlisten
 
 import (
-	"cmp"
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -23,10 +32,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/go-zeromq/zmq4"
-
 	"github.com/kvselect/kvselect/engines/kvevents"
-	"github.com/kvselect/kvselect/internal/zmqdial"
 	"github.com/kvselect/kvselect/selection"
 	"github.com/kvselect/kvselect/selection/index"
 )
@@ -44,12 +50,14 @@ const (
 	MaxLanes = 256
 )
 
-// Incomplete-replay reasons (spec §2.2), recorded in RankStatus.LastIncompleteReason.
+// Incomplete-replay reasons, recorded in RankStatus.LastIncompleteReason.
+// The first four classify a replay answer that did not cover the requested
+// range (see replayRange) and are the reasons Dynamo's listener logs.
 const (
 	ReasonEmpty                 = "empty"                   // nothing in range came back
-	ReasonStartedAfterRequested = "started_after_requested" // the ring overflowed
-	ReasonNonContiguous         = "non_contiguous"
-	ReasonEndedBeforeTarget     = "ended_before_target"
+	ReasonStartedAfterRequested = "started_after_requested" // the ring had already dropped the start
+	ReasonNonContiguous         = "non_contiguous"          // batches missing inside the range
+	ReasonEndedBeforeTarget     = "ended_before_target"     // the answer stopped short of the live batch
 	// ReasonFailed: the replay endpoint could not be dialed or written to.
 	ReasonFailed = "replay_failed"
 	// ReasonNoReplayEndpoint: a gap on a rank registered without replay_endpoint.
@@ -91,7 +99,10 @@ type RankStatus struct {
 	Gaps         uint64 // live sequence gaps detected (not counting the initial catch-up)
 	// Stale counts live batches at or below the watermark, skipped. A steady
 	// rise means the publisher restarted at the same address with a fresh
-	// sequence: the seed's remedy is DELETE /workers/{id} then POST /workers.
+	// sequence. Reconnecting keeps the watermark, so this does not heal by
+	// itself: DELETE /workers/{id} then POST /workers attaches the rank again
+	// with a fresh one (Dynamo's standalone selection service documents the
+	// same under "Worker Restarts").
 	Stale    uint64
 	Replays  uint64 // replay requests made
 	Replayed uint64 // batches applied from replays (included in Applied)
@@ -198,6 +209,36 @@ func (l *Listeners) write(lane chan job) {
 	}
 }
 
+// apply decodes one batch and applies it to the index. It runs on the rank's
+// writer lane.
+func (r *rank) apply(s uint64, payload []byte, replayed bool) {
+	evs, _, err := r.dec.Decode(payload, r.evs[:0])
+	if err != nil {
+		r.update(func(st *RankStatus) { st.DecodeErrors++ })
+		r.log.Warn("dropping undecodable kv events batch", "seq", s, "err", err)
+		return
+	}
+	var blocks uint64
+	for i := range evs {
+		blocks += uint64(len(evs[i].Blocks) + len(evs[i].Hashes))
+	}
+	failed, first := r.a.Index.ApplyBatch(evs)
+	// The events point into the decoder's buffers; keep only the slice capacity.
+	clear(evs)
+	r.evs = evs[:0]
+	if failed > 0 {
+		r.log.Debug("index rejected kv events", "seq", s, "failed", failed, "first", first)
+	}
+	r.update(func(st *RankStatus) {
+		st.Applied++
+		st.Blocks += blocks
+		st.Failed += uint64(failed)
+		if replayed {
+			st.Replayed++
+		}
+	})
+}
+
 // Attach starts consuming one rank's KV events with a fresh watermark. Attaching
 // a rank that is already attached replaces its listener.
 func (l *Listeners) Attach(a selection.RankAttachment) error {
@@ -294,257 +335,4 @@ func (l *Listeners) Close() {
 	}
 	l.laneMu.Unlock()
 	l.lanesWG.Wait()
-}
-
-// rank is one rank's listener. Everything but st is owned by its goroutine.
-type rank struct {
-	l      *Listeners
-	a      selection.RankAttachment
-	ctx    context.Context
-	cancel context.CancelFunc
-	done   chan struct{}
-	log    *slog.Logger
-	lane   chan job
-
-	// Owned by the rank goroutine: the sequence cursor.
-	synced bool
-	last   uint64 // watermark, valid when synced
-
-	// Owned by the rank's writer lane.
-	dec *kvevents.Decoder
-	evs []index.Event
-
-	mu sync.Mutex
-	st RankStatus
-}
-
-// stop cancels the rank, waits for its goroutine and then for its lane to pass
-// everything the rank queued. A lane only ends at Close, after every rank.
-func (r *rank) stop() {
-	r.cancel()
-	<-r.done
-	l := r.l
-	l.laneMu.RLock()
-	if l.lanesClosed {
-		l.laneMu.RUnlock()
-		return // Close drained and ended the lanes
-	}
-	b := make(chan struct{})
-	r.lane <- job{barrier: b} // the lane drains without locks, so this send ends
-	l.laneMu.RUnlock()
-	<-b
-}
-
-func (r *rank) update(fn func(*RankStatus)) {
-	r.mu.Lock()
-	fn(&r.st)
-	r.mu.Unlock()
-}
-
-// run keeps a SUB session up, reconnecting with capped exponential backoff.
-func (r *rank) run() {
-	zmqdial.Redial(r.ctx, r.l.opts.ReconnectMin, r.l.opts.ReconnectMax,
-		func() (bool, error) {
-			received, err := r.session()
-			r.update(func(s *RankStatus) { s.Connected = false })
-			return received, err
-		},
-		func(err error, wait time.Duration) {
-			r.update(func(s *RankStatus) {
-				s.Reconnects++
-				s.LastError = err.Error()
-			})
-			r.log.Warn("kv events subscriber disconnected; reconnecting", "err", err, "retry_in", wait)
-		})
-}
-
-// session dials the publisher and consumes messages until an error. It reports
-// whether any message arrived.
-func (r *rank) session() (received bool, err error) {
-	sub := zmq4.NewSub(r.ctx,
-		zmq4.WithLogger(r.l.zlog),
-		zmq4.WithDialerMaxRetries(0),
-		zmq4.WithDialerTimeout(r.l.opts.DialTimeout))
-	defer sub.Close()
-	dctx, cancel := context.WithTimeout(r.ctx, r.l.opts.DialTimeout)
-	err = zmqdial.Dial(dctx, sub, r.a.Endpoints.KVEvents)
-	cancel()
-	if err != nil {
-		return false, err
-	}
-	if err := sub.SetOption(zmq4.OptionSubscribe, ""); err != nil {
-		return false, err
-	}
-	r.update(func(s *RankStatus) { s.Connected = true })
-	for {
-		msg, err := sub.Recv()
-		if err != nil {
-			return received, err
-		}
-		received = true
-		r.live(msg.Frames)
-	}
-}
-
-// live runs one live message through the sequence cursor (spec §2.2).
-func (r *rank) live(frames [][]byte) {
-	_, s, payload, err := kvevents.ParseMessage(frames)
-	if err != nil {
-		r.update(func(st *RankStatus) { st.DecodeErrors++ })
-		r.log.Warn("dropping malformed kv events message", "err", err)
-		return
-	}
-	switch {
-	case !r.synced:
-		if s > 0 {
-			r.replay(0, s)
-		}
-	case s <= r.last:
-		r.update(func(st *RankStatus) { st.Stale++ })
-		r.log.Debug("skipping stale kv events batch", "seq", s, "last", r.last)
-		return
-	case s > r.last+1:
-		r.update(func(st *RankStatus) { st.Gaps++ })
-		r.log.Info("kv events sequence gap", "last", r.last, "seq", s)
-		r.replay(r.last+1, s)
-	}
-	r.accept(s, payload, false)
-}
-
-// accept advances the watermark to s and queues the batch on the rank's lane.
-func (r *rank) accept(s uint64, payload []byte, replayed bool) {
-	r.synced, r.last = true, s
-	r.update(func(st *RankStatus) {
-		st.Synced = true
-		st.LastSeq = s
-	})
-	select {
-	case r.lane <- job{r: r, seq: s, payload: payload, replayed: replayed}:
-	case <-r.ctx.Done():
-	}
-}
-
-// apply decodes one batch and applies it to the index. It runs on the rank's
-// writer lane.
-func (r *rank) apply(s uint64, payload []byte, replayed bool) {
-	evs, _, err := r.dec.Decode(payload, r.evs[:0])
-	if err != nil {
-		r.update(func(st *RankStatus) { st.DecodeErrors++ })
-		r.log.Warn("dropping undecodable kv events batch", "seq", s, "err", err)
-		return
-	}
-	var blocks uint64
-	for i := range evs {
-		blocks += uint64(len(evs[i].Blocks) + len(evs[i].Hashes))
-	}
-	failed, first := r.a.Index.ApplyBatch(evs)
-	// The events point into the decoder's buffers; keep only the slice capacity.
-	clear(evs)
-	r.evs = evs[:0]
-	if failed > 0 {
-		r.log.Debug("index rejected kv events", "seq", s, "failed", failed, "first", first)
-	}
-	r.update(func(st *RankStatus) {
-		st.Applied++
-		st.Blocks += blocks
-		st.Failed += uint64(failed)
-		if replayed {
-			st.Replayed++
-		}
-	})
-}
-
-// replay requests [start, target) from the replay endpoint and applies what
-// comes back in order (spec §2.2). What is missing is logged and recorded.
-func (r *rank) replay(start, target uint64) {
-	want := target - start
-	ep := r.a.Endpoints.Replay
-	if ep == "" {
-		r.update(func(st *RankStatus) {
-			st.Lost += want
-			st.LastIncompleteReason = ReasonNoReplayEndpoint
-		})
-		r.log.Warn(fmt.Sprintf("no replay endpoint: %d batches lost", want), "from", start, "to", target)
-		return
-	}
-	r.update(func(st *RankStatus) { st.Replays++ })
-	got, reason, err := r.fetchReplay(ep, start, target)
-	if reason == "" {
-		return
-	}
-	lost := want - got
-	r.update(func(st *RankStatus) {
-		st.IncompleteReplays++
-		st.LastIncompleteReason = reason
-		st.Lost += lost
-	})
-	r.log.Warn("incomplete kv events replay", "reason", reason, "from", start, "to", target,
-		"received", got, "lost", lost, "replay_endpoint", ep, "err", err)
-}
-
-// fetchReplay runs one replay exchange. got counts the in-range batches received
-// in order; reason is empty when the whole range came back.
-func (r *rank) fetchReplay(ep string, start, target uint64) (got uint64, reason string, err error) {
-	ctx, cancel := context.WithCancel(r.ctx)
-	defer cancel()
-	idle := time.AfterFunc(r.l.opts.DialTimeout+r.l.opts.ReplayTimeout, cancel)
-	defer idle.Stop()
-	d := zmq4.NewDealer(ctx,
-		zmq4.WithLogger(r.l.zlog),
-		zmq4.WithDialerMaxRetries(0),
-		zmq4.WithDialerTimeout(r.l.opts.DialTimeout),
-		zmq4.WithTimeout(r.l.opts.ReplayTimeout))
-	defer d.Close()
-	if err := zmqdial.Dial(ctx, d, ep); err != nil {
-		return 0, ReasonFailed, err
-	}
-	var req [8]byte
-	binary.BigEndian.PutUint64(req[:], start)
-	idle.Reset(r.l.opts.ReplayTimeout)
-	if err := d.Send(zmq4.NewMsgFrom([]byte{}, req[:])); err != nil {
-		return 0, ReasonFailed, err
-	}
-	next := start
-	for {
-		idle.Reset(r.l.opts.ReplayTimeout)
-		msg, rerr := d.Recv()
-		if rerr != nil {
-			err = rerr
-			break
-		}
-		var seqF, payload []byte
-		switch f := msg.Frames; len(f) {
-		case 3:
-			seqF, payload = f[1], f[2]
-		case 4:
-			seqF, payload = f[2], f[3]
-		}
-		if len(seqF) != 8 || len(payload) == 0 {
-			break // END marker (or a reply we cannot read)
-		}
-		s := binary.BigEndian.Uint64(seqF)
-		if s < next || s >= target {
-			continue // before the range, a duplicate, or at/after the live batch
-		}
-		if s > next {
-			if next == start && got == 0 {
-				reason = cmp.Or(reason, ReasonStartedAfterRequested)
-			} else {
-				reason = cmp.Or(reason, ReasonNonContiguous)
-			}
-		}
-		got++
-		r.accept(s, payload, true)
-		next = s + 1
-	}
-	if reason != "" {
-		return got, reason, err
-	}
-	switch {
-	case got == 0:
-		reason = ReasonEmpty
-	case next < target:
-		reason = ReasonEndedBeforeTarget
-	}
-	return got, reason, err
 }

@@ -132,8 +132,10 @@ func TestLanesDroppedBatchesGroundTruth(t *testing.T) {
 	}
 }
 
-// TestPublisherRestartSameAddress follows the seed doc's "Worker Restarts": a
-// publisher that restarts at the same address with a fresh sequence is not
+// TestPublisherRestartSameAddress follows "Worker Restarts" on Dynamo's
+// standalone selection service page
+// (https://docs.nvidia.com/dynamo/dev/components/router/standalone-selection-service):
+// a publisher that restarts at the same address with a fresh sequence is not
 // recovered by reconnecting (its batches are stale against the kept watermark
 // and the old blocks stay); DELETE then POST of the worker is, and the index
 // then holds exactly what the restarted engine holds.

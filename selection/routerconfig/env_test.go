@@ -405,7 +405,7 @@ func TestFromEnvWarnsAboutAcceptedButIgnoredKnobs(t *testing.T) {
 		want string // "" = no warning
 	}{
 		{"policy config", []string{"DYN_ROUTER_POLICY_CONFIG", "/p.yaml"}, `DYN_ROUTER_POLICY_CONFIG="/p.yaml" is accepted but ignored`},
-		{"custom worker selection", []string{"DYN_ROUTER_WORKER_SELECTION_POLICY", "acme"}, "custom worker-selection policies"},
+		{"custom worker selection", []string{"DYN_ROUTER_WORKER_SELECTION_POLICY", "acme"}, "custom worker-selection instances"},
 		{"default worker selection is fine", []string{"DYN_ROUTER_WORKER_SELECTION_POLICY", "default"}, ""},
 		{"custom prefill policy", []string{"DYN_ROUTER_PREFILL_POLICY", "p"}, "DYN_ROUTER_PREFILL_POLICY"},
 		{"custom decode policy", []string{"DYN_ROUTER_DECODE_POLICY", "d"}, "DYN_ROUTER_DECODE_POLICY"},
@@ -530,14 +530,18 @@ func TestFromEnvLooksUpEveryDocumentedVariable(t *testing.T) {
 
 func TestEnvMarkdownListsEveryVariable(t *testing.T) {
 	md := EnvMarkdown()
-	if !strings.HasPrefix(md, "| Variable | Default | Meaning |\n|---|---|---|\n") {
+	if !strings.HasPrefix(md, "| Variable | Config file key | Default | Meaning |\n|---|---|---|---|\n") {
 		t.Fatalf("unexpected header:\n%s", md)
 	}
 	if got, want := strings.Count(md, "\n"), len(EnvTable())+2; got != want {
 		t.Fatalf("%d lines, want %d", got, want)
 	}
 	for _, v := range EnvTable() {
-		if !strings.Contains(md, "| `"+v.Name+"` | "+v.Default+" | ") {
+		key := "—"
+		if v.Key != "" {
+			key = "`" + v.Key + "`"
+		}
+		if !strings.Contains(md, "| `"+v.Name+"` | "+key+" | "+v.Default+" | ") {
 			t.Errorf("markdown lacks a row for %s", v.Name)
 		}
 	}

@@ -29,7 +29,8 @@ import zmq
 
 END_SEQ = (-1).to_bytes(8, "big", signed=True)
 
-# vLLM BlockStored / BlockRemoved declaration order (router-core spec §1.5).
+# vLLM BlockStored / BlockRemoved field declaration order (the KVCacheEvent
+# structs in vllm/distributed/kv_events.py); the positional shape follows it.
 STORED_FIELDS = ["block_hashes", "parent_block_hash", "token_ids", "block_size",
                  "lora_id", "medium", "lora_name", "extra_keys", "group_idx",
                  "kv_cache_spec_kind", "kv_cache_spec_sliding_window"]

@@ -1,0 +1,128 @@
+package kvlisten
+
+import "cmp"
+
+// The sequence cursor of one rank, kept apart from sockets, goroutines and
+// clocks so that every decision about sequence numbers can be tested on its
+// own. It follows the consumer side of Dynamo's standalone indexer
+// (lib/kv-router/src/services/indexer/listener.rs in ai-dynamo/dynamo, commit
+// 0c496f29): a publisher numbers its batches 0, 1, 2, … and the cursor keeps
+// the watermark, the last sequence number accepted.
+
+// verdict is what the cursor says about one live batch.
+type verdict uint8
+
+const (
+	// verdictAccept: apply the batch now.
+	verdictAccept verdict = iota
+	// verdictStale: the batch is at or below the watermark (a duplicate, or a
+	// publisher that restarted with a fresh sequence); skip it.
+	verdictStale
+	// verdictReplay: replay [from, to) first, then apply the batch.
+	verdictReplay
+)
+
+// observation is the cursor's answer for one live sequence number.
+type observation struct {
+	verdict verdict
+	// from and to bound the range to replay first, [from, to); set only for
+	// verdictReplay, where to is the live sequence number itself.
+	from, to uint64
+	// gap tells a live gap (batches missed after the cursor was synced) from
+	// the initial catch-up of a cursor that has not accepted anything yet.
+	gap bool
+}
+
+// cursor is one rank's position in its publisher's sequence. The zero value
+// has accepted nothing.
+type cursor struct {
+	synced bool
+	last   uint64 // the watermark; meaningful only when synced
+}
+
+// watermark returns the last accepted sequence number and whether there is one.
+func (c cursor) watermark() (last uint64, synced bool) { return c.last, c.synced }
+
+// observe classifies the live sequence number seq. It does not move the
+// cursor: the caller advances it for every batch it accepts, replayed or live.
+//
+// A cursor that has accepted nothing takes seq 0 as the start of the stream
+// and asks for [0, seq) otherwise: the publisher was already running when the
+// subscription began, and its earlier batches are in its replay ring.
+func (c cursor) observe(seq uint64) observation {
+	switch {
+	case !c.synced:
+		if seq > 0 {
+			return observation{verdict: verdictReplay, from: 0, to: seq}
+		}
+	case seq <= c.last:
+		return observation{verdict: verdictStale}
+	case seq > c.last+1:
+		return observation{verdict: verdictReplay, from: c.last + 1, to: seq, gap: true}
+	}
+	return observation{verdict: verdictAccept}
+}
+
+// advance moves the watermark to seq, an accepted batch. Callers accept only
+// what observe or a replayRange let through, which is always above the
+// watermark.
+func (c *cursor) advance(seq uint64) {
+	c.synced, c.last = true, seq
+}
+
+// replayRange classifies the answer to one replay request for [start,
+// target): fed the replayed sequence numbers in arrival order, it says which
+// ones to apply and, at the end, whether the range came back whole.
+//
+// The engine answers with every batch still in its ring from start on, so a
+// range can come back short in known ways, each with its Reason* constant: the
+// ring had nothing (ReasonEmpty), had already dropped the start of the range
+// (ReasonStartedAfterRequested), skipped batches inside it
+// (ReasonNonContiguous), or stopped before target (ReasonEndedBeforeTarget).
+// The first anomaly seen is the one reported.
+type replayRange struct {
+	start, target uint64
+	next          uint64 // the lowest sequence number still acceptable
+	got           uint64 // batches taken
+	reason        string // the first anomaly seen, if any
+}
+
+func newReplayRange(start, target uint64) replayRange {
+	return replayRange{start: start, target: target, next: start}
+}
+
+// take reports whether the replayed batch seq is to be applied: it must lie
+// in the range and above every batch taken before it. Batches before the
+// range, duplicates, batches arriving out of order and those at or after
+// target (the live batch that caused the replay, and anything newer, which
+// arrives live) are ignored.
+func (r *replayRange) take(seq uint64) bool {
+	if seq < r.next || seq >= r.target {
+		return false
+	}
+	if seq > r.next {
+		if r.got == 0 {
+			r.reason = cmp.Or(r.reason, ReasonStartedAfterRequested)
+		} else {
+			r.reason = cmp.Or(r.reason, ReasonNonContiguous)
+		}
+	}
+	r.got++
+	r.next = seq + 1
+	return true
+}
+
+// result returns how many batches were taken and why the range is incomplete,
+// "" when it came back whole.
+func (r replayRange) result() (got uint64, reason string) {
+	switch {
+	case r.start >= r.target: // nothing was asked for
+	case r.reason != "":
+		reason = r.reason
+	case r.got == 0:
+		reason = ReasonEmpty
+	case r.next < r.target:
+		reason = ReasonEndedBeforeTarget
+	}
+	return r.got, reason
+}

@@ -1,0 +1,144 @@
+package kvlisten
+
+import (
+	"slices"
+	"testing"
+)
+
+func TestCursorObserve(t *testing.T) {
+	synced := func(last uint64) cursor { return cursor{synced: true, last: last} }
+	cases := []struct {
+		name string
+		cur  cursor
+		seq  uint64
+		want observation
+	}{
+		{"first message at 0 is accepted", cursor{}, 0, observation{verdict: verdictAccept}},
+		{"first message above 0 replays from 0", cursor{}, 5, observation{verdict: verdictReplay, from: 0, to: 5}},
+		{"first message at 1 replays seq 0", cursor{}, 1, observation{verdict: verdictReplay, from: 0, to: 1}},
+		{"next in order is accepted", synced(4), 5, observation{verdict: verdictAccept}},
+		{"next after watermark 0 is accepted", synced(0), 1, observation{verdict: verdictAccept}},
+		{"duplicate of the watermark is stale", synced(4), 4, observation{verdict: verdictStale}},
+		{"below the watermark is stale", synced(4), 1, observation{verdict: verdictStale}},
+		{"restart from 0 is stale", synced(4), 0, observation{verdict: verdictStale}},
+		{"gap replays the missing range", synced(4), 8, observation{verdict: verdictReplay, from: 5, to: 8, gap: true}},
+		{"gap of one batch", synced(4), 6, observation{verdict: verdictReplay, from: 5, to: 6, gap: true}},
+		{"gap after watermark 0", synced(0), 2, observation{verdict: verdictReplay, from: 1, to: 2, gap: true}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			before := tc.cur
+			if got := tc.cur.observe(tc.seq); got != tc.want {
+				t.Fatalf("observe(%d) on %+v = %+v, want %+v", tc.seq, before, got, tc.want)
+			}
+			if tc.cur != before {
+				t.Fatalf("observe moved the cursor: %+v, was %+v", tc.cur, before)
+			}
+		})
+	}
+}
+
+func TestCursorAdvanceSetsWatermark(t *testing.T) {
+	var c cursor
+	if last, ok := c.watermark(); ok || last != 0 {
+		t.Fatalf("zero cursor has watermark %d (synced %v)", last, ok)
+	}
+	c.advance(0)
+	if last, ok := c.watermark(); !ok || last != 0 {
+		t.Fatalf("after advance(0): watermark %d (synced %v), want 0 synced", last, ok)
+	}
+	if got := c.observe(0); got.verdict != verdictStale {
+		t.Fatalf("seq 0 after advance(0): %+v, want stale", got)
+	}
+	c.advance(7)
+	if last, ok := c.watermark(); !ok || last != 7 {
+		t.Fatalf("after advance(7): watermark %d (synced %v), want 7 synced", last, ok)
+	}
+}
+
+// TestCursorStream walks a live stream the way a rank does: every accepted
+// batch and every batch of a replayed range advances the cursor.
+func TestCursorStream(t *testing.T) {
+	var c cursor
+	steps := []struct {
+		seq  uint64
+		want observation
+	}{
+		{3, observation{verdict: verdictReplay, from: 0, to: 3}}, // joined a running publisher
+		{4, observation{verdict: verdictAccept}},
+		{4, observation{verdict: verdictStale}},
+		{7, observation{verdict: verdictReplay, from: 5, to: 7, gap: true}},
+		{6, observation{verdict: verdictStale}}, // replayed already
+		{8, observation{verdict: verdictAccept}},
+	}
+	for i, s := range steps {
+		got := c.observe(s.seq)
+		if got != s.want {
+			t.Fatalf("step %d: observe(%d) = %+v, want %+v", i, s.seq, got, s.want)
+		}
+		switch got.verdict {
+		case verdictReplay:
+			rg := newReplayRange(got.from, got.to)
+			for seq := got.from; seq < got.to; seq++ {
+				if rg.take(seq) {
+					c.advance(seq)
+				}
+			}
+			if _, reason := rg.result(); reason != "" {
+				t.Fatalf("step %d: complete replay reported %q", i, reason)
+			}
+			c.advance(s.seq)
+		case verdictAccept:
+			c.advance(s.seq)
+		}
+	}
+	if last, ok := c.watermark(); !ok || last != 8 {
+		t.Fatalf("watermark %d (synced %v), want 8", last, ok)
+	}
+}
+
+func TestReplayRangeClassifiesAnswer(t *testing.T) {
+	cases := []struct {
+		name          string
+		start, target uint64
+		replies       []uint64 // sequence numbers in arrival order
+		wantTaken     []uint64
+		wantReason    string
+	}{
+		{"complete", 2, 5, []uint64{2, 3, 4}, []uint64{2, 3, 4}, ""},
+		{"complete from 0", 0, 3, []uint64{0, 1, 2}, []uint64{0, 1, 2}, ""},
+		{"live batch and newer in the answer are ignored", 2, 5, []uint64{2, 3, 4, 5, 6}, []uint64{2, 3, 4}, ""},
+		{"batches before the range are ignored", 2, 5, []uint64{0, 1, 2, 3, 4}, []uint64{2, 3, 4}, ""},
+		{"duplicates are ignored", 2, 5, []uint64{2, 2, 3, 3, 4, 4}, []uint64{2, 3, 4}, ""},
+		{"empty answer", 2, 5, nil, nil, ReasonEmpty},
+		{"only out-of-range answers count as empty", 2, 5, []uint64{0, 1, 5, 9}, nil, ReasonEmpty},
+		{"ring overflowed: started after requested", 0, 5, []uint64{3, 4}, []uint64{3, 4}, ReasonStartedAfterRequested},
+		{"started after requested wins over a later hole", 0, 6, []uint64{2, 4, 5}, []uint64{2, 4, 5}, ReasonStartedAfterRequested},
+		{"started after requested wins over ending short", 0, 6, []uint64{2, 3}, []uint64{2, 3}, ReasonStartedAfterRequested},
+		{"hole inside the range", 2, 6, []uint64{2, 4, 5}, []uint64{2, 4, 5}, ReasonNonContiguous},
+		{"hole wins over ending short", 2, 8, []uint64{2, 4}, []uint64{2, 4}, ReasonNonContiguous},
+		{"out of order: the late one is ignored", 2, 5, []uint64{2, 4, 3}, []uint64{2, 4}, ReasonNonContiguous},
+		{"ended before target", 2, 6, []uint64{2, 3}, []uint64{2, 3}, ReasonEndedBeforeTarget},
+		{"ended before target with duplicates", 2, 6, []uint64{2, 2, 3}, []uint64{2, 3}, ReasonEndedBeforeTarget},
+		{"nothing requested", 4, 4, []uint64{4}, nil, ""},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			rg := newReplayRange(tc.start, tc.target)
+			var taken []uint64
+			for _, s := range tc.replies {
+				if rg.take(s) {
+					taken = append(taken, s)
+				}
+			}
+			if !slices.Equal(taken, tc.wantTaken) {
+				t.Fatalf("[%d, %d) fed %v: took %v, want %v", tc.start, tc.target, tc.replies, taken, tc.wantTaken)
+			}
+			got, reason := rg.result()
+			if got != uint64(len(tc.wantTaken)) || reason != tc.wantReason {
+				t.Fatalf("[%d, %d) fed %v: result (%d, %q), want (%d, %q)",
+					tc.start, tc.target, tc.replies, got, reason, len(tc.wantTaken), tc.wantReason)
+			}
+		})
+	}
+}

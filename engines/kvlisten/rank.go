@@ -1,0 +1,188 @@
+package kvlisten
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/go-zeromq/zmq4"
+
+	"github.com/kvselect/kvselect/engines/kvevents"
+	"github.com/kvselect/kvselect/internal/zmqdial"
+	"github.com/kvselect/kvselect/selection"
+	"github.com/kvselect/kvselect/selection/index"
+)
+
+// rank is one rank's listener. Everything but st is owned by its goroutine.
+type rank struct {
+	l      *Listeners
+	a      selection.RankAttachment
+	ctx    context.Context
+	cancel context.CancelFunc
+	done   chan struct{}
+	log    *slog.Logger
+	lane   chan job
+
+	// Owned by the rank goroutine.
+	cur cursor
+
+	// Owned by the rank's writer lane.
+	dec *kvevents.Decoder
+	evs []index.Event
+
+	mu sync.Mutex
+	st RankStatus
+}
+
+// stop cancels the rank, waits for its goroutine and then for its lane to pass
+// everything the rank queued. A lane only ends at Close, after every rank.
+func (r *rank) stop() {
+	r.cancel()
+	<-r.done
+	l := r.l
+	l.laneMu.RLock()
+	if l.lanesClosed {
+		l.laneMu.RUnlock()
+		return // Close drained and ended the lanes
+	}
+	b := make(chan struct{})
+	r.lane <- job{barrier: b} // the lane drains without locks, so this send ends
+	l.laneMu.RUnlock()
+	<-b
+}
+
+func (r *rank) update(fn func(*RankStatus)) {
+	r.mu.Lock()
+	fn(&r.st)
+	r.mu.Unlock()
+}
+
+// run keeps a SUB session up, reconnecting with capped exponential backoff.
+// The cursor survives reconnections: a publisher that comes back at the same
+// address continues its sequence, and what it sent meanwhile is a gap.
+func (r *rank) run() {
+	zmqdial.Redial(r.ctx, r.l.opts.ReconnectMin, r.l.opts.ReconnectMax,
+		func() (bool, error) {
+			received, err := r.session()
+			r.update(func(s *RankStatus) { s.Connected = false })
+			return received, err
+		},
+		func(err error, wait time.Duration) {
+			r.update(func(s *RankStatus) {
+				s.Reconnects++
+				s.LastError = err.Error()
+			})
+			r.log.Warn("kv events subscriber disconnected; reconnecting", "err", err, "retry_in", wait)
+		})
+}
+
+// session dials the publisher and consumes messages until an error. It reports
+// whether any message arrived.
+func (r *rank) session() (received bool, err error) {
+	sub := zmq4.NewSub(r.ctx,
+		zmq4.WithLogger(r.l.zlog),
+		zmq4.WithDialerMaxRetries(0),
+		zmq4.WithDialerTimeout(r.l.opts.DialTimeout))
+	defer sub.Close()
+	dctx, cancel := context.WithTimeout(r.ctx, r.l.opts.DialTimeout)
+	err = zmqdial.Dial(dctx, sub, r.a.Endpoints.KVEvents)
+	cancel()
+	if err != nil {
+		return false, err
+	}
+	if err := sub.SetOption(zmq4.OptionSubscribe, ""); err != nil {
+		return false, err
+	}
+	r.update(func(s *RankStatus) { s.Connected = true })
+	for {
+		msg, err := sub.Recv()
+		if err != nil {
+			return received, err
+		}
+		received = true
+		r.live(msg.Frames)
+	}
+}
+
+// live runs one live message through the sequence cursor: a stale batch is
+// skipped, a batch after a gap (or the first one, when the publisher was
+// already past seq 0) waits for the replay of what was missed, and then it is
+// accepted. A missing batch that replay cannot bring back is counted as lost;
+// the live batch is applied anyway, as Dynamo's listener does, since the
+// stream has no other way to recover.
+func (r *rank) live(frames [][]byte) {
+	_, s, payload, err := kvevents.ParseMessage(frames)
+	if err != nil {
+		r.update(func(st *RankStatus) { st.DecodeErrors++ })
+		r.log.Warn("dropping malformed kv events message", "err", err)
+		return
+	}
+	switch o := r.cur.observe(s); o.verdict {
+	case verdictStale:
+		last, _ := r.cur.watermark()
+		r.update(func(st *RankStatus) { st.Stale++ })
+		r.log.Debug("skipping stale kv events batch", "seq", s, "last", last)
+		return
+	case verdictReplay:
+		if o.gap {
+			last, _ := r.cur.watermark()
+			r.update(func(st *RankStatus) { st.Gaps++ })
+			r.log.Info("kv events sequence gap", "last", last, "seq", s)
+		}
+		r.replay(o.from, o.to)
+	}
+	r.accept(s, payload, false)
+}
+
+// accept advances the watermark to s and queues the batch on the rank's lane.
+func (r *rank) accept(s uint64, payload []byte, replayed bool) {
+	r.cur.advance(s)
+	r.update(func(st *RankStatus) {
+		st.Synced = true
+		st.LastSeq = s
+	})
+	select {
+	case r.lane <- job{r: r, seq: s, payload: payload, replayed: replayed}:
+	case <-r.ctx.Done():
+	}
+}
+
+// replay requests [start, target) from the rank's replay endpoint and accepts,
+// in order, what the replay range lets through. What is missing is logged and
+// recorded; the caller goes on with the live batch either way.
+func (r *rank) replay(start, target uint64) {
+	want := target - start
+	ep := r.a.Endpoints.Replay
+	if ep == "" {
+		r.update(func(st *RankStatus) {
+			st.Lost += want
+			st.LastIncompleteReason = ReasonNoReplayEndpoint
+		})
+		r.log.Warn(fmt.Sprintf("no replay endpoint: %d batches lost", want), "from", start, "to", target)
+		return
+	}
+	r.update(func(st *RankStatus) { st.Replays++ })
+	rg := newReplayRange(start, target)
+	requested, err := r.l.requestReplay(r.ctx, ep, start, func(s uint64, payload []byte) {
+		if rg.take(s) {
+			r.accept(s, payload, true)
+		}
+	})
+	got, reason := rg.result()
+	if !requested {
+		reason = ReasonFailed
+	}
+	if reason == "" {
+		return
+	}
+	lost := want - got
+	r.update(func(st *RankStatus) {
+		st.IncompleteReplays++
+		st.LastIncompleteReason = reason
+		st.Lost += lost
+	})
+	r.log.Warn("incomplete kv events replay", "reason", reason, "from", start, "to", target,
+		"received", got, "lost", lost, "replay_endpoint", ep, "err", err)
+}

@@ -1,0 +1,174 @@
+package server
+
+import (
+	"fmt"
+	"maps"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+
+	"sigs.k8s.io/yaml"
+
+	"github.com/kvselect/kvselect/selection/routerconfig"
+	"github.com/kvselect/kvselect/selection/scheduler"
+)
+
+// envPolicy names the selection policy in the environment (--policy wins).
+const envPolicy = "KVSELECT_POLICY"
+
+// configFile is the --config file, YAML or JSON (JSON is YAML):
+//
+//	policy:
+//	  name: kv-cost               # a registered policy (scheduler.Names)
+//	  parameters:                 # the policy's own; reloaded on SIGHUP
+//	    router_temperature: 0.1
+//	router:                       # Dynamo's router knobs by KvRouterConfig name
+//	  router_queue_threshold: 2
+//
+// Unknown keys at any level are errors naming the key and the file.
+type configFile struct {
+	Policy *filePolicy    `json:"policy,omitempty"`
+	Router map[string]any `json:"router,omitempty"`
+
+	path string // where it was read from, for messages
+}
+
+type filePolicy struct {
+	Name       string         `json:"name,omitempty"`
+	Parameters map[string]any `json:"parameters,omitempty"`
+}
+
+// readConfigFile reads and strictly decodes a config file. Its errors name
+// the file; the caller decides whether they stop the server (at startup) or
+// keep the running configuration (on reload).
+func readConfigFile(path string) (*configFile, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("config file: %w", err)
+	}
+	f := &configFile{path: path}
+	// UnmarshalStrict rejects unknown fields and duplicate keys.
+	if err := yaml.UnmarshalStrict(data, f); err != nil {
+		return nil, fmt.Errorf("config file %s: %w", path, err)
+	}
+	return f, nil
+}
+
+// label names a key of the file in messages ("kvselect.yaml: router.x").
+func (f *configFile) label(section string) func(key string) string {
+	return func(key string) string { return f.path + ": " + section + "." + key }
+}
+
+// rawValue writes a decoded YAML/JSON scalar as the environment would hold
+// it, so file and environment share one parser per knob. null is blank,
+// which every knob reads as unset.
+func rawValue(v any) (string, bool) {
+	switch v := v.(type) {
+	case nil:
+		return "", true
+	case string:
+		return v, true
+	case bool:
+		return strconv.FormatBool(v), true
+	case float64:
+		return strconv.FormatFloat(v, 'f', -1, 64), true
+	}
+	return "", false
+}
+
+// policyChoice is the selection policy the server runs and where its name
+// came from.
+type policyChoice struct {
+	name   string // a registered name; "" for a policy set with WithPolicy
+	source string // "--policy", envPolicy, the file, "default", "server.WithPolicy"
+	// params are the file's parameters for a policy other than kv-cost, whose
+	// parameters are router knobs and travel in the router configuration.
+	params scheduler.Params
+}
+
+// choosePolicy applies the precedence flag > environment > file > default to
+// the policy name. embedded is WithPolicy's policy, which nothing may name.
+// The second result lists what the caller should log as a warning.
+func choosePolicy(o *options, lookup func(string) (string, bool), file *configFile, embedded bool) (policyChoice, []string, error) {
+	var c policyChoice
+	var fileName string
+	if file != nil && file.Policy != nil {
+		fileName = strings.TrimSpace(file.Policy.Name)
+		if fileName == "" && len(file.Policy.Parameters) > 0 {
+			return c, nil, usagef("%s: policy.parameters needs policy.name", file.path)
+		}
+	}
+	env, _ := lookup(envPolicy)
+	env = strings.TrimSpace(env)
+	switch {
+	case o.set["policy"]:
+		c = policyChoice{name: strings.TrimSpace(o.policy), source: "--policy"}
+	case env != "":
+		c = policyChoice{name: env, source: envPolicy}
+	case fileName != "":
+		c = policyChoice{name: fileName, source: file.path}
+	default:
+		c = policyChoice{name: scheduler.DefaultPolicyName, source: "default"}
+	}
+	if embedded {
+		if c.source != "default" {
+			return c, nil, usagef("%s names policy %q, but the program set its own (server.WithPolicy)", c.source, c.name)
+		}
+		return policyChoice{source: "server.WithPolicy"}, nil, nil
+	}
+	var warnings []string
+	if fileName != "" && len(file.Policy.Parameters) > 0 {
+		if fileName == c.name {
+			c.params = scheduler.Params(file.Policy.Parameters)
+		} else {
+			warnings = append(warnings, fmt.Sprintf("%s: the parameters of policy %s are not used: %s chose policy %s", file.path, fileName, c.source, c.name))
+		}
+	}
+	return c, warnings, nil
+}
+
+// routerFile turns the file's router section, and the kv-cost policy's
+// parameters (Dynamo's cost weights, which are router knobs), into the
+// routerconfig.File Load layers under the environment.
+func routerFile(file *configFile, choice *policyChoice) (routerconfig.File, error) {
+	if file == nil {
+		return routerconfig.File{}, nil
+	}
+	costKeys := scheduler.CostParamNames()
+	values, where := map[string]string{}, map[string]string{}
+	var errs []string
+	for _, key := range slices.Sorted(maps.Keys(file.Router)) {
+		if slices.Contains(costKeys, key) {
+			errs = append(errs, fmt.Sprintf("%s: %s is a parameter of the %s policy: set it under policy.parameters", file.path, "router."+key, scheduler.DefaultPolicyName))
+			continue
+		}
+		raw, ok := rawValue(file.Router[key])
+		if !ok {
+			errs = append(errs, fmt.Sprintf("%s: router.%s must be a number, string or boolean", file.path, key))
+			continue
+		}
+		values[key], where[key] = raw, "router"
+	}
+	if choice.name == scheduler.DefaultPolicyName {
+		for _, key := range slices.Sorted(maps.Keys(choice.params)) {
+			if !slices.Contains(costKeys, key) {
+				errs = append(errs, fmt.Sprintf("%s: policy.parameters.%s: unknown parameter of policy %s (known: %s)", file.path, key, scheduler.DefaultPolicyName, strings.Join(costKeys, ", ")))
+				continue
+			}
+			raw, ok := rawValue(choice.params[key])
+			if !ok {
+				errs = append(errs, fmt.Sprintf("%s: policy.parameters.%s must be a number", file.path, key))
+				continue
+			}
+			values[key], where[key] = raw, "policy.parameters"
+		}
+		choice.params = nil
+	}
+	if len(errs) > 0 {
+		return routerconfig.File{}, usagef("%s", strings.Join(errs, "\n"))
+	}
+	return routerconfig.File{Values: values, Label: func(key string) string {
+		return file.label(where[key])(key)
+	}}, nil
+}
