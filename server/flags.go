@@ -19,7 +19,7 @@ import (
 )
 
 // options is the parsed command line. The field defaults are Dynamo's
-// (python -m dynamo.select_service, api spec §11); set records which flags were
+// (python -m dynamo.select_service); set records which flags were
 // given, because a given flag overrides the environment and an absent one
 // leaves the DYN_ROUTER_* value (or Dynamo's default) in place.
 type options struct {
@@ -63,7 +63,7 @@ type options struct {
 // errHelp reports that --help was printed: exit status 0.
 var errHelp = errors.New("help requested")
 
-// Dynamo's bounds (api spec §6, §11).
+// Dynamo's bounds (the session-affinity TTL of its Python frontend, TCP ports).
 const (
 	maxSessionAffinityTTLSecs = uint64(routerconfig.MaxSessionAffinityTTL / time.Second)
 	maxPort                   = math.MaxUint16

@@ -198,9 +198,10 @@ func run(ctx context.Context, args []string, set *settings) error {
 		log.Error("server failed", "err", serveErr)
 	}
 
-	// Selection first (api spec §1): from here selections, bookings and
-	// catalog upserts get 503 and queued selections are released, while
-	// DELETE /workers and the in-flight requests still complete.
+	// Selection first, as Dynamo's service shuts down: from here selections,
+	// bookings and catalog upserts get 503 and queued selections are
+	// released, while DELETE /workers and the in-flight requests still
+	// complete.
 	svc.Shutdown()
 	log.Info("selection service stopped admitting selections")
 	start := time.Now()

@@ -83,7 +83,7 @@ func TestRunServesUntilCancelledThenStopsCleanly(t *testing.T) {
 }
 
 // TestShutdownStopsTheServiceBeforeDraining pins the order of the graceful
-// stop (api spec §1): the service stops first, so a request still in flight
+// stop: the service stops first, so a request still in flight
 // while the HTTP server drains gets 503 "selection service is shutting down"
 // instead of changing state. The request is held with its body half-sent
 // across the start of the shutdown: its handler is already running (Shutdown

@@ -9,7 +9,7 @@ import (
 )
 
 // TrackingHash selects how router-side tracking hashes are derived
-// (router_tracking_hash, router-core §3.4). The names match selection/kvhash.
+// (router_tracking_hash). The names match selection/kvhash.
 type TrackingHash string
 
 const (
@@ -17,7 +17,8 @@ const (
 	TrackingKeyed  TrackingHash = "keyed-xxh3-v1"
 )
 
-// PrefillLoadModel selects how in-flight prefill load decays (router-core §5.5).
+// PrefillLoadModel selects how in-flight prefill load decays: not at all until
+// the first token (none), or over the prefill's predicted duration (aic).
 type PrefillLoadModel string
 
 const (
@@ -25,7 +26,9 @@ const (
 	PrefillLoadAIC  PrefillLoadModel = "aic"
 )
 
-// QueuePolicy orders the router queue (router-core §5.6).
+// QueuePolicy orders the router queue: first come first served with a
+// priority boost (fcfs), shortest uncached prefill first (wspt), or last come
+// first served (lcfs, Dynamo's internal testing order).
 type QueuePolicy string
 
 const (
@@ -43,7 +46,8 @@ const (
 )
 
 // ApproximateCachePolicy is the retention policy of an approximate primary
-// index (router-core §4.6): entries expire after RouterTTL, or are evicted LRU.
+// index, the one learned from routing decisions when KV events are off:
+// entries expire after RouterTTL, or are evicted LRU.
 type ApproximateCachePolicy string
 
 const (
@@ -51,7 +55,8 @@ const (
 	ApproximateLRU ApproximateCachePolicy = "lru"
 )
 
-// ConditionalDisaggPolicy decides when to skip remote prefill (router-core §5.8).
+// ConditionalDisaggPolicy decides when a decode worker may prefill locally
+// instead of remotely (lib/kv-router/src/conditional_disagg.rs in Dynamo).
 type ConditionalDisaggPolicy string
 
 const (
@@ -60,7 +65,8 @@ const (
 	DisaggISLOrLoad   ConditionalDisaggPolicy = "isl_or_load"
 )
 
-// SessionAffinityMode is how a session binding steers selection (api spec §6).
+// SessionAffinityMode is how a session binding steers selection: hard (the
+// bound worker, while it is schedulable) or soft (a preference).
 type SessionAffinityMode string
 
 const (
@@ -71,7 +77,7 @@ const (
 // Limits from the sources named in the package doc.
 const (
 	// MaxSessionAffinityTTL is the upper bound of DYN_ROUTER_SESSION_AFFINITY_TTL_SECS
-	// (31,536,000 s, one year; api spec §6).
+	// (31,536,000 s, one year, as Dynamo's Python frontend bounds it).
 	MaxSessionAffinityTTL = 31_536_000 * time.Second
 	// maxEventThreads: Dynamo's router_event_threads is a u32.
 	maxEventThreads = math.MaxUint32
@@ -85,9 +91,9 @@ const (
 // Left out on purpose: skip_initial_worker_wait and serve_indexer (no
 // environment variable; frontend-only), the SITA knobs (model-card only, no
 // environment variable in the newest config.rs), and the legacy JetStream and
-// tree-size knobs router-core §6 says to ignore.
+// tree-size knobs Dynamo keeps only for compatibility.
 type Config struct {
-	// Cost function (router-core §5.2, §5.3).
+	// Cost function (lib/kv-router/src/scheduling/selector/mod.rs in Dynamo).
 	OverlapScoreCredit        float64 // overlap_score_credit
 	OverlapScoreCreditDecay   float64 // overlap_score_credit_decay
 	PrefillLoadScale          float64 // prefill_load_scale
@@ -115,7 +121,7 @@ type Config struct {
 	SharedCacheMultiplier  float64                 // shared_cache_multiplier
 	SharedCacheType        SharedCacheType         // shared_cache_type
 
-	// Queueing (router-core §5.6).
+	// Queueing.
 	QueueThreshold      Optional[float64] // router_queue_threshold; unset = no queue
 	QueuePolicy         QueuePolicy       // router_queue_policy
 	OverlapRefreshAfter time.Duration     // DYN_ROUTER_OVERLAP_REFRESH_AFTER_SECS; 0 = off
@@ -126,7 +132,7 @@ type Config struct {
 	PrefillPolicy         Optional[string] // router_prefill_policy
 	DecodePolicy          Optional[string] // router_decode_policy
 
-	// Conditional disaggregation (router-core §5.8).
+	// Conditional disaggregation.
 	ConditionalDisagg                     bool                    // conditional_disagg_enabled
 	ConditionalDisaggPolicy               ConditionalDisaggPolicy // conditional_disagg_policy
 	ConditionalDisaggEffISLThreshold      int                     // conditional_disagg_eff_isl_threshold (tokens)
@@ -167,7 +173,7 @@ func Default() Config {
 		SharedCacheType:        SharedCacheNone,
 
 		// router_queue_threshold: None in the newest config.rs (16.0 in one
-		// intermediate release, router-core §9 Q7).
+		// intermediate release, commit 0243c51b).
 		QueuePolicy:         QueueFCFS,
 		OverlapRefreshAfter: 10 * time.Second,
 
@@ -176,20 +182,20 @@ func Default() Config {
 		ConditionalDisaggEffISLRatioThreshold: 0.7,
 
 		ActiveRequestExpiry: 300 * time.Second,
-		// Hard is the standalone service's mode (api spec §6) and the Python
+		// Hard is the standalone service's mode and the Python
 		// frontend's default.
 		SessionAffinityMode: AffinityHard,
 	}
 }
 
 // QueueingEnabled reports whether the router queue is on: only when
-// router_queue_threshold is set (router-core §5.6). Dynamo can also enable it
+// router_queue_threshold is set. Dynamo can also enable it
 // through policy classes in router_policy_config, which kvselect does not
 // implement.
 func (c Config) QueueingEnabled() bool { return c.QueueThreshold.IsSet() }
 
-// LoadAware returns c with Dynamo's --load-aware preset applied (router-core
-// §6): no prefix credit and no events, random tracking hashes, active-block
+// LoadAware returns c with Dynamo's --load-aware preset applied: no prefix
+// credit and no events, random tracking hashes, active-block
 // tracking on, no shared cache.
 func (c Config) LoadAware() Config {
 	c.OverlapScoreCredit = 0
@@ -201,10 +207,10 @@ func (c Config) LoadAware() Config {
 	return c
 }
 
-// Validate checks every value and every cross-field rule of router-core §6
-// and api spec §11, and reports all violations at once (errors.Join); each
-// wraps ErrInvalid. It does not read the tracking key file: selection/kvhash
-// does that when it builds the tracker.
+// Validate checks every value and every cross-field rule of Dynamo's
+// KvRouterConfig and selection service settings, and reports all violations at once (errors.Join); each
+// wraps ErrInvalid. It does not read the tracking key file: the server does,
+// and selection/kvhash checks the key when it builds the tracker.
 func (c Config) Validate() error {
 	var errs []error
 	add := func(err error) { errs = append(errs, err) }
@@ -309,7 +315,7 @@ func (c Config) Validate() error {
 
 // validateTracking mirrors Dynamo's validate_tracking_hash_options and
 // selection/kvhash.NewTracker: public mode takes no key material, keyed mode
-// needs a key file and a non-blank key id (router-core §6).
+// needs a key file and a non-blank key id.
 func (c Config) validateTracking() []error {
 	file, hasFile := c.TrackingKeyFile.Get()
 	id, hasID := c.TrackingKeyID.Get()

@@ -1,12 +1,14 @@
 // Package routerconfig holds every knob of the KV router and of the standalone
-// selection service: Dynamo's KvRouterConfig (router-core §6), the environment
-// variables the selection service reads (api spec §11), the per-request
-// router_config_override (api spec §2.3), and the rules that tie them together.
+// selection service: Dynamo's KvRouterConfig, the environment variables the
+// selection service reads, the per-request router_config_override of its
+// selection API, and the rules that tie them together. Load layers a config
+// file's router section under the environment.
 //
-// It does no I/O. FromEnv takes a lookup function (tests pass a map, the binary
-// passes os.LookupEnv); loading the keyed-tracking key file is left to
-// selection/kvhash. EnvTable is the one place every variable is documented; the
-// README and --help print it (EnvMarkdown renders it as a Markdown table).
+// It does no I/O. Load and FromEnv take a lookup function (tests pass a map,
+// the server passes os.LookupEnv) and the file's values already read; reading
+// the keyed-tracking key file is the server's job. EnvTable is the one place
+// every variable and file key is documented; --help prints it and
+// docs/configuration.md holds what EnvMarkdown renders.
 //
 // # Sources
 //

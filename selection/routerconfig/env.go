@@ -73,7 +73,7 @@ const (
 var knobs = []knob{
 	{EnvVar{"DYN_ROUTER_KV_OVERLAP_SCORE_CREDIT", "OverlapScoreCredit", "1", "Credit per device-cached prefix block against the request's prefill (finite, >= 0; above 1 over-credits). 0 ignores prefix overlap and turns the KV-event index off.", "overlap_score_credit"},
 		floatKnob(checkNonNegative, func(c *Config, v float64) { c.OverlapScoreCredit = v })},
-	{EnvVar{"DYN_ROUTER_KV_OVERLAP_SCORE_CREDIT_DECAY", "OverlapScoreCreditDecay", "0", "Shrinks the device credit of workers with more active prefill than the least-loaded candidate (router-core §5.3). 0 = off.", "overlap_score_credit_decay"},
+	{EnvVar{"DYN_ROUTER_KV_OVERLAP_SCORE_CREDIT_DECAY", "OverlapScoreCreditDecay", "0", "Shrinks the device credit of a worker by 1 / (1 + decay × its active prefill blocks above the least-loaded candidate's, per request block). 0 = off.", "overlap_score_credit_decay"},
 		floatKnob(checkNonNegative, func(c *Config, v float64) { c.OverlapScoreCreditDecay = v })},
 	{EnvVar{envPrefillLoadScale, "PrefillLoadScale", "1", "Weight of the adjusted prefill blocks in the cost.", "prefill_load_scale"},
 		floatKnob(checkNonNegative, func(c *Config, v float64) { c.PrefillLoadScale = v })},
@@ -111,7 +111,7 @@ var knobs = []knob{
 		stringKnob(func(c *Config, v string) { c.PrefillPolicy = Some(v) })},
 	{EnvVar{"DYN_ROUTER_DECODE_POLICY", "DecodePolicy", "unset", "Custom worker-selection instance for decode workers. Accepted but ignored unless \"default\".", ""},
 		stringKnob(func(c *Config, v string) { c.DecodePolicy = Some(v) })},
-	{EnvVar{"DYN_ROUTER_CONDITIONAL_DISAGG", "ConditionalDisagg", "false", "Let a decode worker prefill locally instead of a remote prefill worker (router-core §5.8). Accepted but ignored: the selection service runs every worker as aggregated.", "conditional_disagg_enabled"},
+	{EnvVar{"DYN_ROUTER_CONDITIONAL_DISAGG", "ConditionalDisagg", "false", "Let a decode worker prefill locally instead of a remote prefill worker. Accepted but ignored: the selection service runs every worker as aggregated.", "conditional_disagg_enabled"},
 		boolKnob(func(c *Config, v bool) { c.ConditionalDisagg = v })},
 	{EnvVar{"DYN_ROUTER_CONDITIONAL_DISAGG_POLICY", "ConditionalDisaggPolicy", "isl_bounding", "isl_bounding, prefill_load (needs a prefill busy threshold or the queue threshold) or isl_or_load.", "conditional_disagg_policy"},
 		choiceKnob([]string{string(DisaggISLBounding), string(DisaggPrefillLoad), string(DisaggISLOrLoad)}, func(c *Config, v string) { c.ConditionalDisaggPolicy = ConditionalDisaggPolicy(v) })},

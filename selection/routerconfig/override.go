@@ -3,7 +3,7 @@ package routerconfig
 import "errors"
 
 // Override is the per-request router_config_override of the selection API
-// (api spec §2.3, config.rs RouterConfigOverride). A nil field keeps the
+// (RouterConfigOverride in Dynamo's lib/kv-router/src/scheduling/config.rs). A nil field keeps the
 // service's value. JSON names are the wire names.
 type Override struct {
 	OverlapScoreCredit *float64 `json:"overlap_score_credit,omitempty"`
@@ -16,7 +16,7 @@ type Override struct {
 	SharedCacheMultiplier *float64 `json:"shared_cache_multiplier,omitempty"`
 }
 
-// Validate checks the ranges of api spec §2.3: overlap_score_credit,
+// Validate checks the ranges Dynamo's selection API enforces: overlap_score_credit,
 // prefill_load_scale, overlap_score_weight and router_temperature finite and
 // >= 0, shared_cache_multiplier in [0, 1]. Dynamo checks the weight as the
 // prefill_load_scale it becomes; kvselect names the field the client sent.
