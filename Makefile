@@ -16,9 +16,11 @@ all: build test
 build:
 	$(GO) build -o bin/ ./cmd/...
 
-# The default test run (README, .ci/run): formatting, vet, race-enabled unit and
-# property tests, and the side-by-side bench module's tests.
-test: fmt-check vet
+# The default test run (README, .ci/run): formatting, vet, staticcheck,
+# race-enabled unit and property tests (internal/layout's among them: the
+# folder rules), the side-by-side bench module's tests, the black-box suites
+# and a short fuzz of every network decoder.
+test: fmt-check vet staticcheck
 	$(GO) test -race -count=1 $(PKGS)
 	cd bench/peer && $(GO) vet ./... && $(GO) test -count=1 ./...
 	$(MAKE) conformance-rest
@@ -40,6 +42,14 @@ test-short:
 
 vet:
 	$(GO) vet $(PKGS)
+
+# staticcheck, pinned, from the Go module proxy (built once, then cached).
+STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
+
+.PHONY: staticcheck
+staticcheck:
+	$(GO) run $(STATICCHECK) $(PKGS)
+	cd bench/peer && $(GO) run $(STATICCHECK) ./...
 
 fmt-check:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"reflect"
 	"strconv"
 	"strings"
 	"testing"
@@ -363,8 +364,54 @@ func TestFallbacksAndServedEndpointMovesTheBooking(t *testing.T) {
 	if l[primary].ActiveRequests != 0 || l[fbID].ActiveRequests != 1 || l[fbID].PotentialPrefillTokens != 8 {
 		t.Fatalf("booking did not move from %d to %d: %+v", primary, fbID, l)
 	}
+	if n := series(t, h.srv)["kvselect_extproc_rebooked_total"]; n != 1 {
+		t.Fatalf("kvselect_extproc_rebooked_total = %v, want 1", n)
+	}
 	if _, err := x.ResponseBody([]byte("{}"), true); err != nil {
 		t.Fatal(err)
+	}
+	x.Close()
+	h.idle(t)
+}
+
+// A served address that several ranks share (a data-parallel worker's) does
+// not say which rank carries the request: the booking stays where selection
+// put it, and no move is counted.
+func TestServedAddressOfADataParallelWorkerLeavesTheBooking(t *testing.T) {
+	dp := worker(1, "10.0.0.1:8000")
+	dp.DataParallelSize = ptr(uint32(2))
+	ws := append([]catalog.Record{dp}, fourWorkers()[1:]...)
+	h := start(t, setup{workers: ws})
+	// The subset hint puts the booking on worker 2, with no fallbacks.
+	x, d := h.start(t, &envoysim.Request{Modes: envoysim.GIE, SubsetHint: []string{"10.0.0.2:8000"},
+		Body: []byte(`{"model":"llama","stream":true,"prompt":[1,2,3,4,5,6,7,8]}`)})
+	if d.Immediate != nil || d.Destination != "10.0.0.2:8000" {
+		t.Fatalf("decision %q (immediate %+v), want 10.0.0.2:8000 alone", d.Destination, d.Immediate)
+	}
+	before := h.svc.Loads(nil, nil)
+	if l := h.loads()[2]; l.ActiveRequests != 1 || l.PotentialPrefillTokens != 8 {
+		t.Fatalf("worker 2 after the pick: %+v", l)
+	}
+	if _, err := x.ResponseHeaders(envoysim.Response{Served: "10.0.0.1:8000", Headers: sseHeaders()}, false); err != nil {
+		t.Fatal(err)
+	}
+	if after := h.svc.Loads(nil, nil); !reflect.DeepEqual(after, before) {
+		t.Fatalf("loads changed when the served address named two ranks:\nbefore %+v\nafter  %+v", before, after)
+	}
+	if n := series(t, h.srv)["kvselect_extproc_rebooked_total"]; n != 0 {
+		t.Fatalf("kvselect_extproc_rebooked_total = %v, want 0", n)
+	}
+	// The booking is still the stream's: the response's end frees it.
+	for i, c := range sseChunks(2) {
+		if _, err := x.ResponseBody(c, i == 2); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if h.activeRequests() != 0 {
+		t.Fatal("the response end did not free the booking that stayed")
+	}
+	if n := series(t, h.srv)["kvselect_extproc_bookings_freed_total{at=response_end}"]; n != 1 {
+		t.Fatalf("freed at response end %v, want 1", n)
 	}
 	x.Close()
 	h.idle(t)

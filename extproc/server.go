@@ -1,25 +1,28 @@
 // Package extproc is kvselect's Envoy external processor: a gRPC
 // envoy.service.ext_proc.v3.ExternalProcessor that speaks the Gateway API
-// Inference Extension endpoint-picker protocol (GIE proposal 004, spec
-// gie-llmd-envoy.md §1–§2), so kvselect runs as the endpoint picker (EPP) of
-// an InferencePool behind Envoy, Envoy Gateway, kgateway, Istio or any GIE
-// gateway.
+// Inference Extension endpoint-picker protocol (GIE proposal 004,
+// https://github.com/kubernetes-sigs/gateway-api-inference-extension/tree/main/docs/proposals/004-endpoint-picker-protocol),
+// so kvselect runs as the endpoint picker (EPP) of an InferencePool behind
+// Envoy, Envoy Gateway, kgateway, Istio or any GIE gateway.
 //
 // One gRPC stream is one HTTP request. The stream goroutine reads the
-// request's identity from headers and body without tokenizing
-// (DESIGN.md "Request identity without a tokenizer"), books it with
+// request's identity from headers and body without tokenizing — block
+// hashes or token ids the gateway or client already has, else the prompt
+// text, which selection hashes in character blocks — and books it with
 // selection.Service.SelectAndReserve, answers with the destination header and
 // envoy.lb metadata, then follows the response: the served-endpoint metadata
-// moves the booking when a fallback served it (Rebook), the first response
-// body chunk completes the prefill, streamed output grows the booking by
-// output blocks, and the end of the response frees it. However the stream
-// ends — response end, Envoy's close and reset, a cancelled context, a Send
-// error — the booking is freed exactly once by a deferred cleanup.
+// moves the booking when another endpoint served it
+// (selection.Service.RebookServed), the first response body chunk completes
+// the prefill, streamed output grows the booking by output blocks, and the
+// end of the response frees it. However the stream ends — response end,
+// Envoy's close and reset, a cancelled context, a Send error — the booking
+// is freed exactly once (booking.go).
 //
 // The front translates; it does not decide. Which worker, what load and which
 // error all come from selection.Service; kinds map to immediate-response
-// status codes in one table (kindStatus). docs/extproc.md has the message
-// flows per processing mode and the header contract.
+// status codes in one table (kindStatus). The README's "ext_proc endpoint
+// picker" section is the header contract; docs/extproc.md has the message
+// flows per processing mode.
 package extproc
 
 import (
@@ -49,7 +52,8 @@ const ServiceName = "envoy.service.ext_proc.v3.ExternalProcessor"
 
 // healthNames are the health-check service names reported SERVING: the
 // overall server, the ext_proc service (Envoy's cluster health check), and
-// the names GIE deployments probe (protocol 004 §Health, chart manifests).
+// the names protocol 004's health checking defines (liveness, readiness) and
+// the one GIE's chart and conformance manifests probe (inference-extension).
 var healthNames = []string{"", ServiceName, "inference-extension", "liveness", "readiness"}
 
 // Defaults.
@@ -172,8 +176,8 @@ func (s *Server) Process(srv extprocv3.ExternalProcessor_ProcessServer) (err err
 			s.metrics.streamErrors.Add(1)
 		}
 	}()
-	st := &stream{s: s, srv: srv, ctx: srv.Context()}
-	defer st.cleanup()
+	st := newStream(s, srv)
+	defer st.bk.streamEnd(st.ctx)
 	// One message value for the whole stream: decoding resets it, and
 	// nothing of a message outlives its handling (bodies are copied into
 	// the stream's buffer, echoes are encoded before the next receive).
@@ -181,7 +185,8 @@ func (s *Server) Process(srv extprocv3.ExternalProcessor_ProcessServer) (err err
 	for !st.closed {
 		if err := srv.RecvMsg(req); err != nil {
 			// Envoy ends every stream, normal or not, with a half-close
-			// immediately followed by a reset (spec §2.4 step 8): both are a
+			// immediately followed by a reset (its ext_proc filter closes
+			// the stream so when the HTTP stream is destroyed): both are a
 			// normal end here.
 			if errors.Is(err, io.EOF) || status.Code(err) == codes.Canceled || errors.Is(err, context.Canceled) {
 				return nil
@@ -196,7 +201,8 @@ func (s *Server) Process(srv extprocv3.ExternalProcessor_ProcessServer) (err err
 }
 
 // kindStatus is the one table from selection error kinds to immediate-response
-// status codes (protocol 004 §Errors: 503 no ready endpoint, 429 shed).
+// status codes (protocol 004 asks for 503 when no endpoint is ready and 429
+// when the request is shed).
 var kindStatus = map[selection.Kind]typev3.StatusCode{
 	selection.KindBadRequest:  typev3.StatusCode_BadRequest,
 	selection.KindNotFound:    typev3.StatusCode_NotFound,

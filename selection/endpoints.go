@@ -67,7 +67,7 @@ func (s *Service) Endpoints(key PartitionKey) []RankEndpoint {
 // schedulable worker has is a 404, as is an unknown booking. The move itself
 // is Rebook's.
 func (s *Service) RebookServed(ctx context.Context, id, addr string, preferred []WorkerRank) (*ReservationResponse, error) {
-	r, err := s.booked(id)
+	r, err := s.resv.booked(id)
 	if err != nil {
 		return nil, err
 	}
@@ -132,10 +132,10 @@ func rankList(ranks []index.WorkerKey) string {
 // successful no-op. Errors: 404 for an unknown booking or rank. The move is
 // published to replica peers as a free plus an admission.
 func (s *Service) Rebook(ctx context.Context, id string, to WorkerRank) (*ReservationResponse, error) {
-	if s.shutting.Load() {
-		return nil, errShuttingDown()
+	if err := s.gate.admit(); err != nil {
+		return nil, err
 	}
-	r, err := s.booked(id)
+	r, err := s.resv.booked(id)
 	if err != nil {
 		return nil, err
 	}
@@ -152,13 +152,9 @@ func (s *Service) Rebook(ctx context.Context, id string, to WorkerRank) (*Reserv
 		if err != nil {
 			return nil, loadsError(err)
 		}
-		s.resvMu.Lock()
-		if cur, ok := s.resv[id]; ok && cur == r {
-			moved := *r
-			moved.worker = w
-			s.resv[id] = &moved
-		}
-		s.resvMu.Unlock()
+		// A free racing this move may have dropped the row (and a new booking
+		// may reuse the id); only the row read above follows the load.
+		s.resv.move(id, r, w)
 		p.wake()
 		// Peers see the move as a free on the old rank and an admission on
 		// the new one. The booking keeps no tracking hashes, so the peers'

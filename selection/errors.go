@@ -6,7 +6,8 @@ import (
 )
 
 // Kind classifies a selection error. Each front maps kinds to its own status space
-// in one table (httpadmin: HTTP status codes as in api spec §1.1; extproc:
+// in one table (httpadmin: the HTTP status codes of Dynamo's
+// lib/kv-router/src/services/selection/error.rs; extproc:
 // immediate-response codes); nothing ever matches on message text.
 type Kind uint8
 
@@ -31,7 +32,8 @@ func (k Kind) String() string {
 }
 
 // Error is the error type of every Service method. Message is the text clients
-// see (api spec wording); Details carries structured extras for the envelope.
+// see (Dynamo's wording where Dynamo has one); Details carries structured
+// extras for the envelope.
 type Error struct {
 	Kind    Kind
 	Message string

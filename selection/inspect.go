@@ -38,10 +38,11 @@ func (s *Service) Loads(model, group *string) []ModelLoad {
 // (POST /potential_loads): prefill grows by the uncached part when prefill is
 // tracked, decode by the blocks not already active there.
 func (s *Service) PotentialLoads(ctx context.Context, q *PromptQuery) ([]PotentialLoad, error) {
-	p, eff, pr, err := s.promptFor(partitionOf(q.PartitionKey), q.RouterConfigOverride, &q.PromptRequest, forSelection)
+	rq, err := s.promptFor(partitionOf(q.PartitionKey), q.RouterConfigOverride, &q.PromptRequest, forSelection)
 	if err != nil {
 		return nil, err
 	}
+	p, eff, pr := rq.part, rq.eff, rq.prompt
 	overlaps := p.match(pr)
 	ws := p.workers.Load()
 	out := []PotentialLoad{}
@@ -65,10 +66,11 @@ func (s *Service) PotentialLoads(ctx context.Context, q *PromptQuery) ([]Potenti
 // OverlapScores reports tiered overlap per (worker, rank), in blocks, from the
 // public block hashes only (POST /overlap_scores).
 func (s *Service) OverlapScores(ctx context.Context, q *PromptQuery) (*OverlapScoresResponse, error) {
-	p, eff, pr, err := s.promptFor(partitionOf(q.PartitionKey), q.RouterConfigOverride, &q.PromptRequest, forSelection)
+	rq, err := s.promptFor(partitionOf(q.PartitionKey), q.RouterConfigOverride, &q.PromptRequest, forSelection)
 	if err != nil {
 		return nil, err
 	}
+	p, eff, pr := rq.part, rq.eff, rq.prompt
 	overlaps := p.match(pr)
 	rows := map[index.WorkerKey]index.Overlap{}
 	for _, w := range p.workers.Load().ranks {
@@ -96,9 +98,10 @@ func (s *Service) OverlapScores(ctx context.Context, q *PromptQuery) (*OverlapSc
 	return resp, nil
 }
 
-// kvHint builds the KV transfer hint of a booking (api §8): when another worker
-// of the same hint role holds a strictly longer root-aligned device prefix and
-// serves hints for its rank, tell the chosen worker to fetch that prefix.
+// kvHint builds the KV transfer hint of a booking (Dynamo's
+// lib/kv-router/src/kv_hints.rs): when another worker of the same hint role
+// holds a strictly longer root-aligned device prefix and serves hints for its
+// rank, tell the chosen worker to fetch that prefix.
 func (s *Service) kvHint(d *decision, selectionID string) *KVHint {
 	if !s.set.useKVEvents || d.part.ix.Config().PredictedTTL > 0 || !d.booked {
 		return nil

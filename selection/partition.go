@@ -66,7 +66,8 @@ type partition struct {
 
 	// schedMu makes select-and-book atomic within the partition, as Dynamo's
 	// per-partition scheduler task is: two bookings never decide on the same
-	// load snapshot.
+	// load snapshot. It comes after the service's catMu and mu and before
+	// queueMu (the lock order on Service).
 	schedMu sync.Mutex
 	rnd     *rand.Rand            // tie-breaks and softmax draws; guarded by schedMu
 	scratch scheduler.Scratch     // the picker's working set; guarded by schedMu
@@ -74,6 +75,7 @@ type partition struct {
 	candBuf []scheduler.Candidate // guarded by schedMu
 
 	// queue parks selections while every worker is busy (queueing enabled).
+	// queueMu may be taken under schedMu, never the other way round.
 	queueMu sync.Mutex
 	queue   *scheduler.Queue[*waiter]
 	changed chan struct{} // closed and replaced whenever load may have dropped

@@ -6,7 +6,8 @@ import (
 	"github.com/kvselect/kvselect/selection/kvhash"
 )
 
-// prompt is a request's prompt normalized for one partition (api spec §2.2).
+// prompt is a request's prompt normalized for one partition: token ids hashed
+// here, or the client's precomputed hashes and input length.
 type prompt struct {
 	locals   []uint64 // public LocalBlockHashes: index lookups and routing records
 	tracking []uint64 // tracking (sequence) hashes: active-load identities
@@ -95,7 +96,8 @@ func (s *Service) normalize(p *partition, req *PromptRequest, reuse bool, use pr
 	if req.BlockHashes != nil && len(req.BlockHashes) != len(req.SequenceHashes) && use == forSelection {
 		return out, newError(KindBadRequest, "block_hashes length %d must match sequence_hashes length %d", len(req.BlockHashes), len(req.SequenceHashes))
 	}
-	// Precomputed identities are trusted as sent, bit-cast from i64 (api §2.2).
+	// Precomputed identities are trusted as sent, bit-cast from the wire's
+	// i64, as Dynamo does.
 	out.locals = bitcast(req.BlockHashes)
 	out.tracking = bitcast(req.SequenceHashes)
 	out.isl = int(*req.ISLTokens)

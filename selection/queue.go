@@ -7,7 +7,8 @@ import (
 	"github.com/kvselect/kvselect/selection/scheduler"
 )
 
-// waiter is one selection parked in its partition's queue (router-core §5.6).
+// waiter is one selection parked in its partition's queue while every
+// eligible rank is busy (Dynamo's lib/kv-router/src/scheduling/queue.rs).
 // The queue itself (ordering by strict priority and the fcfs / wspt / lcfs key)
 // is scheduler.Queue; the partition only adds the waking.
 // A waiter must not be zero-sized: distinct zero-sized allocations may share one

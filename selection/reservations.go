@@ -12,62 +12,13 @@ import (
 	"github.com/kvselect/kvselect/selection/pending"
 )
 
-// reservation is one row of the process-wide reservation index: claimed while
-// its booking is in flight, then booked on a (partition, worker rank).
-type reservation struct {
-	part   *partition
-	worker index.WorkerKey
-	booked bool
-	lease  *affinity.Lease
-}
-
-// claim reserves a selection id process-wide before booking (api §3.8 step 1).
-func (s *Service) claim(id string) error {
-	s.resvMu.Lock()
-	defer s.resvMu.Unlock()
-	if _, taken := s.resv[id]; taken {
-		return newError(KindConflict, "selection %s is already reserved or being reserved", id)
-	}
-	s.resv[id] = &reservation{}
-	return nil
-}
-
-func (s *Service) unclaim(id string) {
-	s.resvMu.Lock()
-	defer s.resvMu.Unlock()
-	if r, ok := s.resv[id]; ok && !r.booked {
-		delete(s.resv, id)
-	}
-}
-
-func (s *Service) install(id string, p *partition, w index.WorkerKey, lease *affinity.Lease) {
-	s.resvMu.Lock()
-	defer s.resvMu.Unlock()
-	s.resv[id] = &reservation{part: p, worker: w, booked: true, lease: lease}
-}
-
-// booked resolves a live booking; claimed-but-in-flight ids are not found (api §3.11).
-func (s *Service) booked(id string) (*reservation, error) {
-	s.resvMu.Lock()
-	defer s.resvMu.Unlock()
-	r, ok := s.resv[id]
-	if !ok || !r.booked {
-		return nil, newError(KindNotFound, "reservation %s not found", id)
-	}
-	return r, nil
-}
-
 // dropReservation forgets a row whose booking is gone (freed, expired, or its
 // worker left) and releases the session lease it held.
 func (s *Service) dropReservation(id string, now time.Time) {
-	s.resvMu.Lock()
-	r, ok := s.resv[id]
-	if ok && r.booked {
-		delete(s.resv, id)
-	}
-	s.resvMu.Unlock()
-	if ok && r.booked && r.lease != nil {
-		r.lease.Release(now)
+	// The lease is released after the table let go of its lock: the affinity
+	// table's lock is a leaf of its own.
+	if lease, ok := s.resv.drop(id); ok && lease != nil {
+		lease.Release(now)
 	}
 }
 
@@ -77,8 +28,8 @@ func (s *Service) Reserve(ctx context.Context, req *ReservationRequest) (*Reserv
 	if req.SelectionID == nil {
 		return nil, newError(KindBadRequest, "missing field `selection_id`")
 	}
-	if s.shutting.Load() {
-		return nil, errShuttingDown()
+	if err := s.gate.admit(); err != nil {
+		return nil, err
 	}
 	key := partitionOf(req.PartitionKey)
 	if req.WorkerID != nil {
@@ -90,10 +41,11 @@ func (s *Service) Reserve(ctx context.Context, req *ReservationRequest) (*Reserv
 func (s *Service) reserveExplicit(ctx context.Context, key index.Partition, req *ReservationRequest) (*ReservationResponse, error) {
 	id := *req.SelectionID
 	s.pending.Discard(pending.Key{Partition: key, SelectionID: id})
-	p, eff, pr, err := s.promptFor(key, req.RouterConfigOverride, &req.PromptRequest, forReservation)
+	rq, err := s.promptFor(key, req.RouterConfigOverride, &req.PromptRequest, forReservation)
 	if err != nil {
 		return nil, err
 	}
+	p, eff, pr := rq.part, rq.eff, rq.prompt
 	if e := req.EffectivePrefillTokens; e != nil && *e > uint64(pr.isl) {
 		return nil, newError(KindBadRequest, "effective_prefill_tokens (%d) must not exceed isl_tokens (%d)", *e, pr.isl)
 	}
@@ -103,7 +55,8 @@ func (s *Service) reserveExplicit(ctx context.Context, key index.Partition, req 
 		return nil, newError(KindNotFound, "schedulable worker %d not found for %s", *req.WorkerID, displayKey(key))
 	}
 	w := index.WorkerKey{WorkerID: *req.WorkerID, DPRank: deref(req.DPRank, 0)}
-	// api §3.10 step 5.
+	// Prefill is tracked as the request says; else whenever it states its
+	// effective prefill; else as the effective configuration says.
 	track := eff.TrackPrefillTokens
 	if req.EffectivePrefillTokens != nil {
 		track = true
@@ -117,7 +70,7 @@ func (s *Service) reserveExplicit(ctx context.Context, key index.Partition, req 
 	} else if track {
 		prefill = pr.isl
 	}
-	if err := s.claim(id); err != nil {
+	if err := s.resv.claim(id); err != nil {
 		return nil, err
 	}
 	b := loads.Booking{RequestID: id, Worker: w, TrackingHashes: pr.tracking, ISL: pr.isl, PrefillTokens: prefill,
@@ -126,11 +79,11 @@ func (s *Service) reserveExplicit(ctx context.Context, key index.Partition, req 
 	err = p.loads.Add(s.clock(), b)
 	p.schedMu.Unlock()
 	if err != nil {
-		s.unclaim(id)
+		s.resv.unclaim(id)
 		return nil, loadsError(err)
 	}
 	s.recordRouting(p, w, pr)
-	s.install(id, p, w, nil)
+	s.resv.install(id, p, w, nil)
 	s.replicateAdd(p, &b, pr.lora)
 	return &ReservationResponse{SelectionID: id, ModelName: key.Model, RoutingGroup: key.RoutingGroup,
 		WorkerID: w.WorkerID, DPRank: w.DPRank, Endpoint: rec.EndpointOrEmpty()}, nil
@@ -151,13 +104,13 @@ func (s *Service) reserveReplay(ctx context.Context, key index.Partition, id str
 	if !ok {
 		return nil, newError(KindNotFound, "schedulable worker %d (dp_rank %d) not found for %s", e.Worker.WorkerID, e.Worker.DPRank, displayKey(key))
 	}
-	if err := s.claim(id); err != nil {
+	if err := s.resv.claim(id); err != nil {
 		return nil, err
 	}
 	booked := false
 	defer func() {
 		if !booked {
-			s.unclaim(id)
+			s.resv.unclaim(id)
 		}
 	}()
 	var hold *affinity.Hold
@@ -188,7 +141,7 @@ func (s *Service) reserveReplay(ctx context.Context, key index.Partition, id str
 		return nil, err
 	}
 	s.recordRouting(p, e.Worker, prompt{locals: e.BlockHashes, hashed: e.BlockHashes != nil})
-	s.install(id, p, e.Worker, lease)
+	s.resv.install(id, p, e.Worker, lease)
 	s.replicateAdd(p, &b, e.LoraName)
 	booked = true
 	s.pending.Consume(pk, gen)
@@ -198,7 +151,7 @@ func (s *Service) reserveReplay(ctx context.Context, key index.Partition, id str
 
 // PrefillComplete clears the booking's active prefill load.
 func (s *Service) PrefillComplete(ctx context.Context, id string) error {
-	r, err := s.booked(id)
+	r, err := s.resv.booked(id)
 	if err != nil {
 		return err
 	}
@@ -207,7 +160,7 @@ func (s *Service) PrefillComplete(ctx context.Context, id string) error {
 		return newError(KindNotFound, "reservation %s not found", id)
 	}
 	r.part.wake()
-	// Re-published on a repeated call, as Dynamo does (api §3.11).
+	// Re-published on a repeated call, as Dynamo does.
 	s.replicate(BookingPrefillCompleted, r.part, id, r.worker)
 	return nil
 }
@@ -217,7 +170,7 @@ func (s *Service) OutputBlock(ctx context.Context, id string, decayFraction *flo
 	if f := decayFraction; f != nil && !(*f >= 0 && *f <= 1) {
 		return newError(KindBadRequest, "decay_fraction must be between 0.0 and 1.0")
 	}
-	r, err := s.booked(id)
+	r, err := s.resv.booked(id)
 	if err != nil {
 		return err
 	}
@@ -239,7 +192,7 @@ func (s *Service) OutputTokens(ctx context.Context, id string, generated int) (a
 	if generated < 0 {
 		return 0, newError(KindBadRequest, "output token count must not be negative, got %d", generated)
 	}
-	r, err := s.booked(id)
+	r, err := s.resv.booked(id)
 	if err != nil {
 		return 0, err
 	}
@@ -253,7 +206,7 @@ func (s *Service) OutputTokens(ctx context.Context, id string, generated int) (a
 
 // Free releases the booking, its reservation row and session lease.
 func (s *Service) Free(ctx context.Context, id string) error {
-	r, err := s.booked(id)
+	r, err := s.resv.booked(id)
 	if err != nil {
 		return err
 	}

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"time"
 
 	"github.com/kvselect/kvselect/selection/affinity"
 	"github.com/kvselect/kvselect/selection/catalog"
@@ -20,7 +19,7 @@ import (
 // InputTriggers are the values session_context.input_trigger accepts.
 var InputTriggers = []string{"user_message", "tool_result", "other"}
 
-// maxSessionIDBytes bounds session ids (api §6).
+// maxSessionIDBytes bounds session ids, as Dynamo's affinity table does.
 const maxSessionIDBytes = 256
 
 // decision is one selection's outcome, before it becomes a response.
@@ -33,14 +32,15 @@ type decision struct {
 	load     loads.Projection   // the chosen rank before this request
 	alts     []scheduler.Scored // ordered fallbacks, when the request asked
 	prompt   prompt
-	eff      routerconfig.Config
 	booked   bool
 }
 
-// readyPartition applies the readiness rules of api §3.7 step 1.
+// readyPartition is the admission check of every selection-like call: a
+// service shutting down, no schedulable worker anywhere, or none in the
+// partition are each a 503 with its own message.
 func (s *Service) readyPartition(key index.Partition) (*partition, error) {
-	if s.shutting.Load() {
-		return nil, errShuttingDown()
+	if err := s.gate.admit(); err != nil {
+		return nil, err
 	}
 	p := s.partition(key)
 	if p == nil || len(p.workers.Load().ranks) == 0 {
@@ -61,30 +61,37 @@ func (s *Service) anySchedulable() bool {
 	return false
 }
 
-// promptFor resolves what every prompt-carrying call starts with: the ready
-// partition, the effective router config (after router_config_override) and
-// the normalized prompt.
-func (s *Service) promptFor(key index.Partition, o *routerconfig.Override, req *PromptRequest, use promptUse) (*partition, routerconfig.Config, prompt, error) {
-	p, err := s.readyPartition(key)
-	if err != nil {
-		return nil, routerconfig.Config{}, prompt{}, err
-	}
-	eff, err := s.effective(o)
-	if err != nil {
-		return nil, eff, prompt{}, err
-	}
-	pr, err := s.normalize(p, req, eff.AssumeKVReuse, use)
-	return p, eff, pr, err
+// prepared is what every prompt-carrying call resolves first.
+type prepared struct {
+	part *partition
+	// policy is the selection policy this request runs with, loaded once so
+	// that a concurrent SetPolicy cannot give it the weights of one policy
+	// and the Select of another.
+	policy *scheduler.Policy
+	// eff is the effective router configuration: the service's, then the
+	// policy's cost weights, then router_config_override. Everything the
+	// request computes from weights reads them here.
+	eff    routerconfig.Config
+	prompt prompt
 }
 
-func (s *Service) effective(o *routerconfig.Override) (routerconfig.Config, error) {
-	if o == nil {
-		return s.router, nil
+// promptFor resolves the ready partition, the policy, the effective router
+// configuration and the normalized prompt.
+func (s *Service) promptFor(key index.Partition, o *routerconfig.Override, req *PromptRequest, use promptUse) (prepared, error) {
+	p, err := s.readyPartition(key)
+	if err != nil {
+		return prepared{}, err
 	}
-	if err := o.Validate(); err != nil {
-		return s.router, wrapError(KindBadRequest, err)
+	pol := s.policy.Load()
+	eff, err := s.effective(pol, o)
+	if err != nil {
+		return prepared{}, err
 	}
-	return s.router.Apply(*o), nil
+	pr, err := s.normalize(p, req, eff.AssumeKVReuse, use)
+	if err != nil {
+		return prepared{}, err
+	}
+	return prepared{part: p, policy: pol, eff: eff, prompt: pr}, nil
 }
 
 func sessionOf(req *SelectRequest) (string, error) {
@@ -102,8 +109,7 @@ func sessionOf(req *SelectRequest) (string, error) {
 }
 
 // checkSessionID applies the affinity table's id limit. Without session
-// affinity a session id is only policy input and any length is accepted (api
-// §3.7 step 2, §6).
+// affinity a session id is only policy input and any length is accepted.
 func checkSessionID(p *partition, sid string) error {
 	if p.affinity != nil && len(sid) > maxSessionIDBytes {
 		return newError(KindBadRequest, "session affinity ID must not exceed %d bytes", maxSessionIDBytes)
@@ -115,10 +121,11 @@ func checkSessionID(p *partition, sid string) error {
 // selection_id it caches the booking inputs for a later replay reservation.
 func (s *Service) Select(ctx context.Context, req *SelectRequest) (*SelectResponse, error) {
 	key := partitionOf(req.PartitionKey)
-	p, eff, pr, err := s.promptFor(key, req.RouterConfigOverride, &req.PromptRequest, forSelection)
+	rq, err := s.promptFor(key, req.RouterConfigOverride, &req.PromptRequest, forSelection)
 	if err != nil {
 		return nil, err
 	}
+	p, eff, pr := rq.part, rq.eff, rq.prompt
 	sid, err := sessionOf(req)
 	if err == nil {
 		err = checkSessionID(p, sid)
@@ -134,7 +141,7 @@ func (s *Service) Select(ctx context.Context, req *SelectRequest) (*SelectRespon
 			target = &t
 		}
 	}
-	d, err := s.choose(ctx, p, req, pr, eff, target, nil, !req.Advisory)
+	d, err := s.choose(ctx, &rq, req, target, nil, !req.Advisory)
 	if err != nil {
 		return nil, err
 	}
@@ -170,10 +177,11 @@ func explicitTarget(req *SelectRequest) *affinity.Target {
 
 // SelectAndReserve selects and atomically books load (POST /select_and_reserve).
 func (s *Service) SelectAndReserve(ctx context.Context, req *SelectRequest) (*SelectResponse, error) {
-	p, eff, pr, err := s.promptFor(partitionOf(req.PartitionKey), req.RouterConfigOverride, &req.PromptRequest, forSelection)
+	rq, err := s.promptFor(partitionOf(req.PartitionKey), req.RouterConfigOverride, &req.PromptRequest, forSelection)
 	if err != nil {
 		return nil, err
 	}
+	p, eff, pr := rq.part, rq.eff, rq.prompt
 	sid, err := sessionOf(req)
 	if err == nil {
 		err = checkSessionID(p, sid)
@@ -185,13 +193,13 @@ func (s *Service) SelectAndReserve(ctx context.Context, req *SelectRequest) (*Se
 	if id == "" {
 		id = s.newUUID()
 	}
-	if err := s.claim(id); err != nil {
+	if err := s.resv.claim(id); err != nil {
 		return nil, err
 	}
 	ok := false
 	defer func() {
 		if !ok {
-			s.unclaim(id)
+			s.resv.unclaim(id)
 		}
 	}()
 	target := explicitTarget(req)
@@ -203,7 +211,7 @@ func (s *Service) SelectAndReserve(ctx context.Context, req *SelectRequest) (*Se
 	}
 	booking := &loads.Booking{RequestID: id, TrackingHashes: pr.tracking, ISL: pr.isl,
 		TrackPrefill: eff.TrackPrefillTokens, ExpectedOutputTokens: req.ExpectedOutputTokens}
-	d, err := s.choose(ctx, p, req, pr, eff, target, booking, true)
+	d, err := s.choose(ctx, &rq, req, target, booking, true)
 	if err != nil {
 		if hold != nil {
 			hold.Abort(s.clock())
@@ -215,7 +223,7 @@ func (s *Service) SelectAndReserve(ctx context.Context, req *SelectRequest) (*Se
 		return nil, err
 	}
 	s.recordRouting(p, d.worker, pr)
-	s.install(id, p, d.worker, lease)
+	s.resv.install(id, p, d.worker, lease)
 	s.replicateAdd(p, booking, pr.lora)
 	ok = true
 	resp := s.response(d, &id)
@@ -229,7 +237,8 @@ func (s *Service) SelectAndReserve(ctx context.Context, req *SelectRequest) (*Se
 }
 
 // holdSession acquires the session's binding before booking; a concurrent
-// initializer of the same session is waited for (api §6).
+// initializer of the same session is waited for, so that two first requests
+// of one session do not bind it to two workers.
 func (s *Service) holdSession(ctx context.Context, p *partition, sid string) (*affinity.Hold, *affinity.Target, error) {
 	for {
 		ws := p.workers.Load()
@@ -279,8 +288,9 @@ func (s *Service) commitSession(p *partition, hold *affinity.Hold, w index.Worke
 }
 
 // recordRouting feeds a booking into an approximate or predicted index: the request's
-// public block hashes keyed by public sequence hashes (router-core §4.6).
-// Hash-only requests without block hashes are not recorded (api §9.1).
+// public block hashes keyed by public sequence hashes, as Dynamo's approximate
+// indexer learns from its own routing decisions. Hash-only requests without
+// block hashes are not recorded: there is nothing to key the blocks by.
 func (s *Service) recordRouting(p *partition, w index.WorkerKey, pr prompt) {
 	if !pr.hashed || len(pr.locals) == 0 {
 		return
@@ -296,10 +306,11 @@ func (s *Service) recordRouting(p *partition, w index.WorkerKey, pr prompt) {
 	_, _ = p.ix.RecordRouting(s.clock(), w, pr.locals, kvhash.SequenceHashes(pr.locals))
 }
 
-// choose runs the scheduler: eligibility, cost, pick; with booking != nil it
-// books the chosen rank in the same critical section.
-func (s *Service) choose(ctx context.Context, p *partition, req *SelectRequest, pr prompt, eff routerconfig.Config,
+// choose runs the request's policy: eligibility, cost, pick; with booking !=
+// nil it books the chosen rank in the same critical section.
+func (s *Service) choose(ctx context.Context, rq *prepared, req *SelectRequest,
 	target *affinity.Target, booking *loads.Booking, admit bool) (*decision, error) {
+	p, pr, eff := rq.part, rq.prompt, rq.eff
 	overlaps := p.match(pr)
 	enqueued := s.clock()
 	sreq := &scheduler.Request{ISL: pr.isl, BlockSize: p.blockSize, Weights: weightsOf(eff)}
@@ -330,8 +341,8 @@ func (s *Service) choose(ctx context.Context, p *partition, req *SelectRequest, 
 	}
 	threshold := s.router.QueueThreshold.Or(0) // read only when queueing is on
 	for {
-		if s.shutting.Load() {
-			return nil, errShuttingDown()
+		if err := s.gate.admit(); err != nil {
+			return nil, err
 		}
 		p.queueMu.Lock()
 		changed := p.changed
@@ -349,8 +360,8 @@ func (s *Service) choose(ctx context.Context, p *partition, req *SelectRequest, 
 			select {
 			case <-changed:
 				if scheduler.OverlapRefreshDue(enqueued, s.clock(), s.router.OverlapRefreshAfter) {
-					// Dequeue-time refresh (router-core §5.6): a long wait makes the
-					// enqueue-time overlap stale.
+					// Dequeue-time refresh, as Dynamo's queue does: a long wait
+					// makes the enqueue-time overlap stale.
 					overlaps = p.match(pr)
 					enqueued = s.clock()
 				}
@@ -361,12 +372,12 @@ func (s *Service) choose(ctx context.Context, p *partition, req *SelectRequest, 
 		}
 		cands := s.candidates(p.candBuf[:0], ws, projs, overlaps)
 		p.candBuf = cands
-		chosen, err := s.policy.Select(p.rnd, sreq, cands, &p.scratch)
+		chosen, err := rq.policy.Select(p.rnd, sreq, cands, &p.scratch)
 		if err != nil {
 			p.schedMu.Unlock()
 			return nil, schedulerError(err)
 		}
-		d := &decision{part: p, worker: chosen.Worker, overlaps: overlaps, scored: chosen, prompt: pr, eff: eff}
+		d := &decision{part: p, worker: chosen.Worker, overlaps: overlaps, scored: chosen, prompt: pr}
 		if req != nil && req.Fallbacks > 0 {
 			d.alts = p.scratch.Ranked(chosen.Worker, req.Fallbacks)
 		}
@@ -425,8 +436,8 @@ func CostWeightsOf(c routerconfig.Config) scheduler.CostWeights {
 }
 
 // candidates joins the schedulable ranks with their load projection and
-// overlap, and marks busy-rejected workers (router-core §5.7: a worker is
-// overloaded only when all its ranks are over a configured threshold).
+// overlap, and marks busy-rejected workers: as in Dynamo's busy rejection, a
+// worker is overloaded only when all its ranks are over a configured threshold.
 func (s *Service) candidates(out []scheduler.Candidate, ws *workerSet, projs []loads.Projection, overlaps []index.Overlap) []scheduler.Candidate {
 	for _, pj := range projs {
 		rec, ok := ws.rank(pj.Worker)
@@ -503,7 +514,7 @@ func loadsError(err error) error {
 	return wrapError(KindInternal, err)
 }
 
-// response assembles the selection fields of api §3.9.
+// response assembles the selection fields of a SelectResponse.
 func (s *Service) response(d *decision, selectionID *string) *SelectResponse {
 	bs := uint64(d.part.blockSize)
 	sum := OverlapSummary{DP: make(map[string]uint64)}
@@ -544,12 +555,3 @@ func optPtr[T any](o routerconfig.Optional[T]) *T {
 	}
 	return nil
 }
-
-func ceilDiv(a, b int) int {
-	if b <= 0 {
-		return 0
-	}
-	return (a + b - 1) / b
-}
-
-var _ = time.Second

@@ -2,15 +2,15 @@
 // KV-overlap indexing, KV- and load-aware worker selection, select/reserve
 // booking with the reservation lifecycle, the pending-selection cache and session
 // affinity — everything Dynamo's standalone selection service decides
-// (shared/spec/dynamo-selection-api.md), as a Go API. The REST and ext_proc fronts
-// are thin translations over Service.
+// (https://docs.nvidia.com/dynamo/dev/components/router/standalone-selection-service),
+// as a Go API. The REST and ext_proc fronts are thin translations over Service.
 //
 // The service does no I/O of its own and starts no goroutine: time comes from an
 // injected clock and periodic upkeep (expiry of stale bookings, pending
 // selections, idle sessions and approximate-index entries) runs when the host
-// calls Maintain, typically from a ticker in cmd/kvselect. Callers' goroutines may
-// block inside a selection only while the scheduler queue holds them (queueing
-// enabled and every worker busy), and they honour their context.
+// calls Maintain, typically every few seconds from server.Upkeep. Callers'
+// goroutines may block inside a selection only while the scheduler queue holds
+// them (queueing enabled and every worker busy), and they honour their context.
 package selection
 
 import (
@@ -50,39 +50,69 @@ type Config struct {
 	// means no adapter is connected (endpoints are still validated).
 	Listeners Listeners
 	// Policy replaces the default selection policy (Dynamo's cost,
-	// scheduler.DefaultPolicy) when set.
+	// scheduler.DefaultPolicy) when set; SetPolicy replaces it at run time.
+	// New refuses a policy SetPolicy would refuse.
 	Policy *scheduler.Policy
 }
 
 // Service is the embedded selection service. It is safe for concurrent use.
+//
+// Lock order. A goroutine holding one of these locks takes only locks further
+// down the list, and never two of one level at once (two partitions' schedMu,
+// say):
+//
+//  1. catMu serializes catalog changes (UpsertWorker, PatchWorker,
+//     DeleteWorker) end to end, Listeners.Attach and Detach included, so a
+//     listener implementation's own locks come after it.
+//  2. mu guards the catalog and partition maps. ensurePartition builds a
+//     partition under it (index.Partitions' lock, writerOnce, rndMu);
+//     Shutdown wakes every partition under its read lock (queueMu).
+//  3. writerOnce (a sync.Once, thus a lock) draws the replica id from rndMu.
+//  4. a partition's schedMu makes select-and-book atomic: under it choose
+//     projects and books (loads.Tracker), runs the policy (whose own state,
+//     if any, is a leaf) and asks the queue whether it may proceed (queueMu);
+//     replaceWorkers swaps the worker set and the tracker's ranks.
+//  5. a partition's queueMu guards its queue and wake channel.
+//  6. leaves, which call into nothing that locks: the reservation table's mu,
+//     the readiness conditions' mu, rndMu, loads.Tracker's, index.Index's,
+//     index.Partitions', affinity.Table's, pending.Cache's, kvhash.Tracker's
+//     and the text index's build lock. Two leaves are never held together.
+//
+// Hence: a session lease is released (affinity.Table) only after the
+// reservation table let go of the row; frees, prefill completions and output
+// blocks reach loads.Tracker without schedMu (they only lower or grow one
+// booking, which no decision needs to see atomically with its own booking);
+// the replica observer and the listeners' RankEventsStatus are called with no
+// service lock held. The injected clock is read under schedMu too, so it must
+// not call into the service.
 type Service struct {
 	set       settings
 	router    routerconfig.Config
 	clock     func() time.Time
 	tracker   *kvhash.Tracker
-	policy    scheduler.Policy
 	listeners Listeners
 	pending   *pending.Cache
 	indexes   *index.Partitions
 
+	// policy is the selection policy in force, replaced whole by SetPolicy. A
+	// request loads it once (promptFor) and uses that value throughout.
+	policy atomic.Pointer[scheduler.Policy]
+
 	rndMu sync.Mutex
 	rnd   *rand.Rand
 
-	catMu         sync.Mutex          // serializes catalog changes (api §4)
+	catMu         sync.Mutex          // serializes catalog changes
 	attachedRanks map[uint64]attached // guarded by catMu
 
 	mu      sync.RWMutex // guards catalog and parts
 	catalog map[uint64]*catalog.Record
 	parts   map[index.Partition]*partition
 
-	resvMu sync.Mutex
-	resv   map[string]*reservation // process-wide reservation ids (api §3.8 step 1)
+	resv reservationTable // selection ids across every partition (restable.go)
 
-	shutting atomic.Bool
+	gate readiness // shutdown, startup recovery, external conditions (readiness.go)
 
-	repl replicaState // replica observer and startup recovery (sync.go)
-
-	conds conditions // external readiness conditions (conditions.go)
+	repl replicaState // replica observer (sync.go)
 
 	writerOnce sync.Once
 	writer     uint64
@@ -117,18 +147,22 @@ func New(cfg Config) (*Service, error) {
 	if cfg.Policy != nil {
 		policy = *cfg.Policy
 	}
+	if err := validPolicy(&policy, cfg.Router); err != nil {
+		return nil, fmt.Errorf("policy: %w", err)
+	}
 	clock := cfg.Clock
 	if clock == nil {
 		clock = time.Now
 	}
-	return &Service{
-		set: set, router: cfg.Router, clock: clock, tracker: tracker, policy: policy,
+	s := &Service{
+		set: set, router: cfg.Router, clock: clock, tracker: tracker,
 		listeners: cfg.Listeners, pending: pc, indexes: ixs, rnd: rnd,
 		attachedRanks: make(map[uint64]attached),
 		catalog:       make(map[uint64]*catalog.Record),
 		parts:         make(map[index.Partition]*partition),
-		resv:          make(map[string]*reservation),
-	}, nil
+	}
+	s.policy.Store(clonePolicy(policy))
+	return s, nil
 }
 
 func randomSeed() (seed [32]byte) {
@@ -139,30 +173,10 @@ func randomSeed() (seed [32]byte) {
 // Health is process liveness (GET /health).
 func (s *Service) Health() bool { return true }
 
-// Ready reports readiness: not shutting down and at least one schedulable worker
-// in any partition (GET /ready). It does not certify a complete KV cache view.
-func (s *Service) Ready() ReadyStatus {
-	ws := s.Workers(nil, nil)
-	n := 0
-	for _, w := range ws {
-		if w.Lifecycle == catalog.Schedulable {
-			n++
-		}
-	}
-	// Startup index recovery from peers holds readiness until it finished,
-	// successfully or not (sync.go).
-	rec := s.IndexRecoveryState()
-	// Discovery sources hold readiness back while their view is unknown or
-	// broken (conditions.go).
-	conds := s.Conditions()
-	return ReadyStatus{Ready: !s.shutting.Load() && n > 0 && rec != RecoveryPending && conditionsReady(conds), SchedulableWorkers: n, Workers: ws,
-		IndexRecovery: rec.String(), Conditions: conds}
-}
-
 // Shutdown makes mutating and selection calls fail with 503 from now on; DELETE
 // /workers keeps working and queued selections are released with an error.
 func (s *Service) Shutdown() {
-	s.shutting.Store(true)
+	s.gate.shutDown()
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	for _, p := range s.parts {

@@ -101,10 +101,7 @@ func TestQueueOrderAndCancellation(t *testing.T) {
 		t.Fatalf("cancelled waiter: %v", err)
 	}
 	waitFor(t, "the cancelled waiter to leave", func() bool { return pendingCount(s) == 0 })
-	s.resvMu.Lock()
-	_, kept := s.resv["gone"]
-	s.resvMu.Unlock()
-	if kept {
+	if s.resv.has("gone") {
 		t.Fatal("a cancelled selection kept its reservation id")
 	}
 	// Strict priority goes first: low queues before high, high books first.
@@ -325,7 +322,8 @@ func TestDPRanksAreCandidates(t *testing.T) {
 
 // TestQueuedSelectionRefreshesOverlap: a selection that waited past
 // DYN_ROUTER_OVERLAP_REFRESH_AFTER_SECS re-reads the index when it leaves the
-// queue, so blocks cached meanwhile count (api §13.2).
+// queue, so blocks cached meanwhile count (a behaviour Dynamo's
+// lib/kv-router/src/services/selection/core/tests.rs checks).
 func TestQueuedSelectionRefreshesOverlap(t *testing.T) {
 	s, clock := newService(t, func(c *routerconfig.Config) {
 		c.UseKVEvents = true
@@ -437,8 +435,8 @@ func (l *recordingListeners) take() []string {
 
 // TestListenerReconciliationRankByRank: an unchanged rank keeps its listener and
 // its blocks, a changed rank is detached, purged and attached afresh, a removed
-// rank is detached and purged, a failed attach rolls back (seed "Worker
-// Restarts", api §3.1 step 2).
+// rank is detached and purged, a failed attach rolls back (the "Worker
+// Restarts" rules of Dynamo's standalone selection service docs).
 func TestListenerReconciliationRankByRank(t *testing.T) {
 	rc := routerconfig.Default()
 	l := &recordingListeners{}

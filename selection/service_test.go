@@ -2,7 +2,6 @@ package selection
 
 import (
 	"context"
-	"errors"
 	"math/rand/v2"
 	"slices"
 	"strings"
@@ -32,7 +31,8 @@ func (c *fakeClock) Add(d time.Duration) {
 
 var bg = context.Background()
 
-// newService mirrors Dynamo's HTTP test setup (api §13.1): approximate index
+// newService mirrors the setup of Dynamo's HTTP tests
+// (lib/kv-router/src/services/selection/tests.rs): approximate index
 // (use_kv_events=false), no queue threshold.
 func newService(t testing.TB, edit func(*routerconfig.Config)) (*Service, *fakeClock) {
 	t.Helper()
@@ -722,9 +722,7 @@ func TestConcurrentBookingsAndCatalogChanges(t *testing.T) {
 			}
 		}
 	}
-	s.resvMu.Lock()
-	left := len(s.resv)
-	s.resvMu.Unlock()
+	left := s.resv.size()
 	if left != 0 {
 		t.Fatalf("%d reservation rows leaked", left)
 	}
@@ -740,8 +738,6 @@ func itoa(i int) string {
 	}
 	return string(b)
 }
-
-var _ = errors.New
 
 // indexStored is a device Stored event of worker (rank 0) holding locals, as a
 // KV-event listener would apply it.

@@ -9,17 +9,20 @@ import (
 	"github.com/kvselect/kvselect/selection/loads"
 )
 
-// This file holds the service's side of the replica planes (seed doc "Peer
-// Planes", api spec §7, §9.2): what a replica publishes (booking transitions and
-// session bindings, handed to a ReplicaObserver), how it applies what its peers
-// published (ApplyRemoteBooking, ApplyRemoteBinding), and the readiness gate of
-// startup index recovery. The transport — ZMQ sockets, the wire envelope, peer
-// membership — lives in replicas/mesh; fetching a peer's /dump in
-// replicas/recovery. The service itself still does no I/O.
+// This file holds the service's side of the replica planes (the "Peer Planes"
+// of Dynamo's standalone selection service docs; Dynamo's
+// lib/kv-router/src/services/common/replica_sync.rs): what a replica publishes
+// (booking transitions and session bindings, handed to a ReplicaObserver), how
+// it applies what its peers published (ApplyRemoteBooking, ApplyRemoteBinding),
+// and the state of startup index recovery that readiness waits for. The
+// transport — ZMQ sockets, the wire envelope, peer membership — lives in
+// replicas/mesh; fetching a peer's /dump in replicas/recovery. The service
+// itself does no I/O.
 
 // BookingEventKind names a replicated booking transition: the variants of
-// Dynamo's ActiveSequenceEventData (api §7.1). Output-block growth has no kind:
-// it stays local (api §3.11, seed "Consistency Invariants").
+// Dynamo's ActiveSequenceEventData. Output-block growth has no kind: output
+// blocks stay local to the replica that streams them, one of the consistency
+// invariants of Dynamo's standalone selection service.
 type BookingEventKind uint8
 
 // Booking transitions.
@@ -39,7 +42,7 @@ func (k BookingEventKind) String() string {
 }
 
 // BookingEvent is one booking transition scoped to its partition: the content of
-// the dynamo.slot-tracker.v1 envelope (api §7.1) without the wire encoding.
+// the dynamo.slot-tracker.v1 envelope without the wire encoding.
 type BookingEvent struct {
 	Kind      BookingEventKind
 	Partition index.Partition
@@ -57,8 +60,8 @@ type BookingEvent struct {
 
 	// TrackingHashes are the booking's tracking hashes (token_sequence): opaque
 	// to the receiver, which de-duplicates active blocks by them. Replicas do not
-	// negotiate the tracking algorithm; operators configure them alike (seed
-	// "Consistency Invariants").
+	// negotiate the tracking algorithm; operators configure them alike, as they
+	// must register the same catalog on every replica.
 	TrackingHashes       []uint64
 	TrackPrefill         bool
 	ExpectedOutputTokens *uint32
@@ -67,8 +70,9 @@ type BookingEvent struct {
 	PrefillTokens *uint64
 }
 
-// SessionBinding is one replicated session binding (api §7.2): the affinity
-// table's event and the partition it belongs to.
+// SessionBinding is one replicated session binding (the
+// dynamo.session-affinity.v1 topic): the affinity table's event and the
+// partition it belongs to.
 type SessionBinding struct {
 	Partition index.Partition
 	affinity.BindingEvent
@@ -86,7 +90,9 @@ type ReplicaObserver interface {
 }
 
 // IndexRecovery is the state of startup index recovery from peers
-// (--indexer-peers, api §9.2). GET /ready stays false while it is pending.
+// (--indexer-peers: replaying a peer's /dump before serving, as Dynamo's
+// lib/kv-router/src/services/indexer/recovery.rs does). GET /ready stays false
+// while it is pending.
 type IndexRecovery int32
 
 // Recovery states.
@@ -110,7 +116,6 @@ func (r IndexRecovery) String() string {
 // replicaState is the service's replica wiring.
 type replicaState struct {
 	observer atomic.Pointer[observerBox]
-	recovery atomic.Int32 // IndexRecovery
 }
 
 type observerBox struct{ o ReplicaObserver }
@@ -135,13 +140,6 @@ func (s *Service) replicaObserver() ReplicaObserver {
 // ReplicaID is this process's non-zero replica identity: the router_id of the
 // booking events and the writer_id of the session bindings it publishes.
 func (s *Service) ReplicaID() uint64 { return s.writerID() }
-
-// SetIndexRecovery records the startup recovery state; readiness waits while it
-// is RecoveryPending.
-func (s *Service) SetIndexRecovery(r IndexRecovery) { s.repl.recovery.Store(int32(r)) }
-
-// IndexRecoveryState reports the startup recovery state.
-func (s *Service) IndexRecoveryState() IndexRecovery { return IndexRecovery(s.repl.recovery.Load()) }
 
 // replicateAdd publishes a booking the service just installed.
 func (s *Service) replicateAdd(p *partition, b *loads.Booking, lora string) {
@@ -190,8 +188,9 @@ func (s *Service) flushBindings(p *partition) {
 }
 
 // RemoteOutcome says what the service did with a peer's event. Everything but
-// RemoteApplied is a drop; the adapter counts them (api §7, §12: unknown
-// worker, model, routing group, rank and block-size events are dropped).
+// RemoteApplied is a drop; the adapter counts them. Replica traffic never
+// creates anything: events naming a worker, model, routing group, rank or
+// block size this replica does not have are dropped, as Dynamo drops them.
 type RemoteOutcome uint8
 
 // Remote event outcomes.
@@ -240,8 +239,8 @@ func (o RemoteOutcome) String() string {
 //
 // A mirrored booking is an ordinary reservation row: it counts in /loads and in
 // selection, a local booking of the same id conflicts (409) until it is freed,
-// and lifecycle calls on its id work here and are published like local ones
-// (api §7.1). It expires like a local booking — Maintain reclaims it after
+// and lifecycle calls on its id work here and are published like local ones,
+// as in Dynamo. It expires like a local booking — Maintain reclaims it after
 // DYN_ROUTER_ACTIVE_REQUEST_EXPIRY_SECS — so a peer that dies without freeing
 // leaves no load behind for longer than that (Dynamo's expiry task covers
 // replicated sequences the same way).
@@ -281,7 +280,7 @@ func (s *Service) applyRemoteAdd(p *partition, ev *BookingEvent) RemoteOutcome {
 		}
 		prefill = int(*ev.PrefillTokens)
 	}
-	if s.claim(ev.RequestID) != nil {
+	if s.resv.claim(ev.RequestID) != nil {
 		return RemoteDuplicate
 	}
 	// ISL only drives RecordOutputTokens, which never runs for a mirror (output
@@ -293,7 +292,7 @@ func (s *Service) applyRemoteAdd(p *partition, ev *BookingEvent) RemoteOutcome {
 	err := p.loads.Add(s.clock(), b)
 	p.schedMu.Unlock()
 	if err != nil {
-		s.unclaim(ev.RequestID)
+		s.resv.unclaim(ev.RequestID)
 		switch KindOf(loadsError(err)) {
 		case KindNotFound:
 			return RemoteUnknownRank // the rank left between the check and the booking
@@ -302,13 +301,13 @@ func (s *Service) applyRemoteAdd(p *partition, ev *BookingEvent) RemoteOutcome {
 		}
 		return RemoteInvalid
 	}
-	s.install(ev.RequestID, p, ev.Worker, nil)
+	s.resv.install(ev.RequestID, p, ev.Worker, nil)
 	return RemoteApplied
 }
 
 func (s *Service) applyRemoteLifecycle(p *partition, ev *BookingEvent) RemoteOutcome {
-	r, err := s.booked(ev.RequestID)
-	// Reservation ids are global (seed "Consistency Invariants"), so the id and
+	r, err := s.resv.booked(ev.RequestID)
+	// Reservation ids are process-global and single-booking, so the id and
 	// partition find the booking even when the event names another rank: the
 	// origin may have moved the booking to the rank that actually served it
 	// (Rebook), which is not replicated.
@@ -337,9 +336,10 @@ func (s *Service) applyRemoteLifecycle(p *partition, ev *BookingEvent) RemoteOut
 }
 
 // ApplyRemoteBinding applies a peer's session binding by the table's receiver
-// rules (api §6: ignore our own writer id, drop targets not schedulable here,
-// then version-ordered insert / refresh / replace). The second result is the
-// table's own verdict when the binding reached a table.
+// rules (Dynamo's lib/kv-router/src/services/selection/affinity.rs): ignore
+// our own writer id, drop targets not schedulable here, then version-ordered
+// insert / refresh / replace. The second result is the table's own verdict
+// when the binding reached a table.
 func (s *Service) ApplyRemoteBinding(b SessionBinding) (RemoteOutcome, affinity.ApplyOutcome) {
 	if b.WriterID == s.writerID() {
 		return RemoteOwn, affinity.IgnoredOwnWriter

@@ -91,9 +91,10 @@ func loadOn(t *testing.T, s *Service, worker uint64) PotentialLoad {
 	return PotentialLoad{}
 }
 
-// Port of selector_replica_sync_propagates_request_lifecycle (api §13.1 test
-// 23): a booking on A shows on B as (1 request, 1 block, 4 prefill tokens),
-// then (1, 1, 0) after prefill complete, then nothing after free.
+// Port of selector_replica_sync_propagates_request_lifecycle (Dynamo's
+// lib/kv-router/src/services/selection/tests.rs): a booking on A shows on B
+// as (1 request, 1 block, 4 prefill tokens), then (1, 1, 0) after prefill
+// complete, then nothing after free.
 func TestReplicaLifecyclePropagates(t *testing.T) {
 	a, b, ra, _, _ := replicaPair(t, nil)
 	resp, err := a.SelectAndReserve(bg, selReq("replicated", 1, 2, 3, 4))
@@ -199,8 +200,8 @@ func TestMirroredBookingIsAReservationRow(t *testing.T) {
 }
 
 // Unknown worker, model, routing group, rank and block size events are
-// dropped, as are our own echoes, duplicates and strangers' lifecycle calls
-// (api §7.1, §12).
+// dropped, as are our own echoes, duplicates and strangers' lifecycle calls:
+// replica traffic never creates workers or bookings it cannot place.
 func TestRemoteBookingDrops(t *testing.T) {
 	a, b, ra, _, _ := replicaPair(t, nil)
 	if _, err := a.SelectAndReserve(bg, selReq("r1", 1, 2, 3, 4)); err != nil {
@@ -286,7 +287,7 @@ func TestMirroredBookingsExpire(t *testing.T) {
 }
 
 // Session bindings replicate: a session bound on A steers B's selections, and
-// a binding naming a worker B does not have is dropped (api §6, §7.2).
+// a binding naming a worker B does not have is dropped.
 func TestSessionBindingsReplicate(t *testing.T) {
 	a, b, ra, _, _ := replicaPair(t, func(c *routerconfig.Config) { c.SessionAffinityTTL = routerconfig.Some(time.Minute) })
 	req := selReq("s-1", 1, 2, 3, 4)

@@ -10,13 +10,14 @@ import (
 	"github.com/zeebo/xxh3"
 )
 
-// Text prompts (DESIGN.md "Request identity without a tokenizer", case 3).
+// Text prompts.
 //
 // A request that carries neither token ids nor precomputed hashes is known
 // only by its prompt text. kvselect does not tokenize; it cuts the text into
 // fixed character blocks and learns, from its own routing decisions, which
 // rank holds which block chain — the approach of GIE's approximate prefix
-// plugin (spec gie-llmd-envoy.md §5.3), with Dynamo's structures:
+// plugin (pkg/epp/scheduling/framework/plugins/multi/prefix in
+// kubernetes-sigs/gateway-api-inference-extension), with Dynamo's structures:
 //
 //   - a block is TextCharsPerToken × block_size bytes of the text (the
 //     partition's block size, so one text block stands for about one KV

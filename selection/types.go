@@ -6,7 +6,8 @@ import (
 )
 
 // The request and response types below are the wire bodies of Dynamo's
-// selection API (api spec §2–§3), shared by the REST and ext_proc fronts so that
+// selection API (lib/kv-router/src/services/selection/types.rs), shared by the
+// REST and ext_proc fronts so that
 // the same request gets the same answer through both. JSON names are exact.
 
 // PartitionKey names a partition; both fields default to "default".
@@ -17,7 +18,7 @@ type PartitionKey struct {
 
 // PromptRequest identifies a prompt: token ids (hashed here, bit-exact with
 // Dynamo), or precomputed block hashes, sequence hashes and input length
-// (trusted as sent). api spec §2.2.
+// (trusted as sent).
 type PromptRequest struct {
 	TokenIDs       []uint32          `json:"token_ids"`
 	MMRoutingInfo  *MMRoutingInfo    `json:"mm_routing_info"`
@@ -103,7 +104,9 @@ type SelectRequest struct {
 	Fallbacks int `json:"-"`
 }
 
-// OverlapSummary is the chosen worker's cached prefix in tokens (api §3.9).
+// OverlapSummary is the chosen worker's cached prefix in tokens: per tier the
+// best of its ranks (cumulative: cpu includes gpu, disk includes both), and per
+// rank its device prefix.
 type OverlapSummary struct {
 	LongestMatched uint64            `json:"longest_matched"`
 	GPU            uint64            `json:"gpu"`
@@ -144,7 +147,7 @@ type SelectResponse struct {
 }
 
 // KVHint is the versioned action envelope telling the chosen worker to pull a
-// cached prefix from another worker (api §8).
+// cached prefix from another worker (Dynamo's kv_hints.rs).
 type KVHint struct {
 	ProtocolVersion string         `json:"protocol_version"`
 	MessageID       string         `json:"message_id"`

@@ -10,13 +10,14 @@ import (
 	"github.com/kvselect/kvselect/selection/index"
 )
 
-// Listeners is the seam the KV-event adapters plug into (ZMQ SUB per worker rank
-// with replay; a later issue). The service reconciles the catalog against it rank
-// by rank: a rank whose event and replay endpoints are unchanged keeps its
-// listener, sequence watermark and indexed blocks; a changed rank is detached,
-// its blocks purged, and attached afresh; a removed rank is detached and purged
-// (seed doc "Worker Restarts", api spec §3.1 step 2). Calls for one worker are
-// serialized by the service; implementations must not call back into it.
+// Listeners is the seam the KV-event adapters plug into (engines/kvlisten: a
+// ZMQ SUB per worker rank, with replay). The service reconciles the catalog
+// against it rank by rank: a rank whose event and replay endpoints are
+// unchanged keeps its listener, sequence watermark and indexed blocks; a
+// changed rank is detached, its blocks purged, and attached afresh; a removed
+// rank is detached and purged (the "Worker Restarts" rules of Dynamo's
+// standalone selection service docs). Calls are serialized by the service's
+// catalog lock; implementations must not call back into it.
 type Listeners interface {
 	// Attach starts consuming one rank's KV events into a.Index, with a fresh
 	// sequence watermark.
@@ -55,8 +56,8 @@ func (s *Service) UpsertWorker(ctx context.Context, rec catalog.Record) (*catalo
 	rec.KVEventsStatus = nil // output only
 	s.catMu.Lock()
 	defer s.catMu.Unlock()
-	if s.shutting.Load() {
-		return nil, errShuttingDown()
+	if err := s.gate.admit(); err != nil {
+		return nil, err
 	}
 	return s.applyRecord(rec.Clone()), nil
 }
@@ -65,8 +66,8 @@ func (s *Service) UpsertWorker(ctx context.Context, rec catalog.Record) (*catalo
 func (s *Service) PatchWorker(ctx context.Context, workerID uint64, p catalog.Patch) (*catalog.Record, error) {
 	s.catMu.Lock()
 	defer s.catMu.Unlock()
-	if s.shutting.Load() {
-		return nil, errShuttingDown()
+	if err := s.gate.admit(); err != nil {
+		return nil, err
 	}
 	old, ok := s.record(workerID)
 	if !ok {
@@ -135,8 +136,12 @@ func (s *Service) record(id uint64) (*catalog.Record, bool) {
 	return r, ok
 }
 
-// applyRecord runs api spec §3.1 steps 1–4 under catMu and returns a copy of
-// the stored record.
+// applyRecord stores a normalized record under catMu, as Dynamo's
+// core/workers.rs upsert does: it computes why the record cannot be scheduled
+// (if so), retires the previous record when it leaves its partition or becomes
+// incomplete, reconciles the listeners rank by rank, then publishes the
+// schedulable record to its partition. It returns a copy of the stored
+// record.
 func (s *Service) applyRecord(rec *catalog.Record) *catalog.Record {
 	key := index.Partition{Model: rec.ModelName, RoutingGroup: rec.RoutingGroup}
 	reasons := rec.Reasons(catalog.Checks{Queueing: s.set.queueing, ConsumesEvents: s.set.useKVEvents})

@@ -16,26 +16,27 @@ import (
 	"time"
 )
 
-// TestBinaryServesAndStopsOnSIGTERM builds cmd/kvselect, runs it as a real
-// process on a free loopback port and drives its lifecycle over HTTP: live,
-// not ready with an empty catalog, ready after POST /workers, then a clean
-// exit 0 on SIGTERM.
-func TestBinaryServesAndStopsOnSIGTERM(t *testing.T) {
+// TestBinaryServesReloadsAndStopsOnSignals builds cmd/kvselect, runs it as a
+// real process on a free loopback port and drives its lifecycle over HTTP and
+// signals: live, not ready with an empty catalog, ready after POST /workers,
+// the config file's policy parameters re-read on SIGHUP, then a clean exit 0
+// on SIGTERM.
+func TestBinaryServesReloadsAndStopsOnSignals(t *testing.T) {
 	if testing.Short() {
 		t.Skip("end-to-end: builds and runs the kvselect binary; skipped with -short")
 	}
-	goTool, err := exec.LookPath("go") // go test puts GOROOT/bin first on PATH
+	bin, err := kvselectBinary()
 	if err != nil {
-		t.Fatalf("the end-to-end test needs the go command: %v", err)
+		t.Fatal(err)
 	}
-	bin := filepath.Join(t.TempDir(), "kvselect")
-	if out, err := exec.Command(goTool, "build", "-o", bin, ".").CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
+	config := filepath.Join(t.TempDir(), "kvselect.yaml")
+	if err := os.WriteFile(config, []byte("policy:\n  name: kv-cost\n  parameters:\n    router_temperature: 0\n"), 0o600); err != nil {
+		t.Fatal(err)
 	}
 
 	const shutdownTimeout = 5 * time.Second
 	cmd := exec.Command(bin, "--host", "127.0.0.1", "--port", "0", "--log-format", "json",
-		"--shutdown-timeout", shutdownTimeout.String())
+		"--shutdown-timeout", shutdownTimeout.String(), "--config", config)
 	cmd.Env = withoutRouterEnv(os.Environ())
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
@@ -91,6 +92,23 @@ func TestBinaryServesAndStopsOnSIGTERM(t *testing.T) {
 		t.Errorf("/ready after POST /workers: %s (%v)", body, err)
 	}
 
+	if err := os.WriteFile(config, []byte("policy:\n  name: kv-cost\n  parameters:\n    router_temperature: 0.25\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Process.Signal(syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for !strings.Contains(logs.String(), `"msg":"config reloaded"`) {
+		if time.Now().After(deadline) {
+			t.Fatalf("no reload within 30s of SIGHUP:\n%s", logs.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if !strings.Contains(logs.String(), `"router_temperature":0.25`) {
+		t.Errorf("the reload does not name the new parameter:\n%s", logs.String())
+	}
+
 	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
@@ -109,12 +127,12 @@ func TestBinaryServesAndStopsOnSIGTERM(t *testing.T) {
 	}
 }
 
-// withoutRouterEnv keeps the host's DYN_* variables out of the child, so the
-// test does not depend on the machine that runs it.
+// withoutRouterEnv keeps the host's DYN_* and KVSELECT_* variables out of the
+// child, so the test does not depend on the machine that runs it.
 func withoutRouterEnv(env []string) []string {
 	out := env[:0:0]
 	for _, kv := range env {
-		if !strings.HasPrefix(kv, "DYN_") {
+		if !strings.HasPrefix(kv, "DYN_") && !strings.HasPrefix(kv, "KVSELECT_") {
 			out = append(out, kv)
 		}
 	}

@@ -1,0 +1,120 @@
+package extproc
+
+import (
+	"context"
+	"log/slog"
+	"sync/atomic"
+	"time"
+
+	"github.com/kvselect/kvselect/selection"
+)
+
+// freeTimeout bounds the free at the stream's end; it runs on a context
+// detached from the (usually cancelled) stream context.
+const freeTimeout = 5 * time.Second
+
+// bookingCore is what a booking asks of the selection service;
+// *selection.Service is the one implementation the picker runs with.
+type bookingCore interface {
+	PrefillComplete(ctx context.Context, id string) error
+	OutputTokens(ctx context.Context, id string, generated int) (added int, err error)
+	Free(ctx context.Context, id string) error
+}
+
+// booking is the stream's view of its reservation in the selection service,
+// from the pick to its single free. The rule it keeps: a booking is freed
+// exactly once however the stream ends — at the response's end
+// (responseEnd), else when the stream ends (streamEnd) — and not at all once
+// the core has dropped it (expired, or its worker removed): that is counted
+// as lost. A booking is owned by its stream goroutine.
+type booking struct {
+	core bookingCore
+	m    *metrics
+	log  *slog.Logger
+
+	id          string
+	live        bool // booked, and neither freed nor lost
+	prefillDone bool
+}
+
+// booked records the reservation made under id by the pick.
+func (b *booking) booked(id string) { b.id, b.live = id, true }
+
+// prefillComplete tells the core, once, that the response has begun: the
+// prompt's prefill is done and its load goes.
+func (b *booking) prefillComplete(ctx context.Context) {
+	if !b.live || b.prefillDone {
+		return
+	}
+	b.prefillDone = true
+	if err := b.core.PrefillComplete(ctx, b.id); err != nil {
+		b.updateFailed(err)
+	}
+}
+
+// outputTokens tells the core how many output tokens the response has
+// streamed so far; it adds the output blocks they complete.
+func (b *booking) outputTokens(ctx context.Context, generated int) {
+	if !b.live {
+		return
+	}
+	n, err := b.core.OutputTokens(ctx, b.id, generated)
+	if err != nil {
+		b.updateFailed(err)
+		return
+	}
+	b.m.outputBlocks.Add(uint64(n))
+}
+
+// responseEnd frees the booking when the response has ended. The free must
+// happen even if the stream context is cancelled meanwhile, so it runs on a
+// context detached from it.
+func (b *booking) responseEnd(ctx context.Context) {
+	if !b.live {
+		return
+	}
+	b.live = false
+	b.freed(b.core.Free(context.WithoutCancel(ctx), b.id), &b.m.freedAtEnd)
+}
+
+// streamEnd runs when the stream ends, however it ends: a booking whose
+// response never completed is freed here. By then the stream context is
+// usually cancelled (Envoy resets every stream it closes), so the free runs
+// on a detached context with its own bound.
+func (b *booking) streamEnd(ctx context.Context) {
+	if !b.live {
+		return
+	}
+	b.live = false
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), freeTimeout)
+	defer cancel()
+	b.freed(b.core.Free(ctx, b.id), &b.m.freedAtStreamEnd)
+}
+
+// updateFailed handles a failed update. Not found means the core already
+// dropped the booking (expired, or its worker removed): nothing is left to
+// update or free. Any other failure leaves the booking live, to be freed at
+// the end as usual.
+func (b *booking) updateFailed(err error) {
+	if selection.KindOf(err) == selection.KindNotFound {
+		b.live = false
+		b.m.lost.Add(1)
+		return
+	}
+	b.log.Warn("extproc: booking update failed", "selection_id", b.id, "err", err)
+}
+
+// freed accounts for the result of the one Free: counted under at, lost
+// when the booking was already gone, logged when it failed otherwise. A
+// failed free is not retried: the core reclaims a booking it never hears of
+// again after the active-request expiry.
+func (b *booking) freed(err error, at *atomic.Uint64) {
+	switch {
+	case err == nil:
+		at.Add(1)
+	case selection.KindOf(err) == selection.KindNotFound:
+		b.m.lost.Add(1)
+	default:
+		b.log.Warn("extproc: free failed", "selection_id", b.id, "err", err)
+	}
+}
