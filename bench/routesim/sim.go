@@ -1,11 +1,17 @@
-// Package routesim compares routing policies on a Mooncake trace with a
+// Package routesim compares selection policies on a Mooncake trace with a
 // discrete-event simulation: N simulated workers, each a fixed LRU pool of
 // trace blocks (bench/mooncake's engine) and a serial prefill queue, fed by a
-// policy that picks a worker for every request. The KV-aware policies are
-// kvselect itself (an in-process selection.Service on the simulation's
-// virtual clock, its index fed with the engines' KV events, its active loads
-// booked, prefill-completed and freed at the simulated times); the others are
-// the baselines an operator compares against.
+// policy that picks a worker for every request.
+//
+// Every policy is one of kvselect's own, registered in selection/scheduler
+// (kv-cost, round-robin, random, least-loaded, longest-prefix, and any other
+// a program registers), run exactly as the server runs it: an in-process
+// selection.Service on the simulation's virtual clock, its index fed with
+// the engines' KV events, its active loads booked, prefill-completed and
+// freed at the simulated times. One more row, kv-cost-approx, is kv-cost
+// without KV events (ApproxPolicy). So the load-aware policies see the loads
+// kvselect booked, not the simulator's true queues, and the cache-aware ones
+// see the engines' exact caches.
 //
 // The timing model is deliberately simple and documented in docs/benchmarks.md:
 // a worker prefills one request at a time, FIFO, at PrefillPerToken for every
@@ -16,12 +22,10 @@
 package routesim
 
 import (
-	"cmp"
 	"container/heap"
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"slices"
 	"time"
 
@@ -49,7 +53,7 @@ type Config struct {
 	DecodeInterference float64
 	// Requests limits the trace to its first n requests (0: all).
 	Requests int
-	Seed     uint64 // random and tie-breaking choices
+	Seed     uint64 // seeds the services' random and tie-breaking choices
 }
 
 // DefaultConfig is the configuration the documented figures use.
@@ -98,7 +102,9 @@ type Result struct {
 	SelectP99Us float64 `json:"select_p99_us"`
 }
 
-// Policy picks a worker for each request and follows its lifecycle.
+// Policy picks a worker for each request and follows its lifecycle. *Service,
+// a registered selection policy in a selection.Service, is the one the
+// comparison runs.
 type Policy interface {
 	Name() string
 	// Pick chooses a worker for r at simulated time now.
@@ -120,8 +126,8 @@ type Request struct {
 	Locals  []uint64 // content hashes of the trace blocks (mooncake.LocalHashes)
 }
 
-// World is the simulated fleet a policy can inspect: the ground truth the
-// oracle and least-loaded baselines use.
+// World is the simulated fleet: the engines' caches and the workers' queues,
+// the ground truth the simulation measures against.
 type World struct {
 	cfg     Config
 	engines []*mooncake.Engine
@@ -155,12 +161,6 @@ func (w *World) CachedPrefix(i int, ids []uint64) int {
 	}
 	return n
 }
-
-// Active is how many requests worker i is serving (admitted, not finished).
-func (w *World) Active(i int) int { return w.workers[i].active }
-
-// QueuedPrefillTokens is the uncached prompt tokens worker i has yet to prefill.
-func (w *World) QueuedPrefillTokens(i int) int { return w.workers[i].queuedTok }
 
 // event is a timed lifecycle step.
 type event struct {
@@ -322,102 +322,6 @@ func quantile(sorted []time.Duration, q float64) time.Duration {
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
 func us(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }
-
-// ---- baselines ----
-
-// RoundRobin cycles through the workers.
-type RoundRobin struct{ next, n int }
-
-func NewRoundRobin(w *World) *RoundRobin { return &RoundRobin{n: w.Workers()} }
-
-func (p *RoundRobin) Name() string { return "round-robin" }
-func (p *RoundRobin) Pick(context.Context, *Request) (int, error) {
-	i := p.next
-	p.next = (p.next + 1) % p.n
-	return i, nil
-}
-func (*RoundRobin) Admitted(context.Context, *Request, int, []mooncake.Event) {}
-func (*RoundRobin) FirstToken(context.Context, *Request)                      {}
-func (*RoundRobin) Done(context.Context, *Request)                            {}
-
-// Random picks uniformly.
-type Random struct {
-	rng *rand.Rand
-	n   int
-}
-
-func NewRandom(w *World, seed uint64) *Random {
-	return &Random{rng: rand.New(rand.NewPCG(seed, seed^0x5eed)), n: w.Workers()}
-}
-
-func (p *Random) Name() string                                            { return "random" }
-func (p *Random) Pick(context.Context, *Request) (int, error)             { return p.rng.IntN(p.n), nil }
-func (*Random) Admitted(context.Context, *Request, int, []mooncake.Event) {}
-func (*Random) FirstToken(context.Context, *Request)                      {}
-func (*Random) Done(context.Context, *Request)                            {}
-
-// LeastLoaded picks the worker with the fewest queued prefill tokens, then the
-// fewest active requests (the fleet's true state: a perfect load signal).
-type LeastLoaded struct {
-	w   *World
-	rng *rand.Rand
-}
-
-func NewLeastLoaded(w *World, seed uint64) *LeastLoaded {
-	return &LeastLoaded{w: w, rng: rand.New(rand.NewPCG(seed, seed^0x10ad))}
-}
-
-func (p *LeastLoaded) Name() string { return "least-loaded" }
-func (p *LeastLoaded) Pick(context.Context, *Request) (int, error) {
-	return argBest(p.w.Workers(), p.rng, func(a, b int) int {
-		return cmp.Or(cmp.Compare(p.w.QueuedPrefillTokens(a), p.w.QueuedPrefillTokens(b)),
-			cmp.Compare(p.w.Active(a), p.w.Active(b)))
-	}), nil
-}
-func (*LeastLoaded) Admitted(context.Context, *Request, int, []mooncake.Event) {}
-func (*LeastLoaded) FirstToken(context.Context, *Request)                      {}
-func (*LeastLoaded) Done(context.Context, *Request)                            {}
-
-// GreedyOracle picks the worker that truly caches the longest prefix, ignoring
-// load (ties at random): the reference for what prefix affinity alone buys.
-type GreedyOracle struct {
-	w   *World
-	rng *rand.Rand
-}
-
-func NewGreedyOracle(w *World, seed uint64) *GreedyOracle {
-	return &GreedyOracle{w: w, rng: rand.New(rand.NewPCG(seed, seed^0x0ac1e))}
-}
-
-func (p *GreedyOracle) Name() string { return "greedy-oracle" }
-func (p *GreedyOracle) Pick(_ context.Context, r *Request) (int, error) {
-	n := p.w.Workers()
-	hits := make([]int, n)
-	for i := range n {
-		hits[i] = p.w.CachedPrefix(i, r.Trace.HashIDs)
-	}
-	return argBest(n, p.rng, func(a, b int) int { return cmp.Compare(hits[b], hits[a]) }), nil
-}
-func (*GreedyOracle) Admitted(context.Context, *Request, int, []mooncake.Event) {}
-func (*GreedyOracle) FirstToken(context.Context, *Request)                      {}
-func (*GreedyOracle) Done(context.Context, *Request)                            {}
-
-// argBest returns the index that sorts first under less, ties broken at random.
-func argBest(n int, rng *rand.Rand, compare func(a, b int) int) int {
-	best, ties := 0, 1
-	for i := 1; i < n; i++ {
-		switch c := compare(i, best); {
-		case c < 0:
-			best, ties = i, 1
-		case c == 0:
-			ties++
-			if rng.IntN(ties) == 0 {
-				best = i
-			}
-		}
-	}
-	return best
-}
 
 // InfiniteCacheHitRate is the block hit rate of one cache that never evicts
 // and sees every request: the ceiling any routing could reach.

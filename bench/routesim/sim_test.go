@@ -39,7 +39,7 @@ func TestTimingModel(t *testing.T) {
 		{Timestamp: 100, InputLength: 1536, OutputLength: 1, HashIDs: []uint64{1, 2, 3}}, // w0: 2 cached blocks, 512 uncached, queued until 1024
 		{Timestamp: 2000, InputLength: 512, OutputLength: 1, HashIDs: []uint64{9}},       // w1: idle again
 	}
-	res, err := Run(context.Background(), w, tr, NewRoundRobin(w), nil)
+	res, err := Run(context.Background(), w, tr, newPolicy(t, w, "round-robin"), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -59,13 +59,16 @@ func TestTimingModel(t *testing.T) {
 func TestDecodeInterference(t *testing.T) {
 	cfg := Config{Workers: 1, Capacity: 100, Speedup: 1, PrefillPerToken: time.Millisecond,
 		DecodePerToken: time.Second, DecodeInterference: 0.5, Seed: 1}
-	w, _ := NewWorld(cfg)
+	w, err := NewWorld(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
 	tr := []mooncake.Request{
 		{Timestamp: 0, InputLength: 2000, OutputLength: 100, HashIDs: []uint64{1, 2, 3, 4}}, // TTFT 2000 ms, then decodes 2,000 context tokens
 		{Timestamp: 5000, InputLength: 100, OutputLength: 1, HashIDs: []uint64{9}},          // prefill slowed by 1 + 0.5*2 = 2x
 		{Timestamp: 6000, InputLength: 100, OutputLength: 1, HashIDs: []uint64{10}},         // the same
 	}
-	res, err := Run(context.Background(), w, tr, NewRoundRobin(w), nil)
+	res, err := Run(context.Background(), w, tr, newPolicy(t, w, "round-robin"), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -74,73 +77,121 @@ func TestDecodeInterference(t *testing.T) {
 	}
 }
 
-func TestGreedyOracleFollowsTheCache(t *testing.T) {
-	w, _ := NewWorld(Config{Workers: 4, Capacity: 100, Speedup: 1, Seed: 3})
-	g := NewGreedyOracle(w, 3)
-	w.engines[2].Process([]uint64{5, 6, 7})
-	w.engines[1].Process([]uint64{5})
-	got, _ := g.Pick(context.Background(), &Request{Trace: mooncake.Request{HashIDs: []uint64{5, 6, 8}}})
+func newPolicy(t *testing.T, w *World, name string) *Service {
+	t.Helper()
+	p, err := NewPolicy(context.Background(), w, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// longest-prefix reads the service's index, which the engines' KV events
+// feed: it follows the caches exactly.
+func TestLongestPrefixFollowsTheEnginesCaches(t *testing.T) {
+	w, err := NewWorld(Config{Workers: 4, Capacity: 100, Speedup: 1, Seed: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	p := newPolicy(t, w, "longest-prefix")
+	p.Admitted(ctx, nil, 2, w.engines[2].Process([]uint64{5, 6, 7}))
+	p.Admitted(ctx, nil, 1, w.engines[1].Process([]uint64{5}))
+	ids := []uint64{5, 6, 8}
+	r := &Request{ID: "r", Trace: mooncake.Request{InputLength: 3 * TraceBlockTokens, OutputLength: 1, HashIDs: ids},
+		Locals: mooncake.LocalHashes(ids)}
+	got, err := p.Pick(ctx, r)
+	if err != nil {
+		t.Fatal(err)
+	}
 	if got != 2 {
-		t.Fatalf("greedy picked %d, want 2 (two cached blocks)", got)
+		t.Fatalf("longest-prefix picked %d, want 2 (two cached blocks)", got)
+	}
+	// Evictions reach the index too: once worker 2 drops its blocks, worker
+	// 1's single block is the longest prefix.
+	p.Done(ctx, r)
+	p.Admitted(ctx, nil, 2, w.engines[2].Process(seq(100, 200)))
+	if w.CachedPrefix(2, ids) != 0 {
+		t.Fatal("worker 2 still caches the prefix; the test needs a bigger flood")
+	}
+	r.ID = "r2"
+	if got, err := p.Pick(ctx, r); err != nil || got != 1 {
+		t.Fatalf("after the eviction longest-prefix picked %d (%v), want 1", got, err)
 	}
 }
 
+func seq(from, to uint64) []uint64 {
+	var out []uint64
+	for i := from; i < to; i++ {
+		out = append(out, i)
+	}
+	return out
+}
+
 // TestPoliciesOnTraceSlice runs every policy on the first 1,500 requests:
-// runs end with no active load in kvselect's view, KV-aware routing beats
-// round-robin on hit rate, and the figures are deterministic.
+// runs end with no active load in the service's view, KV-aware routing beats
+// round-robin on hit rate, round-robin spreads evenly, and the figures are
+// deterministic.
 func TestPoliciesOnTraceSlice(t *testing.T) {
 	tr := loadTrace(t, 1500)
 	ctx := context.Background()
 	cfg := DefaultConfig()
 	cfg.Capacity = 2048
 	hit := map[string]float64{}
-	for _, name := range []string{"kvselect", "kvselect-approx", "round-robin", "random", "least-loaded", "greedy-oracle"} {
+	results := map[string]Result{}
+	for _, name := range append(Policies(), "kv-cost") { // kv-cost twice: deterministic
 		w, err := NewWorld(cfg)
 		if err != nil {
 			t.Fatal(err)
 		}
-		var p Policy
-		switch name {
-		case "kvselect":
-			p, err = NewKVAware(ctx, w, nil)
-		case "kvselect-approx":
-			p, err = NewApproximate(ctx, w, nil)
-		case "round-robin":
-			p = NewRoundRobin(w)
-		case "random":
-			p = NewRandom(w, 1)
-		case "least-loaded":
-			p = NewLeastLoaded(w, 1)
-		case "greedy-oracle":
-			p = NewGreedyOracle(w, 1)
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
+		p := newPolicy(t, w, name)
 		calls := 0
 		res, err := Run(ctx, w, tr, p, func(done, total int) { calls++ })
 		if err != nil {
 			t.Fatal(err)
 		}
-		if calls < 2 || res.Requests != len(tr) || res.HitRate <= 0 || res.HitRate >= 1 || res.TTFTP90Ms < res.TTFTP50Ms {
+		if calls < 2 || res.Policy != name || res.Requests != len(tr) || res.HitRate <= 0 || res.HitRate >= 1 || res.TTFTP90Ms < res.TTFTP50Ms {
 			t.Fatalf("%s: implausible result %+v (progress calls %d)", name, res, calls)
 		}
-		hit[name] = res.HitRate
-		if s, ok := p.(*Service); ok {
-			for _, m := range s.Loads() {
-				for _, l := range m.Loads {
-					if l.PotentialPrefillTokens != 0 || l.PotentialDecodeBlocks != 0 || l.ActiveRequests != 0 {
-						t.Fatalf("%s: load left after the run: %+v", name, l)
-					}
+		for _, m := range p.Loads() {
+			for _, l := range m.Loads {
+				if l.PotentialPrefillTokens != 0 || l.PotentialDecodeBlocks != 0 || l.ActiveRequests != 0 {
+					t.Fatalf("%s: load left after the run: %+v", name, l)
 				}
 			}
 		}
+		res.SelectP50Us, res.SelectP99Us = 0, 0 // wall clock
+		if prev, ok := results[name]; ok && prev != res {
+			t.Fatalf("%s: a second run differs:\n%+v\n%+v", name, prev, res)
+		}
+		results[name] = res
+		hit[name] = res.HitRate
 	}
-	if hit["kvselect"] < 1.5*hit["round-robin"] || hit["kvselect-approx"] <= hit["round-robin"] {
+	if hit["kv-cost"] < 1.5*hit["round-robin"] || hit[ApproxPolicy] <= hit["round-robin"] {
 		t.Fatalf("KV-aware hit rates %v", hit)
 	}
-	if inf := InfiniteCacheHitRate(tr); inf < hit["greedy-oracle"] {
-		t.Fatalf("infinite cache %.3f below the oracle %.3f", inf, hit["greedy-oracle"])
+	if share := results["round-robin"].MaxShare; share != 188.0/1500 {
+		t.Errorf("round-robin max worker share %v, want 188/1500", share)
+	}
+	if inf := InfiniteCacheHitRate(tr); inf < hit["longest-prefix"] {
+		t.Fatalf("infinite cache %.3f below longest-prefix %.3f", inf, hit["longest-prefix"])
+	}
+}
+
+func TestNewPolicyNames(t *testing.T) {
+	for _, name := range Policies() {
+		if !Known(name) {
+			t.Errorf("default policy %q is not known", name)
+		}
+	}
+	for _, name := range []string{"kvselect", "greedy-oracle", "", "kv-cost,random"} {
+		if Known(name) {
+			t.Errorf("%q is known", name)
+		}
+		w, _ := NewWorld(DefaultConfig())
+		if _, err := NewPolicy(context.Background(), w, name); err == nil {
+			t.Errorf("NewPolicy(%q) succeeded", name)
+		}
 	}
 }
 

@@ -14,10 +14,8 @@ import (
 	"github.com/kvselect/kvselect/bench/mooncake"
 	"github.com/kvselect/kvselect/bench/report"
 	"github.com/kvselect/kvselect/bench/routesim"
+	"github.com/kvselect/kvselect/selection/scheduler"
 )
-
-// routePolicies are the policies `kvbench route` knows, in table order.
-var routePolicies = []string{"kvselect", "kvselect-approx", "round-robin", "random", "least-loaded", "greedy-oracle"}
 
 // routeReport is what `kvbench route -json` writes.
 type routeReport struct {
@@ -41,7 +39,9 @@ func runRoute(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	interference := fs.Float64("decode-interference", def.DecodeInterference, "prefill slowdown per 1,000 context tokens being decoded on the worker (`fraction`)")
 	requests := fs.Int("requests", 0, "replay only the first `n` requests (0: all)")
 	seed := fs.Uint64("seed", def.Seed, "random `seed` for the random policy and tie-breaking")
-	policies := fs.String("policies", strings.Join(routePolicies, ","), "comma-separated `policies` to compare")
+	policies := fs.String("policies", strings.Join(routesim.Policies(), ","),
+		"comma-separated `policies` to compare: registered selection policies ("+strings.Join(scheduler.Names(), ", ")+
+			") and "+routesim.ApproxPolicy+" (kv-cost without KV events)")
 	jsonOut := fs.String("json", "", "write the results as JSON to this `file`")
 	svgOut := fs.String("svg", "", "write a bar chart of the results to this SVG `file`")
 	quiet := fs.Bool("quiet", false, "no progress bar")
@@ -76,7 +76,7 @@ func runRoute(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 			if err != nil {
 				return err
 			}
-			p, err := newRoutePolicy(ctx, name, w, *seed)
+			p, err := routesim.NewPolicy(ctx, w, name)
 			if err != nil {
 				return err
 			}
@@ -102,8 +102,9 @@ func parsePolicies(s string) ([]string, error) {
 	var out []string
 	for _, p := range strings.Split(s, ",") {
 		p = strings.TrimSpace(p)
-		if !slices.Contains(routePolicies, p) {
-			return nil, fmt.Errorf("unknown policy %q (known: %s)", p, strings.Join(routePolicies, ", "))
+		if !routesim.Known(p) {
+			return nil, fmt.Errorf("-policies: unknown policy %q (known: %s)", p,
+				strings.Join(append(scheduler.Names(), routesim.ApproxPolicy), ", "))
 		}
 		out = append(out, p)
 	}
@@ -123,24 +124,6 @@ func parseInts(s string) ([]int, error) {
 		return nil, errors.New("empty list")
 	}
 	return out, nil
-}
-
-func newRoutePolicy(ctx context.Context, name string, w *routesim.World, seed uint64) (routesim.Policy, error) {
-	switch name {
-	case "kvselect":
-		return routesim.NewKVAware(ctx, w, nil)
-	case "kvselect-approx":
-		return routesim.NewApproximate(ctx, w, nil)
-	case "round-robin":
-		return routesim.NewRoundRobin(w), nil
-	case "random":
-		return routesim.NewRandom(w, seed), nil
-	case "least-loaded":
-		return routesim.NewLeastLoaded(w, seed), nil
-	case "greedy-oracle":
-		return routesim.NewGreedyOracle(w, seed), nil
-	}
-	return nil, fmt.Errorf("unknown policy %q", name)
 }
 
 func routeTable(w io.Writer, rep *routeReport) error {

@@ -8,6 +8,9 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/kvselect/kvselect/bench/routesim"
+	"github.com/kvselect/kvselect/selection/scheduler"
 )
 
 func TestRouteTableJSONAndSVG(t *testing.T) {
@@ -19,7 +22,7 @@ func TestRouteTableJSONAndSVG(t *testing.T) {
 	if err != nil {
 		t.Fatalf("run: %v\n%s", err, stderr.String())
 	}
-	for _, want := range []string{"block hit rate", "TTFT p90 ms", "kvselect-approx", "greedy-oracle", "least-loaded"} {
+	for _, want := range []string{"block hit rate", "TTFT p90 ms", "kv-cost-approx", "longest-prefix", "least-loaded", "round-robin"} {
 		if !strings.Contains(stdout.String(), want) {
 			t.Errorf("table lacks %q:\n%s", want, stdout.String())
 		}
@@ -35,15 +38,18 @@ func TestRouteTableJSONAndSVG(t *testing.T) {
 	if err := json.Unmarshal(b, &rep); err != nil {
 		t.Fatal(err)
 	}
-	if len(rep.Results) != 2*len(routePolicies) || rep.Requests != 400 || rep.InfiniteCacheHitRate <= 0 {
+	if len(rep.Results) != 2*len(routesim.Policies()) || rep.Requests != 400 || rep.InfiniteCacheHitRate <= 0 {
 		t.Fatalf("report: %d results, %d requests, infinite %v", len(rep.Results), rep.Requests, rep.InfiniteCacheHitRate)
 	}
-	checkSVG(t, svgOut, "kvselect")
+	checkSVG(t, svgOut, "kv-cost")
 }
 
 func TestRouteFlagErrors(t *testing.T) {
 	for _, args := range [][]string{
-		{"route", "-policies", "kvselect,best"},
+		{"route", "-policies", "kv-cost,best"},
+		{"route", "-policies", "kvselect"}, // the old name of kv-cost
+		{"route", "-policies", "greedy-oracle"},
+		{"route", "-policies", ""},
 		{"route", "-capacity", "0"},
 		{"route", "-capacity", "x"},
 		{"route", "-trace", "/nonexistent.jsonl"},
@@ -54,5 +60,50 @@ func TestRouteFlagErrors(t *testing.T) {
 		if err := run(context.Background(), args, &stdout, &stderr); err == nil {
 			t.Errorf("%v: no error", args)
 		}
+	}
+}
+
+// lowestIDPolicy is a policy a program registers itself: `kvbench route`
+// takes any registered name, not only the built-ins.
+const lowestIDPolicy = "kvbench-test-lowest-id"
+
+func init() {
+	scheduler.Register(lowestIDPolicy, func(p scheduler.Params) (scheduler.Policy, error) {
+		return scheduler.Policy{Scorer: idCost{}, Picker: scheduler.FirstMinPicker{}, ExclusiveAffinity: true}, nil
+	})
+}
+
+type idCost struct{}
+
+func (idCost) Score(_ *scheduler.Context, c *scheduler.Candidate) (float64, error) {
+	return float64(c.Worker.WorkerID), nil
+}
+
+func TestRouteRunsARegisteredPolicy(t *testing.T) {
+	var stdout, stderr bytes.Buffer
+	dir := t.TempDir()
+	jsonOut := filepath.Join(dir, "route.json")
+	err := run(context.Background(), []string{"route", "-trace", trace, "-requests", "100", "-workers", "3",
+		"-capacity", "256", "-quiet", "-policies", "round-robin," + lowestIDPolicy, "-json", jsonOut}, &stdout, &stderr)
+	if err != nil {
+		t.Fatalf("run: %v\n%s", err, stderr.String())
+	}
+	b, err := os.ReadFile(jsonOut)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rep routeReport
+	if err := json.Unmarshal(b, &rep); err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Results) != 2 || rep.Results[1].Policy != lowestIDPolicy {
+		t.Fatalf("results %+v", rep.Results)
+	}
+	// Every request lands on worker 0; round-robin spreads them evenly.
+	if rr, low := rep.Results[0].MaxShare, rep.Results[1].MaxShare; low != 1 || rr > 0.35 {
+		t.Errorf("max worker share: round-robin %v, %s %v", rr, lowestIDPolicy, low)
+	}
+	if stderr.Len() != 0 {
+		t.Errorf("-quiet wrote %q", stderr.String())
 	}
 }

@@ -65,7 +65,8 @@ func TestAllBusyQueuesOnlyWhenEveryEligibleRankIsBusy(t *testing.T) {
 	}
 }
 
-// Api spec §13.2: thresholds prefill 0.5, decode 0.0, total_kv_blocks 1000,
+// Dynamo's selection core test of advisory selection
+// (lib/kv-router/src/services/selection/core/tests.rs): thresholds prefill 0.5, decode 0.0, total_kv_blocks 1000,
 // max_num_batched_tokens 1024 on an idle worker give decode_busy true and
 // prefill_busy false; without thresholds or capacity both are omitted.
 func TestBusyFlagsOfTheSelectionResponse(t *testing.T) {

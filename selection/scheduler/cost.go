@@ -17,7 +17,7 @@ func RequestBlocks(isl int, blockSize uint32) int {
 
 // EffectiveOverlapBlocks is the tier-weighted cached prefix in blocks: device
 // blocks count 1, host extension blocks hostW, disk and external extension
-// blocks diskW (router-core §5.2). The terms are added in Dynamo's order
+// blocks diskW. The terms are added in Dynamo's order
 // (scheduling/overlap.rs: device, then each lower tier) so the float result
 // matches.
 func EffectiveOverlapBlocks(o index.Overlap, hostW, diskW float64) float64 {
@@ -29,7 +29,8 @@ func EffectiveOverlapBlocks(o index.Overlap, hostW, diskW float64) float64 {
 }
 
 // CachedTokens is round(effective overlap blocks × block size) with device
-// weight 1.0, not overlap_score_credit (api spec §3.9). It is not clamped to
+// weight 1.0, not overlap_score_credit, as the selection response computes
+// it (services/selection/scoring.rs). It is not clamped to
 // the prompt; EffectivePrefillTokens clamps.
 //
 // Worked example (scheduling/overlap.rs test): device 2, host 3, disk 4,
@@ -43,7 +44,7 @@ func CachedTokens(o index.Overlap, blockSize uint32, hostW, diskW float64) int {
 }
 
 // EffectivePrefillTokens is isl − min(cached, isl): the prefill load booked for
-// the request (router-core §5.2, api spec §3.9).
+// the request and the selection response's effective_prefill_tokens.
 func EffectivePrefillTokens(isl, cached int) int {
 	if isl <= 0 {
 		return 0
@@ -55,8 +56,9 @@ func EffectivePrefillTokens(isl, cached int) int {
 // is admitted: its active blocks, plus the request's tracked blocks not yet
 // active there, plus the request blocks that have no tracking hash (a partial
 // last block, or all of them when nothing is tracked). This is the newest
-// Dynamo form (types.rs potential_decode_blocks_after_admission), which
-// settles router-core §9 Q3: tracked blocks are not counted twice.
+// Dynamo form (types.rs potential_decode_blocks_after_admission), in which
+// tracked blocks are not counted twice; older selection services added all
+// request blocks on top of the additional ones.
 func PotentialDecodeBlocks(activeDecode, additional, isl int, blockSize uint32, tracked int) int {
 	untracked := max(RequestBlocks(isl, blockSize)-tracked, 0)
 	return activeDecode + additional + untracked
@@ -65,7 +67,7 @@ func PotentialDecodeBlocks(activeDecode, additional, isl int, blockSize uint32, 
 // CreditBlocks is the router credit of a rank's cached prefix without the
 // decay: credit × device + host weight × host ext + disk weight × (disk ext +
 // external ext) + shared multiplier × shared hits past the device prefix. It is
-// /overlap_scores' router_credit_blocks (api spec §3.14).
+// /overlap_scores' router_credit_blocks.
 func (w Weights) CreditBlocks(o index.Overlap, sharedBeyondDevice uint32) float64 {
 	return creditBlocks(w.OverlapScoreCredit, w, o, sharedBeyondDevice)
 }
@@ -82,7 +84,7 @@ func creditBlocks(credit float64, w Weights, o index.Overlap, shared uint32) flo
 
 // PreferredTaintMultiplier is exp(-tanh(Σ weights of the worker's taints that
 // are preferred)), in [e^-1, e]; ok is false when the request prefers no taints
-// and the cost is left alone (api spec §2.4, protocols.rs
+// and the cost is left alone (routing_constraints.preferred_taints, protocols.rs
 // RoutingConstraints::preferred_taint_multiplier). Weights pass through
 // float32 first because Dynamo's preferred_taints values are f32.
 func PreferredTaintMultiplier(preferred map[string]float64, taints []string) (m float64, ok bool) {
@@ -110,9 +112,12 @@ func seenBefore(taints []string, i int) bool {
 	return false
 }
 
-// CostScorer is Dynamo's cost (logit) function, router-core §5.3 and api spec
-// §10 (selector/default.rs worker_logit and worker_cost). The weights come
-// from the request, so one value serves every request.
+// CostScorer is Dynamo's cost (logit) function (selector/default.rs
+// worker_logit and worker_cost): prefill_load_scale × the prompt blocks left
+// after the cache credit, plus the decode blocks with this request admitted,
+// plus decode_active_request_weight per active request, times the preferred
+// taint multiplier. The weights come from the request, so one value serves
+// every request.
 type CostScorer struct {
 	// DecodeRole selects Dynamo's decode-worker variant (worker_type
 	// "decode"): without prefill tracking and with a positive credit the cost

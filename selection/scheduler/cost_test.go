@@ -19,7 +19,7 @@ func scoreOne(t *testing.T, s Scorer, req *Request, c Candidate) float64 {
 	return cost
 }
 
-// Router-core §5.2 / scheduling/overlap.rs converts_weighted_and_raw_tier_overlap_once.
+// scheduling/overlap.rs converts_weighted_and_raw_tier_overlap_once.
 func TestCachedTokensWeighsLowerTiers(t *testing.T) {
 	for _, tc := range []struct {
 		name         string
@@ -75,7 +75,7 @@ func TestPotentialDecodeBlocksCountsOnlyUntrackedRequestBlocks(t *testing.T) {
 	}
 }
 
-// Router-core §5.3 worked example / default.rs test_worker_logit_clamps_non_decode_overlap_credit.
+// default.rs test_worker_logit_clamps_non_decode_overlap_credit.
 func TestCostIsSevenWithPrefillTrackingAndFiveWithout(t *testing.T) {
 	w := DefaultWeights()
 	w.PrefillLoadScale = 2
@@ -151,7 +151,8 @@ func TestCostTerms(t *testing.T) {
 	}
 }
 
-// The overlap_scores response math (api spec §13.1 item 28): device 2, host
+// The overlap_scores response math (Dynamo's selection-service test of the
+// override arithmetic, services/selection/tests.rs): device 2, host
 // extension 1, host weight 0.75, credit 0.5 give 1.75 credit blocks.
 func TestCreditBlocksMatchesOverlapScoresResponse(t *testing.T) {
 	w := DefaultWeights()

@@ -5,8 +5,7 @@ import (
 	"math/rand/v2"
 )
 
-// SoftmaxPicker is Dynamo's default picker (router-core §5.4,
-// selector/default.rs): at temperature 0 the minimum cost, ties broken
+// SoftmaxPicker is Dynamo's default picker (selector/default.rs): at temperature 0 the minimum cost, ties broken
 // uniformly at random by reservoir sampling; above 0 one sample of a softmax
 // over min-max normalised costs. It reads the temperature from the request's
 // weights.
@@ -80,4 +79,30 @@ func softmaxRow(scored []Scored, t, sample float64) int {
 		}
 	}
 	return n - 1
+}
+
+// ArgminPicker picks the lowest cost, ties broken uniformly at random,
+// whatever the request's router_temperature: the picker of the policies whose
+// cost is a plain ranking (least-loaded, longest-prefix, random).
+type ArgminPicker struct{}
+
+// Pick implements Picker.
+func (ArgminPicker) Pick(rnd *rand.Rand, _ *Context, scored []Scored) (int, error) {
+	return argminRow(rnd, scored), nil
+}
+
+// FirstMinPicker picks the lowest cost, ties to the first row in (worker id,
+// dp rank) order, drawing nothing: the picker of a deterministic order such
+// as round-robin's.
+type FirstMinPicker struct{}
+
+// Pick implements Picker.
+func (FirstMinPicker) Pick(_ *rand.Rand, _ *Context, scored []Scored) (int, error) {
+	best := 0
+	for i := range scored {
+		if scored[i].Cost < scored[best].Cost {
+			best = i
+		}
+	}
+	return best, nil
 }

@@ -6,7 +6,7 @@ import (
 	"time"
 )
 
-// QueuePolicy orders waiting requests (router_queue_policy, router-core §5.6).
+// QueuePolicy orders waiting requests (router_queue_policy).
 type QueuePolicy int
 
 const (
@@ -67,7 +67,7 @@ type Entry[T any] struct {
 // ordering key, higher first.
 func (e *Entry[T]) Score() float64 { return e.score }
 
-// Queue is the router queue's ordering (router-core §5.6): a priority queue
+// Queue is the router queue's ordering (Dynamo's scheduling/queue.rs): a priority queue
 // keyed by (strict_priority, policy score), highest first, ties in arrival
 // order (policy_queue.rs: enqueue sequence breaks ties). Admission — whether
 // the head may leave — is the caller's test, typically !AllBusy. Not safe for

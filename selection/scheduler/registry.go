@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"unicode"
 )
 
 // Params are a policy's parameters by name, as a config file gives them: the
@@ -32,11 +33,12 @@ var registry = struct {
 }{m: map[string]Factory{}}
 
 // Register makes a policy available by name (--policy, the config file's
-// policy.name). It panics when name is empty, has surrounding space or is
+// policy.name). It panics when name is empty, contains a space, a comma or a
+// control character (names travel in flags and comma-separated lists), or is
 // already registered, or when f is nil: registration is a program's setup,
 // and a clash is a programming error.
 func Register(name string, f Factory) {
-	if name == "" || strings.TrimSpace(name) != name {
+	if name == "" || strings.ContainsFunc(name, func(r rune) bool { return unicode.IsSpace(r) || unicode.IsControl(r) || r == ',' }) {
 		panic(fmt.Sprintf("scheduler: Register with invalid policy name %q", name))
 	}
 	if f == nil {

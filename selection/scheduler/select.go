@@ -6,6 +6,8 @@ import (
 	"math"
 	"math/rand/v2"
 	"slices"
+
+	"github.com/kvselect/kvselect/selection/index"
 )
 
 // Policy is a worker-selection policy: policy filters, one scorer and one
@@ -13,6 +15,11 @@ import (
 // rejection), pinned workers and error classification are not part of it:
 // Select applies them for every policy, as Dynamo's host does
 // (selector/mod.rs select_worker_with_policy).
+//
+// One Policy value serves every partition of a service at once, each under
+// its own lock, so its filters, scorer and picker must be safe for
+// concurrent use; what a policy remembers between picks of one partition
+// belongs in that partition's Scratch (Context.Last).
 type Policy struct {
 	// Filters drop host-eligible candidates; if they drop all, Select fails
 	// with ErrAllFiltered.
@@ -75,7 +82,8 @@ func affinityEligible(req *Request, cands []Candidate) bool {
 // Select chooses the rank that serves req among cands. Order of cands does
 // not matter: ranking runs in (worker id, dp rank) order, so a seeded rnd
 // gives the same choice for the same set. s may be nil (then Select
-// allocates); reusing one Scratch per caller makes Select allocation-free.
+// allocates); reusing one Scratch per caller makes Select allocation-free
+// and lets a cycling policy continue where it left off (Context.Last).
 //
 // Errors: ErrInvalidRequest; *PinnedError (ErrPinnedNotAllowed,
 // ErrPinnedOverloaded); ErrNoEndpoints when nothing is eligible (including a
@@ -96,7 +104,10 @@ func (p Policy) Select(rnd *rand.Rand, req *Request, cands []Candidate, s *Scrat
 	if s == nil {
 		s = new(Scratch)
 	}
-	s.ctx = Context{Request: req, RequestBlocks: RequestBlocks(req.ISL, req.BlockSize)}
+	s.ctx = Context{Request: req, RequestBlocks: RequestBlocks(req.ISL, req.BlockSize), Rand: rnd}
+	if s.hasLast {
+		s.ctx.Last = &s.last
+	}
 	if cap(s.scored) < len(cands) {
 		s.scored = make([]Scored, 0, len(cands)) // grow once, not by doubling
 	}
@@ -152,6 +163,7 @@ func (p Policy) Select(rnd *rand.Rand, req *Request, cands []Candidate, s *Scrat
 	if row < 0 || row >= len(s.scored) {
 		return Scored{}, &PickerRowError{Row: row, Rows: len(s.scored)}
 	}
+	s.last, s.hasLast = s.scored[row].Worker, true
 	return s.scored[row], nil
 }
 
@@ -197,7 +209,8 @@ func (p Policy) keep(req *Request, c *Candidate) bool {
 	return true
 }
 
-// score fills one row: its cost and the response values of api spec §3.9.
+// score fills one row: its cost and the values the selection response
+// reports for the rank.
 func (p Policy) score(ctx *Context, sc *Scored, row int) error {
 	cost, err := p.Scorer.Score(ctx, &sc.Candidate)
 	if err != nil {
@@ -225,10 +238,13 @@ func (p Policy) score(ctx *Context, sc *Scored, row int) error {
 // depend on catalog iteration order. Already-sorted input (the usual case)
 // costs one pass.
 func sortByWorker(rows []Scored) {
-	byWorker := func(a, b Scored) int {
-		return cmp.Or(cmp.Compare(a.Worker.WorkerID, b.Worker.WorkerID), cmp.Compare(a.Worker.DPRank, b.Worker.DPRank))
-	}
+	byWorker := func(a, b Scored) int { return compareWorkers(a.Worker, b.Worker) }
 	if !slices.IsSortedFunc(rows, byWorker) {
 		slices.SortFunc(rows, byWorker)
 	}
+}
+
+// compareWorkers orders ranks by (worker id, dp rank).
+func compareWorkers(a, b index.WorkerKey) int {
+	return cmp.Or(cmp.Compare(a.WorkerID, b.WorkerID), cmp.Compare(a.DPRank, b.DPRank))
 }

@@ -220,13 +220,14 @@ func TestSelectErrorsFollowDynamosClasses(t *testing.T) {
 		{"no candidates", Request{}, nil, nil, ErrNoEndpoints, ""},
 		{"overloaded and incompatible is still overloaded", Request{RequiredTaints: []string{"a"}},
 			[]Candidate{{Worker: key(0), Taints: []string{"a"}, Overloaded: true}, {Worker: key(1)}}, nil, ErrAllOverloaded, ""},
-		// api spec §13.1 item 27: a filter rejecting all → 503.
+		// Dynamo's custom-policy tests (services/selection/tests.rs): a
+		// filter rejecting all → 503.
 		{"policy filters reject everyone", Request{}, two(),
 			func(p *Policy) { p.Filters = []Filter{rejectWorker(0), rejectWorker(1)} }, ErrAllFiltered,
 			"all eligible workers were rejected by policy filters"},
 		{"filters do not mask overload", Request{}, []Candidate{{Worker: key(0), Overloaded: true}, {Worker: key(1), Overloaded: true}},
 			func(p *Policy) { p.Filters = []Filter{rejectWorker(0)} }, ErrAllOverloaded, ""},
-		// api spec §13.1 item 27: non-finite cost → 500 containing "non-finite".
+		// Custom-policy tests: non-finite cost → 500 containing "non-finite".
 		{"non-finite cost", Request{}, two(), func(p *Policy) { p.Scorer = constScorer(math.NaN()) }, ErrNonFiniteCost,
 			"scorer 0 produced a non-finite cost for candidate row 0"},
 		{"invalid picker row", Request{}, two(), func(p *Policy) { p.Picker = rowPicker(5) }, ErrInvalidPickerRow,
@@ -269,8 +270,9 @@ type rowPicker int
 
 func (r rowPicker) Pick(*rand.Rand, *Context, []Scored) (int, error) { return int(r), nil }
 
-// api spec §13.1 item 27: a custom filter, scorer = worker id, lowest-cost
-// picker choose worker 2 when the filter rejects worker 1.
+// Dynamo's custom_worker_selection_policy test (services/selection/tests.rs):
+// a custom filter, scorer = worker id, lowest-cost picker choose worker 2
+// when the filter rejects worker 1.
 func TestCustomPolicyComposesFilterScorerPicker(t *testing.T) {
 	p := Policy{Filters: []Filter{rejectWorker(1)}, Scorer: idScorer{}, Picker: SoftmaxPicker{}}
 	req := &Request{ISL: 4, BlockSize: 4, Weights: DefaultWeights()}
@@ -326,7 +328,8 @@ func TestArgminOnlyPicksWorkersTiedForLowestCost(t *testing.T) {
 	}
 }
 
-// Zero-temperature ties are broken uniformly (router-core §5.4). With a fixed
+// Zero-temperature ties are broken uniformly (reservoir sampling in
+// selector/default.rs). With a fixed
 // seed the counts are exact, so the test cannot flake; the expected counts are
 // checked against n/3.
 func TestZeroTemperatureTiesAreUniform(t *testing.T) {

@@ -9,7 +9,8 @@ import (
 )
 
 // Weights is the effective router configuration of one request: the partition's
-// KvRouterConfig after router_config_override (router-core §6, api spec §2.3).
+// KvRouterConfig (scheduling/config.rs) with the request's
+// router_config_override applied.
 type Weights struct {
 	CostWeights
 	// SharedCacheMultiplier credits cluster-shared-cache hits past the device prefix.
@@ -44,7 +45,7 @@ type CostWeights struct {
 	Temperature float64
 }
 
-// DefaultWeights returns Dynamo's KvRouterConfig defaults (router-core §6).
+// DefaultWeights returns Dynamo's KvRouterConfig defaults (scheduling/config.rs).
 func DefaultWeights() Weights {
 	return Weights{
 		CostWeights: CostWeights{
@@ -59,7 +60,7 @@ func DefaultWeights() Weights {
 }
 
 // Candidate is one (worker, dp_rank) with its cache overlap and load snapshot,
-// all taken at one instant (router-core §5.1).
+// all taken at one instant, so the cost compares ranks at the same moment.
 type Candidate struct {
 	Worker index.WorkerKey
 	// Overlap is the rank's cached prefix of this prompt (zero if none).
@@ -77,8 +78,9 @@ type Candidate struct {
 	// charges raw prefill as isl alone instead of active + max(isl, cached)
 	// (selector/mod.rs); the two differ only when cached exceeds isl.
 	NoLoadEntry bool
-	// Overloaded is busy rejection (router-core §5.7): every rank of the worker
-	// is over the busy thresholds. Set it on all ranks of such a worker.
+	// Overloaded is busy rejection (DYN_ACTIVE_DECODE_BLOCKS_THRESHOLD and the
+	// prefill thresholds): every rank of the worker is over the busy
+	// thresholds. Set it on all ranks of such a worker.
 	Overloaded bool
 	// Taints are the worker's taints, a set (no duplicates).
 	Taints []string
@@ -88,7 +90,7 @@ type Candidate struct {
 }
 
 // Target is an affinity target: a worker and optionally one of its ranks
-// (api spec §2.4 affinity_target).
+// (the request's affinity_target).
 type Target struct {
 	WorkerID uint64
 	DPRank   *uint32 // nil = any rank of the worker
@@ -121,7 +123,7 @@ type Request struct {
 }
 
 // Scored is a candidate with its cost and the per-rank values the selection
-// response reports (api spec §3.9).
+// response reports.
 type Scored struct {
 	Candidate
 	Cost float64 // lower is better
@@ -130,7 +132,7 @@ type Scored struct {
 	// EffectivePrefillTokens is isl − min(CachedTokens, isl), the booked prefill.
 	EffectivePrefillTokens int
 	// PotentialDecodeBlocks is the rank's projected decode blocks with this
-	// request admitted (api spec §3.9 potential_decode_blocks).
+	// request admitted (the response's potential_decode_blocks).
 	PotentialDecodeBlocks int
 
 	weight float64 // softmax scratch
@@ -149,6 +151,15 @@ type Context struct {
 	// Pinned is set when the request's pinned rank is being scored: Dynamo
 	// scores it without the preferred-taint multiplier.
 	Pinned bool
+	// Rand is Select's random source, for scorers that draw (the random
+	// policy). Drawing from it changes every later choice of a seeded run.
+	Rand *rand.Rand
+	// Last is the rank the previous ranked pick with the same Scratch chose,
+	// nil before the first (pinned requests do not count). A cycling policy
+	// (round-robin) continues after it; the caller keeps one Scratch per
+	// partition, so each partition cycles on its own and the policy value
+	// itself stays stateless.
+	Last *index.WorkerKey
 }
 
 // Filter keeps (true) or drops a host-eligible candidate. Filters are policy
@@ -158,7 +169,7 @@ type Filter interface {
 }
 
 // Scorer returns a candidate's cost; lower is better. A non-finite cost makes
-// Select fail with ErrNonFiniteCost (api spec §13.1 item 27: HTTP 500).
+// Select fail with ErrNonFiniteCost (HTTP 500, as in Dynamo).
 type Scorer interface {
 	Score(ctx *Context, c *Candidate) (float64, error)
 }
@@ -169,15 +180,19 @@ type Picker interface {
 }
 
 // Scratch is reusable working memory for Select. With one Scratch per caller
-// (not shared between goroutines) scoring and picking allocate nothing.
+// (not shared between goroutines) scoring and picking allocate nothing. It
+// also remembers the rank the last ranked pick chose (Context.Last), so a
+// caller that serves several partitions keeps one Scratch for each.
 type Scratch struct {
-	scored []Scored
-	ctx    Context
+	scored  []Scored
+	ctx     Context
+	last    index.WorkerKey
+	hasLast bool
 }
 
 // Errors of Select. Their texts are Dynamo's KvSchedulerError texts
-// (scheduling/types.rs); the HTTP class each maps to is in the comment (api
-// spec §1.1, Dynamo's RouterRejection mapping).
+// (scheduling/types.rs); the HTTP class each maps to is in the comment
+// (Dynamo's RouterRejection mapping, services/selection/error.rs).
 var (
 	// ErrNoEndpoints: no candidate is eligible (allowed, taints, registered
 	// rank). Unavailable, 503.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"time"
 
@@ -13,20 +14,39 @@ import (
 	"github.com/kvselect/kvselect/selection/index"
 	"github.com/kvselect/kvselect/selection/kvhash"
 	"github.com/kvselect/kvselect/selection/routerconfig"
+	"github.com/kvselect/kvselect/selection/scheduler"
 )
 
 // simModel is the partition the simulated fleet registers under.
 const simModel = "sim"
 
-// Service is a policy backed by an in-process selection.Service: kvselect's
-// own pick, with its index and load accounting, on the simulation's clock.
+// ApproxPolicy is kv-cost run without KV events: the index learns from the
+// service's own routing decisions (router_ttl_secs), as a gateway that cannot
+// see the engines would, and as GIE's approximate prefix scorer does.
+const ApproxPolicy = "kv-cost-approx"
+
+// Policies are the policies a comparison runs unless told otherwise, in
+// table order: Dynamo's cost with and without KV events, then the baselines.
+func Policies() []string {
+	return []string{scheduler.DefaultPolicyName, ApproxPolicy, "round-robin", "random", "least-loaded", "longest-prefix"}
+}
+
+// Known reports whether NewPolicy can run name: a policy registered with
+// the scheduler, or ApproxPolicy.
+func Known(name string) bool {
+	return name == ApproxPolicy || slices.Contains(scheduler.Names(), name)
+}
+
+// Service is a policy run the way kvselect runs it: an in-process
+// selection.Service on the simulation's clock whose selection policy is one
+// of the registered ones, picking with select_and_reserve and following
+// every request's prefill completion and free, so load-aware policies see
+// the loads it booked (not the simulator's true queues).
 //
-// With KV events (NewKVAware) the engines' stored and evicted blocks go
-// straight into the partition's index through an in-process Listeners
-// adapter: the same index.ApplyBatch the ZMQ listeners call, without the
-// sockets. Without (NewApproximate) the service runs Dynamo's approximate
-// mode: no events, every routing decision teaches the index (with TTL), as a
-// gateway that cannot see the engines would.
+// With KV events (every policy but ApproxPolicy) the engines' stored and
+// evicted blocks go straight into the partition's index through an
+// in-process Listeners adapter: the same index.ApplyBatch the ZMQ listeners
+// call, without the sockets, so cache-aware policies see the exact caches.
 type Service struct {
 	name   string
 	svc    *selection.Service
@@ -37,31 +57,27 @@ type Service struct {
 	nextID uint64
 }
 
-// NewKVAware is kvselect with KV events from the simulated engines and
-// Dynamo's default router configuration (rc nil) or rc.
-func NewKVAware(ctx context.Context, w *World, rc *routerconfig.Config) (*Service, error) {
-	c := routerconfig.Default()
-	if rc != nil {
-		c = *rc
+// NewPolicy runs the policy name over w: a policy registered with the
+// scheduler, built with scheduler.New(name, nil) and fed the engines' KV
+// events, or ApproxPolicy. The service has Dynamo's default router
+// configuration and draws its random choices from w's seed.
+func NewPolicy(ctx context.Context, w *World, name string) (*Service, error) {
+	rc := routerconfig.Default()
+	rc.UseKVEvents = name != ApproxPolicy
+	registered := name
+	if name == ApproxPolicy {
+		registered = scheduler.DefaultPolicyName
 	}
-	c.UseKVEvents = true
-	return newService(ctx, "kvselect", w, c)
+	pol, err := scheduler.New(registered, nil)
+	if err != nil {
+		return nil, fmt.Errorf("routesim: %w", err)
+	}
+	return newService(ctx, name, w, rc, pol)
 }
 
-// NewApproximate is kvselect without KV events: the index learns from its own
-// routing decisions (router_ttl_secs), like GIE's approximate prefix scorer.
-func NewApproximate(ctx context.Context, w *World, rc *routerconfig.Config) (*Service, error) {
-	c := routerconfig.Default()
-	if rc != nil {
-		c = *rc
-	}
-	c.UseKVEvents = false
-	return newService(ctx, "kvselect-approx", w, c)
-}
-
-func newService(ctx context.Context, name string, w *World, rc routerconfig.Config) (*Service, error) {
+func newService(ctx context.Context, name string, w *World, rc routerconfig.Config, pol scheduler.Policy) (*Service, error) {
 	p := &Service{name: name, w: w, start: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
-	cfg := selection.Config{Router: rc,
+	cfg := selection.Config{Router: rc, Policy: &pol,
 		Clock: func() time.Time { return p.start.Add(w.Now()) },
 		Rand:  rand.New(rand.NewPCG(w.cfg.Seed, 0x5e1ec7))}
 	if rc.UseKVEvents {
