@@ -6,11 +6,13 @@
 // DELETE /workers make, so a discovered worker is indistinguishable from one
 // registered over REST.
 //
-// The rules are the seed's (standalone-selection-service.md, "Worker
-// Registration"; api spec §4): a snapshot with a duplicate worker id is
-// rejected before anything changes; records that are already schedulable and
-// identical are left alone; a snapshot whose apply fails is retried after 5
-// seconds unless a newer snapshot arrives first.
+// The rules are Dynamo's ("Worker Registration" in
+// https://docs.nvidia.com/dynamo/dev/components/router/standalone-selection-service,
+// and lib/kv-router/src/services/selection/membership.rs at commit 29a05b48):
+// a snapshot with a duplicate worker id is rejected before anything changes;
+// records that are already schedulable and identical are left alone; a
+// snapshot whose apply fails is retried after 5 seconds unless a newer
+// snapshot arrives first.
 package discovery
 
 import (
@@ -29,9 +31,8 @@ import (
 	"github.com/kvselect/kvselect/selection/catalog"
 )
 
-// DefaultRetryInterval is the seed's retry delay for a snapshot whose apply
-// failed: "a snapshot whose apply fails is retried after 5 seconds unless a
-// newer snapshot arrives first".
+// DefaultRetryInterval is Dynamo's retry delay for a snapshot whose apply
+// failed; a newer snapshot arriving first replaces the retry.
 const DefaultRetryInterval = 5 * time.Second
 
 // ConditionName is the readiness condition a Reconciler maintains on the

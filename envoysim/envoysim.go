@@ -1,9 +1,13 @@
 // Package envoysim is an ext_proc client that drives an external processor
-// the way Envoy's ext_proc HTTP filter does (spec gie-llmd-envoy.md §2): the
-// message order of each processing mode, protocol_config on the first
-// message, the endpoint-picker metadata of GIE protocol 004 (subset hint on
-// the request, served endpoint on the response), and the stream ending Envoy
-// uses for every HTTP request — a half-close immediately followed by a reset.
+// the way Envoy's ext_proc HTTP filter does (Envoy's
+// source/extensions/filters/http/ext_proc and
+// api/envoy/service/ext_proc/v3/external_processor.proto): the message order
+// of each processing mode, protocol_config on the first message, the
+// endpoint-picker metadata of GIE's endpoint picker protocol, proposal 004
+// (subset hint on the request, served endpoint on the response), and the
+// stream ending Envoy uses for every HTTP request — a half-close immediately
+// followed by a reset (the filter's onDestroy closes, then resets, the gRPC
+// stream).
 //
 // It is the gateway half of kvselect's tests, the EPP conformance suite
 // (conformance/epp), `kvbench extproc` and the trace-replay demo: one

@@ -16,9 +16,9 @@ import (
 	"github.com/kvselect/kvselect/selection/routerconfig"
 )
 
-// The tests below port Dynamo's HTTP-level tests (api §13.1,
-// lib/kv-router/src/services/selection/tests.rs) over real HTTP; the number is
-// the spec's.
+// The tests below port Dynamo's HTTP-level tests
+// (lib/kv-router/src/services/selection/tests.rs) over real HTTP, in that
+// file's order; each is named after the Rust test it ports.
 
 var sel4 = map[string]any{"model_name": "model", "token_ids": []int{1, 2, 3, 4}}
 
@@ -33,7 +33,6 @@ func with(base map[string]any, kv ...any) map[string]any {
 	return m
 }
 
-// 1.
 func TestReplicaSyncRoutesAreMounted(t *testing.T) {
 	a := newAPI(t, nil, Options{})
 	r := a.do("GET", "/replica_sync/peers", nil).want(t, http.StatusOK, "")
@@ -47,7 +46,6 @@ func TestReplicaSyncRoutesAreMounted(t *testing.T) {
 	a.do("POST", "/replica_sync/register_peer", `{}`).want(t, http.StatusUnprocessableEntity, "missing field `endpoint`")
 }
 
-// 2.
 func TestReadyAndSelectReportNotReadyWithoutSchedulableWorkers(t *testing.T) {
 	a := newAPI(t, nil, Options{})
 	r := a.do("GET", "/ready", nil).want(t, http.StatusServiceUnavailable, "")
@@ -63,7 +61,6 @@ func TestReadyAndSelectReportNotReadyWithoutSchedulableWorkers(t *testing.T) {
 	a.do("GET", "/health", nil).want(t, http.StatusOK, `{"status":"ok"}`)
 }
 
-// 3.
 func TestIncompleteWorkerIsAcceptedButNotSchedulable(t *testing.T) {
 	a := newAPI(t, func(c *routerconfig.Config) { c.QueueThreshold = routerconfig.Some(1.0) }, Options{})
 	r := a.addWorker(1)
@@ -73,7 +70,7 @@ func TestIncompleteWorkerIsAcceptedButNotSchedulable(t *testing.T) {
 	a.do("POST", "/select", sel4).want(t, http.StatusServiceUnavailable, "no schedulable workers")
 }
 
-// 4. kvselect accepts DYN_ROUTER_POLICY_CONFIG but does not implement policy
+// kvselect accepts DYN_ROUTER_POLICY_CONFIG but does not implement policy
 // classes (docs/selection.md), so without a queue threshold nothing requires
 // max_num_batched_tokens: the test passes for that reason.
 func TestThresholdFreePolicyDoesNotRequireMaxNumBatchedTokens(t *testing.T) {
@@ -83,7 +80,6 @@ func TestThresholdFreePolicyDoesNotRequireMaxNumBatchedTokens(t *testing.T) {
 	}
 }
 
-// 5.
 func TestSelectEchoesSelectionIDAndDoesNotBookLoad(t *testing.T) {
 	a := newAPI(t, nil, Options{})
 	a.addWorker(1)
@@ -107,7 +103,6 @@ func TestSelectEchoesSelectionIDAndDoesNotBookLoad(t *testing.T) {
 	}
 }
 
-// 6.
 func TestOverlapScoresReturnsAllSchedulableWorkerRanks(t *testing.T) {
 	a := newAPI(t, nil, Options{})
 	a.addWorker(1)
@@ -124,7 +119,6 @@ func TestOverlapScoresReturnsAllSchedulableWorkerRanks(t *testing.T) {
 	}
 }
 
-// 7.
 func TestSelectAndReserveBooksAndDuplicateReservationConflicts(t *testing.T) {
 	a := newAPI(t, nil, Options{})
 	a.addWorker(1)
@@ -171,7 +165,6 @@ func itoaI64(v int64) string {
 	return s
 }
 
-// 8.
 func TestExplicitReplayPreservesDisabledPrefillTracking(t *testing.T) {
 	a := newAPI(t, nil, Options{})
 	b := newAPI(t, nil, Options{})
@@ -200,7 +193,7 @@ func TestExplicitReplayPreservesDisabledPrefillTracking(t *testing.T) {
 
 func ftoa(f float64) string { return itoa(uint64(f)) }
 
-// 9. Policy classes (DYN_ROUTER_POLICY_CONFIG) are not implemented by the
+// Policy classes (DYN_ROUTER_POLICY_CONFIG) are not implemented by the
 // Service, so the structured queue rejection cannot be produced end to end.
 // What the front owns is covered: the header reaches SelectRequest.PolicyClass
 // (TestPolicyClassHeader) and a *selection.Error's Details become the envelope's
@@ -235,7 +228,6 @@ func TestKindStatusTable(t *testing.T) {
 	}
 }
 
-// 10.
 func TestOutputBlockEndpointUpdatesReservedLoad(t *testing.T) {
 	a := newAPI(t, nil, Options{})
 	a.addWorker(1)
@@ -252,7 +244,6 @@ func TestOutputBlockEndpointUpdatesReservedLoad(t *testing.T) {
 	a.do("POST", "/reservations/nope/output_block", `{"decay_fraction":0.5}`).want(t, http.StatusNotFound, "reservation nope not found")
 }
 
-// 11.
 func TestExplicitReservationBooksAfterSelect(t *testing.T) {
 	a := newAPI(t, nil, Options{})
 	a.addWorker(1)
@@ -275,7 +266,6 @@ func TestExplicitReservationBooksAfterSelect(t *testing.T) {
 	}
 }
 
-// 12.
 func TestExplicitReservationRejectsEffectivePrefillAboveISL(t *testing.T) {
 	a := newAPI(t, nil, Options{})
 	a.addWorker(1)
@@ -283,7 +273,6 @@ func TestExplicitReservationRejectsEffectivePrefillAboveISL(t *testing.T) {
 		want(t, http.StatusBadRequest, "must not exceed isl_tokens")
 }
 
-// 13.
 func TestExplicitReservationRejectsUnschedulableWorker(t *testing.T) {
 	a := newAPI(t, nil, Options{})
 	a.do("POST", "/workers", `{"worker_id":1,"model_name":"model","block_size":4}`).want(t, http.StatusCreated, `"lifecycle":"incomplete"`)
@@ -292,7 +281,6 @@ func TestExplicitReservationRejectsUnschedulableWorker(t *testing.T) {
 		want(t, http.StatusNotFound, "schedulable worker 1 not found")
 }
 
-// 14.
 func TestCachedReservationBooksFromSelect(t *testing.T) {
 	a := newAPI(t, nil, Options{})
 	a.addWorker(1)
@@ -308,7 +296,6 @@ func TestCachedReservationBooksFromSelect(t *testing.T) {
 	a.do("POST", "/reservations", `{"model_name":"model","selection_id":"sel-1"}`).want(t, http.StatusNotFound, "no pending selection sel-1")
 }
 
-// 15.
 func TestReservationRequiresSelectionID(t *testing.T) {
 	a := newAPI(t, nil, Options{})
 	a.addWorker(1)
@@ -318,7 +305,6 @@ func TestReservationRequiresSelectionID(t *testing.T) {
 		want(t, http.StatusUnprocessableEntity, "selection_id: invalid type: null")
 }
 
-// 16.
 func TestCachedReservationIgnoresRequestOverrides(t *testing.T) {
 	a := newAPI(t, nil, Options{})
 	a.addWorker(1)
@@ -329,7 +315,6 @@ func TestCachedReservationIgnoresRequestOverrides(t *testing.T) {
 	}
 }
 
-// 17.
 func TestCachedReservationNeedsMatchingModel(t *testing.T) {
 	a := newAPI(t, nil, Options{})
 	a.addWorker(1)
@@ -338,7 +323,6 @@ func TestCachedReservationNeedsMatchingModel(t *testing.T) {
 	a.do("POST", "/reservations", `{"model_name":"model","selection_id":"sel-1"}`).want(t, http.StatusCreated, "")
 }
 
-// 18.
 func TestFailedCachedBookingIsRetryable(t *testing.T) {
 	a := newAPI(t, nil, Options{})
 	a.addWorker(1)
@@ -353,7 +337,6 @@ func TestFailedCachedBookingIsRetryable(t *testing.T) {
 	a.do("POST", "/reservations", `{"model_name":"model","selection_id":"sel-1"}`).want(t, http.StatusCreated, "")
 }
 
-// 19.
 func TestCachedBookingRetryableAfterSchedulerConflict(t *testing.T) {
 	a := newAPI(t, nil, Options{})
 	a.addWorker(1)
@@ -364,7 +347,6 @@ func TestCachedBookingRetryableAfterSchedulerConflict(t *testing.T) {
 	a.do("POST", "/reservations", `{"model_name":"model","selection_id":"sel-1"}`).want(t, http.StatusCreated, "")
 }
 
-// 20.
 func TestCachedReservationRejectsStaleDPRank(t *testing.T) {
 	a := newAPI(t, nil, Options{})
 	a.addWorker(1)
@@ -376,7 +358,6 @@ func TestCachedReservationRejectsStaleDPRank(t *testing.T) {
 	a.do("PATCH", "/workers/99", `{}`).want(t, http.StatusNotFound, `{"error":"worker 99 not found"}`)
 }
 
-// 21.
 func TestExplicitReservationDiscardsCachedSelection(t *testing.T) {
 	a := newAPI(t, nil, Options{})
 	a.addWorker(1)
@@ -386,7 +367,6 @@ func TestExplicitReservationDiscardsCachedSelection(t *testing.T) {
 	a.do("POST", "/reservations", `{"model_name":"model","selection_id":"req-1"}`).want(t, http.StatusNotFound, "no pending selection")
 }
 
-// 22.
 func TestCachedBookingHonorsPrefillTracking(t *testing.T) {
 	a := newAPI(t, func(c *routerconfig.Config) { c.TrackPrefillTokens = false }, Options{})
 	a.addWorker(1)
@@ -405,7 +385,6 @@ func TestCachedBookingHonorsPrefillTracking(t *testing.T) {
 	}
 }
 
-// 24.
 func TestDumpExposesCompatibleIndexerSnapshot(t *testing.T) {
 	a := newAPI(t, nil, Options{})
 	a.do("GET", "/dump", nil).want(t, http.StatusOK, "{}")
@@ -420,7 +399,6 @@ func TestDumpExposesCompatibleIndexerSnapshot(t *testing.T) {
 	}
 }
 
-// 25.
 func TestReconcileRollsBackPartialListenerRegistration(t *testing.T) {
 	a := newAPI(t, func(c *routerconfig.Config) { c.UseKVEvents = true }, Options{})
 	r := a.addWorker(7, "data_parallel_size", 2, "kv_events_endpoints", map[string]string{"0": "tcp://127.0.0.1:5557", "1": "not-a-zmq-endpoint"})
@@ -433,7 +411,6 @@ func TestReconcileRollsBackPartialListenerRegistration(t *testing.T) {
 	}
 }
 
-// 26.
 func TestHashPathValidationReturnsBadRequest(t *testing.T) {
 	a := newAPI(t, nil, Options{})
 	a.addWorker(1)
@@ -452,7 +429,7 @@ func TestHashPathValidationReturnsBadRequest(t *testing.T) {
 		want(t, http.StatusOK, `"sequence_hashes":[-1,7]`)
 }
 
-// ---- beyond §13.1: what the front itself owns ----
+// ---- beyond Dynamo's HTTP tests: what the front itself owns ----
 
 func TestUpsertWorkerShapes(t *testing.T) {
 	a := newAPI(t, nil, Options{})

@@ -16,7 +16,7 @@ type onlyReader struct{ io.Reader }
 
 // TestBadInputNeverFailsTheServer throws malformed, truncated, oversized,
 // wrongly typed, negative, overflowing and unicode-laden input at every route:
-// never a 5xx (beyond the spec's 503 for an unknown partition), never a panic
+// never a 5xx (beyond Dynamo's 503 for an unknown partition), never a panic
 // (the recover in ServeHTTP would turn one into a 500), and a rejected request
 // leaves the catalog and the loads exactly as they were.
 func TestBadInputNeverFailsTheServer(t *testing.T) {
@@ -270,8 +270,9 @@ func TestHugeISLIsNotAServerError(t *testing.T) {
 }
 
 // TestLongSessionIDOnlyMattersWithAffinity: the 256-byte limit belongs to the
-// session affinity table (api spec §3.7 step 2, §6); without it a session id is
-// only policy input.
+// session affinity table, which only exists when session affinity is on (a
+// TTL is configured; a longer id is then a 400, as in Dynamo); without it a
+// session id is only policy input.
 func TestLongSessionIDOnlyMattersWithAffinity(t *testing.T) {
 	body := `{"model_name":"model","token_ids":[1,2,3,4],"session_id":"` + strings.Repeat("é", 129) + `"}`
 	on := newAPI(t, func(c *routerconfig.Config) { c.SessionAffinityTTL = routerconfig.Some(time.Minute) }, Options{})

@@ -16,13 +16,15 @@ import (
 	gojson "github.com/goccy/go-json"
 )
 
-// maxBodyBytes is Dynamo's REQUEST_BODY_LIMIT_BYTES (api §1), applied to every
-// route that reads a body.
+// maxBodyBytes is Dynamo's REQUEST_BODY_LIMIT_BYTES (8 MiB), applied to every
+// route that reads a body; a larger body is a 413.
 const maxBodyBytes = 8 << 20
 
-// The rejection texts are axum's JsonRejection body texts (api §1): clients
-// match on the status and at most on these prefixes; the rest of each message
-// is Go's description of the problem in serde's words where that is cheap.
+// The rejection texts are axum's JsonRejection body texts, which Dynamo wraps in
+// its {"error": ...} envelope (415 content type, 400 syntax, 422 shape, 413
+// size): clients match on the status and at most on these prefixes; the rest of
+// each message is Go's description of the problem in serde's words where that
+// is cheap.
 const (
 	msgContentType = "Expected request with `Content-Type: application/json`"
 	prefixSyntax   = "Failed to parse the request body as JSON: "

@@ -11,9 +11,10 @@ import (
 	"github.com/kvselect/kvselect/selection"
 )
 
-// kindStatus is the one table from selection error kinds to HTTP status codes
-// (api §1.1, newest error.rs: overload and queue rejection are 429, policy-filter
-// rejection 503).
+// kindStatus is the one table from selection error kinds to HTTP status codes,
+// as Dynamo's lib/kv-router/src/services/selection/error.rs (commit 015c9303)
+// maps them: overload, deadline and queue rejection are 429 (older Dynamo
+// answered 503 for a queue rejection), policy-filter rejection 503.
 var kindStatus = map[selection.Kind]int{
 	selection.KindBadRequest:  http.StatusBadRequest,
 	selection.KindNotFound:    http.StatusNotFound,
@@ -34,7 +35,8 @@ func statusOf(err error) int {
 }
 
 // errorBody is Dynamo's error envelope. Details carries a *selection.Error's
-// structured extras (the policy-class queue rejection of api §1).
+// structured extras: Dynamo's policy-class queue rejection adds
+// "details": {policy_class, limit_kind, current, limit}.
 type errorBody struct {
 	Error   string         `json:"error"`
 	Details map[string]any `json:"details,omitempty"`

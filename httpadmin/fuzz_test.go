@@ -12,7 +12,7 @@ import (
 
 // FuzzSelectBody drives the JSON decoding path of /select_and_reserve with
 // arbitrary bodies (in process, no socket, so the fuzzer runs fast): the answer
-// is always a JSON object, never a 500, a 5xx only as the spec's 503 for an
+// is always a JSON object, never a 500, a 5xx only as Dynamo's 503 for an
 // unknown partition, and a rejected request books nothing.
 //
 //	go test -run '^$' -fuzz FuzzSelectBody -fuzztime 30s ./httpadmin/

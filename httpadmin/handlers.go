@@ -12,7 +12,7 @@ import (
 	"github.com/kvselect/kvselect/selection/routerconfig"
 )
 
-// ---- workers (api §3.1–§3.4) ----
+// ---- workers: POST, GET, PATCH and DELETE /workers ----
 
 // workerBody is the POST /workers body: a catalog.Record whose server-computed
 // fields are shadowed, because Dynamo's WorkerRequest has no lifecycle or
@@ -87,9 +87,9 @@ func (s *server) listWorkers(w http.ResponseWriter, r *http.Request) {
 }
 
 // parseWorkerID parses {worker_id} as axum's Path<u64> does (Rust's
-// u64::from_str, which takes one leading '+'). Decision (api §1): a bad id gets
-// axum's status (400) and axum's text, but inside the JSON envelope instead of
-// axum's text/plain body. Every other non-2xx answer of this API is
+// u64::from_str, which takes one leading '+'). Deliberate difference: a bad id
+// gets axum's status (400) and axum's text, but inside the JSON envelope
+// instead of axum's text/plain body. Every other non-2xx answer of this API is
 // {"error": ...}, and a client that decodes error bodies as JSON would choke on
 // the one plain-text exception; a client that only reads the status or the
 // text loses nothing.
@@ -104,7 +104,8 @@ func parseWorkerID(w http.ResponseWriter, r *http.Request) (uint64, bool) {
 }
 
 // filters reads the model_name and routing_group query filters of GET /workers
-// and GET /loads: independent, exact match, absent = any (api §3.4, §3.12).
+// and GET /loads: independent, exact match, absent = any; other query
+// parameters are ignored, as in Dynamo.
 func filters(r *http.Request) (model, group *string) {
 	q := r.URL.Query()
 	if v, ok := q["model_name"]; ok {
@@ -116,7 +117,7 @@ func filters(r *http.Request) (model, group *string) {
 	return model, group
 }
 
-// ---- liveness and readiness (api §3.5, §3.6) ----
+// ---- liveness and readiness: GET /health, GET /ready ----
 
 func (s *server) health(w http.ResponseWriter, r *http.Request) {
 	if !s.svc.Health() {
@@ -130,12 +131,12 @@ func (s *server) ready(w http.ResponseWriter, r *http.Request) {
 	st := s.svc.Ready()
 	code := http.StatusOK
 	if !st.Ready {
-		code = http.StatusServiceUnavailable // same body (api §3.6)
+		code = http.StatusServiceUnavailable // with the same body, as Dynamo answers
 	}
 	writeJSON(w, code, st)
 }
 
-// ---- selection (api §3.7–§3.9) ----
+// ---- selection: POST /select, POST /select_and_reserve ----
 
 // selectProbe captures the required fields of the optional sub-objects of a
 // select body, which encoding/json cannot tell absent from zero.
@@ -154,7 +155,7 @@ type selectProbe struct {
 
 // checkSelect holds the wire rules of SelectRequest that serde enforces while
 // decoding (422): required fields of sub-objects, the input_trigger enum and
-// router_config_override validation (api §2.3, §3.7).
+// router_config_override validation.
 func checkSelect(req *selection.SelectRequest) func([]byte) error {
 	return func(body []byte) error {
 		if err := checkOverride(req.RouterConfigOverride); err != nil {
@@ -193,7 +194,8 @@ func checkSelect(req *selection.SelectRequest) func([]byte) error {
 }
 
 // checkOverride runs router_config_override validation at decode time, where
-// Dynamo runs it (api §2.3: invalid values are 422, not the Service's 400).
+// Dynamo runs it (invalid values fail serde decoding: 422, not the Service's
+// 400).
 func checkOverride(o *routerconfig.Override) error {
 	if o == nil {
 		return nil
@@ -223,10 +225,10 @@ func (s *server) selectAndReserve(w http.ResponseWriter, r *http.Request) {
 	if !s.readJSON(w, r, req, checkSelect(req)) {
 		return
 	}
-	req.Advisory = false // not a field of SelectAndReserveRequest: ignored (api §3.8)
+	req.Advisory = false // not a field of Dynamo's SelectAndReserveRequest: ignored
 	req.PolicyClass = policyClass(r)
 	// The request context goes in: a client that disconnects while queued or
-	// before the reservation is installed gets its booking freed (api §3.8 step 4).
+	// before the reservation is installed gets its booking freed, as in Dynamo.
 	resp, err := s.svc.SelectAndReserve(r.Context(), req)
 	if err != nil {
 		s.fail(w, r, err)
@@ -235,7 +237,7 @@ func (s *server) selectAndReserve(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, resp)
 }
 
-// ---- reservations (api §3.10, §3.11) ----
+// ---- reservations: POST /reservations and the booking lifecycle ----
 
 type selectionIDProbe struct {
 	SelectionID json.RawMessage `json:"selection_id"`
@@ -296,7 +298,8 @@ func (s *server) free(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, statusOK)
 }
 
-// ---- inspection (api §3.12–§3.15) ----
+// ---- inspection: GET /loads, POST /potential_loads, POST /overlap_scores,
+// GET /dump ----
 
 func (s *server) loads(w http.ResponseWriter, r *http.Request) {
 	model, group := filters(r)
@@ -338,7 +341,7 @@ func (s *server) dump(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, d)
 }
 
-// ---- replica peers (api §3.16) ----
+// ---- replica peers: /replica_sync/* ----
 
 type peerBody struct {
 	Endpoint json.RawMessage `json:"endpoint"`

@@ -34,8 +34,9 @@ type testAPI struct {
 	client *http.Client
 }
 
-// newService mirrors Dynamo's HTTP test setup (api §13.1): approximate index
-// (use_kv_events=false), no queue threshold, fake clock, seeded rand.
+// newService mirrors the setup of Dynamo's HTTP tests
+// (services/selection/tests.rs): approximate index (use_kv_events=false), no
+// queue threshold, fake clock, seeded rand.
 func newService(t testing.TB, edit func(*routerconfig.Config)) *selection.Service {
 	t.Helper()
 	rc := routerconfig.Default()
@@ -172,7 +173,8 @@ func (r resp) want(t testing.TB, status int, frag string) resp {
 	return r
 }
 
-// worker is Dynamo's test helper worker (api §13.1).
+// worker is the helper worker of Dynamo's HTTP tests: model "model", endpoint
+// http://worker-N:8000, block size 4.
 func worker(id uint64, extra ...any) map[string]any {
 	w := map[string]any{"worker_id": id, "model_name": "model", "endpoint": "http://worker-" + itoa(id) + ":8000", "block_size": 4}
 	for i := 0; i+1 < len(extra); i += 2 {

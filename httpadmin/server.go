@@ -1,7 +1,9 @@
 // Package httpadmin is the REST API of Dynamo's standalone selection service
-// (shared/spec/dynamo-selection-api.md §1–§3), wire-compatible — paths, JSON
-// field names, status codes and the {"error": "..."} envelope — as a thin layer
-// over an embedded selection.Service. Handlers validate the wire shape of a
+// (https://docs.nvidia.com/dynamo/dev/components/router/standalone-selection-service;
+// lib/kv-router/src/services/selection/server.rs and error.rs),
+// wire-compatible — paths, JSON field names, status codes and the
+// {"error": "..."} envelope — as a thin layer over an embedded
+// selection.Service. Handlers validate the wire shape of a
 // request and translate it into one Service call; every decision (which worker,
 // what load, which error) comes from the Service, and every error's status comes
 // from one table keyed by selection.Kind (errors.go).
@@ -29,8 +31,8 @@ type Options struct {
 	// sync is disabled: register and deregister answer 409 and GET peers [].
 	Peers PeerManager
 	// Metrics, when set, serves GET /metrics (Prometheus exposition). Dynamo's
-	// selection service has no such route (api §3), so without it /metrics is
-	// the usual 404.
+	// selection service has no such route, so without it /metrics is the
+	// usual 404.
 	Metrics http.Handler
 	// Pprof serves Go's runtime profiles under /debug/pprof/ (net/http/pprof),
 	// as GIE's endpoint picker does with --enable-pprof. Off by default: a CPU
@@ -38,8 +40,8 @@ type Options struct {
 	Pprof bool
 }
 
-// PeerManager is the replica-sync peer membership behind /replica_sync/* (api
-// §3.16). Endpoints reach it already checked with catalog.ValidateZMQEndpoint.
+// PeerManager is the replica-sync peer membership behind /replica_sync/*.
+// Endpoints reach it already checked with catalog.ValidateZMQEndpoint.
 type PeerManager interface {
 	// Register connects to a peer; created is false when it was already present.
 	Register(endpoint string) (created bool, err error)
@@ -65,8 +67,9 @@ type route struct {
 	handle          func(*server, http.ResponseWriter, *http.Request)
 }
 
-// routes is api §3's table, in Dynamo's registration order, plus the OpenAPI
-// document. Go's "GET" patterns also answer HEAD, as axum's get() does.
+// routes is Dynamo's route table (server.rs), in its registration order, plus
+// the OpenAPI document. Go's "GET" patterns also answer HEAD, as axum's get()
+// does.
 var routes = []route{
 	{"POST", "/select", (*server).selectOnly},
 	{"POST", "/select_and_reserve", (*server).selectAndReserve},
@@ -174,7 +177,8 @@ func (s *statusOnly) WriteHeader(code int) {
 }
 
 // policyClass reads x-dynamo-meta-policy-class as Dynamo does: trimmed, empty
-// ignored (api §1).
+// ignored. It selects the router policy class on /select and
+// /select_and_reserve.
 func policyClass(r *http.Request) string {
 	return strings.TrimSpace(r.Header.Get("x-dynamo-meta-policy-class"))
 }

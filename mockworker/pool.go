@@ -11,9 +11,9 @@ import (
 
 // engineHashSeed seeds the engine's own block hash. Any stable 64-bit chained
 // hash will do: kvselect, like Dynamo, keys its index on a hash it computes
-// from the event's token_ids and keeps the engine hash only as a handle
-// (router-core spec §3). A seed other than Dynamo's 1337 keeps the two visibly
-// apart in dumps.
+// from the event's token_ids and keeps the engine hash only as a handle for
+// parent links and removals, never compared across workers. A seed other than
+// Dynamo's 1337 keeps the two visibly apart in dumps.
 const engineHashSeed = 0x6d6f636b // "mock"
 
 // engineHash is the block's identity in this engine: xxh3 over the parent's

@@ -12,7 +12,7 @@ import (
 )
 
 // Registration is the POST /workers body a worker sends to kvselect (or to
-// Dynamo's selection service): shared/spec/dynamo-selection-api.md §3.1.
+// Dynamo's selection service; the fields are those of Dynamo's WorkerRequest).
 type Registration struct {
 	WorkerID              uint64            `json:"worker_id"`
 	ModelName             string            `json:"model_name"`
@@ -32,7 +32,8 @@ type Registration struct {
 // replaces the host of the KV event endpoints (which are dialable loopback
 // addresses when the sockets bound every interface). A replay endpoint is
 // only sent for a single-rank worker, the only case the selection service
-// accepts (api §3.1).
+// accepts: the replay protocol carries no rank, so a multi-rank worker with one
+// stays incomplete.
 func (w *Worker) Registration(endpoint, routingGroup, advertiseHost string) Registration {
 	reg := Registration{
 		WorkerID:              w.cfg.WorkerID,

@@ -231,8 +231,9 @@ func podWorkers(pod *corev1.Pod, poolPorts []int32) []catalog.Record {
 				r.KVEventsEndpoints[uint32(rank)] = "tcp://" + net.JoinHostPort(ip, strconv.FormatUint(p, 10))
 			}
 			if hasReplay && replayPort != 0 {
-				// Replay carries no rank (seed doc): a multi-rank worker with a
-				// replay endpoint is left for the catalog to flag.
+				// The replay protocol carries no rank, so Dynamo accepts a
+				// replay endpoint only for a single-rank worker: a multi-rank
+				// worker with one is left for the catalog to flag.
 				if p := replayPort + start; p <= 65535 {
 					r.ReplayEndpoint = ptr("tcp://" + net.JoinHostPort(ip, strconv.FormatUint(p, 10)))
 				} else {

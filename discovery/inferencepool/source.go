@@ -53,7 +53,7 @@ const (
 )
 
 // DefaultRestartDelay is how long a failed watch waits before starting over:
-// the seed's discovery retry interval.
+// Dynamo's discovery retry interval (discovery.DefaultRetryInterval).
 const DefaultRestartDelay = discovery.DefaultRetryInterval
 
 // Options configures the source.

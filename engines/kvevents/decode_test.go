@@ -21,9 +21,10 @@ var (
 func st2(hashes ...uint64) []index.Block { return blocks(hashes, l2) }
 
 // Table-driven ports of Dynamo's lib/kv-router/src/zmq_wire/tests.rs cases and
-// of the normalisation rules of spec §1.6–§1.8. Each case decodes one batch into
-// a fresh decoder (BlockSize 2) and compares the events and the one stat that
-// matters.
+// of its normalisation rules (hash signedness, SGLang's slot-7 metadata,
+// multimodal extra keys, medium → tier, locality, cache-group filter, block
+// size, duplicates). Each case decodes one batch into a fresh decoder
+// (BlockSize 2) and compares the events and the one stat that matters.
 func TestDecodeEventShapes(t *testing.T) {
 	type want struct {
 		events []index.Event
@@ -215,7 +216,7 @@ func TestDecodeBatchEnvelopes(t *testing.T) {
 }
 
 // Group kinds are learned per (dp_rank, group_idx) from events that carry both,
-// and then decide events that carry only the group (spec §1.6).
+// and then decide events that carry only the group (Dynamo zmq_wire filter.rs).
 func TestGroupKindLearnedPerRank(t *testing.T) {
 	d := newDec(t, Config{WorkerID: wid, BlockSize: 2})
 	storedG := func(h uint64, tail ...[]byte) []byte {

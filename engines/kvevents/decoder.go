@@ -1,16 +1,18 @@
 // Package kvevents decodes the KV cache events that vLLM, SGLang and (through its
 // vLLM-compatible publisher) TensorRT-LLM publish on ZMQ, and normalises them into
-// the index's events (index.Event), as Dynamo's lib/kv-router zmq_wire does
-// (shared/spec/dynamo-router-core.md §1).
+// the index's events (index.Event), as Dynamo's lib/kv-router/src/zmq_wire does
+// (types.rs, deserialize.rs, convert.rs at commit 4fb5a208). The engine side of
+// the wire is vLLM's vllm/distributed/kv_events.py.
 //
 // The package is pure decoding: no sockets, goroutines or clocks. A listener
 // splits each ZMQ message with ParseMessage, checks the sequence number for gaps
-// itself (spec §2, §4.4), and feeds the payload to the Decoder of that publisher,
-// one per (worker, registered dp rank). The Decoder keeps the little state
-// normalisation needs: the next event id, the kv_cache_spec_kind learned per
-// (dp_rank, group_idx), the cache namespace of stored blocks (so children inherit
-// it), and scratch buffers, so that decoding a batch allocates nothing in steady
-// state.
+// itself (and replays a gap from the engine's replay endpoint before applying
+// what follows, since a worker's events only make sense in order), and feeds
+// the payload to the Decoder of that publisher, one per (worker, registered dp
+// rank). The Decoder keeps the little state normalisation needs: the next event
+// id, the kv_cache_spec_kind learned per (dp_rank, group_idx), the cache
+// namespace of stored blocks (so children inherit it), and scratch buffers, so
+// that decoding a batch allocates nothing in steady state.
 //
 // Both shapes msgspec has shipped are accepted, per event: positional arrays
 // (tag in slot 0; SGLang, vLLM before PR #42892) and tagged maps (first key
@@ -38,10 +40,11 @@ type Config struct {
 	// WorkerID is the worker the events belong to.
 	WorkerID uint64
 	// DPRank is the data-parallel rank the publisher's socket was registered for;
-	// a batch that carries its own rank overrides it (spec §1.1).
+	// a batch that carries its own rank overrides it, as in Dynamo.
 	DPRank uint32
 	// BlockSize is the worker's registered kv_block_size in tokens. Stored blocks
-	// of any other size are not indexed (spec §1.7 rule 1).
+	// of any other size are not indexed: their local hashes would not match
+	// the router's, which hashes prompts in blocks of this size.
 	BlockSize int
 	// Eagle makes flat token_ids be hashed in Eagle windows (BlockSize+1 tokens,
 	// advancing by BlockSize), for engines that run Eagle speculative decoding but
@@ -69,13 +72,14 @@ type Stats struct {
 	UnknownTag int // any other tag: skipped, not an error (Dynamo skips them too)
 	Malformed  int // events whose fields have the wrong msgpack types; skipped
 
-	UnknownMedium int // medium not in the tier table: dropped, fail closed (§1.6)
+	UnknownMedium int // medium not in the tier table: dropped, fail closed as in Dynamo
 	NonLocal      int // locality REMOTE or unknown: dropped (Dynamo #10457)
 	NonMainGroup  int // kv_cache_spec_kind (given or learned) not a main attention group
 	UnknownGroup  int // non-zero group_idx with no kind and none learned yet
 
 	// Duplicate: a Stored repeating an engine hash (parent included). Emitted as
-	// an empty Removed, a no-op that still consumes an event id (§1.7 rule 3).
+	// an empty Removed, a no-op that still consumes an event id (Dynamo's
+	// convert.rs).
 	Duplicate int
 	// BlockSizeMismatch: a Stored whose block_size differs from Config.BlockSize;
 	// no block is indexed, the event is dropped.
@@ -89,7 +93,8 @@ type Stats struct {
 	EmptyStored int
 
 	// NamespaceAmbiguous: a Stored whose parent's cache namespace is ambiguous
-	// or disagrees with the event's own; dropped (§1.6).
+	// or disagrees with the event's own; dropped, as Dynamo drops an
+	// ambiguous namespace.
 	NamespaceAmbiguous int
 	// NamespaceConflict: a block hash seen again under another namespace; it is
 	// marked ambiguous and its future children are dropped.
@@ -228,13 +233,15 @@ func (d *Decoder) Decode(payload []byte, dst []index.Event) ([]index.Event, Stat
 	return dst, st, nil
 }
 
-// envelope reads the batch wrapper (spec §1.3): the array [ts, events] or
+// envelope reads the batch wrapper: the array [ts, events] or
 // [ts, events, dp_rank|nil] that msgspec array_like writes, or the map
 // {ts, events, data_parallel_rank} that a non-array_like EventBatch would write
 // (aliases dp_rank, attn_dp_rank). Dynamo's types.rs takes only the 3-array; the
-// others are accepted per the spec's recommendation. It returns the events
-// elements, already validated as msgpack and split at d.bounds (end offsets), and
-// the rank the events belong to. Validating the whole batch before touching any
+// others cost nothing to accept: the earliest vLLM and older SGLang batches had
+// two fields, and one revision of vLLM's kv_events.py declares EventBatch
+// without array_like. It returns the events elements, already validated as
+// msgpack and split at d.bounds (end offsets), and the rank the events belong
+// to. Validating the whole batch before touching any
 // state is what makes a failed Decode leave the decoder as it was.
 func (d *Decoder) envelope(p []byte) (events []byte, rank uint32, err error) {
 	rank = d.cfg.DPRank
@@ -422,7 +429,7 @@ func (d *Decoder) event(ev []byte, rank uint32, dst []index.Event, st *Stats) []
 	return d.stored(r, w, tier, dst, st)
 }
 
-// mainGroup applies Dynamo's cache-group filter (§1.6): an explicit
+// mainGroup applies Dynamo's cache-group filter (zmq_wire filter.rs): an explicit
 // kv_cache_spec_kind decides; otherwise group 0 or no group is the main group,
 // and a non-zero group uses the kind learned for (rank, group), unknown ones
 // being dropped.
@@ -462,7 +469,8 @@ func mediumTier(m []byte) (index.Tier, bool) {
 	return index.TierFromMedium(string(m))
 }
 
-// stored converts a BlockStored (§1.7).
+// stored converts a BlockStored into index events, with Dynamo's conversion
+// rules (convert.rs).
 func (d *Decoder) stored(r *rawEvent, w index.WorkerKey, tier index.Tier, dst []index.Event, st *Stats) []index.Event {
 	if d.hasDuplicate(r) {
 		// Dynamo returns an empty Removed rather than Cleared: a no-op in the index

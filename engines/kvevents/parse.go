@@ -75,7 +75,8 @@ func classify(tag []byte) (tagKind, error) {
 }
 
 // parsePositional reads the array_like shape: slot 0 is the tag, the fields
-// follow in declaration order (spec §1.5, Dynamo deserialize.rs visit_seq).
+// follow in the declaration order of vLLM's kv_events.py classes (Dynamo
+// deserialize.rs visit_seq).
 //
 // BlockStored: 1 block_hashes, 2 parent, 3 token_ids, 4 block_size (required,
 // v0.9 stopped at 5 lora_id), 6 medium, 7 lora_name or SGLang's metadata map,
@@ -257,7 +258,8 @@ func (r *rawEvent) readTail(b []byte, left int, stored bool) error {
 }
 
 // parseMap reads the tagged-map shape (vLLM PR #42892): fields by name, unknown
-// keys ignored, omitted fields absent (spec §1.4, Dynamo visit_map).
+// keys ignored, omitted fields absent (msgspec omit_defaults drops trailing
+// None fields; Dynamo deserialize.rs visit_map).
 func parseMap(ev []byte, r *rawEvent) (tagKind, error) {
 	n, b, err := msgp.ReadMapHeaderBytes(ev)
 	if err != nil {

@@ -11,7 +11,14 @@ import (
 	"github.com/kvselect/kvselect/selection/index"
 )
 
-// The hex batches of spec §1.10, byte for byte.
+// Batches as msgspec encodes them, byte for byte (smallest int encoding, ts as
+// float64 1700000000.5, fixstr/str8, fixarray/fixmap; h1 ≥ 2^63 needs 0xcf):
+// (a) a vLLM v0.26+ batch whose one BlockStored is a tagged map, 202 bytes;
+// (b) a legacy positional batch with Stored, Removed and Cleared, 128 bytes;
+// (c) an SGLang positional batch with signed hashes, page size 2 and
+// attn_dp_rank 1, 48 bytes; (d) the map-form singletons AllBlocksCleared
+// (23 bytes) and BlockRemoved on CPU (53 bytes). kvpublish's encoder test pins
+// the same bytes from the engine side.
 const (
 	h1 = 0xdb4f0a1a9f8e7d6c
 	h2 = 0x0123456789abcdef
@@ -52,7 +59,7 @@ func byHand(seed uint64, toks ...uint32) uint64 {
 	return xxh3.HashSeed(b, seed)
 }
 
-func TestSpecHexVectors(t *testing.T) {
+func TestMsgspecHexVectors(t *testing.T) {
 	const w = 7
 	l12 := local(seq(1, 8), "", "", 4, false, nil)
 	// By hand: the first block of (a)/(b) is xxh3(LE32 1,2,3,4, seed 1337).
@@ -86,15 +93,15 @@ func TestSpecHexVectors(t *testing.T) {
 			{Worker: dev0, Tier: index.TierHostPinned, Kind: index.EventRemoved, Hashes: []uint64{h2}}}},
 	}
 	if n := len(mustHex(vecDCleared)); n != 23 {
-		t.Errorf("(d) cleared is %d bytes, spec says 23", n)
+		t.Errorf("(d) cleared is %d bytes, want 23", n)
 	}
 	if n := len(mustHex(vecDRemoved)); n != 53 {
-		t.Errorf("(d) removed is %d bytes, spec says 53", n)
+		t.Errorf("(d) removed is %d bytes, want 53", n)
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			if tc.size != 0 && len(tc.hex) != tc.size {
-				t.Errorf("vector is %d bytes, spec says %d", len(tc.hex), tc.size)
+				t.Errorf("vector is %d bytes, want %d", len(tc.hex), tc.size)
 			}
 			d := newDec(t, Config{WorkerID: w, BlockSize: tc.bs})
 			// The full ZMQ message: empty topic, seq 0, payload.
@@ -116,9 +123,10 @@ func TestSpecHexVectors(t *testing.T) {
 	}
 }
 
-// The §3.5 public vectors through the decoder: tokens 0..7, bs 4, with and
-// without LoRA / cache namespace, and Eagle windows from bigrams.
-func TestDecodedLocalHashesMatchSpecVectors(t *testing.T) {
+// kvhash's public-mode golden vectors (TestPublicVectors) through the decoder:
+// tokens 0..7, bs 4, with and without LoRA / cache namespace, and Eagle windows
+// from bigrams.
+func TestDecodedLocalHashesMatchKvhashVectors(t *testing.T) {
 	toks := seq(0, 8)
 	tests := []struct {
 		name string

@@ -19,10 +19,10 @@ var (
 )
 
 // ParseMessage splits one live ZMQ message of an engine's KV event publisher
-// (spec §1.2): exactly three frames, the topic, the sequence number as 8 bytes
-// big-endian, and the msgpack batch. Dynamo drops any other shape with a warning;
-// the caller does the same with the returned error. topic and payload alias
-// frames.
+// (vLLM's ZmqEventPublisher): exactly three frames, the topic, the sequence
+// number as 8 bytes big-endian, and the msgpack batch. Dynamo drops any other
+// shape with a warning; the caller does the same with the returned error.
+// topic and payload alias frames.
 func ParseMessage(frames [][]byte) (topic []byte, seq uint64, payload []byte, err error) {
 	if len(frames) != 3 {
 		return nil, 0, nil, fmt.Errorf("%w: %d frames, want 3 (topic, seq, payload)", ErrFrames, len(frames))
@@ -33,13 +33,13 @@ func ParseMessage(frames [][]byte) (topic []byte, seq uint64, payload []byte, er
 	return frames[0], binary.BigEndian.Uint64(frames[1]), frames[2], nil
 }
 
-// readHash reads an engine block hash (spec §1.6). vLLM sends unsigned ints
+// readHash reads an engine block hash. vLLM sends unsigned ints
 // (0xcf above 2^63), SGLang and TRT-LLM signed int64, which are reinterpreted
 // bitwise as Dynamo's BlockHashValue::into_u64 does. Raw hash bytes (vLLM with
 // VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0) arrive as bin (or str): their last 8
 // bytes big-endian, left-padded, equal vLLM's own int.from_bytes(h) & (2^64-1).
-// The newest Dynamo types.rs only takes ints; accepting bytes is the spec's §9.5
-// recommendation.
+// The newest Dynamo types.rs only takes ints; an earlier Dynamo version took
+// bytes the same way, and accepting them cannot misread an int.
 func readHash(b []byte) (uint64, []byte, error) {
 	switch msgp.NextType(b) {
 	case msgp.IntType:
@@ -100,7 +100,6 @@ var (
 	tagIgnored   = []byte("Ignored")
 	localityLoc  = []byte("LOCAL")
 	saltPrefix   = []byte("dynamo-cache-salt:") // components/src/dynamo/vllm/handlers.py
-	keyType      = []byte("type")
 	keyCacheSalt = []byte("cache_salt")
 	keyMMObjects = []byte("mm_objects")
 	keyMMHash    = []byte("mm_hash")

@@ -2,8 +2,7 @@
 // KVEventBatch payloads byte for byte as vLLM's msgspec encoder does and
 // publishes them the way vLLM's ZmqEventPublisher does — a ZMQ PUB socket
 // sending [topic, seq (8 bytes BE), payload] and an optional ROUTER replay
-// endpoint serving a ring of the last batches (shared/spec/dynamo-router-core.md
-// §1–§2).
+// endpoint serving a ring of the last batches (vllm/distributed/kv_events.py).
 //
 // It exists so that tests, benchmarks and the mock worker can stand in for a real
 // engine over real sockets: whatever kvselect's listeners accept from this

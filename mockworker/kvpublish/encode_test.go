@@ -14,9 +14,9 @@ import (
 )
 
 const (
-	specTS = 1700000000.5
-	h1     = 0xdb4f0a1a9f8e7d6c // ≥ 2^63: msgspec writes 0xcf
-	h2     = 0x0123456789abcdef
+	goldenTS = 1700000000.5
+	h1       = 0xdb4f0a1a9f8e7d6c // ≥ 2^63: msgspec writes 0xcf
+	h2       = 0x0123456789abcdef
 )
 
 func ptr[T any](v T) *T { return &v }
@@ -38,11 +38,13 @@ func tokens(from, n int) []uint32 {
 	return out
 }
 
-// TestGoldenBytes pins the encoding to the msgspec byte vectors of
-// dynamo-router-core.md §1.10. The map singletons of §1.10(d) are reproduced
-// exactly; the full batches are §1.10(a)/(b) without the optional fields this
-// package leaves at None (extra_keys, group_idx, kv_cache_spec_kind), which
-// msgspec omits in the map shape and writes as nil in the positional shape.
+// TestGoldenBytes pins the encoding to msgspec's bytes, the same vectors the
+// decoder's TestMsgspecHexVectors (engines/kvevents) reads. The map singletons
+// (d) AllBlocksCleared and BlockRemoved on CPU are reproduced exactly; the
+// full batches are (a) the vLLM v0.26+ tagged-map batch and (b) the legacy
+// positional batch without the optional fields this package leaves at None
+// (extra_keys, group_idx, kv_cache_spec_kind), which msgspec omits in the map
+// shape and writes as nil in the positional shape.
 func TestGoldenBytes(t *testing.T) {
 	rank0 := ptr(0)
 	stored := &BlockStored{BlockHashes: []uint64{h1, h2}, TokenIDs: tokens(1, 8), BlockSize: 4, Medium: "GPU"}
@@ -55,7 +57,7 @@ func TestGoldenBytes(t *testing.T) {
 			"81 a4 74797065 b0 416c6c426c6f636b73436c6561726564"},
 		{"d/removed-cpu-map", appendEvent(nil, ShapeMap, BlockRemoved{BlockHashes: []uint64{h2}, Medium: "CPU"}),
 			"83 a4 74797065 ac 426c6f636b52656d6f766564 ac 626c6f636b5f686173686573 91 cf 0123456789abcdef a6 6d656469756d a3 435055"},
-		{"a/stored-map-batch", AppendBatch(nil, specTS, []Event{stored}, rank0), `
+		{"a/stored-map-batch", AppendBatch(nil, goldenTS, []Event{stored}, rank0), `
 			93 cb41d954fc40200000 91
 			88 a4 74797065 ab 426c6f636b53746f726564
 			   ac 626c6f636b5f686173686573 92 cf db4f0a1a9f8e7d6c cf 0123456789abcdef
@@ -66,7 +68,7 @@ func TestGoldenBytes(t *testing.T) {
 			   a6 6d656469756d a3 475055
 			   a9 6c6f72615f6e616d65 c0
 			00`},
-		{"b/positional-batch", AppendBatchShape(nil, ShapePositional, specTS,
+		{"b/positional-batch", AppendBatchShape(nil, ShapePositional, goldenTS,
 			[]Event{stored, BlockRemoved{BlockHashes: []uint64{h2}, Medium: "GPU"}, AllBlocksCleared{}}, rank0), `
 			93 cb41d954fc40200000 93
 			9c ab 426c6f636b53746f726564 92 cf db4f0a1a9f8e7d6c cf 0123456789abcdef c0
@@ -74,7 +76,7 @@ func TestGoldenBytes(t *testing.T) {
 			94 ac 426c6f636b52656d6f766564 91 cf 0123456789abcdef a3 475055 c0
 			91 b0 416c6c426c6f636b73436c6561726564
 			00`},
-		{"nil-rank-empty-batch", AppendBatch(nil, specTS, nil, nil), "93 cb41d954fc40200000 90 c0"},
+		{"nil-rank-empty-batch", AppendBatch(nil, goldenTS, nil, nil), "93 cb41d954fc40200000 90 c0"},
 		// Smallest int forms, as msgspec picks them: fixint, 0xcc, 0xcd, 0xce;
 		// a negative lora_id as a negative fixint; a 40-byte name as str8.
 		{"int-widths", appendEvent(nil, ShapePositional, &BlockStored{
@@ -188,7 +190,7 @@ func TestRoundTripThroughKVEvents(t *testing.T) {
 					if rank != nil {
 						w.DPRank = uint32(*rank)
 					}
-					got := decodeAll(t, d, AppendBatchShape(nil, shape, specTS, []Event{c.ev}, rank))
+					got := decodeAll(t, d, AppendBatchShape(nil, shape, goldenTS, []Event{c.ev}, rank))
 					if exp := []index.Event{want(c.ev, w, 0)}; !reflect.DeepEqual(got, exp) {
 						t.Fatalf("\ngot  %+v\nwant %+v", got, exp)
 					}
@@ -277,7 +279,7 @@ func BenchmarkAppendBatch64Blocks(b *testing.B) {
 	var buf []byte
 	b.ReportAllocs()
 	for b.Loop() {
-		buf = AppendBatch(buf[:0], specTS, events, &rank)
+		buf = AppendBatch(buf[:0], goldenTS, events, &rank)
 	}
 	b.SetBytes(int64(len(buf)))
 	b.ReportMetric(float64(b.N)*n/b.Elapsed().Seconds(), "blocks/s")

@@ -288,7 +288,9 @@ func (p *Publisher) replaySince(start uint64) []ringEntry {
 }
 
 // parseReplayRequest validates a request as the ROUTER receives it:
-// [identity, empty delimiter, start seq as 8 bytes big-endian] (spec §2.1).
+// [identity, empty delimiter, start seq as 8 bytes big-endian], which is what a
+// DEALER's two frames [empty, start seq] become; vLLM's _service_replay ignores
+// any other shape.
 func parseReplayRequest(frames [][]byte) (id []byte, start uint64, err error) {
 	if len(frames) != 3 {
 		return nil, 0, fmt.Errorf("%d frames, want 3 (identity, empty, start seq)", len(frames))

@@ -10,8 +10,8 @@ import (
 	"github.com/kvselect/kvselect/selection/index"
 )
 
-// Topics of the replica mesh (api §7): the first frame of every two-frame
-// message.
+// Topics of the replica mesh, Dynamo's names: the first frame of every
+// two-frame message.
 const (
 	TopicSlotTracker     = "dynamo.slot-tracker.v1"
 	TopicSessionAffinity = "dynamo.session-affinity.v1"

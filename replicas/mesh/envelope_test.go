@@ -42,8 +42,9 @@ func golden(t *testing.T, annotated string) []byte {
 // goldenFree is the envelope of Dynamo's own replica_sync.rs test fixture
 // (event(): model "model", group "group", block size 16, request "request",
 // worker (1, 0), Free, router 42, no LoRA) as rmp_serde::to_vec_named writes
-// it: api §7.1's four envelope keys, ActiveSequenceEvent's five fields in
-// declaration order, the unit variant as a bare string.
+// it: the v1 envelope's four keys (model_name, routing_group, block_size,
+// event), ActiveSequenceEvent's five fields in declaration order, the unit
+// variant as a bare string.
 func goldenFree(t *testing.T) []byte {
 	return golden(t, `
 		84                        # map, 4 entries: exactly the v1 envelope keys

@@ -1,16 +1,18 @@
-// Package mesh is the replica synchronization mesh of api spec §7 (seed
-// doc "Peer Planes"): a ZMQ PUB socket bound on --replica-sync-port carries this
-// replica's booking admissions, prefill completions and frees
-// (dynamo.slot-tracker.v1) and its session bindings
-// (dynamo.session-affinity.v1); one SUB socket per peer — the
+// Package mesh is the replica synchronization peer plane of Dynamo's
+// standalone selection service ("Peer Planes" in
+// https://docs.nvidia.com/dynamo/dev/components/router/standalone-selection-service;
+// lib/kv-router/src/services/common/replica_sync.rs at commit 02165d72): a ZMQ
+// PUB socket bound on --replica-sync-port carries this replica's booking
+// admissions, prefill completions and frees (dynamo.slot-tracker.v1) and its
+// session bindings (dynamo.session-affinity.v1); one SUB socket per peer — the
 // --replica-sync-peers endpoints and those registered at run time through
 // /replica_sync/register_peer — feeds the peers' events back into the local
 // selection.Service, which books them as expiring mirrored reservations.
 //
 // Messages are two frames, [topic, MessagePack payload], in Dynamo's v1
 // envelope (envelope.go), so a kvselect replica and a Dynamo selector can share
-// a mesh. Synchronization is best effort and bounded, as the seed's consistency
-// invariants say: bounded outbound queues that drop when full, no
+// a mesh. Synchronization is best effort and bounded, as the "Consistency
+// Invariants" of that page say: bounded outbound queues that drop when full, no
 // acknowledgement, ordering across peers, replay or resync; events for unknown
 // workers, partitions, ranks or block sizes are dropped and counted (Stats).
 // Output-block growth never leaves the replica.
@@ -37,7 +39,8 @@ import (
 	"github.com/kvselect/kvselect/selection/catalog"
 )
 
-// Defaults for Options: Dynamo's queue bounds (api §7) and reconnect backoff.
+// Defaults for Options: Dynamo's replica-sync queue bounds (100,000 lifecycle
+// events, 4,096 bindings) and ZMQ reconnect backoff.
 const (
 	DefaultBookingQueue = 100_000
 	DefaultBindingQueue = 4_096
@@ -65,7 +68,7 @@ type Options struct {
 	// Peers are the initial SUB endpoints (--replica-sync-peers).
 	Peers []string
 	// Affinity subscribes to the session-affinity topic (only when session
-	// affinity is on, api §7.2).
+	// affinity is on, as Dynamo subscribes to it).
 	Affinity bool
 	Logger   *slog.Logger
 	// BookingQueue and BindingQueue bound the outbound queues (100,000 and
@@ -156,8 +159,9 @@ var ErrClosed = errors.New("mesh: mesh closed")
 
 // Start binds the PUB socket, connects to the initial peers and starts
 // publishing r's events. A bind failure or an invalid peer endpoint fails
-// Start and releases the socket (api §13.3: a bad peer endpoint fails startup
-// and frees the port). The mesh runs until ctx ends or Close is called.
+// Start and releases the socket, so the port is free again (as Dynamo's
+// service.rs test that a bad peer endpoint fails startup checks). The mesh
+// runs until ctx ends or Close is called.
 func Start(ctx context.Context, r Replica, opts Options) (*Mesh, error) {
 	if err := catalog.ValidateZMQEndpoint(opts.Bind); err != nil {
 		return nil, fmt.Errorf("replica sync bind: %w", err)

@@ -268,9 +268,9 @@ func TestDeadPeerLeavesNoLoadAfterExpiry(t *testing.T) {
 	eventually(t, "B notices A is gone", func() bool { return !b.mesh.Stats().Peers[0].Connected })
 }
 
-// Dynamic peers (api §3.16): register is created then present, deregister
-// removes then reports not found, invalid endpoints are bad requests, and a
-// closed mesh is unavailable.
+// Dynamic peers (POST /replica_sync/register_peer and deregister_peer):
+// register is created then present, deregister removes then reports not found,
+// invalid endpoints are bad requests, and a closed mesh is unavailable.
 func TestDynamicPeers(t *testing.T) {
 	clk := &clock{t: time.Unix(1_700_000_000, 0)}
 	a, b := newReplica(t, "A", 1, clk, 1, nil), newReplica(t, "B", 2, clk, 1, nil)

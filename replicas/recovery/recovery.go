@@ -1,8 +1,11 @@
-// Package recovery is the indexer-recovery peer plane (seed doc "Peer Planes",
-// api spec §9.2): at startup, a replica fetches GET /dump from the first
-// --indexer-peers URL that answers with a usable snapshot, replays it into its
-// KV index, and only then reports ready. Peers are selectors (kvselect or
-// Dynamo) or standalone indexers; the dump format is the same.
+// Package recovery is the indexer-recovery peer plane of Dynamo's standalone
+// selection service ("Peer Planes" in
+// https://docs.nvidia.com/dynamo/dev/components/router/standalone-selection-service;
+// lib/kv-router/src/services/indexer/recovery.rs at commit 1a20d3f4): at
+// startup, a replica fetches GET /dump from the first --indexer-peers URL that
+// answers with a usable snapshot, replays it into its KV index, and only then
+// reports ready. Peers are selectors (kvselect or Dynamo) or standalone
+// indexers; the dump format is the same.
 //
 // Recovery runs while the server already serves (liveness and the catalog
 // routes answer; GET /ready stays 503 until it is over), which Dynamo does not

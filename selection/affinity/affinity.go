@@ -1,8 +1,8 @@
 // Package affinity holds session-affinity binding tables: a session id is
 // pinned to the worker (and optionally the DP rank) that served it for as long
-// as requests keep arriving within the idle TTL (api spec §6). One Table
-// serves one partition; the same session id in two partitions is two
-// independent bindings.
+// as requests keep arriving within the idle TTL, which counts from the last
+// release of a lease on the binding. One Table serves one partition; the same
+// session id in two partitions is two independent bindings.
 //
 // The table is a deterministic state machine in the style of etcd's raft
 // package: it reads no clock (time comes in as `now`), starts no goroutines
@@ -12,7 +12,9 @@
 // select on with its own context. Replicated bindings leave through an outbox
 // the host drains (Events) and arrive through ApplyRemote.
 //
-// The managed path a booking follows (§3.8 steps 2 and 4, §3.10 steps 3–4):
+// The managed path a booking follows (POST /select_and_reserve and the cached
+// POST /reservations replay): hold the session before selecting, commit the
+// dispatched worker after booking.
 //
 //	for {
 //		hold, wait, err := table.Acquire(time.Now(), sid, schedulable)
@@ -39,14 +41,18 @@ import (
 	"github.com/kvselect/kvselect/selection/index"
 )
 
-// Limits from api spec §6 (affinity.rs MAX_SESSION_AFFINITY_*).
+// Limits of Dynamo's table (affinity.rs MAX_SESSION_AFFINITY_*): the TTL range
+// the standalone service accepts at startup, the entry cap past which new
+// sessions route unpinned, and the session id length past which a request is
+// rejected.
 const (
 	MinTTL                   = time.Second
 	MaxTTL                   = 31_536_000 * time.Second
 	DefaultMaxEntries        = 65_536
 	DefaultMaxSessionIDBytes = 256
-	// OutboxLimit bounds the undrained replication outbox, as the replica
-	// sync's affinity queue holds 4,096 events and drops on full (§7).
+	// OutboxLimit bounds the undrained replication outbox, as Dynamo's
+	// replica sync bounds its session-affinity queue at 4,096 events and
+	// drops on full.
 	OutboxLimit = 4096
 )
 
@@ -82,7 +88,8 @@ type Config struct {
 	// MaxSessionIDBytes caps the session id; zero means 256.
 	MaxSessionIDBytes int
 	Mode              Mode
-	// WriterID is this process's replica-sync id (a random non-zero u64, §7).
+	// WriterID is this process's replica-sync id: the random non-zero u64 each
+	// process picks at startup and stamps on everything it publishes.
 	// Zero means replication is off: versions carry writer 0 and nothing is
 	// queued for Events.
 	WriterID uint64
@@ -189,7 +196,7 @@ func reboundTarget(bound, dispatched Target) Target {
 }
 
 // Version orders replicated bindings: higher sequence wins, ties broken by
-// writer id (§6).
+// writer id, so every replica settles on the same binding.
 type Version struct {
 	Sequence uint64
 	WriterID uint64

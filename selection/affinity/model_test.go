@@ -10,7 +10,7 @@ import (
 
 // refSession is the obvious model of one session under one live worker (so
 // Hard and Soft agree and nothing fails over): a binding, its lease count and
-// its idle deadline (api spec §6).
+// its idle deadline, which starts at the last lease release.
 type refSession struct {
 	bound    bool
 	leases   int

@@ -5,10 +5,12 @@ import (
 	"time"
 )
 
-// BindingEvent is one replicated binding: the api spec §7.2 payload of topic
-// dynamo.session-affinity.v1 without model_name and routing_group, which the
-// replica-sync adapter adds from the table's partition (and routes on when
-// receiving). DPRank is nil for a worker-only binding, as on the wire.
+// BindingEvent is one replicated binding: the payload Dynamo's replica sync
+// publishes on topic dynamo.session-affinity.v1 ({model_name, routing_group,
+// session_id, worker_id, dp_rank, sequence, writer_id}) without model_name and
+// routing_group, which the replica-sync adapter adds from the table's
+// partition (and routes on when receiving). DPRank is nil for a worker-only
+// binding, as on the wire.
 type BindingEvent struct {
 	SessionID string
 	WorkerID  uint64
@@ -42,7 +44,8 @@ func (ev BindingEvent) Version() Version {
 // Events drains the replication outbox: every binding committed, refreshed
 // (lease release) or rebound since the last call, oldest first. The outbox is
 // filled only when Config.WriterID is non-zero and holds at most OutboxLimit
-// events; later ones are dropped and counted (replica sync is best effort, §7).
+// events; later ones are dropped and counted (replica sync is best effort: it
+// has no acknowledgement, replay or resynchronization).
 func (t *Table) Events() []BindingEvent {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -99,9 +102,10 @@ func (o ApplyOutcome) String() string {
 // Applied reports whether the binding changed the table.
 func (o ApplyOutcome) Applied() bool { return o <= ReplacedNewer }
 
-// ApplyRemote applies a binding a peer published, by the §6 receiver rules.
-// The caller has already routed it to this partition's table (an unknown
-// partition or a partition without a table drops it before here).
+// ApplyRemote applies a binding a peer published, by the receiver rules of
+// Dynamo's affinity.rs. The caller has already routed it to this partition's
+// table (an unknown partition or a partition without a table drops it before
+// here).
 //
 //   - Our own writer id: ignored.
 //   - Otherwise the sequence is observed first, so this replica's next

@@ -15,7 +15,7 @@ const (
 )
 
 // entry is one session's row: Initializing while its first request selects a
-// worker, then Bound (api spec §6 entry states).
+// worker, then Bound (the two entry states of Dynamo's affinity table).
 type entry struct {
 	state entryState
 	// revision identifies one initialization and the binding it produced; a
@@ -52,7 +52,7 @@ type Table struct {
 
 // NewTable validates cfg and returns an empty table. Version sequences start
 // at now's Unix nanoseconds, as Dynamo seeds them from the wall clock at table
-// creation (§6), so a restarted replica's bindings outrank its old ones.
+// creation, so a restarted replica's bindings outrank its old ones.
 func NewTable(cfg Config, now time.Time) (*Table, error) {
 	if cfg.TTL < MinTTL || cfg.TTL > MaxTTL {
 		return nil, ErrInvalidTTL
@@ -149,9 +149,9 @@ func (t *Table) resolve(l *Lease, sessionID string, e *entry, now time.Time, tar
 	return l
 }
 
-// Query is the read-only lookup /select uses (§3.7 step 2): the live binding,
-// if any. It never creates or refreshes a binding and takes no lease; an
-// initializing session reads as unbound.
+// Query is the read-only lookup a query-only POST /select uses: the live
+// binding, if any. It never creates or refreshes a binding and takes no lease;
+// an initializing session reads as unbound.
 func (t *Table) Query(now time.Time, sessionID string) (Target, bool, error) {
 	if err := t.checkID(sessionID); err != nil {
 		return Target{}, false, err
@@ -165,8 +165,8 @@ func (t *Table) Query(now time.Time, sessionID string) (Target, bool, error) {
 	return e.target, true, nil
 }
 
-// Acquire holds sessionID for a request about to select and book
-// (select_and_reserve and the cached replay, §3.8 step 2, §3.10 step 3).
+// Acquire holds sessionID for a request about to select and book: a
+// select_and_reserve, or the cached replay of POST /reservations.
 //
 // It returns exactly one of a hold or a wait channel, or an error (only
 // *SessionIDTooLongError). The wait channel means another request is
@@ -176,8 +176,8 @@ func (t *Table) Query(now time.Time, sessionID string) (Target, bool, error) {
 //     Hold.Target().
 //   - HoldInitialize: a new or idle-expired session; select freely, and Commit
 //     binds the worker the booking landed on.
-//   - HoldUnpinned: the table is full; route without affinity (§6 "table full
-//     → route unpinned, no error").
+//   - HoldUnpinned: the table is full; route without affinity. As in Dynamo,
+//     a full table is not an error.
 //
 // A binding whose target schedulable rejects is dropped and the session
 // re-initialized, so a departed worker or a removed DP rank never pins a
@@ -265,13 +265,14 @@ func (h *Hold) Kind() HoldKind { return h.kind }
 // SessionID is the held session.
 func (h *Hold) SessionID() string { return h.sessionID }
 
-// Target is the bound target to steer selection to (the request's affinity
-// target, §6); ok is false unless the hold is HoldBound.
+// Target is the bound target to steer selection to (it becomes the request's
+// affinity target); ok is false unless the hold is HoldBound.
 func (h *Hold) Target() (target Target, ok bool) { return h.target, h.kind == HoldBound }
 
 // Commit binds the session after the booking landed on dispatched and
-// returns the lease the reservation owns (§3.8 step 4, §3.10 step 4). The
-// hold is used up whatever the outcome.
+// returns the lease the reservation owns. The caller commits after booking and
+// before installing the reservation, and frees the booking (400) on a
+// Hard-mode conflict. The hold is used up whatever the outcome.
 //
 //   - Unpinned: (nil, nil); the request runs without a lease.
 //   - Initialize: binds dispatched with one lease. If a failover already
@@ -452,8 +453,9 @@ func (h *Hold) AbortFiltered(now time.Time) {
 }
 
 // Lease is one live use of a binding, owned by the reservation that booked
-// it; freeing or expiring the reservation releases it (§3.11). A nil *Lease
-// (unpinned request) is valid and releases as a no-op.
+// it; freeing (DELETE /reservations/{id}) or expiring the reservation
+// releases it. A nil *Lease (unpinned request) is valid and releases as a
+// no-op.
 type Lease struct {
 	t         *Table
 	sessionID string
@@ -528,8 +530,9 @@ func (t *Table) rebind(l *Lease, expected, target Target) bool {
 }
 
 // Reap drops bound entries with no leases past their idle deadline and
-// returns how many. The host calls it every min(TTL, 30 s) (§6 reaper);
-// expired entries are already invisible to Query and Acquire in between.
+// returns how many. The host calls it every min(TTL, 30 s), the period of
+// Dynamo's reaper task; expired entries are already invisible to Query and
+// Acquire in between.
 func (t *Table) Reap(now time.Time) int {
 	t.mu.Lock()
 	defer t.mu.Unlock()

@@ -223,7 +223,8 @@ func TestConflictMessages(t *testing.T) {
 	}
 }
 
-// --- ports of affinity.rs's table tests (api spec §13.3) ---
+// --- ports of the unit tests in Dynamo's
+// lib/kv-router/src/services/selection/affinity.rs (commit 0a2aa918) ---
 
 func TestJoinedLeaseReleasedBeforeCommitIsNotCounted(t *testing.T) {
 	tb := newTable(t, Hard)
@@ -539,7 +540,8 @@ func TestFilteredHardBindingIsDroppedAndSoftKept(t *testing.T) {
 	}
 }
 
-// --- session behaviours from the core tests (api spec §13.2) ---
+// --- session behaviours from Dynamo's selection core tests
+// (lib/kv-router/src/services/selection/core/tests.rs, commit 0049ca39) ---
 
 func TestSessionStaysOnFirstWorkerAcrossBookings(t *testing.T) {
 	tb := newTable(t, Hard)

@@ -1,8 +1,10 @@
 // Package catalog holds the worker catalog of the selection service: the worker
-// records exactly as clients registered them (api spec §3.1–3.4), their lifecycle
-// and the reasons an accepted worker is not schedulable, the ZMQ endpoint syntax
-// (§9.4), and the per-rank endpoint view that the KV-event listeners reconcile
-// against. It decides nothing about selection and does no I/O.
+// records exactly as clients registered them through POST/PATCH /workers, their
+// lifecycle and the reasons an accepted worker is not schedulable, the ZMQ
+// endpoint syntax, and the per-rank endpoint view that the KV-event listeners
+// reconcile against, as Dynamo's lib/kv-router/src/services/selection/catalog.rs
+// (commit 6616406a) keeps them. It decides nothing about selection and does no
+// I/O.
 package catalog
 
 import (
@@ -17,7 +19,8 @@ import (
 // Lifecycle is a worker's catalog state.
 type Lifecycle string
 
-// Lifecycle states (api spec §4).
+// Lifecycle states, with Dynamo's wire names. Only Schedulable workers of a
+// request's partition are selection candidates.
 const (
 	Incomplete    Lifecycle = "incomplete"    // accepted, not selectable; reasons say why
 	Schedulable   Lifecycle = "schedulable"   // a selection candidate
@@ -31,7 +34,8 @@ const DefaultPartitionName = "default"
 // Record is a worker catalog record: the POST /workers body and the
 // WorkerCatalogRecord response share it (field order = wire order). Optional
 // fields are pointers and stay nil when not sent: the catalog stores what the
-// client sent and fills no defaults (api spec §3.4), except model_name and
+// client sent and fills no defaults (GET /workers shows data_parallel_size
+// null when it was not sent, as Dynamo does), except model_name and
 // routing_group, which name the partition.
 type Record struct {
 	WorkerID     uint64    `json:"worker_id"`
@@ -169,7 +173,8 @@ type RankEndpoints struct {
 }
 
 // KVEndpoints returns each rank's event endpoints: kv_events_endpoints, or the
-// legacy kv_events_endpoint for a single-rank worker that sent no map (api §3.1).
+// legacy kv_events_endpoint for a single-rank worker that sent no map (Dynamo
+// maps it to data_parallel_start_rank and ignores it for data_parallel_size > 1).
 // Ranks without an endpoint are absent.
 func (r *Record) KVEndpoints() map[uint32]RankEndpoints {
 	out := make(map[uint32]RankEndpoints)
@@ -198,8 +203,9 @@ type Checks struct {
 }
 
 // Reasons computes why r cannot be scheduled, in Dynamo's order and words
-// (api spec §3.1 step 1). Partition and listener checks come later from the
-// service and are appended by it.
+// (the first step of an upsert in services/selection/core/workers.rs, before
+// the partition is looked up). Partition and listener checks come later from
+// the service and are appended by it.
 func (r *Record) Reasons(c Checks) []string {
 	out := slices.Clone(r.SourceReasons)
 	if deref(r.Endpoint, "") == "" {
@@ -308,8 +314,10 @@ func Sort(rs []*Record) {
 	})
 }
 
-// ValidateZMQEndpoint checks ZMQ endpoint syntax (api spec §9.4): scheme tcp, ipc
-// or inproc; tcp needs a non-empty host and a u16 port, IPv6 bracketed.
+// ValidateZMQEndpoint checks ZMQ endpoint syntax as Dynamo does for KV-event,
+// replay and replica peer endpoints: scheme tcp, ipc or inproc; tcp needs a
+// non-empty host and a u16 port, IPv6 bracketed. The error texts are Dynamo's,
+// since POST /replica_sync/register_peer returns them as its 400 body.
 func ValidateZMQEndpoint(ep string) error {
 	scheme, addr, ok := strings.Cut(ep, "://")
 	if !ok {

@@ -1,8 +1,9 @@
 // Package index is kvselect's KV overlap index: for a prompt's LocalBlockHashes
 // it answers, per (worker, data-parallel rank), how many leading blocks the
 // worker holds on the device and how far the host-pinned, disk and external
-// tiers continue that prefix — Dynamo's find_matches with the lower-tier
-// continuation walk (shared/spec/dynamo-router-core.md §4).
+// tiers continue that prefix — Dynamo's find_matches
+// (lib/kv-router/src/indexer/radix_tree.rs at commit abcafe20) followed by the
+// continuation walk of its lower-tier indexers.
 //
 // Tree is the data structure of one partition (a content-keyed radix tree with
 // per-worker engine-hash handles, pointer-free pages, interned owner sets);

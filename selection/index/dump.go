@@ -11,7 +11,8 @@ import (
 	"time"
 )
 
-// Dump is the /dump recovery snapshot (api spec §9.2): per partition
+// Dump is the /dump recovery snapshot, in the format of Dynamo's standalone
+// indexer that a peer's startup recovery reads: per partition
 // "<model_name>:<routing_group>", its block size and the events that rebuild it.
 type Dump map[string]PartitionDump
 
@@ -209,7 +210,8 @@ func DecodeDump(b []byte) (Dump, error) {
 func (ix *Index) Snapshot() PartitionDump {
 	ix.mu.RLock()
 	defer ix.mu.RUnlock()
-	// An empty partition dumps "events": [], never null (api spec §3.15).
+	// An empty partition dumps "events": [], never null: Dynamo's /dump always
+	// has an array there.
 	return PartitionDump{BlockSize: ix.cfg.BlockSize, Events: ix.primary.appendSnapshot([]RouterEvent{})}
 }
 

@@ -20,8 +20,10 @@ const DefaultTTL = 120 * time.Second
 // ErrConfig is wrapped by every configuration error of New.
 var ErrConfig = errors.New("invalid index configuration")
 
-// Config selects the indexing mode of one partition (router-core §4.6–4.7, api
-// spec §9.1).
+// Config selects the indexing mode of one partition, as Dynamo resolves it from
+// the router config: event-driven (use_kv_events, the default), event-driven
+// plus a predict-on-route side index (router_predicted_ttl_secs), or
+// approximate, where routing decisions stand in for KV events and expire.
 type Config struct {
 	// BlockSize is the partition's KV block size in tokens (> 0). The index works
 	// on block hashes; the size is kept for dumps and hash computation.

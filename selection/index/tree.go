@@ -17,13 +17,14 @@ import (
 // children live in one map keyed by (parent, local hash). Ownership is an interned
 // set id (sets.go).
 //
-// Semantics follow Dynamo's radix tree (router-core §4.2): a store walks down from
-// the parent the worker holds (ErrParentNotFound otherwise) creating nodes by local
-// hash; removal is per block and not cascading; a lookup credits a worker with the
-// leading query blocks it holds along the path. One deliberate difference: a node
-// that no worker holds any more keeps its subtree while other blocks below it are
-// held, so a worker that re-stores it is credited with the descendants it still
-// holds. Dynamo's own indexer harness (harness/reference.rs) accepts any score
+// Semantics follow Dynamo's radix tree (lib/kv-router/src/indexer/radix_tree.rs,
+// the reference its compressed and concurrent trees match): a store walks down
+// from the parent the worker holds (ErrParentNotFound otherwise) creating nodes
+// by local hash; removal is per block and not cascading; a lookup credits a
+// worker with the leading query blocks it holds along the path. One deliberate
+// difference: a node that no worker holds any more keeps its subtree while
+// other blocks below it are held, so a worker that re-stores it is credited
+// with the descendants it still holds. Dynamo's own indexer harness (harness/reference.rs) accepts any score
 // between the "reachable" and the "held" prefix in that case; this tree reports
 // the held one, and the property test checks those bounds.
 //

@@ -5,9 +5,13 @@
 // tracking hashes that identify active requests (public, keyed-xxh3-v1, or random
 // when KV reuse is not assumed).
 //
-// The algorithms follow shared/spec/dynamo-router-core.md §3; every vector of §3.5
-// is a golden test in this package. Hashing is allocation-free when the caller
-// supplies destination slices with enough capacity and reuses a Hasher.
+// The algorithms are Dynamo's: compute_salt_hash (lib/kv-hashing), the
+// LocalBlockHash and its sequence chain (lib/kv-router/src/protocols.rs), and the
+// tracking-hash algorithms of lib/kv-router/src/tracking_hash.rs. Dynamo's own
+// test vectors, and public-mode vectors computed from the same definitions with
+// the reference XXH3, are golden tests in this package. Hashing is
+// allocation-free when the caller supplies destination slices with enough
+// capacity and reuses a Hasher.
 package kvhash
 
 import (

@@ -39,7 +39,9 @@ func TestSaltVectors(t *testing.T) {
 	}
 }
 
-// Public-mode golden vectors from dynamo-router-core.md §3.5.
+// Public-mode golden vectors, computed from the LocalBlockHash and
+// public-xxh3-v1 definitions with the reference XXH3_64bits_withSeed (the same
+// implementation that reproduces Dynamo's keyed vectors below).
 func TestPublicVectors(t *testing.T) {
 	for _, tc := range []struct {
 		name      string

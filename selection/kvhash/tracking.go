@@ -129,7 +129,11 @@ func (t *Tracker) Algorithm() string {
 
 // Seeds returns the block seed and chain seed for scope. In public mode they are
 // Salt(lora, namespace) and Seed; in keyed mode both come from a BLAKE3 keyed
-// digest over the framed scope (spec §3.4).
+// digest over the framed scope, as in Dynamo's tracking_hash.rs: the domain
+// string, then tag-numbered frames (tag byte, u64 LE length, bytes) for the key
+// id, model, routing group, 4-byte block size, the optional cache namespace and
+// LoRA name (a presence byte before the length), and the Eagle flag. The first
+// two little-endian u64 words of the digest are the block and chain seeds.
 func (t *Tracker) Seeds(s Scope) (blockSeed, chainSeed uint64) {
 	if !t.keyed {
 		return Salt(s.LoraName, s.CacheNamespace), Seed

@@ -1,6 +1,7 @@
 // Package loads is the active-load accounting of one selection partition:
-// Dynamo's ActiveSequences / slot tracker (router-core §5.5, api spec §3.9,
-// §3.11–§3.13). For every schedulable (worker, dp_rank) it tracks
+// Dynamo's ActiveSequences / slot tracker, which backs the booking lifecycle
+// (reservations, prefill_complete, output_block, free), GET /loads and
+// POST /potential_loads. For every schedulable (worker, dp_rank) it tracks
 //
 //   - active prefill tokens: the remaining effective prefill of bookings whose
 //     prefill has not completed;
@@ -10,12 +11,14 @@
 //   - active requests.
 //
 // It also projects a prompt onto every rank in one consistent snapshot, which is
-// what the scheduler's cost formula consumes (router-core §5.1, §5.3).
+// what the scheduler's cost formula consumes (active prefill tokens, active
+// decode blocks plus the prompt's additional blocks, active requests;
+// scheduling/selector/default.rs).
 //
 // The package does no I/O: the caller passes the clock in (Add, Expire) and
 // owns the periodic expiry sweep and any replica publishing. Expiry never
-// publishes anything (router-core §5.5); the caller gets the reclaimed ids so it
-// can drop its own index rows.
+// publishes anything: as in Dynamo, only an explicit free sends Free to
+// replicas; the caller gets the reclaimed ids so it can drop its own index rows.
 //
 // Dynamo sources read for this package (repo ai-dynamo/dynamo):
 // lib/kv-router/src/sequences/{README.md, single.rs, block_tracker.rs,
@@ -39,13 +42,13 @@ import (
 
 // DefaultExpiry is DYN_ROUTER_ACTIVE_REQUEST_EXPIRY_SECS's default: the absolute
 // age since admission after which a booking whose free never arrived is
-// reclaimed (api spec §10; DEFAULT_ACTIVE_REQUEST_EXPIRY_DURATION in
-// sequences/single.rs).
+// reclaimed (DEFAULT_ACTIVE_REQUEST_EXPIRY_DURATION in sequences/single.rs; the
+// selection service measures absolute age, the embedded router does not).
 const DefaultExpiry = 300 * time.Second
 
 // Errors. ErrDecayFraction is returned bare because the REST front sends
-// err.Error() and api spec §3.11 fixes that text; the others are wrapped with
-// the request or worker they concern.
+// err.Error() as the 400 body and that text is Dynamo's; the others are
+// wrapped with the request or worker they concern.
 var (
 	ErrInvalidConfig    = errors.New("invalid loads config")
 	ErrInvalidBooking   = errors.New("invalid booking")
@@ -69,8 +72,9 @@ type Config struct {
 	// RecordOutputTokens, the automatic per-block emission the embedded router
 	// does while streaming. AddOutputBlock always adds a block: the selection
 	// service's /output_block calls add_output_block without consulting this
-	// flag (services/selection/core/mod.rs), which is why api test 10 sees +1
-	// with the standalone defaults.
+	// flag (services/selection/core/mod.rs), which is why Dynamo's HTTP test
+	// output_block_endpoint_updates_reserved_load sees +1 with the standalone
+	// defaults.
 	TrackOutputBlocks bool
 	// Expiry is DYN_ROUTER_ACTIVE_REQUEST_EXPIRY_SECS; 0 means DefaultExpiry.
 	Expiry time.Duration
@@ -128,7 +132,7 @@ type Projection struct {
 	TrackedBlocks int
 }
 
-// PotentialDecodeBlocks is the scheduler's decode_cost_blocks (router-core §5.3)
+// PotentialDecodeBlocks is the scheduler's decode_cost_blocks (selector/default.rs)
 // and /potential_loads' potential_decode_blocks: active blocks plus the
 // prompt's additional blocks.
 func (p Projection) PotentialDecodeBlocks() int {
@@ -257,8 +261,9 @@ func (t *Tracker) HasWorker(w index.WorkerKey) bool {
 }
 
 // Add books b at now. It fails with ErrWorkerNotFound for an unregistered rank
-// (bookings never create ranks: strict booking and RequireRegistered replica
-// policy, api spec §3.10, §7.1) and ErrDuplicateRequest for a live id.
+// (bookings never create ranks: an explicit reservation books strictly, and
+// replica events use Dynamo's RequireRegistered policy, so replica traffic
+// never creates workers) and ErrDuplicateRequest for a live id.
 func (t *Tracker) Add(now time.Time, b Booking) error {
 	if b.RequestID == "" || b.ISL < 0 || b.PrefillTokens < 0 {
 		return fmt.Errorf("request %q (isl %d, prefill %d): %w", b.RequestID, b.ISL, b.PrefillTokens, ErrInvalidBooking)
@@ -293,7 +298,8 @@ func (t *Tracker) Add(now time.Time, b Booking) error {
 }
 
 // PrefillComplete clears the booking's remaining prefill tokens; its blocks
-// stay. Repeating it on a live booking is a successful no-op (api spec §3.11).
+// stay. Repeating it on a live booking is a successful no-op, as Dynamo answers
+// a repeated prefill_complete with 200.
 func (t *Tracker) PrefillComplete(id string) error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -397,7 +403,7 @@ func (t *Tracker) Free(id string) error {
 // Expire reclaims every booking whose age since admission exceeds the expiry
 // (strictly, as single.rs's started_at < now − expiry) and returns their ids,
 // sorted. Progress does not refresh the age: the standalone service measures
-// absolute age (api spec §10). The caller runs the sweep (Dynamo: every 60 s)
+// absolute age since admission. The caller runs the sweep (Dynamo: every 60 s)
 // and must not publish Free for these.
 func (t *Tracker) Expire(now time.Time) (reclaimed []string) {
 	t.mu.Lock()
@@ -426,7 +432,7 @@ func (t *Tracker) Has(id string) (index.WorkerKey, bool) {
 }
 
 // Loads returns every registered rank's current load, sorted by (worker_id,
-// dp_rank), idle ranks included (GET /loads, api spec §3.12).
+// dp_rank), idle ranks included (GET /loads lists every rank, zeros too).
 func (t *Tracker) Loads() []WorkerLoad {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -439,7 +445,8 @@ func (t *Tracker) Loads() []WorkerLoad {
 
 // Project appends to dst[:0] the projection of a prompt with the given
 // tracking hashes onto every registered rank, sorted by (worker_id, dp_rank),
-// all read under one lock (router-core §5.1: one snapshot).
+// all read under one lock, as Dynamo takes every candidate's load from one
+// snapshot.
 func (t *Tracker) Project(trackingHashes []uint64, dst []Projection) []Projection {
 	t.mu.Lock()
 	defer t.mu.Unlock()

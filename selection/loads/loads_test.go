@@ -169,8 +169,9 @@ func TestActiveBlocksRoundHalfAwayFromZero(t *testing.T) {
 	}
 }
 
-// Ports of single.rs test_mark_prefill_completed and api spec §13.2
-// "prefill_complete idempotent", "prefill 4 → 0 after prefill_complete".
+// Ports of single.rs test_mark_prefill_completed and of the selection core
+// tests' (services/selection/core/tests.rs) prefill_complete cases: repeating
+// it is idempotent, and it takes the prefill load to 0 while the blocks stay.
 func TestPrefillCompleteIsIdempotentAndKeepsBlocks(t *testing.T) {
 	tr := newTracker(t, DefaultConfig(4), w1)
 	mustAdd(t, tr, t0, Booking{RequestID: "r1", Worker: w1, TrackingHashes: []uint64{1, 2, 3}, ISL: 12, PrefillTokens: 12, TrackPrefill: true})
@@ -194,8 +195,9 @@ func TestPrefillCompleteIsIdempotentAndKeepsBlocks(t *testing.T) {
 	}
 }
 
-// api spec §10 and single.rs test_force_expiry / test_force_expiry_uses_custom_duration:
-// absolute age from admission, strictly greater than the expiry.
+// single.rs test_force_expiry / test_force_expiry_uses_custom_duration, with the
+// selection service's rule: absolute age from admission, strictly greater than
+// the expiry.
 func TestExpireReclaimsByAbsoluteAgeSinceAdmission(t *testing.T) {
 	for _, tc := range []struct {
 		name    string
@@ -244,9 +246,11 @@ func TestExpireReclaimsByAbsoluteAgeSinceAdmission(t *testing.T) {
 	}
 }
 
-// The HTTP-level selection tests of api spec §13.1 that exercise active load,
+// The HTTP-level tests of Dynamo's selection service
+// (lib/kv-router/src/services/selection/tests.rs) that exercise active load,
 // restated at this package's boundary (block_size 4; the tracking hash of the
-// one-block prompt [1,2,3,4] stands in as 0xabc).
+// one-block prompt [1,2,3,4] stands in as 0xabc). Each case names its Dynamo
+// test.
 func TestSelectionServiceLoadScenarios(t *testing.T) {
 	const h = 0xabc
 	type check struct {
@@ -258,8 +262,9 @@ func TestSelectionServiceLoadScenarios(t *testing.T) {
 		want check
 	}{
 		{
-			// §13.1 test 7: select_and_reserve books; repeat conflicts; DELETE frees.
-			name: "7 booking counts prefill and conflicts on repeat",
+			// select_and_reserve_books_and_duplicate_reservation_conflicts:
+			// select_and_reserve books; repeat conflicts; DELETE frees.
+			name: "booking counts prefill and conflicts on repeat",
 			run: func(t *testing.T, tr *Tracker) check {
 				b := Booking{RequestID: "res-a", Worker: w1, TrackingHashes: []uint64{h}, ISL: 4, PrefillTokens: 4, TrackPrefill: true}
 				mustAdd(t, tr, t0, b)
@@ -275,9 +280,10 @@ func TestSelectionServiceLoadScenarios(t *testing.T) {
 			want: check{4, 1, 1},
 		},
 		{
-			// §13.1 test 8: disabled prefill tracking survives explicit replay;
-			// /potential_loads for the same prompt still reports 1 block.
-			name: "8 disabled prefill tracking books no prefill and dedupes the prompt",
+			// explicit_replay_preserves_disabled_prefill_tracking: disabled
+			// prefill tracking survives explicit replay; /potential_loads for
+			// the same prompt still reports 1 block.
+			name: "disabled prefill tracking books no prefill and dedupes the prompt",
 			run: func(t *testing.T, tr *Tracker) check {
 				mustAdd(t, tr, t0, Booking{RequestID: "r", Worker: w1, TrackingHashes: []uint64{h}, ISL: 4, PrefillTokens: 4})
 				p, ok := tr.Project1(w1, []uint64{h})
@@ -290,8 +296,9 @@ func TestSelectionServiceLoadScenarios(t *testing.T) {
 			want: check{0, 1, 1},
 		},
 		{
-			// §13.1 test 10: output_block {} adds exactly one block; 1.5 is rejected first.
-			name: "10 output block adds exactly one block and rejects decay 1.5",
+			// output_block_endpoint_updates_reserved_load: output_block {} adds
+			// exactly one block; 1.5 is rejected first.
+			name: "output block adds exactly one block and rejects decay 1.5",
 			run: func(t *testing.T, tr *Tracker) check {
 				mustAdd(t, tr, t0, Booking{RequestID: "res-output", Worker: w1, TrackingHashes: []uint64{h}, ISL: 4, PrefillTokens: 4, TrackPrefill: true})
 				before := load1(t, tr, w1).ActiveDecodeBlocks
@@ -308,8 +315,9 @@ func TestSelectionServiceLoadScenarios(t *testing.T) {
 			want: check{4, 1, 1},
 		},
 		{
-			// §13.1 test 11: explicit reservation with sequence_hashes [1], then prefill_complete.
-			name: "11 explicit reservation books prefill then prefill complete clears it",
+			// explicit_reservation_books_after_select: explicit reservation
+			// with sequence_hashes [1], then prefill_complete.
+			name: "explicit reservation books prefill then prefill complete clears it",
 			run: func(t *testing.T, tr *Tracker) check {
 				mustAdd(t, tr, t0, Booking{RequestID: "res-b", Worker: w1, TrackingHashes: []uint64{1}, ISL: 4, PrefillTokens: 4, TrackPrefill: true})
 				if got := load1(t, tr, w1).ActivePrefillTokens; got != 4 {
@@ -324,8 +332,9 @@ func TestSelectionServiceLoadScenarios(t *testing.T) {
 			want: check{0, 1, 1},
 		},
 		{
-			// §13.1 test 22: cached booking honours prefill tracking off, then on.
-			name: "22 prefill counted only when the booking tracks it",
+			// cached_booking_honors_prefill_tracking: cached booking honours
+			// prefill tracking off, then on.
+			name: "prefill counted only when the booking tracks it",
 			run: func(t *testing.T, tr *Tracker) check {
 				mustAdd(t, tr, t0, Booking{RequestID: "off", Worker: w1, TrackingHashes: []uint64{h}, ISL: 4, PrefillTokens: 4})
 				if got := load1(t, tr, w1).ActivePrefillTokens; got != 0 {
@@ -341,7 +350,8 @@ func TestSelectionServiceLoadScenarios(t *testing.T) {
 			want: check{4, 1, 1},
 		},
 		{
-			// §13.3 /potential_loads: active blocks are deduplicated by tracking hash.
+			// POST /potential_loads: active blocks are deduplicated by tracking
+			// hash, so a booked prompt adds no block.
 			name: "potential loads dedupe a booked prompt",
 			run: func(t *testing.T, tr *Tracker) check {
 				mustAdd(t, tr, t0, Booking{RequestID: "r", Worker: w1, TrackingHashes: []uint64{h}, ISL: 4, PrefillTokens: 4, TrackPrefill: true})
@@ -354,8 +364,9 @@ func TestSelectionServiceLoadScenarios(t *testing.T) {
 			want: check{4, 1, 1},
 		},
 		{
-			// §13.1 test 5: a query-only select books nothing; /loads shows a zero row.
-			name: "5 idle rank reports a zero row",
+			// select_echoes_selection_id_and_does_not_book_load: a query-only
+			// select books nothing; /loads shows a zero row.
+			name: "idle rank reports a zero row",
 			run: func(t *testing.T, tr *Tracker) check {
 				l := load1(t, tr, w1)
 				return check{l.ActivePrefillTokens, l.ActiveDecodeBlocks, l.ActiveRequests}
@@ -372,7 +383,8 @@ func TestSelectionServiceLoadScenarios(t *testing.T) {
 	}
 }
 
-// api spec §13.2 lifecycle bullets, at this package's boundary.
+// The lifecycle error cases of Dynamo's selection core tests
+// (services/selection/core/tests.rs), at this package's boundary.
 func TestLifecycleErrors(t *testing.T) {
 	for _, tc := range []struct {
 		name string

@@ -12,8 +12,8 @@ import (
 // prompt-membership trie walked from the root (prompt_registry.rs). For
 // server-computed chained hashes the two views coincide, since a sequence hash
 // commits to its prefix; for client-supplied hashes that break the chain
-// (api spec §2.2 trusts them as-is) the path view is what Dynamo counts, e.g.
-// [1,2] and [3,2] are four blocks, not three.
+// (the hash-only request form is trusted as-is, never re-hashed) the path view
+// is what Dynamo counts, e.g. [1,2] and [3,2] are four blocks, not three.
 //
 // Layout: a path is named by one 64-bit path key that chains its hashes from
 // the root (pathKey), so the trie needs no nodes: each rank keeps its held

@@ -1,5 +1,5 @@
 // Package pending is the pending-selection cache behind the two-phase
-// select → reservation flow (api spec §5, §3.10 replay form): a `/select`
+// select → reservation flow (the replay form of POST /reservations): a `/select`
 // carrying a selection_id stores the booking inputs it computed, and a later
 // `POST /reservations` without worker_id replays them by id instead of
 // re-sending the prompt.
@@ -8,7 +8,8 @@
 // operation that looks at age takes `now`), starts no goroutines and does no
 // I/O. Unclaimed entries are swept and the count and byte budgets enforced
 // only on Put, as Dynamo's lib/kv-router/src/services/selection/pending.rs
-// does; there is no background sweeper to own.
+// (commit 647ceeb1) does; there is no background sweeper to own. The cache is
+// process-local: a replay must reach the replica that served the /select.
 package pending
 
 import (
@@ -21,7 +22,9 @@ import (
 	"github.com/kvselect/kvselect/selection/index"
 )
 
-// Defaults from api spec §5 (pending.rs SELECTION_CACHE_*).
+// Dynamo's defaults (pending.rs SELECTION_CACHE_*; the CLI flags
+// --selection-cache-ttl-secs, --selection-cache-max-entries and
+// --selection-cache-max-bytes override them).
 const (
 	DefaultTTL        = 120 * time.Second
 	DefaultMaxEntries = 4096
@@ -42,8 +45,8 @@ type Config struct {
 
 // Key scopes a pending selection by partition and selection id: the same id
 // selected in another partition is another entry, and a replay naming the
-// wrong model or routing group is a plain miss that consumes nothing
-// (api spec §3.10 step 1, HTTP test 17).
+// wrong model or routing group is a plain miss that consumes nothing (Dynamo's
+// HTTP test cached_reservation_needs_matching_model).
 type Key struct {
 	Partition   index.Partition
 	SelectionID string
@@ -55,20 +58,20 @@ type Entry struct {
 	Worker         index.WorkerKey
 	TrackingHashes []uint64
 	// BlockHashes are the public block hashes, kept only when an approximate
-	// indexer will record the routing decision (§5 "only if an approximate
-	// indexer will record them"); nil otherwise.
+	// indexer will record the routing decision when the replay books; nil
+	// otherwise, as pending.rs stores them.
 	BlockHashes            []uint64
 	ISL                    int
 	EffectivePrefillTokens int
 	ExpectedOutputTokens   *uint32
 	TrackPrefill           bool
 	LoraName               string
-	// SessionID is the select's session, so the replay binds it (§6 "its
-	// session id is cached for replay so POST /reservations binds it").
+	// SessionID is the select's session: a query-only /select never binds
+	// a session, so the replay of POST /reservations binds it instead.
 	SessionID string
 }
 
-// EntryBytes is the api spec §5 resident-size estimate: eight bytes per block
+// EntryBytes is pending.rs's resident-size estimate: eight bytes per block
 // and tracking hash plus the id, scope and LoRA strings. The session id is not
 // counted, matching the read versions of pending.rs (entry_bytes).
 func EntryBytes(k Key, e Entry) int64 {
@@ -140,7 +143,7 @@ func (c *Cache) expired(t, now time.Time) bool { return now.Sub(t) > c.ttl }
 
 // Put stores e under k and returns its generation. It first sweeps expired
 // entries from the oldest end, then inserts or replaces (latest select wins
-// and restarts the TTL, api spec §5), then evicts oldest-first while the
+// and restarts the TTL, as in pending.rs), then evicts oldest-first while the
 // cache is over its entry count or byte budget. An entry larger than the
 // whole byte budget therefore evicts itself at once.
 func (c *Cache) Put(now time.Time, k Key, e Entry) (generation uint64) {
@@ -176,7 +179,8 @@ func (c *Cache) Put(now time.Time, k Key, e Entry) (generation uint64) {
 // entry past its TTL is absent. The replay books from the peeked inputs and
 // calls Consume only once the booking lands, so a failed booking (not ready,
 // worker gone, id conflict) leaves the entry for a retry with its TTL anchor
-// unchanged (api spec §3.10 step 4).
+// unchanged, as Dynamo leaves the entry for every failure but a Hard-mode
+// session conflict.
 func (c *Cache) Peek(now time.Time, k Key) (Entry, uint64, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -202,8 +206,8 @@ func (c *Cache) Consume(k Key, generation uint64) bool {
 }
 
 // Discard drops any entry under k, whatever its generation: an explicit
-// reservation (worker_id given) for the id supersedes the cached selection
-// (api spec §3.10 explicit form step 1).
+// reservation (worker_id given) for the id supersedes the cached selection,
+// as its first step in Dynamo.
 func (c *Cache) Discard(k Key) {
 	c.mu.Lock()
 	defer c.mu.Unlock()

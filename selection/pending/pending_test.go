@@ -70,7 +70,7 @@ func TestNewConfig(t *testing.T) {
 		entries int
 		bytes   int64
 	}{
-		{name: "zero takes the spec defaults", ttl: 120 * time.Second, entries: 4096, bytes: 268435456},
+		{name: "zero takes Dynamo's defaults", ttl: 120 * time.Second, entries: 4096, bytes: 268435456},
 		{name: "CLI overrides are kept", cfg: Config{TTL: 30 * time.Second, MaxEntries: 100, MaxBytes: 1048576}, ttl: 30 * time.Second, entries: 100, bytes: 1048576},
 		{name: "negative ttl is rejected", cfg: Config{TTL: -1}, wantErr: true},
 		{name: "negative max entries is rejected", cfg: Config{MaxEntries: -1}, wantErr: true},
@@ -109,7 +109,8 @@ func TestEntryBytes(t *testing.T) {
 	}
 }
 
-// Ports of pending.rs's unit tests (api spec §13.3).
+// Ports of pending.rs's unit tests (Dynamo's
+// lib/kv-router/src/services/selection/pending.rs).
 func TestPeekThenConsumeConsumesOnce(t *testing.T) {
 	c := newCache(t, 2, 1<<40)
 	c.Put(t0, key("req-1"), pendingEntry(1))
@@ -222,8 +223,9 @@ func TestOrderIndexBoundedByLiveEntriesUnderPinnedFront(t *testing.T) {
 	}
 }
 
-// Cache-level halves of the HTTP replay tests (api spec §13.1 tests 14–22):
-// the rest of each test (booking, loads) belongs to the service.
+// Cache-level halves of the replay tests among Dynamo's HTTP-level tests
+// (lib/kv-router/src/services/selection/tests.rs), each named in its case: the
+// rest of each test (booking, loads) belongs to the service.
 func TestReplayBehaviours(t *testing.T) {
 	other := Key{Partition: index.Partition{Model: "other", RoutingGroup: "default"}, SelectionID: "sel-1"}
 	tests := []struct {
@@ -231,7 +233,7 @@ func TestReplayBehaviours(t *testing.T) {
 		run  func(t *testing.T, c *Cache)
 	}{
 		{
-			// 14 cached_reservation_books_from_select: a replay books once; again → 404.
+			// cached_reservation_books_from_select: a replay books once; again → 404.
 			name: "replay is single use",
 			run: func(t *testing.T, c *Cache) {
 				c.Put(t0, key("sel-1"), pendingEntry(1))
@@ -241,7 +243,7 @@ func TestReplayBehaviours(t *testing.T) {
 			},
 		},
 		{
-			// 16 cached_reservation_ignores_request_overrides: the cached inputs are
+			// cached_reservation_ignores_request_overrides: the cached inputs are
 			// returned as stored.
 			name: "replay returns the cached inputs",
 			run: func(t *testing.T, c *Cache) {
@@ -259,7 +261,7 @@ func TestReplayBehaviours(t *testing.T) {
 			},
 		},
 		{
-			// 17 cached_reservation_needs_matching_model: a miss in another
+			// cached_reservation_needs_matching_model: a miss in another
 			// partition does not consume.
 			name: "other partition is a miss that does not consume",
 			run: func(t *testing.T, c *Cache) {
@@ -272,8 +274,11 @@ func TestReplayBehaviours(t *testing.T) {
 			},
 		},
 		{
-			// 18, 19, 20: a failed booking (not ready, 409, stale rank) only peeked,
-			// so the entry and its TTL anchor survive for the retry.
+			// failed_cached_booking_is_retryable,
+			// cached_booking_retryable_after_scheduler_conflict,
+			// cached_reservation_rejects_stale_dp_rank: a failed booking (not
+			// ready, 409, stale rank) only peeked, so the entry and its TTL
+			// anchor survive for the retry.
 			name: "failed booking leaves the entry with its TTL anchor",
 			run: func(t *testing.T, c *Cache) {
 				c.Put(t0, key("sel-1"), pendingEntry(1))
@@ -283,7 +288,7 @@ func TestReplayBehaviours(t *testing.T) {
 			},
 		},
 		{
-			// 21 explicit_reservation_discards_cached_selection.
+			// explicit_reservation_discards_cached_selection.
 			name: "explicit reservation discards the cached selection",
 			run: func(t *testing.T, c *Cache) {
 				c.Put(t0, key("req-1"), pendingEntry(1))
@@ -295,7 +300,7 @@ func TestReplayBehaviours(t *testing.T) {
 			},
 		},
 		{
-			// 22 cached_booking_honors_prefill_tracking: a later select with another
+			// cached_booking_honors_prefill_tracking: a later select with another
 			// override replaces the entry (latest wins).
 			name: "latest select wins",
 			run: func(t *testing.T, c *Cache) {
@@ -334,7 +339,9 @@ func TestOutOfOrderInsertTimesEvictOldestAnchor(t *testing.T) {
 	mustPeek(t, c, t0.Add(ms(7)), "newest")
 }
 
-// refModel is the obvious O(n) reading of api spec §5, used to check Cache.
+// refModel is the obvious O(n) reading of the cache rules (sweep expired on
+// Put, latest select wins, evict oldest while over either budget), used to
+// check Cache.
 type refModel struct {
 	ttl        time.Duration
 	maxEntries int
