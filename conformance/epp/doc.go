@@ -1,8 +1,10 @@
 // Package epp is a black-box conformance suite for an endpoint picker (EPP)
-// over Envoy's ext_proc protocol, as GIE proposal 004 specifies it (spec
-// gie-llmd-envoy.md §1–§2, §8): it drives a running kvselect process over
-// gRPC with envoysim — an ext_proc client that sends messages in Envoy's order
-// for each processing mode and ends every stream as Envoy does — and checks
+// over Envoy's ext_proc protocol, as the Gateway API Inference Extension's
+// proposal 004 specifies it
+// (https://github.com/kubernetes-sigs/gateway-api-inference-extension/tree/main/docs/proposals/004-endpoint-picker-protocol):
+// it drives a running kvselect process over gRPC with envoysim — an ext_proc
+// client that sends messages in Envoy's order for each processing mode and
+// ends every stream as Envoy does — and checks
 // every protocol rule from the gateway's side: the destination header and
 // envoy.lb metadata, fallbacks, the subset hint, 400/413/429/503 immediate
 // responses with a JSON error, body re-chunking with content-length,

@@ -14,9 +14,9 @@ import (
 	"github.com/kvselect/kvselect/envoysim"
 )
 
-// §1.3: the pick goes out as the destination header and as envoy.lb dynamic
-// metadata with the same value, an ip:port of the pool, with
-// clear_route_cache; FULL_DUPLEX_STREAMED bodies come back intact in
+// Proposal 004: the pick goes out as the destination header and as envoy.lb
+// dynamic metadata with the same value (a proxy may read either), an ip:port
+// of the pool, with clear_route_cache so that Envoy routes again; FULL_DUPLEX_STREAMED bodies come back intact in
 // ≤ 62,000-byte chunks with content-length fixed.
 func TestDestinationHeaderAndMetadataAgree(t *testing.T) {
 	s := need(t)
@@ -52,8 +52,9 @@ func TestDestinationHeaderAndMetadataAgree(t *testing.T) {
 	}
 }
 
-// §1.3 v0.4: ordered fallbacks follow the primary, all distinct pool
-// endpoints (server started with --extproc-fallbacks > 0).
+// Proposal 004 (since v0.4): ordered fallbacks follow the primary in the same
+// comma-separated value, all distinct pool endpoints (server started with
+// --extproc-fallbacks > 0).
 func TestFallbackEndpoints(t *testing.T) {
 	s := need(t)
 	n := fallbacksConfigured()
@@ -75,8 +76,10 @@ func TestFallbackEndpoints(t *testing.T) {
 	}
 }
 
-// §1.2: the subset hint restricts the pick (list or comma string, ip:port
-// aware); empty or disjoint means 503.
+// Proposal 004: the subset hint (envoy.lb.subset_hint /
+// x-gateway-destination-endpoint-subset) restricts the pick (a list or, as
+// header-to-metadata filters write it, a comma string; ip:port aware); an
+// empty or disjoint hint means 503.
 func TestSubsetHint(t *testing.T) {
 	s := need(t)
 	p := s.newPool(t, 4)
@@ -116,8 +119,9 @@ func TestSubsetHint(t *testing.T) {
 	p.idle(t)
 }
 
-// §1.4: failures are immediate responses with a JSON {"error": ...} body:
-// 400 bad body, 413 over the body limit, 503 no worker, 429 overloaded.
+// Proposal 004: a request the picker does not route gets an immediate
+// response (503 no endpoint, 429 dropped), here with a JSON {"error": ...}
+// body: 400 bad body, 413 over the body limit, 503 no worker, 429 overloaded.
 func TestImmediateResponses(t *testing.T) {
 	s := need(t)
 	p := s.newPool(t, 2)
@@ -181,9 +185,10 @@ func wantImmediate(t *testing.T, d *envoysim.Decision, status int) {
 	}
 }
 
-// §2.3: every body mode a gateway may configure gets an answer in its shape
-// (envoysim fails on any message Envoy would reject), and headers-only
-// requests are picked at the headers.
+// Every body mode a gateway may configure in Envoy's ext_proc filter gets an
+// answer in its shape (envoysim fails on any message Envoy would reject; in
+// BUFFERED mode Envoy holds the body until the headers are answered), and
+// headers-only requests are picked at the headers.
 func TestProcessingModes(t *testing.T) {
 	s := need(t)
 	p := s.newPool(t, 2)
@@ -217,9 +222,11 @@ func TestProcessingModes(t *testing.T) {
 	p.idle(t)
 }
 
-// §1.5, §8.3: the booking lives while the response streams, the first chunk
-// completes the prefill, output blocks grow with streamed tokens, the end
-// frees it; a served fallback takes the booking along.
+// Dynamo's reservation lifecycle over the response path: the booking lives
+// while the response streams, the first chunk completes the prefill, output
+// blocks grow with streamed tokens, the end frees it; a served fallback (the
+// endpoint the gateway reports as served, proposal 004 v1.0) takes the
+// booking along.
 func TestResponseLifecycle(t *testing.T) {
 	s := need(t)
 	p := s.newPool(t, 3)
@@ -257,8 +264,10 @@ func TestResponseLifecycle(t *testing.T) {
 	p.idle(t)
 }
 
-// §2.4–2.5: whatever way a stream ends — close or reset, before or after the
-// pick, mid-response — no booking survives it.
+// Envoy ends every ext_proc stream with a half-close followed at once by a
+// reset, and a client that goes away looks the same, so the picker must
+// track completion itself: whatever way a stream ends — close or reset,
+// before or after the pick, mid-response — no booking survives it.
 func TestNoBookingOutlivesItsStream(t *testing.T) {
 	s := need(t)
 	p := s.newPool(t, 3)
@@ -290,8 +299,8 @@ func TestNoBookingOutlivesItsStream(t *testing.T) {
 	}
 }
 
-// §1.8: the standard gRPC health service reports SERVING for the server and
-// the ext_proc service.
+// The standard gRPC health service (proposal 004's health checking) reports
+// SERVING for the server and the ext_proc service.
 func TestHealth(t *testing.T) {
 	s := need(t)
 	hc := healthpb.NewHealthClient(s.conn)
@@ -303,7 +312,10 @@ func TestHealth(t *testing.T) {
 	}
 }
 
-// §4.3: GIE conformance hooks — only with --extproc-test-pick-header.
+// GIE's conformance suite steers its picker with the
+// test-epp-endpoint-selection header (it wins over the subset hint) and reads
+// x-conformance-test-served-endpoint back, the hooks of its lwepp picker;
+// kvselect has them only with --extproc-test-pick-header.
 func TestConformancePickHeader(t *testing.T) {
 	s := need(t)
 	p := s.newPool(t, 3)

@@ -4,7 +4,7 @@
 # from the Go module proxy once (cached; build-apiserver.sh), then runs with
 # KVSELECT_REQUIRE_KUBE=1 so nothing skips:
 #   - discovery: InferencePool discovery against the API server (discovery/...),
-#     and kvselect itself run with --pool-name/--kubeconfig (cmd/kvselect)
+#     and kvselect itself run with --pool-name/--kubeconfig (server)
 #   - conformance/kube: Helm chart lint and rendering, server-side dry-run of
 #     every manifest, the Role enough-and-no-more check
 #   - conformance/kind: the GIE suite compiled at v1.6.0 with kvselect's
@@ -36,7 +36,7 @@ echo "test-kube: kube-apiserver ready in $((t1 - t0)) s: $KVSELECT_KUBE_APISERVE
 echo "test-kube: $("$KVSELECT_ETCD" --version | head -1)"
 
 go test -count=1 ./discovery/...
-go test -count=1 -run AgainstARealAPIServer ./cmd/kvselect
+go test -count=1 -run AgainstARealAPIServer ./server
 (cd conformance/kube && go vet ./... && go test -count=1 ./...)
 (cd conformance/kind && go vet ./... && go test -count=1 ./... && go test -c -o /dev/null .)
 t2=$(date +%s)

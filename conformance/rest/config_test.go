@@ -9,8 +9,8 @@ import (
 // Tests that depend on a server setting other than the assumed configuration probe for it
 // and skip with the reason.
 
-// seed "session_id": without --session-affinity-ttl-secs a session id is only policy input;
-// the built-in selector ignores it, so bookings of one session spread by load.
+// Without --session-affinity-ttl-secs a session id is only policy input (Dynamo's docs,
+// "session_id"): the built-in selector ignores it, so bookings of one session spread by load.
 func TestSessionIDWithoutAffinityIsPolicyInput(t *testing.T) {
 	s := conformance(t)
 	if s.sessionAffinityEnabled(t) {
@@ -25,8 +25,8 @@ func TestSessionIDWithoutAffinityIsPolicyInput(t *testing.T) {
 	if a.WorkerID == b.WorkerID {
 		t.Fatalf("without affinity the second booking of a session goes to the idle worker; both went to %d", a.WorkerID)
 	}
-	// The 256-byte bound belongs to the affinity table (api §3.7 step 2, §6): without a table
-	// a long session id is plain policy input.
+	// The 256-byte bound (400 "session affinity ID must not exceed 256 bytes") belongs to the
+	// affinity table: without a table a long session id is plain policy input.
 	s.selectOK(t, obj{"model_name": model, "token_ids": tokens(1, 4), "session_id": strings.Repeat("s", 300)})
 	s.selectOK(t, obj{"model_name": model, "token_ids": tokens(1, 4), "session_context": obj{
 		"session_id": "child", "parent_session_id": "root", "session_final": false, "input_trigger": "tool_result",
@@ -34,8 +34,8 @@ func TestSessionIDWithoutAffinityIsPolicyInput(t *testing.T) {
 	}})
 }
 
-// seed "session_id", api §6: with --session-affinity-ttl-secs a booked session stays on its
-// worker, /select follows the binding without creating one, session_context wins over the
+// With --session-affinity-ttl-secs (Dynamo's docs, "session_id") a booked session stays on
+// its worker, /select follows the binding without creating one, session_context wins over the
 // flat id, and a two-phase select → reservation binds the session.
 func TestSessionAffinityPinsSessionToWorker(t *testing.T) {
 	s := conformance(t)
@@ -84,8 +84,8 @@ func TestSessionAffinityPinsSessionToWorker(t *testing.T) {
 	})
 }
 
-// api §3.1, §13.1 test 3: with queueing enabled a worker needs max_num_batched_tokens to be
-// schedulable.
+// With queueing enabled a worker needs max_num_batched_tokens to be schedulable (Dynamo's
+// HTTP test incomplete_worker_is_accepted_but_not_schedulable).
 func TestQueueingRequiresMaxNumBatchedTokens(t *testing.T) {
 	s := conformance(t)
 	anchor := workerBody(s.workerID(), s.model(t, "anchor"))

@@ -3,9 +3,14 @@
 // `python -m dynamo.select_service`).
 //
 // The suite lives entirely in _test.go files and talks to the service only over HTTP, using
-// the documented wire format of the api spec (docs: shared/spec/dynamo-selection-api.md §1,
-// §3, §5, §13.1). It imports nothing from kvselect, so the same tests can certify any
-// implementation:
+// the wire format of Dynamo's REST API as its documentation
+// (https://docs.nvidia.com/dynamo/dev/components/router/standalone-selection-service) and its
+// source (lib/kv-router/src/services/selection/ in github.com/ai-dynamo/dynamo) define it:
+// routes, status codes, error texts, the pending-selection cache. Where a test pins the same
+// behaviour as one of Dynamo's own HTTP tests (services/selection/tests.rs there), its comment
+// names that test. Transport errors (400 unparsable JSON, 415, 422 wrong shape, 413) carry
+// the texts of axum, Dynamo's HTTP framework. The package imports nothing from kvselect, so
+// the same tests can certify any implementation:
 //
 //	KVSELECT_URL=http://127.0.0.1:8092 go test -count=1 -v ./conformance/rest
 //
@@ -40,5 +45,5 @@
 //
 // Error messages are part of the wire contract here (clients such as Ray match the 404 of a
 // missed replay to fall back to the explicit form), so tests assert the stable fragments of the
-// documented texts, never the partition-key rendering, which the spec leaves unverified.
+// documented texts, never the partition-key rendering, which Dynamo does not document.
 package rest

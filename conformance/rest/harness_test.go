@@ -29,7 +29,7 @@ const (
 	// is unset (package doc, README).
 	assumedCacheTTL = 2 * time.Second
 
-	// bodyLimit is the request body limit of every route (api §1).
+	// bodyLimit is the request body limit of every route (8 MiB in Dynamo's server).
 	bodyLimit = 8 << 20
 )
 
@@ -86,7 +86,7 @@ func conformance(t *testing.T) *server {
 				DisableKeepAlives:     true,
 			}},
 			run: fmt.Sprintf("%08x", rand.Uint32()),
-			// Worker ids are service-wide (api §2.1): start from a random base well inside
+			// Worker ids are service-wide, not per partition: start from a random base well inside
 			// 2^53 so any JSON decoder keeps them exact, and count up within the run.
 			idBase: 1<<40 + rand.Uint64N(1<<50),
 		}
@@ -216,8 +216,8 @@ func (r *reply) fields(t *testing.T) map[string]json.RawMessage {
 	return m
 }
 
-// wantError checks status code and the error envelope {"error": "<text>"} (api §1), and that
-// the text contains every fragment.
+// wantError checks status code and the error envelope {"error": "<text>"} every error uses,
+// and that the text contains every fragment.
 func (r *reply) wantError(t *testing.T, code int, fragments ...string) string {
 	t.Helper()
 	r.want(t, code)
@@ -235,7 +235,7 @@ func (r *reply) wantError(t *testing.T, code int, fragments ...string) string {
 	return *env.Error
 }
 
-// wantOK checks a payload-less success: 200 {"status":"ok"} (api §1).
+// wantOK checks a payload-less success: 200 {"status":"ok"}.
 func (r *reply) wantOK(t *testing.T) {
 	t.Helper()
 	r.wantStatusOK(t, http.StatusOK)
@@ -300,7 +300,7 @@ func (s *server) workerID() uint64 { return s.idBase + s.seq.Add(1) }
 
 // --- workers ---------------------------------------------------------------------------
 
-// workerRecord is the subset of WorkerCatalogRecord (api §3.4) the tests read.
+// workerRecord is the subset of Dynamo's WorkerCatalogRecord the tests read.
 type workerRecord struct {
 	WorkerID              uint64            `json:"worker_id"`
 	ModelName             string            `json:"model_name"`
@@ -317,8 +317,8 @@ type workerRecord struct {
 	NotSchedulableReasons []string          `json:"not_schedulable_reasons"`
 }
 
-// workerBody is the minimal schedulable worker of Dynamo's HTTP tests (api §13.1): endpoint
-// and block size 4, nothing else.
+// workerBody is the minimal schedulable worker of Dynamo's HTTP tests (their worker helper in
+// lib/kv-router/src/services/selection/tests.rs): endpoint and block size 4, nothing else.
 func workerBody(id uint64, model string) obj {
 	return obj{
 		"worker_id":  id,
@@ -391,14 +391,14 @@ func (s *server) addSimpleWorker(t *testing.T, model string) uint64 {
 
 // anchor registers a schedulable worker in a partition of its own, so that "no schedulable
 // worker anywhere" cannot hold while the test runs and partition-level 503s carry the
-// partition-specific text (api §3.7 step 1).
+// partition-specific text ("no schedulable workers for …", not "… are available").
 func (s *server) anchor(t *testing.T) uint64 {
 	t.Helper()
 	return s.addSimpleWorker(t, s.model(t, "anchor"))
 }
 
 // wantPartitionNotReady checks the 503 of a selection call on a partition without schedulable
-// workers while other partitions have some (api §3.7 step 1).
+// workers while other partitions have some.
 func wantPartitionNotReady(t *testing.T, r *reply, model string) {
 	t.Helper()
 	r.wantError(t, http.StatusServiceUnavailable, "no schedulable workers for", model)
@@ -421,7 +421,7 @@ type workerLoad struct {
 	PrefillBusy          *bool   `json:"prefill_busy"`
 }
 
-// selectResponse is SelectResponse (api §3.9).
+// selectResponse is Dynamo's SelectResponse.
 type selectResponse struct {
 	SelectionID            *string     `json:"selection_id"`
 	SequenceHashes         []int64     `json:"sequence_hashes"`
@@ -440,7 +440,7 @@ type selectResponse struct {
 	WorkerLoad             *workerLoad `json:"worker_load"`
 }
 
-// reservationResponse is the 201 body of POST /reservations (api §3.10).
+// reservationResponse is the 201 body of POST /reservations.
 type reservationResponse struct {
 	SelectionID  string `json:"selection_id"`
 	ModelName    string `json:"model_name"`
@@ -498,7 +498,8 @@ func (s *server) cleanupReservation(t *testing.T, id string) {
 	})
 }
 
-// replay is the cached-selection replay form of POST /reservations (api §3.10).
+// replay is the cached-selection replay form of POST /reservations: the id and the partition,
+// nothing else.
 func replay(id, model string) obj {
 	return obj{"selection_id": id, "model_name": model, "routing_group": "default"}
 }
@@ -570,7 +571,7 @@ func (s *server) wantLoad(t *testing.T, step, model string, worker uint64, rank 
 	}
 }
 
-// eventually retries f until it returns nil or the timeout passes; for state the spec lets
+// eventually retries f until it returns nil or the timeout passes; for state Dynamo lets
 // settle asynchronously (index recording).
 func eventually(t *testing.T, timeout time.Duration, f func() error) {
 	t.Helper()

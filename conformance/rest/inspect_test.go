@@ -10,7 +10,7 @@ import (
 	"testing"
 )
 
-// api §3.12: GET /loads lists every initialized partition matching the filters, sorted by
+// GET /loads lists every initialized partition matching the filters, sorted by
 // (model_name, routing_group), with one row per (worker, rank) and the queue counters.
 func TestLoadsFiltersAndShape(t *testing.T) {
 	s := conformance(t)
@@ -88,8 +88,9 @@ func TestLoadsFiltersAndShape(t *testing.T) {
 	})
 }
 
-// api §3.13, §13.1 test 8: /potential_loads projects the prompt onto every worker without
-// booking, and blocks already active on a worker (same tracking hashes) are not counted twice.
+// /potential_loads projects the prompt onto every worker without booking, and blocks already
+// active on a worker (same tracking hashes) are not counted twice (Dynamo's HTTP test
+// explicit_replay_preserves_disabled_prefill_tracking).
 func TestPotentialLoadsDeduplicatesActiveBlocks(t *testing.T) {
 	s := conformance(t)
 	model := s.model(t)
@@ -147,8 +148,8 @@ type overlapScores struct {
 	} `json:"shared_cache"`
 }
 
-// api §3.14, §13.1 test 6: one row per rank of every schedulable worker, sorted by
-// (worker_id, dp_rank), in blocks.
+// /overlap_scores: one row per rank of every schedulable worker, sorted by (worker_id,
+// dp_rank), in blocks (Dynamo's HTTP test overlap_scores_returns_all_schedulable_worker_ranks).
 func TestOverlapScoresListsEveryRank(t *testing.T) {
 	s := conformance(t)
 	model := s.model(t)
@@ -200,7 +201,9 @@ func TestOverlapScoresListsEveryRank(t *testing.T) {
 	})
 }
 
-// api §3.15, §9.2: GET /dump is the indexer recovery snapshot keyed "<model>:<group>".
+// GET /dump is the indexer recovery snapshot keyed "<model>:<group>", the format a replica
+// started with --indexer-peers replays (Dynamo's HTTP test
+// dump_exposes_compatible_indexer_snapshot).
 func TestDumpShape(t *testing.T) {
 	s := conformance(t)
 	model := s.model(t)

@@ -8,8 +8,8 @@ import (
 	"testing"
 )
 
-// api §3.16, §13.1 test 1: GET /replica_sync/peers is mounted and returns a sorted array of
-// endpoints ([] when replica sync is disabled).
+// GET /replica_sync/peers is mounted and returns a sorted array of endpoints ([] when
+// replica sync is disabled; Dynamo's HTTP test replica_sync_routes_are_mounted).
 func TestReplicaSyncPeersIsSortedList(t *testing.T) {
 	s := conformance(t)
 	var peers []string
@@ -23,9 +23,9 @@ func TestReplicaSyncPeersIsSortedList(t *testing.T) {
 	}
 }
 
-// api §3.16, §13.3: dynamic replica peers. With replica sync disabled (the assumed
-// configuration) both mutations are 409; with it enabled, register is 201 then 200,
-// deregister 200 then 404, and invalid endpoints are 400.
+// Dynamic replica peers, as Dynamo's peer-route tests pin them. With replica sync disabled
+// (the assumed configuration) both mutations are 409; with it enabled, register is 201 then
+// 200, deregister 200 then 404, and invalid endpoints are 400.
 func TestReplicaSyncPeerMembership(t *testing.T) {
 	s := conformance(t)
 	// A loopback port nobody should be serving replica events on: ZMQ SUB connects lazily,

@@ -7,7 +7,10 @@ import (
 	"time"
 )
 
-// api §5, §13.1 test 14: the first replay consumes the cached selection; a second is 404.
+// Single-use, one of the rules of the replay form in Dynamo's docs ("Cached selection replay
+// form"; Pure replay, Retryable on failure and Bounded window below are others): the first
+// replay consumes the cached selection; a second is 404 (Dynamo's HTTP test
+// cached_reservation_books_from_select).
 func TestReplayIsSingleUse(t *testing.T) {
 	s := conformance(t)
 	model := s.model(t)
@@ -29,8 +32,8 @@ func TestReplayIsSingleUse(t *testing.T) {
 	s.post(t, "/reservations", replay(sid, model)).wantError(t, http.StatusNotFound, "no pending selection")
 }
 
-// api §3.10 replay step 1, §13.1 test 17: any miss is 404 (never selected, other model, other
-// routing group), and a miss does not consume the entry.
+// Any miss is 404 (never selected, other model, other routing group), and a miss does not
+// consume the entry (Dynamo's HTTP test cached_reservation_needs_matching_model).
 func TestReplayMissReturns404(t *testing.T) {
 	s := conformance(t)
 	model := s.model(t)
@@ -51,8 +54,9 @@ func TestReplayMissReturns404(t *testing.T) {
 	}
 }
 
-// api §3.10 "pure replay", §13.1 test 16: the replay books exactly what select captured;
-// prompt and accounting fields in the reservation are ignored.
+// Pure replay: the replay books exactly what select captured; prompt and accounting fields
+// in the reservation are ignored (Dynamo's HTTP test
+// cached_reservation_ignores_request_overrides).
 func TestReplayIgnoresRequestOverrides(t *testing.T) {
 	s := conformance(t)
 	model := s.model(t)
@@ -71,7 +75,7 @@ func TestReplayIgnoresRequestOverrides(t *testing.T) {
 	s.wantLoad(t, "after a replay with overrides", model, id, 0, load{prefill: 4, decode: 1, active: 1})
 }
 
-// api §5: a second /select with the same id replaces the cached selection (latest wins).
+// A second /select with the same id replaces the cached selection (latest wins).
 func TestSelectLatestWins(t *testing.T) {
 	s := conformance(t)
 	model := s.model(t)
@@ -93,8 +97,9 @@ func TestSelectLatestWins(t *testing.T) {
 	s.post(t, "/reservations", replay(sid, model)).wantError(t, http.StatusNotFound, "no pending selection")
 }
 
-// api §3.10 replay step 4, §13.1 test 18: a replay that fails because the worker left (503:
-// its partition is not ready) keeps the entry, and succeeds once the worker is back.
+// Retryable on failure: a replay that fails because the worker left (503: its partition is
+// not ready) keeps the entry, and succeeds once the worker is back (Dynamo's HTTP test
+// failed_cached_booking_is_retryable).
 func TestReplayRetryableAfterWorkerFailure(t *testing.T) {
 	s := conformance(t)
 	model := s.model(t)
@@ -115,8 +120,9 @@ func TestReplayRetryableAfterWorkerFailure(t *testing.T) {
 	s.wantLoad(t, "after the retried replay", model, id, 0, load{prefill: 4, decode: 1, active: 1})
 }
 
-// api §3.10 replay step 4, §13.1 test 19: a replay that collides with a live booking of the
-// same id is 409 and keeps the entry for a retry after the booking is freed.
+// A replay that collides with a live booking of the same id is 409 and keeps the entry for a
+// retry after the booking is freed (Dynamo's HTTP test
+// cached_booking_retryable_after_scheduler_conflict).
 func TestReplayRetryableAfterConflict(t *testing.T) {
 	s := conformance(t)
 	model := s.model(t)
@@ -131,8 +137,9 @@ func TestReplayRetryableAfterConflict(t *testing.T) {
 	s.wantLoad(t, "after the retried replay", model, id, 0, load{prefill: 8, decode: 2, active: 1})
 }
 
-// api §3.2, §3.10 replay step 2, §13.1 test 20: a replay whose cached rank left the worker's
-// range is 404 (entry kept); moving the range back makes it bookable again.
+// A replay whose cached rank left the worker's range (PATCH of data_parallel_start_rank) is
+// 404 with the entry kept; moving the range back makes it bookable again (Dynamo's HTTP test
+// cached_reservation_rejects_stale_dp_rank).
 func TestReplayRejectsStaleDPRank(t *testing.T) {
 	s := conformance(t)
 	model := s.model(t)
@@ -152,8 +159,8 @@ func TestReplayRejectsStaleDPRank(t *testing.T) {
 	s.wantLoad(t, "after the replay", model, id, 0, load{prefill: 4, decode: 1, active: 1})
 }
 
-// api §3.10 explicit step 1, §13.1 test 21: an explicit booking discards the cached selection
-// of its id, so a later replay cannot book stale state.
+// An explicit booking discards the cached selection of its id, so a later replay cannot book
+// stale state (Dynamo's HTTP test explicit_reservation_discards_cached_selection).
 func TestExplicitReservationDiscardsCachedSelection(t *testing.T) {
 	s := conformance(t)
 	model := s.model(t)
@@ -175,8 +182,8 @@ func TestExplicitReservationDiscardsCachedSelection(t *testing.T) {
 	})
 }
 
-// api §5, seed "Bounded window": a cached selection expires --selection-cache-ttl-secs after
-// its (latest) /select.
+// Bounded window: a cached selection expires --selection-cache-ttl-secs after its (latest)
+// /select.
 func TestPendingSelectionExpiresAfterTTL(t *testing.T) {
 	s := conformance(t)
 	ttl, fromEnv := cacheTTL(t)

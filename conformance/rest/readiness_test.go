@@ -6,7 +6,7 @@ import (
 	"testing"
 )
 
-// readyResponse is the body of GET /ready (api §3.6), the same for 200 and 503.
+// readyResponse is the body of GET /ready, the same for 200 and 503.
 type readyResponse struct {
 	Ready              bool           `json:"ready"`
 	SchedulableWorkers uint64         `json:"schedulable_workers"`
@@ -45,8 +45,9 @@ func (s *server) ready(t *testing.T) readyResponse {
 	return body
 }
 
-// api §3.6, §3.7 step 1, §13.1 test 2: a partition is ready exactly while it has a schedulable
-// worker; GET /ready follows the whole catalog.
+// A partition is ready exactly while it has a schedulable worker (/select is 503 "no
+// schedulable workers for …" otherwise); GET /ready follows the whole catalog (Dynamo's HTTP
+// test ready_and_select_report_not_ready_without_schedulable_workers).
 func TestReadinessFollowsPartitionLifecycle(t *testing.T) {
 	s := conformance(t)
 	anchor := s.anchor(t)

@@ -6,7 +6,7 @@ import (
 	"testing"
 )
 
-// seed "Ray Select-Then-Reserve Flow", api §3.10, §3.11: select → replay → prefill_complete →
+// The Ray select-then-reserve flow of Dynamo's docs: select → replay → prefill_complete →
 // output_block → DELETE, with the worker's active load checked after every step.
 func TestRayFlowSelectReserveLifecycle(t *testing.T) {
 	s := conformance(t)
@@ -60,8 +60,8 @@ func TestRayFlowSelectReserveLifecycle(t *testing.T) {
 	s.wantLoad(t, "at the end", model, w, 0, load{})
 }
 
-// api §3.11: lifecycle calls on an id that was never booked are 404; decay_fraction is checked
-// before the lookup.
+// Lifecycle calls on an id that was never booked are 404; decay_fraction is checked before
+// the lookup (400 outside [0, 1] even for an unknown id).
 func TestLifecycleOfUnknownReservationIs404(t *testing.T) {
 	s := conformance(t)
 	sid := s.selectionID("unknown")
@@ -74,8 +74,10 @@ func TestLifecycleOfUnknownReservationIs404(t *testing.T) {
 		wantError(t, http.StatusBadRequest, "decay_fraction must be between 0.0 and 1.0")
 }
 
-// api §3.10 explicit form, §13.1 tests 11-13: the self-contained booking, its validation and
-// its prefill-tracking switch.
+// The explicit form: the self-contained booking, its validation and its prefill-tracking
+// switch (Dynamo's HTTP tests explicit_reservation_books_after_select,
+// explicit_reservation_rejects_effective_prefill_above_isl and
+// explicit_reservation_rejects_unschedulable_worker).
 func TestExplicitReservation(t *testing.T) {
 	s := conformance(t)
 	s.anchor(t)
@@ -162,9 +164,9 @@ func TestExplicitReservation(t *testing.T) {
 	s.wantLoad(t, "after every rejected booking", model, id, 0, load{})
 }
 
-// seed "Consistency Invariants", api §3.8 step 1, §13.2: reservation ids are process-wide:
-// a live id conflicts in every partition and through every booking route, and lifecycle
-// calls resolve it without a partition.
+// Reservation ids are process-wide (Dynamo's docs, "Consistency Invariants"): a live id
+// conflicts in every partition and through every booking route, and lifecycle calls resolve
+// it without a partition.
 func TestReservationIDsAreServiceWide(t *testing.T) {
 	s := conformance(t)
 	modelA, modelB := s.model(t, "a"), s.model(t, "b")
@@ -186,7 +188,7 @@ func TestReservationIDsAreServiceWide(t *testing.T) {
 	s.del(t, "/reservations/"+sid).wantOK(t)
 	s.wantLoad(t, "partition A after DELETE", modelA, wa, 0, load{})
 
-	// A conflict leaves the cached selection in place (api §3.10 replay step 4).
+	// A conflict leaves the cached selection in place, as any failed replay does.
 	s.book(t, replay(sid, modelB))
 	s.wantLoad(t, "partition B after the retried replay", modelB, wb, 0, load{prefill: 8, decode: 2, active: 1})
 	s.wantLoad(t, "partition A untouched", modelA, wa, 0, load{})

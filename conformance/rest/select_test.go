@@ -8,8 +8,10 @@ import (
 	"time"
 )
 
-// api §3.7, §3.9, §13.1 test 5: /select echoes the id, reports the chosen worker and books
-// nothing; booking-only and removed legacy fields are absent; unknown fields are ignored.
+// /select echoes the id, reports the chosen worker and books nothing; the booking-only fields
+// (sequence_hashes, isl_tokens, track_prefill_tokens, kv_hint) and the removed legacy ones
+// (cached_tokens, effective_overlap_blocks, reservation_id, tenant_id) are absent; unknown
+// fields are ignored (Dynamo's HTTP test select_echoes_selection_id_and_does_not_book_load).
 func TestSelectEchoesSelectionIDAndDoesNotBookLoad(t *testing.T) {
 	s := conformance(t)
 	model := s.model(t)
@@ -43,8 +45,8 @@ func TestSelectEchoesSelectionIDAndDoesNotBookLoad(t *testing.T) {
 	})
 }
 
-// api §3.9: overlap.dp lists every rank of the chosen worker, zeros included, and dp_rank is
-// one of them.
+// overlap.dp lists every rank of the chosen worker, zeros included, and dp_rank is one of
+// them.
 func TestSelectReportsEveryRankOfChosenWorker(t *testing.T) {
 	s := conformance(t)
 	model := s.model(t)
@@ -62,7 +64,7 @@ func TestSelectReportsEveryRankOfChosenWorker(t *testing.T) {
 	}
 }
 
-// api §2.4, §10: allowed_worker_ids restricts the candidates, pinned_worker forces one.
+// allowed_worker_ids restricts the candidates, pinned_worker forces one.
 func TestSelectHonoursAllowedAndPinnedWorkers(t *testing.T) {
 	s := conformance(t)
 	model := s.model(t)
@@ -78,8 +80,9 @@ func TestSelectHonoursAllowedAndPinnedWorkers(t *testing.T) {
 	}
 }
 
-// api §3.8, §13.1 test 7: /select_and_reserve books before answering, echoes the booking
-// inputs, and a second booking of a live id is 409.
+// /select_and_reserve books before answering, echoes the booking inputs, and a second
+// booking of a live id is 409 (Dynamo's HTTP test
+// select_and_reserve_books_and_duplicate_reservation_conflicts).
 func TestSelectAndReserveBooksAndDuplicateConflicts(t *testing.T) {
 	s := conformance(t)
 	model := s.model(t)
@@ -111,8 +114,8 @@ func TestSelectAndReserveBooksAndDuplicateConflicts(t *testing.T) {
 			t.Fatalf("same prompt, different sequence_hashes: %v vs %v", again.SequenceHashes, got.SequenceHashes)
 		}
 		two := s.reserveOK(t, obj{"model_name": model, "token_ids": tokens(1, 9), "selection_id": s.selectionID("res")})
-		// 9 tokens at block size 4: two complete blocks, the partial one dropped (api §2.2),
-		// chained from the same first block.
+		// 9 tokens at block size 4: two complete blocks, the partial one dropped (Dynamo never
+		// hashes a partial block), chained from the same first block.
 		if len(two.SequenceHashes) != 2 || two.SequenceHashes[0] != got.SequenceHashes[0] || *two.ISLTokens != 9 {
 			t.Fatalf("9-token prompt: sequence_hashes %v isl %v; want 2 hashes starting with %d", two.SequenceHashes, two.ISLTokens, got.SequenceHashes[0])
 		}
@@ -121,8 +124,8 @@ func TestSelectAndReserveBooksAndDuplicateConflicts(t *testing.T) {
 
 var uuidV4 = regexp.MustCompile(`^[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$`)
 
-// api §3.8: without a selection_id the service books under a generated UUIDv4, which the
-// lifecycle routes accept.
+// Without a selection_id the service books under a generated UUIDv4, which the lifecycle
+// routes accept.
 func TestSelectAndReserveGeneratesSelectionID(t *testing.T) {
 	s := conformance(t)
 	model := s.model(t)
@@ -137,7 +140,8 @@ func TestSelectAndReserveGeneratesSelectionID(t *testing.T) {
 	s.wantLoad(t, "after DELETE", model, id, 0, load{})
 }
 
-// api §2.2: precomputed hashes are trusted as sent and echoed as i64, negative included.
+// Precomputed hashes are trusted as sent (no re-hashing) and echoed as i64, negative
+// included.
 func TestSelectAndReserveEchoesTrustedHashes(t *testing.T) {
 	s := conformance(t)
 	model := s.model(t)
@@ -150,8 +154,9 @@ func TestSelectAndReserveEchoesTrustedHashes(t *testing.T) {
 	s.wantLoad(t, "after hash-path booking", model, id, 0, load{prefill: 8, decode: 2, active: 1})
 }
 
-// api §2.2, §13.1 test 26: the hash path needs all three inputs, equal lengths and isl > 0,
-// on every route that normalizes a prompt.
+// Without token ids the hash path needs all three inputs (block_hashes, sequence_hashes,
+// isl_tokens), equal lengths and isl_tokens > 0, on every route that normalizes a prompt
+// (Dynamo's HTTP test hash_path_validation_returns_bad_request).
 func TestHashPathValidationReturns400(t *testing.T) {
 	s := conformance(t)
 	model := s.model(t)
@@ -177,8 +182,8 @@ func TestHashPathValidationReturns400(t *testing.T) {
 	s.wantLoad(t, "after rejected bookings", model, id, 0, load{})
 }
 
-// api §3.7 (advisory), §3.9, §5: an advisory select reports the chosen worker's load, books
-// nothing, and still caches its selection for replay.
+// An advisory select (Dynamo's docs, "Advisory selection") reports the chosen worker's load
+// in worker_load, books nothing, and still caches its selection for replay.
 func TestAdvisorySelectReportsWorkerLoad(t *testing.T) {
 	s := conformance(t)
 	model := s.model(t)
@@ -207,7 +212,7 @@ func TestAdvisorySelectReportsWorkerLoad(t *testing.T) {
 	wantNoKeys(t, "advisory SelectResponse", r.fields(t), "decode_busy", "sequence_hashes", "isl_tokens", "track_prefill_tokens")
 	s.wantLoad(t, "after advisory select", model, id, 0, load{})
 
-	// The advisory selection is cached like any other (api §5).
+	// The advisory selection is cached like any other select that carries a selection_id.
 	s.book(t, replay(sid, model))
 	s.wantLoad(t, "after replaying the advisory selection", model, id, 0, load{prefill: 4, decode: 1, active: 1})
 	var again selectResponse
@@ -229,8 +234,9 @@ func TestAdvisorySelectReportsWorkerLoad(t *testing.T) {
 	})
 }
 
-// seed "KV Indexing Modes", api §9.1: with the approximate index, bookings (select_and_reserve,
-// cached replay, explicit reservation with tokens) are recorded, query-only selects are not.
+// With the approximate index (Dynamo's docs, "KV Indexing Modes"), bookings
+// (select_and_reserve, cached replay, explicit reservation with tokens) are recorded,
+// query-only selects are not.
 func TestBookingsFeedTheApproximateIndex(t *testing.T) {
 	s := conformance(t)
 	model := s.model(t)

@@ -14,13 +14,13 @@ import (
 	"time"
 )
 
-// api §3.5: pure liveness.
+// GET /health is pure liveness: 200 {"status":"ok"} whatever the catalog holds.
 func TestHealthIsLiveness(t *testing.T) {
 	s := conformance(t)
 	s.get(t, "/health").wantOK(t)
 }
 
-// api §1: an unknown route is a JSON 404, not the framework's plain text.
+// An unknown route is a JSON 404 {"error":"route not found"}, not the framework's plain text.
 func TestUnknownRouteReturns404Envelope(t *testing.T) {
 	s := conformance(t)
 	for _, c := range []struct{ method, path string }{
@@ -38,7 +38,7 @@ func TestUnknownRouteReturns404Envelope(t *testing.T) {
 	}
 }
 
-// api §1: a known path with the wrong method is a JSON 405.
+// A known path with the wrong method is a JSON 405 {"error":"method not allowed"}.
 func TestWrongMethodReturns405Envelope(t *testing.T) {
 	s := conformance(t)
 	for _, c := range []struct{ method, path string }{
@@ -66,7 +66,7 @@ func TestWrongMethodReturns405Envelope(t *testing.T) {
 	}
 }
 
-// api §1: JSON routes require Content-Type: application/json.
+// JSON routes require Content-Type: application/json (415 otherwise, axum's rule).
 func TestMissingContentTypeReturns415(t *testing.T) {
 	s := conformance(t)
 	model := s.model(t)
@@ -95,7 +95,7 @@ func TestMissingContentTypeReturns415(t *testing.T) {
 	})
 }
 
-// api §1: syntactically broken JSON is a 400 with the framework's parse text.
+// Syntactically broken JSON, an empty body included, is a 400 with axum's parse text.
 func TestMalformedJSONReturns400(t *testing.T) {
 	s := conformance(t)
 	for _, c := range []struct{ name, path, body string }{
@@ -113,8 +113,9 @@ func TestMalformedJSONReturns400(t *testing.T) {
 	}
 }
 
-// api §1, §2: well-formed JSON of the wrong shape is a 422 with the framework's deserialize
-// text; unknown fields are never rejected.
+// Well-formed JSON of the wrong shape (a missing required field, a wrong type, a negative
+// u64, a hash beyond i64, an invalid enum or router_config_override value) is a 422 with
+// axum's deserialize text; unknown fields are never rejected (no request type denies them).
 func TestWrongShapeReturns422(t *testing.T) {
 	s := conformance(t)
 	model := s.model(t)
@@ -151,13 +152,13 @@ func TestWrongShapeReturns422(t *testing.T) {
 		})
 	}
 	t.Run("unknown fields ignored", func(t *testing.T) {
-		// A partition without workers: the body must get past decoding to the 503 of §3.7.
+		// A partition without workers: the body must get past decoding to /select's 503.
 		r := s.post(t, "/select", obj{"model_name": model, "token_ids": tokens(1, 4), "tenant_id": "x", "no_such_field": []int{1}})
 		r.wantError(t, http.StatusServiceUnavailable, "no schedulable workers")
 	})
 }
 
-// api §1: every route limits request bodies to 8 MiB.
+// Every route limits request bodies to 8 MiB (Dynamo's REQUEST_BODY_LIMIT_BYTES).
 func TestOversizedBodyReturns413(t *testing.T) {
 	s := conformance(t)
 	model := s.model(t)
@@ -174,12 +175,12 @@ func TestOversizedBodyReturns413(t *testing.T) {
 	}
 	t.Run("just under 8MiB is accepted", func(t *testing.T) {
 		r := s.do(t, "POST", "/select", rawBody{"application/json", padded(bodyLimit - 4096)})
-		// No worker in this partition: decoding succeeded iff the service got to §3.7's 503.
+		// No worker in this partition: decoding succeeded iff the service got to /select's 503.
 		r.wantError(t, http.StatusServiceUnavailable, "no schedulable workers")
 	})
 }
 
-// api §1: {worker_id} is a u64 path parameter; a non-numeric one is the framework's 400
+// {worker_id} is a u64 path parameter; a non-numeric one is the framework's 400
 // (plain text, not necessarily the JSON envelope).
 func TestNonNumericWorkerIDReturns400(t *testing.T) {
 	s := conformance(t)

@@ -9,8 +9,9 @@ import (
 	"testing"
 )
 
-// api §3.1, §3.4: POST /workers is 201 with the catalog record, fields as sent, documented
-// nulls and omissions.
+// POST /workers is 201 with the catalog record: fields as sent, no defaults filled in, unset
+// optional fields null, and the empty maps and unset hint fields omitted, as Dynamo's
+// WorkerCatalogRecord serializes.
 func TestUpsertWorkerReturnsRecord(t *testing.T) {
 	s := conformance(t)
 	model := s.model(t)
@@ -39,7 +40,7 @@ func TestUpsertWorkerReturnsRecord(t *testing.T) {
 		"kv_events_endpoint", "replay_endpoint", "block_size", "data_parallel_start_rank", "data_parallel_size",
 		"max_num_batched_tokens", "total_kv_blocks", "stable_routing_id", "is_eagle", "taints", "topology_domains",
 		"kv_transfer_domain", "kv_transfer_enforcement", "kv_transfer_preferred_weight")
-	// Omitted when empty or null (api §3.4).
+	// Omitted when empty or null (skip_serializing_if on Dynamo's record).
 	wantNoKeys(t, "WorkerCatalogRecord", f, "kv_events_endpoints", "router_hint_worker_type",
 		"router_hint_source_control_endpoints", "kv_event_source_mode", "not_schedulable_reasons")
 	// Stored as sent: no defaults filled in.
@@ -62,7 +63,9 @@ func TestUpsertWorkerReturnsRecord(t *testing.T) {
 	})
 }
 
-// api §3.1: an incomplete worker is accepted (201) with its reasons and is not schedulable.
+// An incomplete worker is accepted (201, lifecycle "incomplete") with its
+// not_schedulable_reasons, and is not schedulable: Dynamo never rejects a registration for
+// what it lacks.
 func TestIncompleteWorkerIsAcceptedButNotSchedulable(t *testing.T) {
 	s := conformance(t)
 	s.anchor(t)
@@ -111,7 +114,7 @@ func TestIncompleteWorkerIsAcceptedButNotSchedulable(t *testing.T) {
 	})
 }
 
-// api §3.1: POST /workers replaces the whole record; missing optional fields are cleared.
+// POST /workers replaces the whole record; missing optional fields are cleared.
 func TestUpsertIsFullReplace(t *testing.T) {
 	s := conformance(t)
 	model := s.model(t)
@@ -131,8 +134,8 @@ func TestUpsertIsFullReplace(t *testing.T) {
 	}
 }
 
-// api §3.3: DELETE /workers/{id} answers the record as unschedulable and removes it; a
-// second DELETE is 404.
+// DELETE /workers/{id} answers the record as unschedulable and removes it (newest Dynamo;
+// older versions kept it in the catalog); a second DELETE is 404.
 func TestDeleteWorker(t *testing.T) {
 	s := conformance(t)
 	model := s.model(t)
@@ -152,7 +155,7 @@ func TestDeleteWorker(t *testing.T) {
 	s.del(t, fmt.Sprintf("/workers/%d", id)).wantError(t, http.StatusNotFound, fmt.Sprintf("worker %d not found", id))
 }
 
-// api §3.4: GET /workers filters by model_name and routing_group independently and sorts by
+// GET /workers filters by model_name and routing_group independently and sorts by
 // (model_name, routing_group, worker_id).
 func TestListWorkersFiltersAndSorts(t *testing.T) {
 	s := conformance(t)
@@ -230,8 +233,8 @@ func TestListWorkersFiltersAndSorts(t *testing.T) {
 	})
 }
 
-// api §3.1, seed "Worker Registration": reusing a worker id in another routing group moves the
-// worker; the old partition can become not ready.
+// Worker ids are service-wide (Dynamo's docs, "Worker Registration"): reusing one in another
+// routing group moves the worker; the old partition can become not ready.
 func TestUpsertMovesWorkerBetweenRoutingGroups(t *testing.T) {
 	s := conformance(t)
 	s.anchor(t)
@@ -272,8 +275,8 @@ func TestUpsertMovesWorkerBetweenRoutingGroups(t *testing.T) {
 	})
 }
 
-// api §3.2: PATCH updates supplied fields only; null means no change; sets are replaced
-// wholesale; partition keys are ignored; unknown worker is 404.
+// PATCH updates supplied fields only; null means no change; sets are replaced
+// wholesale; partition keys are ignored (PATCH cannot move a worker); unknown worker is 404.
 func TestPatchWorker(t *testing.T) {
 	s := conformance(t)
 	s.anchor(t)

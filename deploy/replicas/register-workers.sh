@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Registers the same worker catalog on every kvselect replica (replica sync
-# drops events for workers a replica does not know, api spec §12). Usage:
+# drops events for workers a replica does not know, as in Dynamo: replica
+# traffic never creates workers). Usage:
 #   deploy/replicas/register-workers.sh workers.json [namespace]
 # where workers.json is a JSON array of POST /workers bodies. It port-forwards
 # to each pod in turn; run it again after scaling or a restart.
