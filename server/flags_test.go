@@ -162,7 +162,7 @@ func TestParseFlagsReportsEveryRuleAtOnce(t *testing.T) {
 	}
 }
 
-// The peer planes (seed doc "Peer Planes") parse as Dynamo's CLI does; lists
+// The peer planes (Dynamo's "Peer Planes": --indexer-peers, --replica-sync-*) parse as Dynamo's CLI does; lists
 // are trimmed.
 func TestParseFlagsAcceptsPeerPlanes(t *testing.T) {
 	o, err := parseFlags([]string{"--indexer-peers", "http://selector-b:8092, https://[::1]:9000",

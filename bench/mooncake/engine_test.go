@@ -167,7 +167,7 @@ func TestEngineHashes(t *testing.T) {
 		t.Error("ext hash ignores the prefix")
 	}
 	// Deterministic.
-	if !reflect.DeepEqual(ChainExts(5, ids), ChainExts(5, ids)) || LocalHash(3) != LocalHash(3) {
+	if first, again := LocalHash(3), LocalHash(3); !reflect.DeepEqual(ChainExts(5, ids), ChainExts(5, ids)) || first != again {
 		t.Error("hashes are not deterministic")
 	}
 }

@@ -23,6 +23,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -187,8 +188,8 @@ func (s *Source) watch(ctx context.Context) error {
 	}
 	// Without the CRD the pool's informer would only time out; ask the API
 	// server's discovery first so the condition can name the cause.
-	if _, err := mgr.GetRESTMapper().RESTMapping(giev1.SchemeGroupVersion.WithKind("InferencePool").GroupKind(), giev1.SchemeGroupVersion.Version); err != nil {
-		return fmt.Errorf("InferencePool API (%s): %w", giev1.SchemeGroupVersion, err)
+	if _, err := mgr.GetRESTMapper().RESTMapping(schema.GroupKind{Group: giev1.GroupName, Kind: "InferencePool"}, giev1.GroupVersion.Version); err != nil {
+		return fmt.Errorf("InferencePool API (%s): %w", giev1.GroupVersion.String(), err)
 	}
 	c := mgr.GetClient()
 	one := func(context.Context, client.Object) []reconcile.Request {
