@@ -138,31 +138,35 @@ func routerFile(file *configFile, choice *policyChoice) (routerconfig.File, erro
 	costKeys := scheduler.CostParamNames()
 	values, where := map[string]string{}, map[string]string{}
 	var errs []string
-	for _, key := range slices.Sorted(maps.Keys(file.Router)) {
-		if slices.Contains(costKeys, key) {
-			errs = append(errs, fmt.Sprintf("%s: %s is a parameter of the %s policy: set it under policy.parameters", file.path, "router."+key, scheduler.DefaultPolicyName))
-			continue
+	// take copies one section's values, refusing the keys refuse has a
+	// reason against.
+	take := func(section string, m map[string]any, refuse func(key string) string) {
+		for _, key := range slices.Sorted(maps.Keys(m)) {
+			why := refuse(key)
+			raw, ok := rawValue(m[key])
+			if why == "" && !ok {
+				why = "must be a number, string or boolean"
+			}
+			if why != "" {
+				errs = append(errs, fmt.Sprintf("%s: %s.%s %s", file.path, section, key, why))
+				continue
+			}
+			values[key], where[key] = raw, section
 		}
-		raw, ok := rawValue(file.Router[key])
-		if !ok {
-			errs = append(errs, fmt.Sprintf("%s: router.%s must be a number, string or boolean", file.path, key))
-			continue
-		}
-		values[key], where[key] = raw, "router"
 	}
-	if choice.name == scheduler.DefaultPolicyName {
-		for _, key := range slices.Sorted(maps.Keys(choice.params)) {
-			if !slices.Contains(costKeys, key) {
-				errs = append(errs, fmt.Sprintf("%s: policy.parameters.%s: unknown parameter of policy %s (known: %s)", file.path, key, scheduler.DefaultPolicyName, strings.Join(costKeys, ", ")))
-				continue
-			}
-			raw, ok := rawValue(choice.params[key])
-			if !ok {
-				errs = append(errs, fmt.Sprintf("%s: policy.parameters.%s must be a number", file.path, key))
-				continue
-			}
-			values[key], where[key] = raw, "policy.parameters"
+	take("router", file.Router, func(key string) string {
+		if slices.Contains(costKeys, key) {
+			return "is a parameter of the " + scheduler.DefaultPolicyName + " policy: set it under policy.parameters"
 		}
+		return ""
+	})
+	if choice.name == scheduler.DefaultPolicyName {
+		take("policy.parameters", choice.params, func(key string) string {
+			if !slices.Contains(costKeys, key) {
+				return fmt.Sprintf("is not a parameter of policy %s (known: %s)", scheduler.DefaultPolicyName, strings.Join(costKeys, ", "))
+			}
+			return ""
+		})
 		choice.params = nil
 	}
 	if len(errs) > 0 {

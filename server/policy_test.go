@@ -121,7 +121,7 @@ func TestConfigFileMistakesAreUsageErrorsNamingTheKey(t *testing.T) {
 		{"cost weight in the router section", "router:\n  router_temperature: 0.1\n", nil, "router.router_temperature is a parameter of the kv-cost policy"},
 		{"parameters without a name", "policy:\n  parameters:\n    router_temperature: 0.1\n", nil, "policy.parameters needs policy.name"},
 		{"unknown policy", "policy:\n  name: fastest\n", nil, `unknown policy "fastest"`},
-		{"unknown kv-cost parameter", "policy:\n  name: kv-cost\n  parameters:\n    temperature: 0.1\n", nil, "policy.parameters.temperature: unknown parameter of policy kv-cost"},
+		{"unknown kv-cost parameter", "policy:\n  name: kv-cost\n  parameters:\n    temperature: 0.1\n", nil, "policy.parameters.temperature is not a parameter of policy kv-cost"},
 		{"out-of-range kv-cost parameter", "policy:\n  name: kv-cost\n  parameters:\n    host_cache_hit_weight: 2\n", nil, `policy.parameters.host_cache_hit_weight="2": must be a finite number between 0 and 1`},
 		{"parameter of a policy that takes none", "policy:\n  name: round-robin\n  parameters:\n    step: 2\n", nil, `unknown parameter "step"`},
 		{"unknown policy flag", "", []string{"--policy", "fastest"}, `--policy: unknown policy "fastest"`},

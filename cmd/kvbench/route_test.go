@@ -30,14 +30,7 @@ func TestRouteTableJSONAndSVG(t *testing.T) {
 	if !strings.Contains(stderr.String(), "100%") {
 		t.Errorf("no progress on stderr: %q", stderr.String())
 	}
-	b, err := os.ReadFile(jsonOut)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var rep routeReport
-	if err := json.Unmarshal(b, &rep); err != nil {
-		t.Fatal(err)
-	}
+	rep := readRouteReport(t, jsonOut)
 	if len(rep.Results) != 2*len(routesim.Policies()) || rep.Requests != 400 || rep.InfiniteCacheHitRate <= 0 {
 		t.Fatalf("report: %d results, %d requests, infinite %v", len(rep.Results), rep.Requests, rep.InfiniteCacheHitRate)
 	}
@@ -88,14 +81,7 @@ func TestRouteRunsARegisteredPolicy(t *testing.T) {
 	if err != nil {
 		t.Fatalf("run: %v\n%s", err, stderr.String())
 	}
-	b, err := os.ReadFile(jsonOut)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var rep routeReport
-	if err := json.Unmarshal(b, &rep); err != nil {
-		t.Fatal(err)
-	}
+	rep := readRouteReport(t, jsonOut)
 	if len(rep.Results) != 2 || rep.Results[1].Policy != lowestIDPolicy {
 		t.Fatalf("results %+v", rep.Results)
 	}
@@ -106,4 +92,18 @@ func TestRouteRunsARegisteredPolicy(t *testing.T) {
 	if stderr.Len() != 0 {
 		t.Errorf("-quiet wrote %q", stderr.String())
 	}
+}
+
+// readRouteReport reads what `kvbench route -json` wrote.
+func readRouteReport(t *testing.T, path string) routeReport {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rep routeReport
+	if err := json.Unmarshal(b, &rep); err != nil {
+		t.Fatal(err)
+	}
+	return rep
 }

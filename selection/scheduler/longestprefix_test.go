@@ -38,20 +38,7 @@ func TestLongestPrefixPicksTheLongestDevicePrefix(t *testing.T) {
 		}, []uint64{1, 3}},
 		{"no cache anywhere: any rank", []Candidate{{Worker: key(1)}, {Worker: key(2)}, {Worker: key(3)}}, []uint64{1, 2, 3}},
 	} {
-		t.Run(tc.name, func(t *testing.T) {
-			req := &Request{ISL: 64, BlockSize: 16, Weights: DefaultWeights()}
-			var s Scratch
-			seen := map[uint64]bool{}
-			for _, w := range picks(t, p, &s, req, tc.cands, 64) {
-				if !slices.Contains(tc.want, w.WorkerID) {
-					t.Fatalf("chose worker %d, want one of %v", w.WorkerID, tc.want)
-				}
-				seen[w.WorkerID] = true
-			}
-			if len(seen) != len(tc.want) {
-				t.Errorf("64 picks reached %v of %v", seen, tc.want)
-			}
-		})
+		t.Run(tc.name, func(t *testing.T) { picksSpreadOver(t, p, tc.cands, tc.want) })
 	}
 }
 

@@ -33,6 +33,24 @@ func picks(t *testing.T, p Policy, s *Scratch, req *Request, cands []Candidate, 
 	return out
 }
 
+// picksSpreadOver picks 64 times from cands and checks that every pick is a
+// worker of want and that the random tie-break reached each of them.
+func picksSpreadOver(t *testing.T, p Policy, cands []Candidate, want []uint64) {
+	t.Helper()
+	req := &Request{ISL: 64, BlockSize: 16, Weights: DefaultWeights()}
+	var s Scratch
+	seen := map[uint64]bool{}
+	for _, w := range picks(t, p, &s, req, cands, 64) {
+		if !slices.Contains(want, w.WorkerID) {
+			t.Fatalf("chose worker %d, want one of %v", w.WorkerID, want)
+		}
+		seen[w.WorkerID] = true
+	}
+	if len(seen) != len(want) {
+		t.Errorf("64 picks reached %v of %v", seen, want)
+	}
+}
+
 func TestRoundRobinCyclesInWorkerAndRankOrder(t *testing.T) {
 	// Listed out of order, with load and cache that round-robin ignores.
 	cands := []Candidate{
