@@ -14,14 +14,15 @@ import (
 
 const module = "github.com/kvselect/kvselect"
 
-// listModule runs `go list -deps -json` over the whole module from its root.
+// listModule runs `go list -deps -json` over the whole module from its root:
+// its packages and everything they import, the standard library included.
 func listModule(t *testing.T) []Package {
 	t.Helper()
 	root, err := filepath.Abs(filepath.Join("..", ".."))
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command("go", "list", "-json=ImportPath,Dir,GoFiles,Imports,Deps,Standard", "./...")
+	cmd := exec.Command("go", "list", "-deps", "-json=ImportPath,Dir,GoFiles,Imports,Deps", "./...")
 	cmd.Dir = root
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
@@ -89,8 +90,10 @@ func f() {
 	m := func(rel string) string { return "example.com/m/" + rel }
 	pkgs := []Package{
 		{ImportPath: m("selection"), Dir: dir, GoFiles: []string{"core.go"},
-			Imports: []string{"fmt", "os", m("selection/index"), m("internal/zmqdial")},
-			Deps:    []string{"fmt", "os", "net", "net/url", m("selection/index"), m("internal/zmqdial")}},
+			Imports: []string{"fmt", "os", "net/url", "example.com/lib", m("selection/index"), m("internal/zmqdial")},
+			Deps:    []string{"fmt", "os", "net", "net/url", "example.com/lib", m("selection/index"), m("internal/zmqdial")}},
+		{ImportPath: "net/url", Imports: []string{"strings"}, Deps: []string{"strings"}},
+		{ImportPath: "example.com/lib", Imports: []string{"net/http"}, Deps: []string{"net", "net/http"}},
 		{ImportPath: m("selection/index"), Imports: []string{"sort"}, Deps: []string{"sort"}},
 		{ImportPath: m("internal/zmqdial"), Imports: []string{"net"}, Deps: []string{"net"}},
 		{ImportPath: m("extproc"), Imports: []string{m("selection"), m("engines/kvlisten"), m("httpadmin")}},
@@ -104,7 +107,7 @@ func f() {
 		"core.go:7:7: example.com/m/selection uses time.NewTicker",
 		"example.com/m/selection imports os: the selection core does no I/O",
 		"example.com/m/selection imports example.com/m/internal/zmqdial: the selection core imports nothing outside selection/",
-		"example.com/m/selection imports net through example.com/m/internal/zmqdial",
+		"example.com/m/selection imports example.com/lib, which pulls in net: the selection core does no I/O",
 		"example.com/m/extproc imports example.com/m/engines/kvlisten: a front imports no adapter",
 		"example.com/m/extproc imports example.com/m/httpadmin: a front imports no adapter, front or server",
 		"example.com/m/replicas/mesh imports example.com/m/httpadmin: an adapter imports no front",
