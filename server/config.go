@@ -86,7 +86,13 @@ func resolveConfig(o *options, lookup func(string) (string, bool), file *configF
 		pol, err = scheduler.New(choice.name, choice.params)
 	}
 	if err != nil {
-		return resolved{}, &UsageError{fmt.Errorf("%s: %w", choice.source, err)}
+		// Name where the offending input was: the file's parameters, or
+		// whatever named the policy.
+		where := choice.source
+		if len(choice.params) > 0 {
+			where = file.path + ": policy.parameters"
+		}
+		return resolved{}, &UsageError{fmt.Errorf("%s: %w", where, err)}
 	}
 
 	return resolved{policy: choice, cfg: selection.Config{

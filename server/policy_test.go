@@ -124,6 +124,7 @@ func TestConfigFileMistakesAreUsageErrorsNamingTheKey(t *testing.T) {
 		{"unknown kv-cost parameter", "policy:\n  name: kv-cost\n  parameters:\n    temperature: 0.1\n", nil, "policy.parameters.temperature is not a parameter of policy kv-cost"},
 		{"out-of-range kv-cost parameter", "policy:\n  name: kv-cost\n  parameters:\n    host_cache_hit_weight: 2\n", nil, `policy.parameters.host_cache_hit_weight="2": must be a finite number between 0 and 1`},
 		{"parameter of a policy that takes none", "policy:\n  name: round-robin\n  parameters:\n    step: 2\n", nil, `unknown parameter "step"`},
+		{"parameter of a policy the flag names", "policy:\n  name: round-robin\n  parameters:\n    step: 2\n", []string{"--policy", "round-robin"}, `policy.parameters: policy round-robin: unknown parameter "step"`},
 		{"unknown policy flag", "", []string{"--policy", "fastest"}, `--policy: unknown policy "fastest"`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
