@@ -16,8 +16,9 @@ import (
 
 // Proposal 004: the pick goes out as the destination header and as envoy.lb
 // dynamic metadata with the same value (a proxy may read either), an ip:port
-// of the pool, with clear_route_cache so that Envoy routes again; FULL_DUPLEX_STREAMED bodies come back intact in
-// ≤ 62,000-byte chunks with content-length fixed.
+// of the pool, with clear_route_cache so that Envoy routes again;
+// FULL_DUPLEX_STREAMED bodies come back intact in ≤ 62,000-byte chunks with
+// content-length fixed.
 func TestDestinationHeaderAndMetadataAgree(t *testing.T) {
 	s := need(t)
 	p := s.newPool(t, 3)

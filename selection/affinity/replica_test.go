@@ -26,9 +26,10 @@ func TestVersionOrderIsSequenceThenWriter(t *testing.T) {
 	}
 }
 
-// The receiver rules for replicated bindings (ApplyRemote), one row per rule. Each case starts from a table in
-// which session "s" is in the given state at t0 (local version seq 100,
-// writer 7), then applies one event from writer 9 at `now`.
+// The receiver rules for replicated bindings (ApplyRemote), one row per rule.
+// Each case starts from a table in which session "s" is in the given state at
+// t0 (local version seq 100, writer 7), then applies one event from writer 9
+// at `now`.
 func TestApplyRemoteRules(t *testing.T) {
 	type setup func(t *testing.T, tb *Table)
 	boundAt100 := func(target Target, leased bool) setup {

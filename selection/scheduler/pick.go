@@ -5,9 +5,10 @@ import (
 	"math/rand/v2"
 )
 
-// SoftmaxPicker is Dynamo's default picker (selector/default.rs): at temperature 0 the minimum cost, ties broken
-// uniformly at random by reservoir sampling; above 0 one sample of a softmax
-// over min-max normalised costs. It reads the temperature from the request's
+// SoftmaxPicker is Dynamo's default picker (selector/default.rs): at
+// temperature 0 the minimum cost, ties broken uniformly at random by
+// reservoir sampling; above 0 one sample of a softmax over min-max normalised
+// costs. It reads the temperature from the request's
 // weights.
 type SoftmaxPicker struct{}
 

@@ -1,5 +1,7 @@
 package scheduler
 
+import "github.com/kvselect/kvselect/selection/index"
+
 func init() { Register("round-robin", newRoundRobin) }
 
 // CycleScorer is round-robin's cost: 0 for a rank that comes after the
@@ -16,7 +18,7 @@ type CycleScorer struct{}
 
 // Score implements Scorer.
 func (CycleScorer) Score(ctx *Context, c *Candidate) (float64, error) {
-	if ctx.Last == nil || compareWorkers(c.Worker, *ctx.Last) > 0 {
+	if ctx.Last == nil || index.CompareWorkerKeys(c.Worker, *ctx.Last) > 0 {
 		return 0, nil
 	}
 	return 1, nil

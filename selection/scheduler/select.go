@@ -1,7 +1,6 @@
 package scheduler
 
 import (
-	"cmp"
 	"fmt"
 	"math"
 	"math/rand/v2"
@@ -238,13 +237,8 @@ func (p Policy) score(ctx *Context, sc *Scored, row int) error {
 // depend on catalog iteration order. Already-sorted input (the usual case)
 // costs one pass.
 func sortByWorker(rows []Scored) {
-	byWorker := func(a, b Scored) int { return compareWorkers(a.Worker, b.Worker) }
+	byWorker := func(a, b Scored) int { return index.CompareWorkerKeys(a.Worker, b.Worker) }
 	if !slices.IsSortedFunc(rows, byWorker) {
 		slices.SortFunc(rows, byWorker)
 	}
-}
-
-// compareWorkers orders ranks by (worker id, dp rank).
-func compareWorkers(a, b index.WorkerKey) int {
-	return cmp.Or(cmp.Compare(a.WorkerID, b.WorkerID), cmp.Compare(a.DPRank, b.DPRank))
 }
