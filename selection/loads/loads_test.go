@@ -585,6 +585,56 @@ func TestRecordOutputTokensEmitsAtBlockBoundaries(t *testing.T) {
 	}
 }
 
+func TestAddStreamedOutputAddsABlockPerBlockSizeOfTokens(t *testing.T) {
+	type step struct {
+		generated, added, blocks int
+	}
+	for _, tc := range []struct {
+		name     string
+		expected *uint32
+		steps    []step
+	}{
+		// Prompt: 2 tracked blocks. Whole blocks of streamed tokens count
+		// once each, whatever the calls' granularity; a repeated or smaller
+		// total adds nothing.
+		{"without an expected length", nil, []step{{3, 0, 2}, {4, 1, 3}, {11, 1, 4}, {11, 0, 4}, {9, 0, 4}, {20, 3, 7}}},
+		// Block n weighs 1 − 4n/8 on every block only this booking holds:
+		// 3 × 0.5 = 1.5 → 2, then 4 × 0 → 0.
+		{"decay toward the expected length", u32(8), []step{{4, 1, 2}, {8, 1, 0}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tr := newTracker(t, DefaultConfig(4), w1)
+			mustAdd(t, tr, t0, Booking{RequestID: "r", Worker: w1, TrackingHashes: []uint64{1, 2}, ISL: 8, ExpectedOutputTokens: tc.expected})
+			for _, s := range tc.steps {
+				added, err := tr.AddStreamedOutput("r", s.generated)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if got := load1(t, tr, w1).ActiveDecodeBlocks; added != s.added || got != s.blocks {
+					t.Fatalf("generated %d: added %d, %d decode blocks; want %d, %d", s.generated, added, got, s.added, s.blocks)
+				}
+			}
+		})
+	}
+}
+
+func TestAddStreamedOutputIsBoundedAndChecked(t *testing.T) {
+	tr := newTracker(t, DefaultConfig(4), w1)
+	mustAdd(t, tr, t0, Booking{RequestID: "r", Worker: w1, ISL: 8})
+	if added, err := tr.AddStreamedOutput("r", 1<<30); err != nil || added != MaxStreamedOutputBlocks {
+		t.Fatalf("a response without end: added %d, %v; want the cap %d", added, err, MaxStreamedOutputBlocks)
+	}
+	if added, err := tr.AddStreamedOutput("r", 1<<31); err != nil || added != 0 {
+		t.Fatalf("past the cap: added %d, %v", added, err)
+	}
+	if _, err := tr.AddStreamedOutput("r", -1); !errors.Is(err, ErrInvalidBooking) {
+		t.Errorf("negative count: %v, want ErrInvalidBooking", err)
+	}
+	if _, err := tr.AddStreamedOutput("gone", 4); !errors.Is(err, ErrRequestNotFound) {
+		t.Errorf("unknown booking: %v, want ErrRequestNotFound", err)
+	}
+}
+
 func TestDecayFractionFormula(t *testing.T) {
 	for _, tc := range []struct {
 		generated int
