@@ -1,6 +1,7 @@
 package affinity
 
 import (
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"sync"
@@ -136,7 +137,12 @@ func TestConcurrentBookingsKeepLeaseCounts(t *testing.T) {
 						continue
 					}
 					l, err := h.Commit(now, target, sched)
-					if err != nil && !isConflict(err) {
+					// Besides a Hard conflict, an initializing hold may lose
+					// its entry to the others: a failover joins and binds it,
+					// then a request that finds the bound worker gone (or the
+					// binding idle on its own clock) drops and re-initializes
+					// it before this commit.
+					if err != nil && !isConflict(err) && !errors.Is(err, ErrInitializationChanged) && !errors.Is(err, ErrInitializationCancelled) {
 						t.Error(err)
 					}
 					l.Release(now)
