@@ -2,7 +2,6 @@ package server
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
 	"net/http"
 	"os"
@@ -30,26 +29,10 @@ func TestPoolFlagsAgainstARealAPIServer(t *testing.T) {
 	if err := os.WriteFile(kubeconfig, env.KubeConfig, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(t.Context())
-	defer cancel()
-	var logs logBuffer
-	done := make(chan error, 1)
-	env2 := func(k string) (string, bool) {
-		if k == "DYN_ROUTER_USE_KV_EVENTS" {
-			return "false", true
-		}
-		return "", false
-	}
-	go func() {
-		done <- runWith(ctx, []string{"--host", "127.0.0.1", "--port", "0", "--extproc-port", "0", "--log-format", "json",
-			"--pool-name", "vllm-pool", "--pool-namespace", "default", "--kubeconfig", kubeconfig}, env2, &bytes.Buffer{}, &logs)
-	}()
-	var addr string
-	waitFor(t, "the startup log line", 60*time.Second, func() bool {
-		var ok bool
-		addr, ok = listeningAddr(logs.String())
-		return ok
-	})
+	ctx := t.Context()
+	srv := runInBackground(t, withoutKVEvents, []string{"--extproc-port", "0",
+		"--pool-name", "vllm-pool", "--pool-namespace", "default", "--kubeconfig", kubeconfig})
+	addr, logs := srv.addrs.REST.String(), srv.logs
 	ready := func() (int, string) {
 		resp, err := http.Get("http://" + addr + "/ready")
 		if err != nil {
@@ -101,8 +84,7 @@ func TestPoolFlagsAgainstARealAPIServer(t *testing.T) {
 		_ = json.Unmarshal([]byte(body), &b)
 		return code == http.StatusOK && len(b.Workers) == 1 && b.Workers[0].Endpoint == "http://10.3.0.4:8000"
 	})
-	cancel()
-	if err := <-done; err != nil {
+	if err := srv.stop(20 * time.Second); err != nil {
 		t.Fatalf("run = %v", err)
 	}
 	if !strings.Contains(logs.String(), `"msg":"InferencePool not usable: not ready"`) {

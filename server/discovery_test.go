@@ -1,8 +1,6 @@
 package server
 
 import (
-	"bytes"
-	"context"
 	"encoding/json"
 	"net/http"
 	"os"
@@ -42,25 +40,8 @@ func TestWorkersFileThroughTheServer(t *testing.T) {
 	if err := os.WriteFile(path, []byte(`{"workers":[{"worker_id":11,"model_name":"m","endpoint":"http://127.0.0.1:1","block_size":16}]}`), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(t.Context())
-	defer cancel()
-	var logs logBuffer
-	done := make(chan error, 1)
-	env := func(k string) (string, bool) {
-		if k == "DYN_ROUTER_USE_KV_EVENTS" {
-			return "false", true
-		}
-		return "", false
-	}
-	go func() {
-		done <- runWith(ctx, []string{"--host", "127.0.0.1", "--port", "0", "--extproc-port", "0", "--log-format", "json", "--workers-file", path}, env, &bytes.Buffer{}, &logs)
-	}()
-	var addr string
-	waitFor(t, "the startup log line", 30*time.Second, func() bool {
-		var ok bool
-		addr, ok = listeningAddr(logs.String())
-		return ok
-	})
+	srv := runInBackground(t, withoutKVEvents, []string{"--extproc-port", "0", "--workers-file", path})
+	addr, logs := srv.addrs.REST.String(), srv.logs
 	waitFor(t, "the file's worker to be ready", 30*time.Second, func() bool {
 		resp, err := http.Get("http://" + addr + "/ready")
 		if err != nil {
@@ -78,8 +59,7 @@ func TestWorkersFileThroughTheServer(t *testing.T) {
 		return resp.StatusCode == http.StatusOK && body.Ready && len(body.Workers) == 1 && body.Workers[0].WorkerID == 11 &&
 			len(body.Conditions) == 1 && body.Conditions[0].Reason == "WorkersFileLoaded"
 	})
-	cancel()
-	if err := <-done; err != nil {
+	if err := srv.stop(20 * time.Second); err != nil {
 		t.Fatalf("run = %v", err)
 	}
 	if !strings.Contains(logs.String(), `"msg":"workers file loaded"`) {

@@ -1,8 +1,6 @@
 package server
 
 import (
-	"bytes"
-	"context"
 	"encoding/json"
 	"net/http"
 	"strings"
@@ -17,35 +15,16 @@ import (
 	"github.com/kvselect/kvselect/internal/logwatch"
 )
 
-// extprocAddr returns the ext_proc startup line's addr from JSON logs.
-func extprocAddr(logs string) (string, bool) {
-	return logwatch.Attr(logs, "ext_proc listening", "addr")
-}
-
 // The picker runs beside the REST API over the same service: a worker
 // registered over REST is picked over ext_proc, the booking shows in /loads
 // while the response streams, and shutdown reports NOT_SERVING and stops.
 func TestExtProcServesBesideREST(t *testing.T) {
-	ctx, cancel := context.WithCancel(t.Context())
-	defer cancel()
-	var logs logBuffer
-	done := make(chan error, 1)
-	go func() {
-		done <- runWith(ctx, []string{"--host", "127.0.0.1", "--port", "0", "--log-format", "json", "--extproc-fallbacks", "1"},
-			func(k string) (string, bool) {
-				if k == "DYN_ROUTER_USE_KV_EVENTS" {
-					return "false", true
-				}
-				return "", false
-			}, &bytes.Buffer{}, &logs)
-	}()
-	var rest, ep string
-	waitFor(t, "both startup log lines", 10*time.Second, func() bool {
-		var ok1, ok2 bool
-		rest, ok1 = listeningAddr(logs.String())
-		ep, ok2 = extprocAddr(logs.String())
-		return ok1 && ok2
-	})
+	ctx := t.Context()
+	srv := runInBackground(t, withoutKVEvents, []string{"--extproc-fallbacks", "1"})
+	rest, ep := srv.addrs.REST.String(), srv.addrs.ExtProc.String()
+	if logged, ok := logwatch.Attr(srv.logs.String(), "ext_proc listening", "addr"); !ok || logged != ep {
+		t.Errorf("ext_proc startup log names %q, want %s", logged, ep)
+	}
 	for i, host := range []string{"10.0.0.1:8000", "10.0.0.2:8000"} {
 		body := `{"worker_id":` + string(rune('1'+i)) + `,"model_name":"m","endpoint":"http://` + host + `","block_size":4}`
 		res, err := http.Post("http://"+rest+"/workers", "application/json", strings.NewReader(body))
@@ -92,14 +71,8 @@ func TestExtProcServesBesideREST(t *testing.T) {
 	if r, err := hc.Check(ctx, &healthpb.HealthCheckRequest{Service: "envoy.service.ext_proc.v3.ExternalProcessor"}); err != nil || r.GetStatus() != healthpb.HealthCheckResponse_SERVING {
 		t.Fatalf("health: %v %v", r, err)
 	}
-	cancel()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatal(err)
-		}
-	case <-time.After(20 * time.Second):
-		t.Fatal("run did not return after cancel")
+	if err := srv.stop(20 * time.Second); err != nil {
+		t.Fatal(err)
 	}
 }
 

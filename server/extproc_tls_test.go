@@ -1,7 +1,6 @@
 package server
 
 import (
-	"bytes"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
@@ -32,35 +31,8 @@ import (
 // stop cleanly) when the test ends.
 func startPicker(t *testing.T, args ...string) (rest, addr string, logs *logBuffer) {
 	t.Helper()
-	ctx, cancel := context.WithCancel(t.Context())
-	logs = &logBuffer{}
-	done := make(chan error, 1)
-	go func() {
-		done <- runWith(ctx, append([]string{"--host", "127.0.0.1", "--port", "0", "--log-format", "json"}, args...),
-			func(k string) (string, bool) {
-				if k == "DYN_ROUTER_USE_KV_EVENTS" {
-					return "false", true
-				}
-				return "", false
-			}, &bytes.Buffer{}, logs)
-	}()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Error(err)
-			}
-		case <-time.After(20 * time.Second):
-			t.Error("run did not return after cancel")
-		}
-	})
-	waitFor(t, "both startup log lines", 10*time.Second, func() bool {
-		var ok1, ok2 bool
-		rest, ok1 = listeningAddr(logs.String())
-		addr, ok2 = extprocAddr(logs.String())
-		return ok1 && ok2
-	})
+	srv := runInBackground(t, withoutKVEvents, args)
+	rest, addr, logs = srv.addrs.REST.String(), srv.addrs.ExtProc.String(), srv.logs
 	res, err := http.Post("http://"+rest+"/workers", "application/json",
 		strings.NewReader(`{"worker_id":1,"model_name":"m","endpoint":"http://10.0.0.1:8000","block_size":4}`))
 	if err != nil || res.StatusCode/100 != 2 {

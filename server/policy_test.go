@@ -1,7 +1,6 @@
 package server
 
 import (
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -202,36 +201,6 @@ func (c restClient) call(method, path, body string, want int) map[string]any {
 	return out
 }
 
-// startServer runs the server with opts until the test ends and returns its
-// REST base URL and logs.
-func startServer(t *testing.T, env map[string]string, args []string, opts ...Option) (restClient, *logBuffer) {
-	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	var logs logBuffer
-	addrs := make(chan Listening, 1)
-	done := make(chan error, 1)
-	opts = append([]Option{WithEnv(envOf(env)), WithStdout(io.Discard), WithStderr(&logs),
-		WithListening(func(l Listening) { addrs <- l })}, opts...)
-	go func() {
-		done <- Run(ctx, append([]string{"--host", "127.0.0.1", "--port", "0", "--extproc-port", "0", "--log-format", "json"}, args...), opts...)
-	}()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Run: %v\n%s", err, logs.String())
-		}
-	})
-	select {
-	case l := <-addrs:
-		return restClient{t: t, base: "http://" + l.REST.String()}, &logs
-	case err := <-done:
-		t.Fatalf("Run ended before listening: %v\n%s", err, logs.String())
-	case <-time.After(30 * time.Second):
-		t.Fatalf("no Listening after 30 s:\n%s", logs.String())
-	}
-	return restClient{}, nil
-}
-
 // TestReloadAppliesPolicyParametersAndKeepsTheLastGoodFile drives a running
 // server through reloads: new kv-cost parameters show in /overlap_scores'
 // router credit at once; a broken file changes nothing; router knobs are
@@ -241,7 +210,8 @@ func TestReloadAppliesPolicyParametersAndKeepsTheLastGoodFile(t *testing.T) {
 	reload := make(chan struct{})
 	// Approximate mode: the index learns the booked prompt, so the same
 	// prompt then overlaps on the booked worker without an engine.
-	c, logs := startServer(t, map[string]string{"DYN_ROUTER_USE_KV_EVENTS": "false"}, []string{"--config", path}, WithReload(reload))
+	srv := runInBackground(t, withoutKVEvents, []string{"--config", path}, WithReload(reload))
+	c, logs := restClient{t: t, base: srv.rest()}, srv.logs
 	c.call("POST", "/workers", `{"worker_id":1,"model_name":"m","endpoint":"http://127.0.0.1:9","block_size":4}`, 201)
 	prompt := `"model_name":"m","token_ids":[1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16]`
 	c.call("POST", "/select_and_reserve", `{"selection_id":"a",`+prompt+`}`, 200)

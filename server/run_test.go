@@ -2,7 +2,6 @@ package server
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -30,6 +29,77 @@ func runWith(ctx context.Context, args []string, lookup func(string) (string, bo
 	return Run(ctx, args, WithEnv(lookup), WithStdout(stdout), WithStderr(stderr))
 }
 
+// withoutKVEvents is an environment with KV events off: the index learns
+// from bookings, so workers need no engine behind them.
+func withoutKVEvents(k string) (string, bool) {
+	if k == "DYN_ROUTER_USE_KV_EVENTS" {
+		return "false", true
+	}
+	return "", false
+}
+
+// background is a server Run started by runInBackground.
+type background struct {
+	addrs  Listening
+	logs   *logBuffer
+	cancel context.CancelFunc
+	done   chan error // Run's result, read once
+	err    error      // Run's result after stop
+	ended  bool
+}
+
+// runInBackground runs the server on 127.0.0.1 with ports the kernel picks
+// (args may choose others), JSON logs and env, and returns once it listens.
+// If the test does not stop it, the test's cleanup does, and then Run must
+// have returned nil.
+func runInBackground(t *testing.T, env func(string) (string, bool), args []string, opts ...Option) *background {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	b := &background{logs: &logBuffer{}, cancel: cancel, done: make(chan error, 1)}
+	listening := make(chan Listening, 1)
+	opts = append([]Option{WithEnv(env), WithStdout(io.Discard), WithStderr(b.logs),
+		WithListening(func(l Listening) { listening <- l })}, opts...)
+	go func() {
+		b.done <- Run(ctx, append([]string{"--host", "127.0.0.1", "--port", "0", "--log-format", "json"}, args...), opts...)
+	}()
+	t.Cleanup(func() {
+		if !b.ended {
+			if err := b.stop(20 * time.Second); err != nil {
+				t.Errorf("Run: %v\n%s", err, b.logs.String())
+			}
+		}
+	})
+	select {
+	case b.addrs = <-listening:
+		return b
+	case err := <-b.done:
+		b.ended = true
+		t.Fatalf("Run ended before listening: %v\n%s", err, b.logs.String())
+	case <-time.After(60 * time.Second):
+		t.Fatalf("not listening after 60 s:\n%s", b.logs.String())
+	}
+	return nil
+}
+
+// rest is the REST API's base URL.
+func (b *background) rest() string { return "http://" + b.addrs.REST.String() }
+
+// stop cancels Run and returns its result, or an error when it did not
+// return within timeout.
+func (b *background) stop(timeout time.Duration) error {
+	b.cancel()
+	if b.ended {
+		return b.err
+	}
+	select {
+	case b.err = <-b.done:
+		b.ended = true
+		return b.err
+	case <-time.After(timeout):
+		return fmt.Errorf("Run did not return within %v of the cancellation", timeout)
+	}
+}
+
 func waitFor(t *testing.T, what string, timeout time.Duration, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(timeout)
@@ -42,19 +112,11 @@ func waitFor(t *testing.T, what string, timeout time.Duration, cond func() bool)
 }
 
 func TestRunServesUntilCancelledThenStopsCleanly(t *testing.T) {
-	ctx, cancel := context.WithCancel(t.Context())
-	defer cancel()
-	var logs logBuffer
-	done := make(chan error, 1)
-	go func() {
-		done <- runWith(ctx, []string{"--host", "127.0.0.1", "--port", "0", "--log-format", "json"}, noEnv, &bytes.Buffer{}, &logs)
-	}()
-	var addr string
-	waitFor(t, "the startup log line", 10*time.Second, func() bool {
-		var ok bool
-		addr, ok = listeningAddr(logs.String())
-		return ok
-	})
+	srv := runInBackground(t, noEnv, nil)
+	addr, logs := srv.addrs.REST.String(), srv.logs
+	if logged, ok := listeningAddr(logs.String()); !ok || logged != addr {
+		t.Errorf("startup log names %q, want %s", logged, addr)
+	}
 	resp, err := http.Get("http://" + addr + "/health")
 	if err != nil {
 		t.Fatal(err)
@@ -63,14 +125,8 @@ func TestRunServesUntilCancelledThenStopsCleanly(t *testing.T) {
 	if resp.StatusCode != http.StatusOK {
 		t.Errorf("GET /health = %d", resp.StatusCode)
 	}
-	cancel()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatalf("run = %v, want nil after cancellation", err)
-		}
-	case <-time.After(15 * time.Second):
-		t.Fatal("run did not return within the shutdown timeout")
+	if err := srv.stop(15 * time.Second); err != nil {
+		t.Fatalf("run = %v, want nil after cancellation", err)
 	}
 	for _, want := range []string{`"msg":"shutting down"`, `"msg":"selection service stopped admitting selections"`, `"msg":"shutdown complete"`} {
 		if !strings.Contains(logs.String(), want) {
@@ -91,39 +147,23 @@ func TestRunServesUntilCancelledThenStopsCleanly(t *testing.T) {
 // (Go's server drops requests whose headers arrive after Shutdown begins, so
 // DELETE /workers during shutdown is left to the selection and httpadmin tests.)
 func TestShutdownStopsTheServiceBeforeDraining(t *testing.T) {
-	ctx, cancel := context.WithCancel(t.Context())
-	defer cancel()
-	var logs logBuffer
-	done := make(chan error, 1)
-	go func() {
-		done <- runWith(ctx, []string{"--host", "127.0.0.1", "--port", "0", "--log-format", "json"}, noEnv, &bytes.Buffer{}, &logs)
-	}()
-	var addr string
-	waitFor(t, "the startup log line", 10*time.Second, func() bool {
-		var ok bool
-		addr, ok = listeningAddr(logs.String())
-		return ok
-	})
+	srv := runInBackground(t, noEnv, nil)
+	addr, logs := srv.addrs.REST.String(), srv.logs
 
 	body := `{"worker_id":1,"endpoint":"http://127.0.0.1:8000","block_size":16,"kv_events_endpoint":"tcp://127.0.0.1:5557"}`
 	upsert := halfSend(t, addr, "POST /workers HTTP/1.1\r\nHost: kvselect\r\nContent-Type: application/json\r\n"+
 		fmt.Sprintf("Content-Length: %d\r\n\r\n", len(body))+body[:10])
 	time.Sleep(200 * time.Millisecond) // let the server read the headers and start the handler
 
-	cancel()
+	srv.cancel()
 	waitFor(t, "the service to stop", 10*time.Second, func() bool {
 		return strings.Contains(logs.String(), `"msg":"selection service stopped admitting selections"`)
 	})
 	if code, resp := finish(t, upsert, body[10:]); code != http.StatusServiceUnavailable || !strings.Contains(resp, "selection service is shutting down") {
 		t.Errorf("POST /workers during shutdown = %d %s, want 503 selection service is shutting down", code, resp)
 	}
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatalf("run = %v, want nil", err)
-		}
-	case <-time.After(15 * time.Second):
-		t.Fatal("run did not return")
+	if err := srv.stop(15 * time.Second); err != nil {
+		t.Fatalf("run = %v, want nil", err)
 	}
 }
 
@@ -182,33 +222,17 @@ func TestIPv4HostsBindIPv4OnlyAsInDynamo(t *testing.T) {
 // TestShutdownTimeoutClosesStragglers: a request that never completes holds the
 // drain for --shutdown-timeout only; then run closes it and fails (status 1).
 func TestShutdownTimeoutClosesStragglers(t *testing.T) {
-	ctx, cancel := context.WithCancel(t.Context())
-	defer cancel()
-	var logs logBuffer
-	done := make(chan error, 1)
-	go func() {
-		done <- runWith(ctx, []string{"--host", "127.0.0.1", "--port", "0", "--log-format", "json", "--shutdown-timeout", "300ms"}, noEnv, &bytes.Buffer{}, &logs)
-	}()
-	var addr string
-	waitFor(t, "the startup log line", 10*time.Second, func() bool {
-		var ok bool
-		addr, ok = listeningAddr(logs.String())
-		return ok
-	})
+	srv := runInBackground(t, noEnv, []string{"--shutdown-timeout", "300ms"})
+	addr, logs := srv.addrs.REST.String(), srv.logs
 	halfSend(t, addr, "POST /workers HTTP/1.1\r\nHost: kvselect\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{")
 	time.Sleep(200 * time.Millisecond) // let the server read the headers and start the handler
 	start := time.Now()
-	cancel()
-	select {
-	case err := <-done:
-		if err == nil || !strings.Contains(err.Error(), "graceful shutdown") || ExitStatus(err, io.Discard) != 1 {
-			t.Fatalf("run = %v, want a graceful-shutdown error with status 1", err)
-		}
-		if took := time.Since(start); took > 5*time.Second {
-			t.Errorf("shutdown took %v with a 300ms timeout", took)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("run did not return")
+	err := srv.stop(10 * time.Second)
+	if err == nil || !strings.Contains(err.Error(), "graceful shutdown") || ExitStatus(err, io.Discard) != 1 {
+		t.Fatalf("run = %v, want a graceful-shutdown error with status 1", err)
+	}
+	if took := time.Since(start); took > 5*time.Second {
+		t.Errorf("shutdown took %v with a 300ms timeout", took)
 	}
 	if !strings.Contains(logs.String(), "graceful shutdown timed out") {
 		t.Errorf("logs lack the timeout:\n%s", logs.String())
