@@ -35,10 +35,15 @@ type booking struct {
 	id          string
 	live        bool // booked, and neither freed nor lost
 	prefillDone bool
+	// blockSize is the partition's, from the pick; blocks is the whole
+	// blocks of output tokens last reported. Together they keep the per-chunk
+	// path off the core's locks until another block may be due.
+	blockSize, blocks int
 }
 
-// booked records the reservation made under id by the pick.
-func (b *booking) booked(id string) { b.id, b.live = id, true }
+// booked records the reservation made under id by the pick, in a partition
+// of blockSize-token blocks.
+func (b *booking) booked(id string, blockSize int) { b.id, b.live, b.blockSize = id, true, blockSize }
 
 // prefillComplete tells the core, once, that the response has begun: the
 // prompt's prefill is done and its load goes.
@@ -57,6 +62,13 @@ func (b *booking) prefillComplete(ctx context.Context) {
 func (b *booking) outputTokens(ctx context.Context, generated int) {
 	if !b.live {
 		return
+	}
+	if b.blockSize > 0 {
+		// No whole block more than last time: nothing for the core to add.
+		if generated/b.blockSize <= b.blocks {
+			return
+		}
+		b.blocks = generated / b.blockSize
 	}
 	n, err := b.core.OutputTokens(ctx, b.id, generated)
 	if err != nil {

@@ -92,7 +92,7 @@ func (b *bookingBed) booking(t *testing.T, id string) *booking {
 	t.Helper()
 	b.book(t, id)
 	bk := &booking{core: b.core, m: b.m, log: slog.New(slog.NewTextHandler(&b.logs, nil))}
-	bk.booked(id)
+	bk.booked(id, int(*bookingWorker.BlockSize))
 	return bk
 }
 

@@ -228,7 +228,7 @@ func (st *stream) pick(withBody bool) (*extprocv3.HeaderMutation, *structpb.Stru
 		return nil, nil, st.immediateErr(err)
 	}
 	st.picked = true
-	st.bk.booked(*resp.SelectionID)
+	st.bk.booked(*resp.SelectionID, int(resp.BlockSize))
 	st.s.metrics.routed.Add(1)
 	st.primary = st.s.addrs.addr(resp.Endpoint)
 	st.fallbacks = resp.Fallbacks

@@ -41,11 +41,17 @@ func resolveConfig(o *options, lookup func(string) (string, bool), file *configF
 		return resolved{}, err
 	}
 	rc, warnings, err := routerconfig.Load(rf, lookup)
+	// Each message names its variable or file key; the prefix only says
+	// where to look when there is no file.
+	source := "environment"
+	if file != nil {
+		source = "configuration"
+	}
 	for _, w := range warnings {
-		log.Warn(w, "source", "environment")
+		log.Warn(w, "source", source)
 	}
 	if err != nil {
-		return resolved{}, &UsageError{fmt.Errorf("environment: %w", err)}
+		return resolved{}, &UsageError{fmt.Errorf("%s: %w", source, err)}
 	}
 
 	if o.set["threads"] {
