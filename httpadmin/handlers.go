@@ -418,6 +418,17 @@ func (s *server) listPeers(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, peers)
 }
 
+// ---- kvselect extension: GET /kv_events/collector ----
+
+func (s *server) kvEventsCollector(w http.ResponseWriter, r *http.Request) {
+	st, ok := s.svc.KVEventsCollector()
+	if !ok {
+		writeError(w, http.StatusNotFound, "no kv events collector socket is bound (--kv-events-bind)", nil)
+		return
+	}
+	writeJSON(w, http.StatusOK, st)
+}
+
 // jsonKind names the JSON value that starts raw, as serde's "invalid type".
 func jsonKind(raw json.RawMessage) string {
 	if len(raw) == 0 {

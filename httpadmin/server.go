@@ -68,7 +68,7 @@ type route struct {
 }
 
 // routes is Dynamo's route table (server.rs), in its registration order, plus
-// the OpenAPI document. Go's "GET" patterns also answer HEAD, as axum's get()
+// kvselect's KV events collector status and the OpenAPI document. Go's "GET" patterns also answer HEAD, as axum's get()
 // does.
 var routes = []route{
 	{"POST", "/select", (*server).selectOnly},
@@ -90,6 +90,7 @@ var routes = []route{
 	{"POST", "/replica_sync/register_peer", (*server).registerPeer},
 	{"POST", "/replica_sync/deregister_peer", (*server).deregisterPeer},
 	{"GET", "/replica_sync/peers", (*server).listPeers},
+	{"GET", "/kv_events/collector", (*server).kvEventsCollector},
 	{"GET", "/openapi.json", (*server).openAPI},
 }
 

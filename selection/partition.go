@@ -20,6 +20,7 @@ import (
 // once at build time.
 type settings struct {
 	useKVEvents bool
+	collector   bool // a KV events collector socket feeds ranks without endpoints
 	queueing    bool
 	indexConfig index.Config
 	affinityTTL time.Duration // 0 = session affinity off

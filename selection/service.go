@@ -49,6 +49,11 @@ type Config struct {
 	// Listeners receives per-rank attach/detach calls when KV events are on; nil
 	// means no adapter is connected (endpoints are still validated).
 	Listeners Listeners
+	// EventsCollector says the Listeners also run a collector socket that
+	// engines dial (--kv-events-bind): a worker registered without a KV event
+	// endpoint is then schedulable, its ranks attached with an empty
+	// RankEndpoints.KVEvents and recognised by their topic.
+	EventsCollector bool
 	// Policy replaces the default selection policy (Dynamo's cost,
 	// scheduler.DefaultPolicy) when set; SetPolicy replaces it at run time.
 	// New refuses a policy SetPolicy would refuse.
@@ -132,6 +137,7 @@ func New(cfg Config) (*Service, error) {
 		return nil, err
 	}
 	set, err := settingsFrom(cfg.Router)
+	set.collector = cfg.EventsCollector
 	if err != nil {
 		return nil, err
 	}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"time"
 
 	"github.com/kvselect/kvselect/selection/catalog"
 	"github.com/kvselect/kvselect/selection/index"
@@ -30,6 +31,42 @@ type Listeners interface {
 // Workers then shows it in each record's kv_events_status.
 type ListenerStatus interface {
 	RankEventsStatus(p index.Partition, w index.WorkerKey) (catalog.RankEventsStatus, bool)
+}
+
+// EventsCollector is implemented by Listeners that run collector sockets
+// (engines dialing kvselect, --kv-events-bind); KVEventsCollector reports
+// them.
+type EventsCollector interface {
+	CollectorStatus() (CollectorStatus, bool)
+}
+
+// CollectorStatus is what the KV events collector sockets have seen since they
+// were bound (GET /kv_events/collector).
+type CollectorStatus struct {
+	Bound     []string          `json:"bound"`     // the addresses bound, ports resolved
+	Received  uint64            `json:"received"`  // messages read from the sockets
+	Delivered uint64            `json:"delivered"` // messages handed to at least one worker rank
+	Unmatched map[string]uint64 `json:"unmatched"` // messages that reached no rank, by reason
+	// Recent lists the latest topics whose messages reached no rank, newest first.
+	Recent []UnmatchedTopic `json:"recent_unmatched"`
+}
+
+// UnmatchedTopic is one topic whose messages reached no worker rank.
+type UnmatchedTopic struct {
+	Topic    string    `json:"topic"`
+	Reason   string    `json:"reason"`
+	DPRank   *uint32   `json:"dp_rank,omitempty"` // the batch's rank, for unknown_rank
+	Count    uint64    `json:"count"`
+	LastSeen time.Time `json:"last_seen"`
+}
+
+// KVEventsCollector reports the KV events collector sockets; ok is false when
+// none is bound.
+func (s *Service) KVEventsCollector() (st CollectorStatus, ok bool) {
+	if c, is := s.listeners.(EventsCollector); is {
+		return c.CollectorStatus()
+	}
+	return CollectorStatus{}, false
 }
 
 // RankAttachment is everything a listener needs for one worker rank: where its
@@ -144,7 +181,7 @@ func (s *Service) record(id uint64) (*catalog.Record, bool) {
 // record.
 func (s *Service) applyRecord(rec *catalog.Record) *catalog.Record {
 	key := index.Partition{Model: rec.ModelName, RoutingGroup: rec.RoutingGroup}
-	reasons := rec.Reasons(catalog.Checks{Queueing: s.set.queueing, ConsumesEvents: s.set.useKVEvents})
+	reasons := rec.Reasons(catalog.Checks{Queueing: s.set.queueing, ConsumesEvents: s.set.useKVEvents, Collector: s.set.collector})
 	var part *partition
 	if len(reasons) == 0 {
 		var err error
@@ -214,11 +251,13 @@ func (s *Service) reconcileListeners(p *partition, rec *catalog.Record, prev att
 	if !s.set.useKVEvents {
 		return nil
 	}
-	want := rec.KVEndpoints()
+	want := rec.KVEndpoints(s.set.collector)
 	for _, rank := range slices.Sorted(maps.Keys(want)) {
 		eps := want[rank]
-		if err := catalog.ValidateZMQEndpoint(eps.KVEvents); err != nil {
-			return err
+		if eps.KVEvents != "" {
+			if err := catalog.ValidateZMQEndpoint(eps.KVEvents); err != nil {
+				return err
+			}
 		}
 		if eps.Replay != "" {
 			if err := catalog.ValidateZMQEndpoint(eps.Replay); err != nil {

@@ -41,6 +41,8 @@ type options struct {
 	assumeKVReuse   bool
 	noAssumeKVReuse bool
 
+	kvEventsBind []string // --kv-events-bind; KVSELECT_KV_EVENTS_BIND when not given
+
 	indexerPeers       []string
 	replicaSyncPort    uint64
 	replicaSyncPeers   []string
@@ -99,6 +101,11 @@ func newFlagSet(o *options) *flag.FlagSet {
 	fs.BoolVar(&o.assumeKVReuse, "router-assume-kv-reuse", false, "derive tracking hashes from content so identical prefixes share active blocks; overrides DYN_ROUTER_ASSUME_KV_REUSE (default true)")
 	fs.BoolVar(&o.noAssumeKVReuse, "no-router-assume-kv-reuse", false, "use random tracking hashes instead (mutually exclusive with --router-assume-kv-reuse)")
 
+	fs.Func("kv-events-bind", "ZMQ `endpoints` (tcp://host:port, comma-separated or repeated) where kvselect binds a KV events collector: engines dial it (llm-d's topology; vLLM does when its kv-events endpoint is not a wildcard) and each message's topic names its worker, kv@<host>:<port>@<model> or the worker's kv_events_topic. Workers registered without kv_events_endpoint(s) are fed from it. Overrides KVSELECT_KV_EVENTS_BIND. Default: none (subscribe to each worker's kv_events_endpoint only)", func(s string) error {
+		eps, err := parseList(s, catalog.ValidateZMQEndpoint)
+		o.kvEventsBind = append(o.kvEventsBind, eps...)
+		return err
+	})
 	fs.Func("indexer-peers", "comma-separated HTTP `urls` of selectors or standalone indexers, tried in order at startup: the first /dump that answers seeds the KV index; /ready stays 503 until recovery is over", func(s string) error {
 		peers, err := parseList(s, validateHTTPPeer)
 		o.indexerPeers = peers

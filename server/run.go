@@ -28,7 +28,11 @@ import (
 	"github.com/kvselect/kvselect/replicas/mesh"
 	"github.com/kvselect/kvselect/replicas/recovery"
 	"github.com/kvselect/kvselect/selection"
+	"github.com/kvselect/kvselect/selection/catalog"
 )
+
+// envKVEventsBind is --kv-events-bind's variable.
+const envKVEventsBind = "KVSELECT_KV_EVENTS_BIND"
 
 // readHeaderTimeout bounds how long a client may take to send request headers
 // (slowloris). There is no whole-request timeout: a selection may wait in the
@@ -73,13 +77,31 @@ func run(ctx context.Context, args []string, set *settings) error {
 	// each component registers.
 	metrics := prometheus.NewRegistry()
 	metrics.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	binds := o.kvEventsBind
+	if !o.set["kv-events-bind"] {
+		if v, ok := set.lookup(envKVEventsBind); ok && strings.TrimSpace(v) != "" {
+			if binds, err = parseList(v, catalog.ValidateZMQEndpoint); err != nil {
+				return &UsageError{fmt.Errorf("%s: %w", envKVEventsBind, err)}
+			}
+		}
+	}
+	if len(binds) > 0 && !cfg.Router.UseKVEvents {
+		return &UsageError{errors.New("--kv-events-bind needs KV events on (DYN_ROUTER_USE_KV_EVENTS is false)")}
+	}
 	if cfg.Router.UseKVEvents {
 		// One ZMQ SUB per registered worker rank, with replay gap recovery; the
 		// service attaches and detaches ranks as the catalog changes, and
-		// --threads writer lanes apply the events.
+		// --threads writer lanes apply the events. Collector sockets feed the
+		// ranks registered without an endpoint of their own.
 		kv := kvlisten.New(ctx, kvlisten.Options{Logger: log, Lanes: cfg.Router.EventThreads})
 		defer kv.Close()
+		for _, ep := range binds {
+			if _, err := kv.Bind(ep); err != nil {
+				return err
+			}
+		}
 		cfg.Listeners = kv
+		cfg.EventsCollector = len(binds) > 0
 		metrics.MustRegister(kv)
 	}
 	if err := loadTrackingKey(&cfg); err != nil {

@@ -48,7 +48,9 @@ func (c cursor) watermark() (last uint64, synced bool) { return c.last, c.synced
 //
 // A cursor that has accepted nothing takes seq 0 as the start of the stream
 // and asks for [0, seq) otherwise: the publisher was already running when the
-// subscription began, and its earlier batches are in its replay ring.
+// subscription began, and its earlier batches are in its replay ring. That
+// initial catch-up is the only range that starts at 0; replayRange reads it
+// knowing that some publishers number from 1 (below).
 func (c cursor) observe(seq uint64) observation {
 	switch {
 	case !c.synced:
@@ -80,10 +82,19 @@ func (c *cursor) advance(seq uint64) {
 // (ReasonStartedAfterRequested), skipped batches inside it
 // (ReasonNonContiguous), or stopped before target (ReasonEndedBeforeTarget).
 // The first anomaly seen is the one reported.
+//
+// vLLM numbers its batches from 0; llm-d-inference-sim numbers them from 1. So
+// in the initial catch-up (a range starting at 0) a publisher is taken to
+// number from 1 when its first live batch is 1, or when the replay answer
+// starts at 1: batch 0 then never existed, and its absence is neither a gap
+// nor a loss. Otherwise the range counts from 0, as vLLM's does. The one case
+// this misreads, a vLLM ring that dropped exactly batch 0 and kept batch 1,
+// cannot happen while the ring is longer than one batch (vLLM keeps 10,000).
 type replayRange struct {
 	start, target uint64
 	next          uint64 // the lowest sequence number still acceptable
 	got           uint64 // batches taken
+	first         uint64 // the first batch taken, when got > 0
 	reason        string // the first anomaly seen, if any
 }
 
@@ -97,6 +108,9 @@ func newReplayRange(start, target uint64) replayRange {
 // target (the live batch that caused the replay, and anything newer, which
 // arrives live) are ignored.
 func (r *replayRange) take(seq uint64) bool {
+	if r.got == 0 && r.start == 0 && seq == 1 {
+		r.start, r.next = 1, 1 // a publisher numbering from 1
+	}
 	if seq < r.next || seq >= r.target {
 		return false
 	}
@@ -107,14 +121,23 @@ func (r *replayRange) take(seq uint64) bool {
 			r.reason = cmp.Or(r.reason, ReasonNonContiguous)
 		}
 	}
+	if r.got == 0 {
+		r.first = seq
+	}
 	r.got++
 	r.next = seq + 1
 	return true
 }
 
-// result returns how many batches were taken and why the range is incomplete,
-// "" when it came back whole.
-func (r replayRange) result() (got uint64, reason string) {
+// result returns how many batches were taken, how many of the range are
+// known lost, and why the range is incomplete, "" when it came back whole.
+func (r replayRange) result() (got, lost uint64, reason string) {
+	if r.start == 0 && (r.target == 1 || r.got > 0 && r.first == 1) {
+		r.start = 1 // a publisher numbering from 1: batch 0 never existed
+	}
+	if r.target > r.start {
+		lost = r.target - r.start - r.got
+	}
 	switch {
 	case r.start >= r.target: // nothing was asked for
 	case r.reason != "":
@@ -124,5 +147,5 @@ func (r replayRange) result() (got uint64, reason string) {
 	case r.next < r.target:
 		reason = ReasonEndedBeforeTarget
 	}
-	return r.got, reason
+	return r.got, lost, reason
 }

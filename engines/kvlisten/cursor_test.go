@@ -84,7 +84,7 @@ func TestCursorStream(t *testing.T) {
 					c.advance(seq)
 				}
 			}
-			if _, reason := rg.result(); reason != "" {
+			if _, _, reason := rg.result(); reason != "" {
 				t.Fatalf("step %d: complete replay reported %q", i, reason)
 			}
 			c.advance(s.seq)
@@ -103,24 +103,34 @@ func TestReplayRangeClassifiesAnswer(t *testing.T) {
 		start, target uint64
 		replies       []uint64 // sequence numbers in arrival order
 		wantTaken     []uint64
+		wantLost      uint64
 		wantReason    string
 	}{
-		{"complete", 2, 5, []uint64{2, 3, 4}, []uint64{2, 3, 4}, ""},
-		{"complete from 0", 0, 3, []uint64{0, 1, 2}, []uint64{0, 1, 2}, ""},
-		{"live batch and newer in the answer are ignored", 2, 5, []uint64{2, 3, 4, 5, 6}, []uint64{2, 3, 4}, ""},
-		{"batches before the range are ignored", 2, 5, []uint64{0, 1, 2, 3, 4}, []uint64{2, 3, 4}, ""},
-		{"duplicates are ignored", 2, 5, []uint64{2, 2, 3, 3, 4, 4}, []uint64{2, 3, 4}, ""},
-		{"empty answer", 2, 5, nil, nil, ReasonEmpty},
-		{"only out-of-range answers count as empty", 2, 5, []uint64{0, 1, 5, 9}, nil, ReasonEmpty},
-		{"ring overflowed: started after requested", 0, 5, []uint64{3, 4}, []uint64{3, 4}, ReasonStartedAfterRequested},
-		{"started after requested wins over a later hole", 0, 6, []uint64{2, 4, 5}, []uint64{2, 4, 5}, ReasonStartedAfterRequested},
-		{"started after requested wins over ending short", 0, 6, []uint64{2, 3}, []uint64{2, 3}, ReasonStartedAfterRequested},
-		{"hole inside the range", 2, 6, []uint64{2, 4, 5}, []uint64{2, 4, 5}, ReasonNonContiguous},
-		{"hole wins over ending short", 2, 8, []uint64{2, 4}, []uint64{2, 4}, ReasonNonContiguous},
-		{"out of order: the late one is ignored", 2, 5, []uint64{2, 4, 3}, []uint64{2, 4}, ReasonNonContiguous},
-		{"ended before target", 2, 6, []uint64{2, 3}, []uint64{2, 3}, ReasonEndedBeforeTarget},
-		{"ended before target with duplicates", 2, 6, []uint64{2, 2, 3}, []uint64{2, 3}, ReasonEndedBeforeTarget},
-		{"nothing requested", 4, 4, []uint64{4}, nil, ""},
+		{"complete", 2, 5, []uint64{2, 3, 4}, []uint64{2, 3, 4}, 0, ""},
+		{"complete from 0", 0, 3, []uint64{0, 1, 2}, []uint64{0, 1, 2}, 0, ""},
+		{"live batch and newer in the answer are ignored", 2, 5, []uint64{2, 3, 4, 5, 6}, []uint64{2, 3, 4}, 0, ""},
+		{"batches before the range are ignored", 2, 5, []uint64{0, 1, 2, 3, 4}, []uint64{2, 3, 4}, 0, ""},
+		{"duplicates are ignored", 2, 5, []uint64{2, 2, 3, 3, 4, 4}, []uint64{2, 3, 4}, 0, ""},
+		{"empty answer", 2, 5, nil, nil, 3, ReasonEmpty},
+		{"only out-of-range answers count as empty", 2, 5, []uint64{0, 1, 5, 9}, nil, 3, ReasonEmpty},
+		{"ring overflowed: started after requested", 0, 5, []uint64{3, 4}, []uint64{3, 4}, 3, ReasonStartedAfterRequested},
+		{"started after requested wins over a later hole", 0, 6, []uint64{2, 4, 5}, []uint64{2, 4, 5}, 3, ReasonStartedAfterRequested},
+		{"started after requested wins over ending short", 0, 6, []uint64{2, 3}, []uint64{2, 3}, 4, ReasonStartedAfterRequested},
+		{"hole inside the range", 2, 6, []uint64{2, 4, 5}, []uint64{2, 4, 5}, 1, ReasonNonContiguous},
+		{"hole wins over ending short", 2, 8, []uint64{2, 4}, []uint64{2, 4}, 4, ReasonNonContiguous},
+		{"out of order: the late one is ignored", 2, 5, []uint64{2, 4, 3}, []uint64{2, 4}, 1, ReasonNonContiguous},
+		{"ended before target", 2, 6, []uint64{2, 3}, []uint64{2, 3}, 2, ReasonEndedBeforeTarget},
+		{"ended before target with duplicates", 2, 6, []uint64{2, 2, 3}, []uint64{2, 3}, 2, ReasonEndedBeforeTarget},
+		{"nothing requested", 4, 4, []uint64{4}, nil, 0, ""},
+		// Publishers numbering from 1 (llm-d-inference-sim): batch 0 never
+		// existed, so the initial catch-up does not miss it.
+		{"numbering from 1: catch-up", 0, 4, []uint64{1, 2, 3}, []uint64{1, 2, 3}, 0, ""},
+		{"numbering from 1: first live batch, empty answer", 0, 1, nil, nil, 0, ""},
+		{"numbering from 1: the answer holds only the live batch", 0, 1, []uint64{1, 2}, nil, 0, ""},
+		{"numbering from 1: the answer starts at 1", 0, 3, []uint64{1, 2}, []uint64{1, 2}, 0, ""},
+		{"numbering from 1: a hole after batch 1", 0, 4, []uint64{1, 3}, []uint64{1, 3}, 1, ReasonNonContiguous},
+		{"unknown numbering, ring overflowed: counted from 0", 0, 6, []uint64{3, 4, 5}, []uint64{3, 4, 5}, 3, ReasonStartedAfterRequested},
+		{"catch-up from 0, nothing came back", 0, 3, nil, nil, 3, ReasonEmpty},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -134,10 +144,10 @@ func TestReplayRangeClassifiesAnswer(t *testing.T) {
 			if !slices.Equal(taken, tc.wantTaken) {
 				t.Fatalf("[%d, %d) fed %v: took %v, want %v", tc.start, tc.target, tc.replies, taken, tc.wantTaken)
 			}
-			got, reason := rg.result()
-			if got != uint64(len(tc.wantTaken)) || reason != tc.wantReason {
-				t.Fatalf("[%d, %d) fed %v: result (%d, %q), want (%d, %q)",
-					tc.start, tc.target, tc.replies, got, reason, len(tc.wantTaken), tc.wantReason)
+			got, lost, reason := rg.result()
+			if got != uint64(len(tc.wantTaken)) || lost != tc.wantLost || reason != tc.wantReason {
+				t.Fatalf("[%d, %d) fed %v: result (%d, %d, %q), want (%d, %d, %q)",
+					tc.start, tc.target, tc.replies, got, lost, reason, len(tc.wantTaken), tc.wantLost, tc.wantReason)
 			}
 		})
 	}

@@ -23,6 +23,7 @@
 package kvlisten
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -134,10 +135,12 @@ type Listeners struct {
 	laneMu      sync.RWMutex
 	lanesClosed bool
 
-	mu     sync.Mutex
-	closed bool
-	ranks  map[rankKey]*rank
-	wg     sync.WaitGroup
+	mu         sync.Mutex
+	closed     bool
+	ranks      map[rankKey]*rank
+	collecting bool // a collector socket is bound (guarded by mu)
+	coll       collector
+	wg         sync.WaitGroup
 }
 
 // job is one unit of a writer lane: a batch of a rank to decode and apply, or
@@ -186,6 +189,7 @@ func New(ctx context.Context, opts Options) *Listeners {
 		ranks:  make(map[rankKey]*rank),
 		lanes:  make([]chan job, opts.Lanes),
 	}
+	l.coll.routes = make(map[string]*route)
 	for i := range l.lanes {
 		l.lanes[i] = make(chan job, opts.LaneQueue)
 		l.lanesWG.Add(1)
@@ -245,9 +249,6 @@ func (l *Listeners) Attach(a selection.RankAttachment) error {
 	if a.Index == nil {
 		return errors.New("kvlisten: attachment without index")
 	}
-	if a.Endpoints.KVEvents == "" {
-		return errors.New("kvlisten: attachment without kv events endpoint")
-	}
 	dec, err := kvevents.NewDecoder(kvevents.Config{
 		WorkerID:  a.Worker.WorkerID,
 		DPRank:    a.Worker.DPRank,
@@ -263,6 +264,9 @@ func (l *Listeners) Attach(a selection.RankAttachment) error {
 	if l.closed || l.ctx.Err() != nil {
 		return ErrClosed
 	}
+	if a.Endpoints.KVEvents == "" && !l.collecting {
+		return errNoCollector
+	}
 	if old := l.ranks[k]; old != nil {
 		delete(l.ranks, k)
 		old.stop()
@@ -277,8 +281,12 @@ func (l *Listeners) Attach(a selection.RankAttachment) error {
 		lane:   l.lanes[l.nextLane],
 		dec:    dec,
 		log: l.opts.Logger.With("worker_id", a.Worker.WorkerID, "dp_rank", a.Worker.DPRank,
-			"endpoint", a.Endpoints.KVEvents),
+			"endpoint", cmp.Or(a.Endpoints.KVEvents, "collector")),
 	}
+	if a.Endpoints.KVEvents == "" {
+		r.inbox = make(chan liveMsg, l.opts.LaneQueue)
+	}
+	clear(l.coll.routes)
 	l.nextLane = (l.nextLane + 1) % len(l.lanes)
 	l.ranks[k] = r
 	l.wg.Add(1)
@@ -298,6 +306,7 @@ func (l *Listeners) Detach(p index.Partition, w index.WorkerKey) {
 	l.mu.Lock()
 	r := l.ranks[k]
 	delete(l.ranks, k)
+	clear(l.coll.routes)
 	l.mu.Unlock()
 	if r != nil {
 		r.stop()

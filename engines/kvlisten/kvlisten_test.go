@@ -90,7 +90,8 @@ type engine struct {
 	pubEP    string
 	replayEP string
 	topic    []byte
-	four     bool // reply with 4 frames (topic included)
+	four     bool   // reply with 4 frames (topic included)
+	first    uint64 // the first sequence number: 0 as vLLM, 1 as llm-d-inference-sim
 
 	mu     sync.Mutex
 	ring   [][]byte // every payload by seq
@@ -138,7 +139,7 @@ func be64(v uint64) []byte { return binary.BigEndian.AppendUint64(nil, v) }
 func (e *engine) publish(payload []byte) uint64 {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	s := uint64(len(e.ring))
+	s := e.first + uint64(len(e.ring))
 	e.ring = append(e.ring, payload)
 	if !e.drop[s] {
 		if err := e.pub.Send(zmq4.NewMsgFrom(e.topic, be64(s), payload)); err != nil {
@@ -156,13 +157,13 @@ func (e *engine) history(payload []byte) uint64 {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	e.ring = append(e.ring, payload)
-	return uint64(len(e.ring)) - 1
+	return e.first + uint64(len(e.ring)) - 1
 }
 
 func (e *engine) lastSeq() uint64 {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	return uint64(len(e.ring)) - 1
+	return e.first + uint64(len(e.ring)) - 1
 }
 
 func (e *engine) serveReplay() {
@@ -180,13 +181,13 @@ func (e *engine) serveReplay() {
 		id, start := f[0], binary.BigEndian.Uint64(f[2])
 		e.mu.Lock()
 		e.served++
-		from := max(start, e.floor)
+		from := max(start, e.floor, e.first)
 		var out [][][]byte
-		for s := from; s < uint64(len(e.ring)); s++ {
+		for s := from; s < e.first+uint64(len(e.ring)); s++ {
 			if e.four {
-				out = append(out, [][]byte{id, {}, e.topic, be64(s), e.ring[s]})
+				out = append(out, [][]byte{id, {}, e.topic, be64(s), e.ring[s-e.first]})
 			} else {
-				out = append(out, [][]byte{id, {}, be64(s), e.ring[s]})
+				out = append(out, [][]byte{id, {}, be64(s), e.ring[s-e.first]})
 			}
 		}
 		e.mu.Unlock()
@@ -648,5 +649,32 @@ func TestAttachValidation(t *testing.T) {
 	a.BlockSize = 0
 	if err := l.Attach(a); err == nil {
 		t.Fatal("attach with zero block size accepted")
+	}
+}
+
+// TestParentZeroAndNumberingFromOne runs llm-d-inference-sim's conventions
+// through a subscribed rank: array batches whose first block names parent 0
+// for "no parent", and sequences starting at 1. Both index exactly, with no
+// loss reported.
+func TestParentZeroAndNumberingFromOne(t *testing.T) {
+	e := newEngine(t, true)
+	e.first = 1
+	ix := newIndex(t)
+	l := newListeners(t)
+	w := index.WorkerKey{WorkerID: 9}
+	if err := l.Attach(attachment(ix, w, e.pubEP, e.replayEP)); err != nil {
+		t.Fatal(err)
+	}
+	c := newChain(0, 700, 4)
+	zero := uint64(0)
+	c.batches[0] = storedBatch(0, 700, &zero, []uint32{2800, 2801, 2802, 2803})
+	for _, b := range c.batches {
+		e.publish(b)
+	}
+	e.heartbeat(0)
+	eventually(t, "the chain indexed", func() bool { return device(ix, w, c.locals) == 4 })
+	e.stopHeartbeat()
+	if st := status(t, l, w); st.Lost != 0 || st.Failed != 0 || st.IncompleteReplays != 0 {
+		t.Fatalf("%+v: want nothing lost or rejected", st)
 	}
 }

@@ -65,13 +65,16 @@ var (
 		"1 while no batch of the rank is known lost or dropped since it was attached.", rankLabels, nil)
 	descLaneQueue = prometheus.NewDesc("kvselect_kv_events_lane_queue_depth",
 		"Batches waiting for an index writer lane.", []string{"lane"}, nil)
+	descCollector = prometheus.NewDesc("kvselect_kv_events_collector_messages_total",
+		"Messages read by the collector sockets (--kv-events-bind), by result: delivered, or why they reached no worker rank (unknown_topic, model_mismatch, unknown_rank, subscribed, malformed).",
+		[]string{"result"}, nil)
 )
 
 // Describe implements prometheus.Collector.
 func (l *Listeners) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descBatches, descBlocks, descRejected, descDecodeErrors,
 		descLost, descGaps, descStale, descReplays, descReplayed, descIncomplete, descReconnects,
-		descConnected, descLastSeq, descComplete, descLaneQueue} {
+		descConnected, descLastSeq, descComplete, descLaneQueue, descCollector} {
 		ch <- d
 	}
 }
@@ -115,6 +118,12 @@ func (l *Listeners) Collect(ch chan<- prometheus.Metric) {
 	}
 	for i, lane := range l.lanes {
 		ch <- prometheus.MustNewConstMetric(descLaneQueue, prometheus.GaugeValue, float64(len(lane)), strconv.Itoa(i))
+	}
+	if cs, ok := l.CollectorStatus(); ok {
+		ch <- prometheus.MustNewConstMetric(descCollector, prometheus.CounterValue, float64(cs.Delivered), "delivered")
+		for _, reason := range []string{UnmatchedUnknownTopic, UnmatchedModel, UnmatchedRank, UnmatchedSubscribed, UnmatchedMalformed} {
+			ch <- prometheus.MustNewConstMetric(descCollector, prometheus.CounterValue, float64(cs.Unmatched[reason]), reason)
+		}
 	}
 }
 

@@ -24,6 +24,9 @@ type rank struct {
 	done   chan struct{}
 	log    *slog.Logger
 	lane   chan job
+	// inbox carries the collector's messages for a rank attached without a
+	// KV events endpoint; nil for a subscribed rank.
+	inbox chan liveMsg
 
 	// Owned by the rank goroutine.
 	cur cursor
@@ -63,6 +66,10 @@ func (r *rank) update(fn func(*RankStatus)) {
 // The cursor survives reconnections: a publisher that comes back at the same
 // address continues its sequence, and what it sent meanwhile is a gap.
 func (r *rank) run() {
+	if r.inbox != nil {
+		r.inboxed()
+		return
+	}
 	zmqdial.Redial(r.ctx, r.l.opts.ReconnectMin, r.l.opts.ReconnectMax,
 		func() (bool, error) {
 			received, err := r.session()
@@ -119,6 +126,12 @@ func (r *rank) live(frames [][]byte) {
 		r.log.Warn("dropping malformed kv events message", "err", err)
 		return
 	}
+	r.handle(s, payload)
+}
+
+// handle runs one live batch, from the rank's socket or the collector, through
+// the sequence cursor.
+func (r *rank) handle(s uint64, payload []byte) {
 	switch o := r.cur.observe(s); o.verdict {
 	case verdictStale:
 		last, _ := r.cur.watermark()
@@ -153,31 +166,31 @@ func (r *rank) accept(s uint64, payload []byte, replayed bool) {
 // in order, what the replay range lets through. What is missing is logged and
 // recorded; the caller goes on with the live batch either way.
 func (r *rank) replay(start, target uint64) {
-	want := target - start
+	rg := newReplayRange(start, target)
 	ep := r.a.Endpoints.Replay
 	if ep == "" {
-		r.update(func(st *RankStatus) {
-			st.Lost += want
-			st.LastIncompleteReason = ReasonNoReplayEndpoint
-		})
-		r.log.Warn(fmt.Sprintf("no replay endpoint: %d batches lost", want), "from", start, "to", target)
+		if _, lost, _ := rg.result(); lost > 0 {
+			r.update(func(st *RankStatus) {
+				st.Lost += lost
+				st.LastIncompleteReason = ReasonNoReplayEndpoint
+			})
+			r.log.Warn(fmt.Sprintf("no replay endpoint: %d batches lost", lost), "from", start, "to", target)
+		}
 		return
 	}
 	r.update(func(st *RankStatus) { st.Replays++ })
-	rg := newReplayRange(start, target)
 	requested, err := r.l.requestReplay(r.ctx, ep, start, func(s uint64, payload []byte) {
 		if rg.take(s) {
 			r.accept(s, payload, true)
 		}
 	})
-	got, reason := rg.result()
-	if !requested {
+	got, lost, reason := rg.result()
+	if !requested && lost > 0 {
 		reason = ReasonFailed
 	}
 	if reason == "" {
 		return
 	}
-	lost := want - got
 	r.update(func(st *RankStatus) {
 		st.IncompleteReplays++
 		st.LastIncompleteReason = reason

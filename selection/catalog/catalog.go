@@ -57,6 +57,13 @@ type Record struct {
 	Taints                []string          `json:"taints"`
 	TopologyDomains       map[string]string `json:"topology_domains"`
 
+	// KVEventsTopic (not in Dynamo's record; omitted when unset) is the ZMQ
+	// topic the worker's engine publishes under when it dials kvselect's
+	// collector socket (--kv-events-bind) with a topic of its own choosing.
+	// Without it the collector matches llm-d's convention,
+	// kv@<host>:<port>@<model_name>, against the worker's endpoint.
+	KVEventsTopic *string `json:"kv_events_topic,omitempty"`
+
 	KVTransferDomain          *string  `json:"kv_transfer_domain"`
 	KVTransferEnforcement     *string  `json:"kv_transfer_enforcement"`
 	KVTransferPreferredWeight *float32 `json:"kv_transfer_preferred_weight"`
@@ -166,28 +173,51 @@ func (r *Record) HasRank(rank uint32) bool {
 // EndpointOrEmpty is the client-facing endpoint.
 func (r *Record) EndpointOrEmpty() string { return deref(r.Endpoint, "") }
 
-// RankEndpoints is what one rank's KV-event listener connects to.
+// RankEndpoints is where one rank's KV events come from: a PUB endpoint the
+// listener dials (subscribe mode), or, with KVEvents empty, the collector
+// socket, where the rank's messages are recognised by their topic.
 type RankEndpoints struct {
-	KVEvents string // ZMQ PUB endpoint of the rank's publisher
+	KVEvents string // ZMQ PUB endpoint of the rank's publisher; "" = the collector
 	Replay   string // ZMQ ROUTER endpoint for gap replay; "" = none
+	// Set when a collector is bound: the worker's kv_events_topic, and the
+	// host:port of its endpoint that llm-d's topic convention names ("" when
+	// the endpoint has none).
+	Topic    string
+	HostPort string
 }
 
 // KVEndpoints returns each rank's event endpoints: kv_events_endpoints, or the
 // legacy kv_events_endpoint for a single-rank worker that sent no map (Dynamo
 // maps it to data_parallel_start_rank and ignores it for data_parallel_size > 1).
-// Ranks without an endpoint are absent.
-func (r *Record) KVEndpoints() map[uint32]RankEndpoints {
+// With collector set (kvselect binds a collector socket), every rank without
+// an endpoint of its own is fed by the collector; otherwise such ranks are
+// absent. An explicit endpoint always wins over the collector.
+func (r *Record) KVEndpoints(collector bool) map[uint32]RankEndpoints {
 	out := make(map[uint32]RankEndpoints)
 	replay := deref(r.ReplayEndpoint, "")
 	if len(r.KVEventsEndpoints) == 0 {
 		if ep := deref(r.KVEventsEndpoint, ""); ep != "" && r.DPSize() == 1 {
 			out[r.StartRank()] = RankEndpoints{KVEvents: ep, Replay: replay}
 		}
-		return out
+	} else {
+		for _, rank := range r.Ranks() {
+			if ep := r.KVEventsEndpoints[rank]; ep != "" {
+				out[rank] = RankEndpoints{KVEvents: ep, Replay: replay}
+			}
+		}
 	}
-	for _, rank := range r.Ranks() {
-		if ep := r.KVEventsEndpoints[rank]; ep != "" {
-			out[rank] = RankEndpoints{KVEvents: ep, Replay: replay}
+	if collector {
+		// Subscribed ranks carry the topic keys too, so that the collector can
+		// tell their messages (fed by the subscription, skipped) from unknown ones.
+		hp, _ := HostPort(deref(r.Endpoint, ""))
+		topic := deref(r.KVEventsTopic, "")
+		for _, rank := range r.Ranks() {
+			e := out[rank]
+			if e.KVEvents == "" {
+				e.Replay = replay
+			}
+			e.Topic, e.HostPort = topic, hp
+			out[rank] = e
 		}
 	}
 	return out
@@ -200,6 +230,10 @@ type Checks struct {
 	// ConsumesEvents: the service itself listens to KV events, so every rank
 	// needs an event endpoint and replay needs a single rank.
 	ConsumesEvents bool
+	// Collector: a collector socket is bound, so a rank without an event
+	// endpoint is fed through it and needs only a topic to be recognised by:
+	// kv_events_topic, or an endpoint with a host and port.
+	Collector bool
 }
 
 // Reasons computes why r cannot be scheduled, in Dynamo's order and words
@@ -221,10 +255,14 @@ func (r *Record) Reasons(c Checks) []string {
 		out = append(out, "max_num_batched_tokens is required while queueing is enabled")
 	}
 	if c.ConsumesEvents && r.DPSize() > 0 {
-		eps := r.KVEndpoints()
+		eps := r.KVEndpoints(c.Collector)
 		for _, rank := range r.Ranks() {
-			if _, ok := eps[rank]; !ok {
+			e, ok := eps[rank]
+			switch {
+			case !ok:
 				out = append(out, fmt.Sprintf("kv_events endpoint is required for dp_rank %d", rank))
+			case e.KVEvents == "" && e.Topic == "" && e.HostPort == "" && deref(r.Endpoint, "") != "":
+				out = append(out, fmt.Sprintf("dp_rank %d is fed by the kv events collector but the endpoint has no host:port for its topic; set kv_events_topic", rank))
 			}
 		}
 		if r.DPSize() > 1 && deref(r.ReplayEndpoint, "") != "" {
@@ -242,6 +280,7 @@ type Patch struct {
 	KVEventsEndpoint                 *string           `json:"kv_events_endpoint"`
 	KVEventsEndpoints                map[uint32]string `json:"kv_events_endpoints"`
 	ReplayEndpoint                   *string           `json:"replay_endpoint"`
+	KVEventsTopic                    *string           `json:"kv_events_topic"`
 	BlockSize                        *uint32           `json:"block_size"`
 	DataParallelStartRank            *uint32           `json:"data_parallel_start_rank"`
 	DataParallelSize                 *uint32           `json:"data_parallel_size"`
@@ -265,6 +304,7 @@ func (p *Patch) Apply(r *Record) *Record {
 	set(&c.Endpoint, p.Endpoint)
 	set(&c.KVEventsEndpoint, p.KVEventsEndpoint)
 	set(&c.ReplayEndpoint, p.ReplayEndpoint)
+	set(&c.KVEventsTopic, p.KVEventsTopic)
 	set(&c.BlockSize, p.BlockSize)
 	set(&c.DataParallelStartRank, p.DataParallelStartRank)
 	set(&c.DataParallelSize, p.DataParallelSize)
@@ -363,4 +403,60 @@ func ValidateZMQEndpoint(ep string) error {
 		return fmt.Errorf("invalid ZMQ endpoint `%s`: invalid TCP port `%s`", ep, port)
 	}
 	return nil
+}
+
+// HostPort returns the host:port an endpoint names, in the form llm-d's KV
+// event topics use (kv@<host>:<port>@<model>): a URL ("http://10.0.0.7:8000/v1",
+// the port defaulting to 80 or 443 by scheme) or a bare "host:port". IPv6
+// hosts come back bracketed and hosts lower-cased, so equal addresses compare
+// equal. ok is false when no host and port can be read.
+func HostPort(endpoint string) (hostPort string, ok bool) {
+	rest := endpoint
+	defPort := ""
+	if scheme, after, found := strings.Cut(endpoint, "://"); found {
+		switch strings.ToLower(scheme) {
+		case "http":
+			defPort = "80"
+		case "https":
+			defPort = "443"
+		}
+		rest = after
+		if i := strings.IndexAny(rest, "/?#"); i >= 0 {
+			rest = rest[:i]
+		}
+		if i := strings.LastIndex(rest, "@"); i >= 0 { // user info
+			rest = rest[i+1:]
+		}
+	}
+	var host, port string
+	switch {
+	case strings.HasPrefix(rest, "["):
+		end := strings.Index(rest, "]")
+		if end < 0 {
+			return "", false
+		}
+		host, port = rest[1:end], strings.TrimPrefix(rest[end+1:], ":")
+		if port == "" && rest[end+1:] != "" {
+			return "", false
+		}
+	case strings.Count(rest, ":") > 1: // an unbracketed IPv6 literal: the port is after the last colon
+		i := strings.LastIndex(rest, ":")
+		host, port = rest[:i], rest[i+1:]
+	default:
+		host, port, _ = strings.Cut(rest, ":")
+	}
+	if port == "" {
+		port = defPort
+	}
+	if host == "" || port == "" {
+		return "", false
+	}
+	if n, err := strconv.ParseUint(port, 10, 16); err != nil || n == 0 {
+		return "", false
+	}
+	host = strings.ToLower(host)
+	if strings.Contains(host, ":") {
+		return "[" + host + "]:" + port, true
+	}
+	return host + ":" + port, true
 }

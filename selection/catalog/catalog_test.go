@@ -2,6 +2,7 @@ package catalog
 
 import (
 	"encoding/json"
+	"maps"
 	"slices"
 	"strings"
 	"testing"
@@ -59,9 +60,63 @@ func TestKVEndpointsAndRanks(t *testing.T) {
 	if !slices.Equal(r.Ranks(), []uint32{4, 5}) || !r.HasRank(5) || r.HasRank(6) || r.HasRank(3) {
 		t.Fatalf("ranks = %v", r.Ranks())
 	}
-	eps := r.KVEndpoints()
+	eps := r.KVEndpoints(false)
 	if len(eps) != 2 || eps[5].KVEvents != "tcp://a:2" {
 		t.Fatalf("endpoints = %v (ranks outside the range must not appear)", eps)
+	}
+}
+
+// TestKVEndpointsWithCollector: with a collector bound, ranks without an
+// endpoint of their own are fed by it and carry what their topic is matched
+// by; ranks with an endpoint keep subscribe mode.
+func TestKVEndpointsWithCollector(t *testing.T) {
+	r := &Record{Endpoint: ptr("http://10.0.0.7:8000"), DataParallelSize: ptr(uint32(2)),
+		ReplayEndpoint: ptr("tcp://10.0.0.7:5558"), KVEventsEndpoints: map[uint32]string{1: "tcp://10.0.0.7:5557"}}
+	eps := r.KVEndpoints(true)
+	want := map[uint32]RankEndpoints{
+		0: {Replay: "tcp://10.0.0.7:5558", HostPort: "10.0.0.7:8000"},
+		1: {KVEvents: "tcp://10.0.0.7:5557", Replay: "tcp://10.0.0.7:5558", HostPort: "10.0.0.7:8000"},
+	}
+	if !maps.Equal(eps, want) {
+		t.Fatalf("endpoints = %+v, want %+v", eps, want)
+	}
+	r.KVEventsTopic = ptr("engine-7")
+	if got := r.KVEndpoints(true)[0]; got.Topic != "engine-7" {
+		t.Fatalf("rank 0 = %+v, want topic engine-7", got)
+	}
+	if got := r.KVEndpoints(false); len(got) != 1 || got[1].HostPort != "" {
+		t.Fatalf("without a collector: %+v, want rank 1 only", got)
+	}
+}
+
+func TestHostPort(t *testing.T) {
+	cases := []struct {
+		in, want string
+	}{
+		{"http://10.0.0.7:8000", "10.0.0.7:8000"},
+		{"http://10.0.0.7:8000/v1/completions?x=1", "10.0.0.7:8000"},
+		{"HTTP://Pod-A.Example:9000", "pod-a.example:9000"},
+		{"http://10.0.0.7", "10.0.0.7:80"},
+		{"https://10.0.0.7", "10.0.0.7:443"},
+		{"https://user@10.0.0.7:8443/", "10.0.0.7:8443"},
+		{"10.0.0.7:8000", "10.0.0.7:8000"},
+		{"http://[fd00::7]:8000", "[fd00::7]:8000"},
+		{"[FD00::7]:8000", "[fd00::7]:8000"},
+		{"fd00::7:8000", "[fd00::7]:8000"},
+		{"", ""},
+		{"10.0.0.7", ""},
+		{"grpc://10.0.0.7", ""},
+		{"http://10.0.0.7:0", ""},
+		{"http://10.0.0.7:99999", ""},
+		{"http://:8000", ""},
+		{"[fd00::7", ""},
+		{"[fd00::7]x", ""},
+	}
+	for _, tc := range cases {
+		got, ok := HostPort(tc.in)
+		if got != tc.want || ok != (tc.want != "") {
+			t.Errorf("HostPort(%q) = %q, %v; want %q", tc.in, got, ok, tc.want)
+		}
 	}
 }
 

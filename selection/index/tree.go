@@ -235,6 +235,14 @@ func validChain(parent uint64, hasParent bool, blocks []Block) bool {
 }
 
 func (t *Tree) store(w WorkerKey, tier Tier, parent uint64, hasParent bool, blocks []Block) error {
+	slot, known := t.slots[w]
+	if hasParent && parent == 0 && !t.holdsExt(slot, known, tier, 0) {
+		// Some publishers write 0 for "no parent" where vLLM writes nil: the
+		// array encoding of llm-d-inference-sim does. A parent of 0 is read as
+		// the root unless the worker holds a block whose engine hash is 0, which
+		// a 64-bit hash makes a 2^-64 event.
+		hasParent = false
+	}
 	if len(blocks) > 64 {
 		if !validChainLong(parent, hasParent, blocks) {
 			return fmt.Errorf("%w: repeated engine hash in a stored chain of worker %v", ErrInvalidBlockSequence, w)
@@ -242,7 +250,6 @@ func (t *Tree) store(w WorkerKey, tier Tier, parent uint64, hasParent bool, bloc
 	} else if !validChain(parent, hasParent, blocks) {
 		return fmt.Errorf("%w: repeated engine hash in a stored chain of worker %v", ErrInvalidBlockSequence, w)
 	}
-	slot, known := t.slots[w]
 	cur := uint32(root)
 	if hasParent {
 		if !known {
@@ -282,6 +289,16 @@ func (t *Tree) store(w WorkerKey, tier Tier, parent uint64, hasParent bool, bloc
 		cur = c
 	}
 	return nil
+}
+
+// holdsExt reports whether the worker in slot (known: it has one) holds a
+// block with engine hash ext on tier.
+func (t *Tree) holdsExt(slot uint32, known bool, tier Tier, ext uint64) bool {
+	if !known {
+		return false
+	}
+	_, ok := t.findExt(&t.workers[slot], tier, ext)
+	return ok
 }
 
 func validChainLong(parent uint64, hasParent bool, blocks []Block) bool {

@@ -347,3 +347,46 @@ func TestMatchDoesNotAllocate(t *testing.T) {
 		t.Fatalf("unexpected result %v", dst)
 	}
 }
+
+// TestParentZeroReadAsRoot: llm-d-inference-sim's array encoding writes parent
+// 0 for a chain that starts at the root. That reads as the root unless the
+// worker holds a block whose engine hash is 0, when it is that block.
+func TestParentZeroReadAsRoot(t *testing.T) {
+	wk := WorkerKey{WorkerID: 1}
+	zeroParent := func(locals ...uint64) *Event {
+		ev := stored(wk, 0, locals...)
+		ev.Parent, ev.HasParent = 0, true
+		return ev
+	}
+	tests := []struct {
+		name   string
+		events []*Event
+		query  []uint64
+		want   int // matched blocks of w
+	}{
+		{"first chain of an unknown worker", []*Event{zeroParent(1, 2, 3)}, []uint64{1, 2, 3}, 3},
+		{"second root chain of a known worker", []*Event{stored(wk, 0, 7), zeroParent(1, 2)}, []uint64{1, 2}, 2},
+		{"child of a real block whose hash is 0", []*Event{
+			{Worker: wk, Kind: EventStored, Blocks: []Block{{Ext: 0, Local: 5}}},
+			zeroParent(6),
+		}, []uint64{5, 6}, 2},
+		{"a nonzero unknown parent is still rejected", []*Event{stored(wk, 9, 1, 2)}, []uint64{1, 2}, 0},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			tr := NewTree()
+			for _, ev := range tc.events {
+				_ = tr.Apply(ev)
+			}
+			got := 0
+			for _, m := range tr.Match(tc.query, false, nil) {
+				if m.Worker == wk {
+					got = int(m.Device)
+				}
+			}
+			if got != tc.want {
+				t.Fatalf("matched %d blocks, want %d", got, tc.want)
+			}
+		})
+	}
+}
