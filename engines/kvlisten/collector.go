@@ -3,6 +3,7 @@ package kvlisten
 import (
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"sync"
 	"time"
@@ -320,15 +321,54 @@ func (l *Listeners) CollectorStatus() (st selection.CollectorStatus, ok bool) {
 var errNoCollector = errors.New("kvlisten: rank without kv events endpoint and no collector socket bound (--kv-events-bind)")
 
 // inboxed is a collector-fed rank's loop: messages from the collector go
-// through the same cursor as a subscription's.
+// through the same cursor as a subscription's. It starts with a catch-up.
 func (r *rank) inboxed() {
+	// Connected means listened for: the collector socket is bound for as long
+	// as the rank is attached.
+	r.update(func(s *RankStatus) { s.Connected = true })
+	r.catchUp()
 	for {
 		select {
 		case m := <-r.inbox:
-			r.update(func(s *RankStatus) { s.Connected = true })
 			r.handle(m.seq, m.payload)
 		case <-r.ctx.Done():
 			return
 		}
+	}
+}
+
+// catchUp asks the rank's replay endpoint, as soon as the rank is attached,
+// for every batch the engine still holds. An engine dialing the collector
+// publishes whether or not anyone registered it, and a worker is usually
+// registered (by discovery, say) after its engine started: without the
+// catch-up, what the engine stored before would stay out of the index until
+// its next batch arrived and exposed the gap. Batches the answer passed over
+// are counted lost; an engine that cannot be reached is left to the live
+// path, which replays on the first batch as in subscribe mode.
+func (r *rank) catchUp() {
+	ep := r.a.Endpoints.Replay
+	if ep == "" {
+		return
+	}
+	r.update(func(st *RankStatus) { st.Replays++ })
+	rg := newReplayRange(0, math.MaxUint64)
+	requested, err := r.l.requestReplay(r.ctx, ep, 0, func(s uint64, payload []byte) {
+		if rg.take(s) {
+			r.accept(s, payload, true)
+			r.caughtUp = s
+		}
+	})
+	if !requested {
+		r.log.Debug("kv events catch-up replay not possible yet", "replay_endpoint", ep, "err", err)
+		return
+	}
+	if lost := rg.missing(); lost > 0 {
+		_, _, reason := rg.result()
+		r.update(func(st *RankStatus) {
+			st.IncompleteReplays++
+			st.LastIncompleteReason = reason
+			st.Lost += lost
+		})
+		r.log.Warn("incomplete kv events catch-up replay", "reason", reason, "lost", lost, "replay_endpoint", ep)
 	}
 }

@@ -269,8 +269,9 @@ func TestCollectorAttachWithoutBind(t *testing.T) {
 }
 
 // TestCollectorLateRegistrationReplays: a worker registered after its engine
-// has published catches up through its replay endpoint, so nothing it
-// published while unknown is lost.
+// has published catches up through its replay endpoint as soon as it is
+// attached, so nothing it published while unknown is lost or waits for its
+// next batch.
 func TestCollectorLateRegistrationReplays(t *testing.T) {
 	l, ep := newCollector(t)
 	ix := newIndex(t)
@@ -289,12 +290,16 @@ func TestCollectorLateRegistrationReplays(t *testing.T) {
 	if err := l.Attach(collected(ix, part, w, "127.0.0.1:8005", "", e.replayEP)); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "the chain replayed", func() bool {
-		e.publish(heartbeatBatch(0))
-		eventuallySleep()
-		return device(ix, w, ch.locals) == 6
-	})
-	if st := status(t, l, w); st.Lost != 0 || st.Replays == 0 {
-		t.Fatalf("%+v: want a replay and nothing lost", st)
+	// The engine is idle now: the catch-up at registration alone brings the
+	// chain in.
+	eventually(t, "the chain replayed", func() bool { return device(ix, w, ch.locals) == 6 })
+	// Later live batches continue the sequence without a gap.
+	more := newChain(0, 80, 2)
+	for _, b := range more.batches {
+		e.publish(b)
+	}
+	eventually(t, "live batches after the catch-up", func() bool { return device(ix, w, more.locals) == 2 })
+	if st := status(t, l, w); st.Lost != 0 || st.Replays != 1 || st.Stale != 0 || st.Gaps != 0 {
+		t.Fatalf("%+v: want one replay (the catch-up), nothing lost, stale or gapped", st)
 	}
 }

@@ -95,6 +95,7 @@ type replayRange struct {
 	next          uint64 // the lowest sequence number still acceptable
 	got           uint64 // batches taken
 	first         uint64 // the first batch taken, when got > 0
+	skipped       uint64 // sequence numbers passed over between taken batches (and before the first)
 	reason        string // the first anomaly seen, if any
 }
 
@@ -115,6 +116,7 @@ func (r *replayRange) take(seq uint64) bool {
 		return false
 	}
 	if seq > r.next {
+		r.skipped += seq - r.next
 		if r.got == 0 {
 			r.reason = cmp.Or(r.reason, ReasonStartedAfterRequested)
 		} else {
@@ -128,6 +130,13 @@ func (r *replayRange) take(seq uint64) bool {
 	r.next = seq + 1
 	return true
 }
+
+// missing returns how many sequence numbers the answer passed over, for an
+// open-ended catch-up whose end is not known: the batches before the first one
+// taken (none when the publisher numbers from 1 and the answer starts at 1)
+// and the holes between taken ones. An empty answer misses nothing: the
+// publisher may have published nothing yet.
+func (r replayRange) missing() uint64 { return r.skipped }
 
 // result returns how many batches were taken, how many of the range are
 // known lost, and why the range is incomplete, "" when it came back whole.

@@ -111,7 +111,7 @@ type RankStatus struct {
 	// range; LastIncompleteReason is the latest reason (Reason* constants).
 	IncompleteReplays    uint64
 	LastIncompleteReason string
-	Connected            bool   // the SUB socket is connected and subscribed
+	Connected            bool   // the SUB socket is connected and subscribed; a collector-fed rank is while attached
 	Reconnects           uint64 // SUB sessions that ended in an error
 	LastError            string // the latest connection error, if any
 }

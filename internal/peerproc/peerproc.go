@@ -1,0 +1,259 @@
+// Package peerproc runs third-party peers as real processes on loopback, for
+// the interop tests and the side-by-side benchmarks: llm-d-inference-sim (the
+// llm-d project's vLLM simulator, which publishes real KV events) and llm-d's
+// endpoint picker. Binaries are found through environment variables, so that a
+// test skips with a clear message where a peer is not installed and fails
+// where CI requires it.
+package peerproc
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"strconv"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// Environment variables naming the peer binaries, and the switches that make
+// a missing binary a failure instead of a skip.
+const (
+	EnvSim        = "KVSELECT_LLMD_SIM"
+	EnvEPP        = "KVSELECT_LLMD_EPP"
+	EnvRequireSim = "KVSELECT_REQUIRE_LLMD_SIM"
+	EnvRequireAll = "KVSELECT_REQUIRE_PEERS"
+)
+
+// simHowTo says where the simulator comes from when it is missing.
+const simHowTo = "build it from github.com/llm-d/llm-d-inference-sim " +
+	"(CGO_ENABLED=0 go build ./cmd/llm-d-inference-sim) and set " + EnvSim + " to the binary"
+
+const eppHowTo = "build it from github.com/llm-d/llm-d-router " +
+	"(CGO_ENABLED=0 go build ./cmd/epp) and set " + EnvEPP + " to the binary"
+
+// SimBinary returns the simulator's path from KVSELECT_LLMD_SIM. Without it
+// the test is skipped, or fails when KVSELECT_REQUIRE_LLMD_SIM or
+// KVSELECT_REQUIRE_PEERS is set.
+func SimBinary(tb testing.TB) string {
+	tb.Helper()
+	return binary(tb, EnvSim, simHowTo, EnvRequireSim, EnvRequireAll)
+}
+
+// EPPBinary returns llm-d's endpoint picker from KVSELECT_LLMD_EPP; skipped
+// without it unless KVSELECT_REQUIRE_PEERS is set.
+func EPPBinary(tb testing.TB) string {
+	tb.Helper()
+	return binary(tb, EnvEPP, eppHowTo, EnvRequireAll)
+}
+
+func binary(tb testing.TB, env, howTo string, require ...string) string {
+	tb.Helper()
+	path := os.Getenv(env)
+	var problem string
+	if path == "" {
+		problem = env + " is not set"
+	} else if st, err := os.Stat(path); err != nil {
+		problem = fmt.Sprintf("%s=%s: %v", env, path, err)
+	} else if st.IsDir() || st.Mode()&0o111 == 0 {
+		problem = fmt.Sprintf("%s=%s is not an executable file", env, path)
+	}
+	if problem == "" {
+		return path
+	}
+	for _, r := range require {
+		if os.Getenv(r) != "" {
+			tb.Fatalf("%s (required: %s is set); %s", problem, r, howTo)
+		}
+	}
+	tb.Skipf("%s; %s", problem, howTo)
+	return ""
+}
+
+// FreePort returns a TCP port that was free on 127.0.0.1 a moment ago. The
+// simulator rejects --port 0, and its KV event topic names its port, so ports
+// are chosen before it starts.
+func FreePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, fmt.Errorf("free port: %w", err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// Sim configures one llm-d-inference-sim process.
+type Sim struct {
+	Binary string
+	Model  string // served model name ("fake-model" when empty)
+	Port   int    // HTTP port; required (the simulator rejects 0)
+	// ZMQEndpoint is the collector its PUB socket dials (tcp://127.0.0.1:N).
+	ZMQEndpoint string
+	// ReplayPort, when set, binds its replay ROUTER on 127.0.0.1.
+	ReplayPort  int
+	BlockSize   int  // 16 when 0
+	KVCacheSize int  // blocks; 1024 when 0
+	MapEvents   bool // --use-vllm-map-event-format
+	Extra       []string
+	// Log receives the process's stdout and stderr; discarded when nil.
+	Log io.Writer
+}
+
+// SimProcess is a running simulator.
+type SimProcess struct {
+	cfg  Sim
+	cmd  *exec.Cmd
+	done chan struct{}
+	err  error
+}
+
+// URL is the simulator's HTTP base URL.
+func (p *SimProcess) URL() string { return "http://127.0.0.1:" + strconv.Itoa(p.cfg.Port) }
+
+// HostPort is its address as its KV event topic names it.
+func (p *SimProcess) HostPort() string { return "127.0.0.1:" + strconv.Itoa(p.cfg.Port) }
+
+// ReplayEndpoint is its replay ROUTER, "" when it has none.
+func (p *SimProcess) ReplayEndpoint() string {
+	if p.cfg.ReplayPort == 0 {
+		return ""
+	}
+	return "tcp://127.0.0.1:" + strconv.Itoa(p.cfg.ReplayPort)
+}
+
+// Topic is the topic its KV events carry: kv@127.0.0.1:<port>@<model>.
+func (p *SimProcess) Topic() string { return "kv@" + p.HostPort() + "@" + p.cfg.Model }
+
+// Config returns what it was started with.
+func (p *SimProcess) Config() Sim { return p.cfg }
+
+// StartSim starts a simulator and waits until GET /health answers 200. The
+// simulator exits 0 even when its startup fails, so health, not the exit
+// status, says whether it runs.
+func StartSim(ctx context.Context, cfg Sim) (*SimProcess, error) {
+	if cfg.Model == "" {
+		cfg.Model = "fake-model"
+	}
+	if cfg.BlockSize == 0 {
+		cfg.BlockSize = 16
+	}
+	if cfg.KVCacheSize == 0 {
+		cfg.KVCacheSize = 1024
+	}
+	if cfg.Port == 0 {
+		return nil, errors.New("peerproc: the simulator needs a port (it rejects 0)")
+	}
+	args := []string{
+		"--model", cfg.Model, "--force-dummy-tokenizer",
+		"--port", strconv.Itoa(cfg.Port),
+		"--enable-kvcache", "--kv-cache-size", strconv.Itoa(cfg.KVCacheSize),
+		"--block-size", strconv.Itoa(cfg.BlockSize),
+	}
+	if cfg.ZMQEndpoint != "" {
+		args = append(args, "--zmq-endpoint", cfg.ZMQEndpoint)
+	}
+	if cfg.ReplayPort != 0 {
+		args = append(args, "--kv-events-replay-endpoint", "tcp://127.0.0.1:"+strconv.Itoa(cfg.ReplayPort))
+	}
+	if cfg.MapEvents {
+		args = append(args, "--use-vllm-map-event-format")
+	}
+	args = append(args, cfg.Extra...)
+	cmd := exec.Command(cfg.Binary, args...)
+	// The topic names POD_IP; without it the simulator does not start.
+	cmd.Env = append(os.Environ(), "POD_IP=127.0.0.1")
+	out := cfg.Log
+	if out == nil {
+		out = io.Discard
+	}
+	cmd.Stdout, cmd.Stderr = out, out
+	dieWithParent(cmd)
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("peerproc: start %s: %w", cfg.Binary, err)
+	}
+	p := &SimProcess{cfg: cfg, cmd: cmd, done: make(chan struct{})}
+	go func() {
+		p.err = cmd.Wait()
+		close(p.done)
+	}()
+	if err := waitHealthy(ctx, p.URL()+"/health", p.done); err != nil {
+		p.Stop()
+		return nil, fmt.Errorf("peerproc: simulator on port %d: %w", cfg.Port, err)
+	}
+	return p, nil
+}
+
+// Stop ends the process (SIGTERM, then SIGKILL after 5 s) and waits for it.
+func (p *SimProcess) Stop() { stop(p.cmd, p.done) }
+
+// Kill ends the process with SIGKILL, as a crash would.
+func (p *SimProcess) Kill() {
+	_ = p.cmd.Process.Kill()
+	<-p.done
+}
+
+func stop(cmd *exec.Cmd, done chan struct{}) {
+	select {
+	case <-done:
+		return
+	default:
+	}
+	_ = cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-done:
+	case <-time.After(5 * time.Second):
+		_ = cmd.Process.Kill()
+		<-done
+	}
+}
+
+// waitHealthy polls url until it answers 200, the process exits, or ctx ends
+// (30 s at most).
+func waitHealthy(ctx context.Context, url string, exited <-chan struct{}) error {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	client := &http.Client{Timeout: time.Second}
+	for {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+		if resp, err := client.Do(req); err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return nil
+			}
+		}
+		select {
+		case <-exited:
+			return errors.New("exited before it was healthy")
+		case <-ctx.Done():
+			return fmt.Errorf("not healthy: %w", ctx.Err())
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// LogBuffer is a goroutine-safe io.Writer that keeps what a process printed,
+// for a test to show when it fails.
+type LogBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *LogBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+// String returns everything written so far.
+func (l *LogBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}

@@ -1,0 +1,12 @@
+package peerproc
+
+import (
+	"os/exec"
+	"syscall"
+)
+
+// dieWithParent has the kernel kill the peer when the test process dies, so
+// that an interrupted test leaves no simulator holding its ports.
+func dieWithParent(cmd *exec.Cmd) {
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+}
