@@ -355,7 +355,7 @@ func (r *rank) catchUp() {
 	requested, err := r.l.requestReplay(r.ctx, ep, 0, func(s uint64, payload []byte) {
 		if rg.take(s) {
 			r.accept(s, payload, true)
-			r.caughtUp = s
+			r.caughtUpTo = s + 1
 		}
 	})
 	if !requested {

@@ -30,10 +30,10 @@ type rank struct {
 
 	// Owned by the rank goroutine.
 	cur cursor
-	// caughtUp is the last batch a collector-fed rank's catch-up replay
-	// applied: live copies of those batches, queued meanwhile, are expected
-	// duplicates, not stale batches.
-	caughtUp uint64
+	// caughtUpTo is one past the last batch a collector-fed rank's catch-up
+	// replay applied (0: none): live copies of those batches, queued
+	// meanwhile, are expected duplicates, not stale batches.
+	caughtUpTo uint64
 
 	// Owned by the rank's writer lane.
 	dec *kvevents.Decoder
@@ -138,7 +138,7 @@ func (r *rank) live(frames [][]byte) {
 func (r *rank) handle(s uint64, payload []byte) {
 	switch o := r.cur.observe(s); o.verdict {
 	case verdictStale:
-		if s <= r.caughtUp {
+		if s < r.caughtUpTo {
 			return
 		}
 		last, _ := r.cur.watermark()
