@@ -105,7 +105,10 @@ demo:
 # each briefly (fuzz-smoke).
 FUZZ_TARGETS := \
 	./engines/kvevents:FuzzDecode \
+	./engines/kvevents:FuzzTopic \
+	./engines/kvevents:FuzzBatchRank \
 	./engines/kvlisten:FuzzLiveMessage \
+	./internal/zmqguard:FuzzFrameGuard \
 	./selection/index:FuzzDecodeDump \
 	./httpadmin:FuzzSelectBody \
 	./extproc:FuzzParseBody \

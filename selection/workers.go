@@ -47,6 +47,9 @@ type CollectorStatus struct {
 	Received  uint64            `json:"received"`  // messages read from the sockets
 	Delivered uint64            `json:"delivered"` // messages handed to at least one worker rank
 	Unmatched map[string]uint64 `json:"unmatched"` // messages that reached no rank, by reason
+	// Rejected counts peers disconnected for breaking the wire protocol, by
+	// reason (oversized_frame, too_many_frames, bad_greeting, handshake_timeout, ...).
+	Rejected map[string]uint64 `json:"rejected_connections"`
 	// Recent lists the latest topics whose messages reached no rank, newest first.
 	Recent []UnmatchedTopic `json:"recent_unmatched"`
 }

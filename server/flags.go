@@ -41,7 +41,8 @@ type options struct {
 	assumeKVReuse   bool
 	noAssumeKVReuse bool
 
-	kvEventsBind []string // --kv-events-bind; KVSELECT_KV_EVENTS_BIND when not given
+	kvEventsBind     []string // --kv-events-bind; KVSELECT_KV_EVENTS_BIND when not given
+	kvEventsMaxFrame int64
 
 	indexerPeers       []string
 	replicaSyncPort    uint64
@@ -102,10 +103,11 @@ func newFlagSet(o *options) *flag.FlagSet {
 	fs.BoolVar(&o.noAssumeKVReuse, "no-router-assume-kv-reuse", false, "use random tracking hashes instead (mutually exclusive with --router-assume-kv-reuse)")
 
 	fs.Func("kv-events-bind", "ZMQ `endpoints` (tcp://host:port, comma-separated or repeated) where kvselect binds a KV events collector: engines dial it (llm-d's topology; vLLM does when its kv-events endpoint is not a wildcard) and each message's topic names its worker, kv@<host>:<port>@<model> or the worker's kv_events_topic. Workers registered without kv_events_endpoint(s) are fed from it. Overrides KVSELECT_KV_EVENTS_BIND. Default: none (subscribe to each worker's kv_events_endpoint only)", func(s string) error {
-		eps, err := parseList(s, catalog.ValidateZMQEndpoint)
+		eps, err := parseList(s, validateBindEndpoint)
 		o.kvEventsBind = append(o.kvEventsBind, eps...)
 		return err
 	})
+	fs.Int64Var(&o.kvEventsMaxFrame, "kv-events-max-frame-bytes", 64<<20, "largest ZMQ frame a peer may send to a --kv-events-bind socket, in `bytes` (>= 1024); a peer announcing a larger one is disconnected before it is read")
 	fs.Func("indexer-peers", "comma-separated HTTP `urls` of selectors or standalone indexers, tried in order at startup: the first /dump that answers seeds the KV index; /ready stays 503 until recovery is over", func(s string) error {
 		peers, err := parseList(s, validateHTTPPeer)
 		o.indexerPeers = peers
@@ -202,6 +204,9 @@ func (o *options) validate() error {
 	case o.replicaSyncPort > maxPort:
 		add("--replica-sync-port %d: must be between 1 and %d", o.replicaSyncPort, maxPort)
 	}
+	if o.kvEventsMaxFrame < 1024 {
+		add("--kv-events-max-frame-bytes %d: must be at least 1024", o.kvEventsMaxFrame)
+	}
 	if o.set["replica-sync-peers"] && !o.set["replica-sync-port"] {
 		add("--replica-sync-peers requires --replica-sync-port")
 	}
@@ -249,6 +254,18 @@ func parseList(s string, check func(string) error) ([]string, error) {
 		parts[i] = p
 	}
 	return parts, nil
+}
+
+// validateBindEndpoint accepts a collector endpoint: tcp only, since the
+// socket is bound through a frame guard that speaks TCP.
+func validateBindEndpoint(ep string) error {
+	if err := catalog.ValidateZMQEndpoint(ep); err != nil {
+		return err
+	}
+	if !strings.HasPrefix(ep, "tcp://") {
+		return fmt.Errorf("invalid collector endpoint `%s`: only tcp:// can be bound", ep)
+	}
+	return nil
 }
 
 // validateHTTPPeer accepts an absolute http(s) base URL, as Dynamo's recovery

@@ -36,7 +36,7 @@ var helpSections = []struct {
 	flags []string
 }{
 	{"Server", []string{"host", "port", "shutdown-timeout", "log-format", "log-level", "enable-pprof"}},
-	{"Selection", []string{"policy", "config", "threads", "kv-events-bind", "session-affinity-ttl-secs", "selection-cache-ttl-secs", "selection-cache-max-entries", "selection-cache-max-bytes"}},
+	{"Selection", []string{"policy", "config", "threads", "kv-events-bind", "kv-events-max-frame-bytes", "session-affinity-ttl-secs", "selection-cache-ttl-secs", "selection-cache-max-entries", "selection-cache-max-bytes"}},
 	{"Tracking hashes", []string{"router-tracking-hash", "router-tracking-key-file", "router-tracking-key-id", "router-assume-kv-reuse", "no-router-assume-kv-reuse"}},
 	{"Peers (index recovery over HTTP, replica sync over ZMQ)", []string{"indexer-peers", "replica-sync-port", "replica-sync-peers", "replica-sync-resolve-peers"}},
 	{"Endpoint picker (Envoy ext_proc, GIE protocol 004)", []string{"extproc-port", "extproc-fallbacks", "extproc-max-body-bytes", "extproc-test-pick-header", "extproc-default-model", "extproc-assume-request-body-mode", "extproc-assume-response-body-mode", "extproc-secure-serving", "extproc-cert-path", "extproc-cert-reload"}},

@@ -28,7 +28,6 @@ import (
 	"github.com/kvselect/kvselect/replicas/mesh"
 	"github.com/kvselect/kvselect/replicas/recovery"
 	"github.com/kvselect/kvselect/selection"
-	"github.com/kvselect/kvselect/selection/catalog"
 )
 
 // envKVEventsBind is --kv-events-bind's variable.
@@ -80,7 +79,7 @@ func run(ctx context.Context, args []string, set *settings) error {
 	binds := o.kvEventsBind
 	if !o.set["kv-events-bind"] {
 		if v, ok := set.lookup(envKVEventsBind); ok && strings.TrimSpace(v) != "" {
-			if binds, err = parseList(v, catalog.ValidateZMQEndpoint); err != nil {
+			if binds, err = parseList(v, validateBindEndpoint); err != nil {
 				return &UsageError{fmt.Errorf("%s: %w", envKVEventsBind, err)}
 			}
 		}
@@ -93,7 +92,7 @@ func run(ctx context.Context, args []string, set *settings) error {
 		// service attaches and detaches ranks as the catalog changes, and
 		// --threads writer lanes apply the events. Collector sockets feed the
 		// ranks registered without an endpoint of their own.
-		kv := kvlisten.New(ctx, kvlisten.Options{Logger: log, Lanes: cfg.Router.EventThreads})
+		kv := kvlisten.New(ctx, kvlisten.Options{Logger: log, Lanes: cfg.Router.EventThreads, MaxFrameBytes: o.kvEventsMaxFrame})
 		defer kv.Close()
 		for _, ep := range binds {
 			if _, err := kv.Bind(ep); err != nil {

@@ -3,14 +3,17 @@ package kvlisten
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/go-zeromq/zmq4"
 
 	"github.com/kvselect/kvselect/engines/kvevents"
+	"github.com/kvselect/kvselect/internal/zmqguard"
 	"github.com/kvselect/kvselect/selection"
 	"github.com/kvselect/kvselect/selection/catalog"
 )
@@ -74,12 +77,32 @@ type collector struct {
 	delivered uint64
 	unmatched map[string]uint64
 	recent    []selection.UnmatchedTopic
+	dropped   map[string]uint64 // connections the guard dropped, by reason
+}
+
+// rejected counts a connection zmqguard dropped.
+func (c *collector) rejected(reason string) {
+	c.statMu.Lock()
+	defer c.statMu.Unlock()
+	if c.dropped == nil {
+		c.dropped = make(map[string]uint64)
+	}
+	c.dropped[reason]++
 }
 
 // Bind opens a collector socket: a SUB bound at endpoint (tcp://host:port, port
 // 0 picks one), subscribed to every topic. It returns the bound address.
 // Ranks attached without a KV events endpoint are fed from every bound socket.
+//
+// The socket lets the network dial in, so it is bound through zmqguard: a
+// peer announcing a frame over Options.MaxFrameBytes, more than a few frames
+// in one message, anything that is not ZMTP, or a handshake it does not finish
+// is disconnected before zmq4 allocates or blocks on its say-so, and counted
+// in CollectorStatus.Rejected by reason.
 func (l *Listeners) Bind(endpoint string) (string, error) {
+	if !strings.HasPrefix(endpoint, "tcp://") {
+		return "", fmt.Errorf("kvlisten: collector %q: only tcp:// endpoints can be bound", endpoint)
+	}
 	if err := catalog.ValidateZMQEndpoint(endpoint); err != nil {
 		return "", fmt.Errorf("kvlisten: collector: %w", err)
 	}
@@ -90,7 +113,8 @@ func (l *Listeners) Bind(endpoint string) (string, error) {
 	}
 	l.mu.Unlock()
 	sub := zmq4.NewSub(l.ctx, zmq4.WithLogger(l.zlog))
-	if err := sub.Listen(endpoint); err != nil {
+	if err := zmqguard.Listen(sub, endpoint, l.opts.MaxFrameBytes, l.coll.rejected,
+		zmqguard.WithMaxFrames(maxCollectorFrames)); err != nil {
 		sub.Close()
 		return "", fmt.Errorf("kvlisten: collector: bind %s: %w", endpoint, err)
 	}
@@ -100,7 +124,7 @@ func (l *Listeners) Bind(endpoint string) (string, error) {
 	}
 	addr := endpoint
 	if a := sub.Addr(); a != nil {
-		addr = a.Network() + "://" + a.String()
+		addr = "tcp://" + a.String()
 	}
 	c := &l.coll
 	c.statMu.Lock()
@@ -119,26 +143,37 @@ func (l *Listeners) Bind(endpoint string) (string, error) {
 	return addr, nil
 }
 
+// maxCollectorFrames caps the frames of one collector message: publishers
+// send three, and zmq4 holds every frame of a message until its last.
+const maxCollectorFrames = 8
+
 // collect reads one bound socket until the listeners close.
 func (l *Listeners) collect(sub zmq4.Socket) {
-	backoff := l.opts.ReconnectMin
+	failures := 0
 	for {
 		msg, err := sub.Recv()
 		if err != nil {
 			if l.ctx.Err() != nil {
 				return
 			}
-			// A bound SUB only fails on a broken peer; keep serving the others.
-			l.opts.Logger.Warn("kv events collector receive failed", "err", err)
-			select {
-			case <-time.After(backoff):
-			case <-l.ctx.Done():
-				return
+			// On a bound SUB an error is one peer leaving or being dropped;
+			// the others go on. Only a run of failures with nothing between
+			// them (which no peer should cause) slows the loop down.
+			l.opts.Logger.Debug("kv events collector: a peer's connection ended", "err", err)
+			if failures++; failures >= 100 {
+				failures = 0
+				select {
+				case <-time.After(10 * time.Millisecond):
+				case <-l.ctx.Done():
+					return
+				}
 			}
-			backoff = min(2*backoff, l.opts.ReconnectMax)
 			continue
 		}
-		backoff = l.opts.ReconnectMin
+		failures = 0
+		if msg.Type == zmq4.CmdMsg {
+			continue // a ZMTP command (PING, say), not a publisher's message
+		}
 		l.collected(msg.Frames)
 	}
 }
@@ -309,9 +344,13 @@ func (l *Listeners) CollectorStatus() (st selection.CollectorStatus, ok bool) {
 		Delivered: c.delivered,
 		Unmatched: make(map[string]uint64, len(c.unmatched)),
 		Recent:    slices.Clone(c.recent),
+		Rejected:  maps.Clone(c.dropped),
 	}
 	for k, v := range c.unmatched {
 		st.Unmatched[k] = v
+	}
+	if st.Rejected == nil {
+		st.Rejected = map[string]uint64{}
 	}
 	return st, true
 }

@@ -3,6 +3,9 @@ package kvlisten
 import (
 	"context"
 	"fmt"
+	"io"
+	"net"
+	"strings"
 	"testing"
 	"time"
 
@@ -302,4 +305,54 @@ func TestCollectorLateRegistrationReplays(t *testing.T) {
 	if st := status(t, l, w); st.Lost != 0 || st.Replays != 1 || st.Stale != 0 || st.Gaps != 0 {
 		t.Fatalf("%+v: want one replay (the catch-up), nothing lost, stale or gapped", st)
 	}
+}
+
+// TestCollectorDropsHostilePeers: garbage and a frame header announcing a
+// terabyte disconnect their peers, are counted by reason, and the socket goes
+// on serving a real publisher.
+func TestCollectorDropsHostilePeers(t *testing.T) {
+	l, ep := newCollector(t)
+	addr := strings.TrimPrefix(ep, "tcp://")
+	greeting := func() []byte {
+		g := make([]byte, 64)
+		g[0], g[9], g[10], g[11] = 0xff, 0x7f, 3, 0
+		copy(g[12:], "NULL")
+		return g
+	}
+	huge := append(greeting(), 0x06, 0, 0, 1, 0, 0, 0, 0, 0) // a LONG COMMAND frame of 2^40 bytes
+	for _, payload := range [][]byte{[]byte("GET / HTTP/1.1\r\nHost: x\r\n\r\n" + strings.Repeat("x", 64)), huge} {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := c.Write(payload); err != nil {
+			t.Fatal(err)
+		}
+		// The collector hangs up (EOF or a reset), well before the deadline.
+		_ = c.SetReadDeadline(time.Now().Add(waitFor))
+		_, err = io.Copy(io.Discard, c)
+		if ne, ok := err.(net.Error); ok && ne.Timeout() {
+			t.Fatal("the collector did not hang up on a hostile peer")
+		}
+		c.Close()
+	}
+	eventually(t, "both peers counted", func() bool {
+		cs, _ := l.CollectorStatus()
+		return cs.Rejected["bad_greeting"] == 1 && cs.Rejected["oversized_frame"] == 1
+	})
+	ix := newIndex(t)
+	w := index.WorkerKey{WorkerID: 4}
+	e := newDialingEngine(t, ep, "kv@127.0.0.1:8004@m", 1)
+	if err := l.Attach(collected(ix, part, w, "127.0.0.1:8004", "", e.replayEP)); err != nil {
+		t.Fatal(err)
+	}
+	ch := newChain(0, 60, 3)
+	for _, b := range ch.batches {
+		e.publish(b)
+	}
+	eventually(t, "a real publisher still indexed", func() bool {
+		e.publish(heartbeatBatch(0))
+		eventuallySleep()
+		return device(ix, w, ch.locals) == 3
+	})
 }

@@ -45,6 +45,9 @@ const (
 	DefaultReplayTimeout = 2 * time.Second
 	DefaultDialTimeout   = 2 * time.Second
 	DefaultLaneQueue     = 1024
+	// DefaultMaxFrameBytes is far above any batch an engine sends: vLLM
+	// flushes its events every engine step.
+	DefaultMaxFrameBytes = 64 << 20
 	// MaxLanes caps Options.Lanes: Dynamo accepts any u32 thread count, but
 	// past a few hundred lanes nothing runs in parallel any more and each lane
 	// costs a goroutine and a queue.
@@ -81,6 +84,9 @@ type Options struct {
 	// LaneQueue is how many batches may wait for each lane (1024) before the
 	// ranks feeding it stop reading their sockets, which then buffer in ZMQ.
 	LaneQueue int
+	// MaxFrameBytes caps one ZMTP frame a peer may send to a collector socket
+	// (Bind): a larger one disconnects the peer before it is read (64 MiB).
+	MaxFrameBytes int64
 }
 
 // RankStatus is the observable state of one rank's listener.
@@ -179,6 +185,9 @@ func New(ctx context.Context, opts Options) *Listeners {
 	opts.Lanes = min(max(opts.Lanes, 1), MaxLanes)
 	if opts.LaneQueue <= 0 {
 		opts.LaneQueue = DefaultLaneQueue
+	}
+	if opts.MaxFrameBytes <= 0 {
+		opts.MaxFrameBytes = DefaultMaxFrameBytes
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	l := &Listeners{

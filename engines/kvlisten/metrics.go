@@ -68,13 +68,16 @@ var (
 	descCollector = prometheus.NewDesc("kvselect_kv_events_collector_messages_total",
 		"Messages read by the collector sockets (--kv-events-bind), by result: delivered, or why they reached no worker rank (unknown_topic, model_mismatch, unknown_rank, subscribed, malformed).",
 		[]string{"result"}, nil)
+	descCollectorRejected = prometheus.NewDesc("kvselect_kv_events_collector_rejected_connections_total",
+		"Peers the collector sockets disconnected for breaking the wire protocol (oversized_frame, too_many_frames, bad_greeting, handshake_timeout, ...).",
+		[]string{"reason"}, nil)
 )
 
 // Describe implements prometheus.Collector.
 func (l *Listeners) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descBatches, descBlocks, descRejected, descDecodeErrors,
 		descLost, descGaps, descStale, descReplays, descReplayed, descIncomplete, descReconnects,
-		descConnected, descLastSeq, descComplete, descLaneQueue, descCollector} {
+		descConnected, descLastSeq, descComplete, descLaneQueue, descCollector, descCollectorRejected} {
 		ch <- d
 	}
 }
@@ -123,6 +126,9 @@ func (l *Listeners) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(descCollector, prometheus.CounterValue, float64(cs.Delivered), "delivered")
 		for _, reason := range []string{UnmatchedUnknownTopic, UnmatchedModel, UnmatchedRank, UnmatchedSubscribed, UnmatchedMalformed} {
 			ch <- prometheus.MustNewConstMetric(descCollector, prometheus.CounterValue, float64(cs.Unmatched[reason]), reason)
+		}
+		for reason, n := range cs.Rejected {
+			ch <- prometheus.MustNewConstMetric(descCollectorRejected, prometheus.CounterValue, float64(n), reason)
 		}
 	}
 }

@@ -28,12 +28,14 @@ import (
 	"log/slog"
 	"net"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/go-zeromq/zmq4"
 
+	"github.com/kvselect/kvselect/internal/zmqguard"
 	"github.com/kvselect/kvselect/selection"
 	"github.com/kvselect/kvselect/selection/affinity"
 	"github.com/kvselect/kvselect/selection/catalog"
@@ -217,7 +219,7 @@ func Start(ctx context.Context, r Replica, opts Options) (*Mesh, error) {
 		m.pub.Close()
 		return nil, fmt.Errorf("replica sync: %w", err)
 	}
-	if err := m.pub.Listen(opts.Bind); err != nil {
+	if err := m.listen(opts.Bind); err != nil {
 		cancel()
 		m.pub.Close()
 		return nil, fmt.Errorf("failed to bind replica publisher to `%s`: %w", opts.Bind, err)
@@ -441,4 +443,20 @@ func (m *Mesh) handle(from string, frames [][]byte) {
 		m.c.malformed.Add(1)
 		m.log.Debug("dropping replica message with unexpected topic", "peer", from)
 	}
+}
+
+// maxSubscriberFrame caps what a peer that dials the publisher may send in one
+// frame: subscribers only send subscriptions, a topic of a few bytes each.
+const maxSubscriberFrame = 64 << 10
+
+// listen binds the publisher. Peers dial it, so a tcp:// endpoint is bound
+// through zmqguard: without it zmq4 would allocate whatever frame size a peer
+// announces, and a truncated handshake would crash the process.
+func (m *Mesh) listen(ep string) error {
+	if !strings.HasPrefix(ep, "tcp://") {
+		return m.pub.Listen(ep)
+	}
+	return zmqguard.Listen(m.pub, ep, maxSubscriberFrame, func(reason string) {
+		m.log.Warn("replica sync: dropped a peer connection that broke the wire protocol", "reason", reason)
+	}, zmqguard.WithMaxFrames(4))
 }
