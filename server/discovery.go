@@ -64,7 +64,7 @@ func (d *discoveryFlags) validate(set map[string]bool) []error {
 // the readiness condition, so /ready is 503 from the first request until the
 // source has synced. The returned function starts them on wg; they stop with
 // its ctx. Without a source it does nothing.
-func prepareDiscovery(d discoveryFlags, svc *selection.Service, log *slog.Logger) (func(context.Context, *sync.WaitGroup), error) {
+func prepareDiscovery(d discoveryFlags, collector bool, svc *selection.Service, log *slog.Logger) (func(context.Context, *sync.WaitGroup), error) {
 	type runner interface {
 		Run(ctx context.Context, sink func(discovery.Snapshot))
 	}
@@ -90,7 +90,7 @@ func prepareDiscovery(d discoveryFlags, svc *selection.Service, log *slog.Logger
 		// both to the server's, once, here in the program.
 		ctrllog.SetLogger(logr.FromSlogHandler(log.Handler()))
 		klog.SetSlogLogger(log)
-		s, err := inferencepool.New(inferencepool.Options{Config: cfg, Namespace: d.poolNamespace, Name: d.poolName, Logger: log})
+		s, err := inferencepool.New(inferencepool.Options{Config: cfg, Namespace: d.poolNamespace, Name: d.poolName, Logger: log, Collector: collector})
 		if err != nil {
 			return nil, &UsageError{err}
 		}

@@ -144,7 +144,7 @@ func run(ctx context.Context, args []string, set *settings) error {
 
 	// Workers from a file or an InferencePool, through the same catalog calls
 	// as POST/DELETE /workers (discovery.go); /ready waits for the first sync.
-	startDiscovery, err := prepareDiscovery(o.discovery, svc, log)
+	startDiscovery, err := prepareDiscovery(o.discovery, cfg.EventsCollector, svc, log)
 	if err != nil {
 		return err
 	}

@@ -39,8 +39,14 @@ const (
 	// AnnotationKVEventsPort is the ZMQ PUB port of rank 0's KV events
 	// (vLLM --kv-events-config endpoint tcp://*:5557); rank r publishes on
 	// port + r, as vLLM offsets its publisher by the data-parallel rank.
-	// Default 5557.
+	// Default 5557, unless kvselect binds a collector (--kv-events-bind):
+	// then a pod without it is fed through the collector, its engine dialing
+	// kvselect with llm-d's topic kv@<pod-ip>:<target-port>@<model>.
 	AnnotationKVEventsPort = Prefix + "kv-events-port"
+	// AnnotationKVEventsTopic is the topic a pod's engine publishes under
+	// when it dials the collector with a topic of its own (kv_events_topic);
+	// optional, llm-d's convention is matched without it.
+	AnnotationKVEventsTopic = Prefix + "kv-events-topic"
 	// AnnotationReplayPort is the ZMQ ROUTER port of rank 0's KV-event replay
 	// (vLLM --kv-events-config replay_endpoint); rank r answers on port + r.
 	// Optional: without it gaps are not replayed.
@@ -99,6 +105,19 @@ func IsReady(p *corev1.Pod) bool {
 // its workers, incomplete, with the problem in SourceReasons. The result is
 // sorted by (namespace, pod, port) and its ids are unique.
 func Workers(pool *giev1.InferencePool, pods []corev1.Pod) []catalog.Record {
+	return WorkersFor(pool, pods, Mapping{})
+}
+
+// Mapping is what the records depend on besides the pool and its pods.
+type Mapping struct {
+	// Collector: kvselect binds a KV events collector (--kv-events-bind), so a
+	// pod without the kv-events-port annotation gets no kv_events_endpoints
+	// and is fed through the collector by its topic.
+	Collector bool
+}
+
+// WorkersFor is Workers under the given mapping.
+func WorkersFor(pool *giev1.InferencePool, pods []corev1.Pod, m Mapping) []catalog.Record {
 	ports := make([]int32, 0, len(pool.Spec.TargetPorts))
 	for _, p := range pool.Spec.TargetPorts {
 		ports = append(ports, int32(p.Number))
@@ -114,7 +133,7 @@ func Workers(pool *giev1.InferencePool, pods []corev1.Pod) []catalog.Record {
 		if !IsReady(pod) {
 			continue
 		}
-		for _, w := range podWorkers(pod, ports) {
+		for _, w := range podWorkers(pod, ports, m) {
 			where := fmt.Sprintf("pod %s/%s port %s", pod.Namespace, pod.Name, portOf(w))
 			if prev, taken := owner[w.WorkerID]; taken {
 				// Two pods claim one id (a copied worker-id annotation): the
@@ -142,7 +161,7 @@ func freeID(pod *corev1.Pod, port int32, used map[uint64]string) uint64 {
 }
 
 // podWorkers builds the records of one ready pod.
-func podWorkers(pod *corev1.Pod, poolPorts []int32) []catalog.Record {
+func podWorkers(pod *corev1.Pod, poolPorts []int32, m Mapping) []catalog.Record {
 	var reasons []string
 	bad := func(format string, args ...any) { reasons = append(reasons, fmt.Sprintf(format, args...)) }
 	get := func(key string) (string, bool) {
@@ -173,7 +192,9 @@ func podWorkers(pod *corev1.Pod, poolPorts []int32) []catalog.Record {
 	blockSize, _ := num(AnnotationBlockSize, DefaultBlockSize, 1, 1<<31)
 	dpSize, _ := num(AnnotationDPSize, 1, 1, 1024)
 	dpStart, _ := num(AnnotationDPStartRank, 0, 0, 1<<20)
-	kvPort, _ := num(AnnotationKVEventsPort, DefaultKVEventsPort, 1, 65535)
+	kvPort, hasKVPort := num(AnnotationKVEventsPort, DefaultKVEventsPort, 1, 65535)
+	subscribe := hasKVPort || !m.Collector
+	topic, hasTopic := get(AnnotationKVEventsTopic)
 	replayPort, hasReplay := num(AnnotationReplayPort, 0, 1, 65535)
 	maxTokens, hasMaxTokens := num(AnnotationMaxBatchedTokens, 0, 1, 1<<40)
 	totalBlocks, hasTotalBlocks := num(AnnotationTotalKVBlocks, 0, 1, 1<<40)
@@ -218,8 +239,13 @@ func podWorkers(pod *corev1.Pod, poolPorts []int32) []catalog.Record {
 		if hasTotalBlocks {
 			r.TotalKVBlocks = ptr(totalBlocks)
 		}
+		if hasTopic && topic != "" {
+			r.KVEventsTopic = ptr(topic)
+		}
 		if ip != "" {
 			r.Endpoint = ptr("http://" + net.JoinHostPort(ip, strconv.Itoa(int(port))))
+		}
+		if ip != "" && subscribe {
 			r.KVEventsEndpoints = make(map[uint32]string, dpSize)
 			for rank := start; rank < start+dpSize; rank++ {
 				p := kvPort + rank

@@ -283,3 +283,35 @@ func d(p *string) string {
 }
 
 func itoa(n int) string { return strconv.Itoa(n) }
+
+// TestWorkersWithCollector: with kvselect's collector bound, a pod without the
+// kv-events-port annotation is fed through the collector (no
+// kv_events_endpoints; its endpoint carries the host:port of llm-d's topic),
+// an annotated pod keeps its subscription, and kv-events-topic is passed on.
+func TestWorkersWithCollector(t *testing.T) {
+	pods := []corev1.Pod{
+		pod("vllm-0", "10.1.2.3", model()),
+		pod("vllm-1", "10.1.2.4", model(AnnotationKVEventsPort, "6000")),
+		pod("vllm-2", "10.1.2.5", model(AnnotationKVEventsTopic, "engine-2")),
+	}
+	ws := WorkersFor(pool(8000), pods, Mapping{Collector: true})
+	if len(ws) != 3 {
+		t.Fatalf("got %d workers", len(ws))
+	}
+	if ws[0].KVEventsEndpoints != nil || *ws[0].Endpoint != "http://10.1.2.3:8000" || ws[0].KVEventsTopic != nil {
+		t.Fatalf("unannotated pod: %s", show(ws[0]))
+	}
+	if got := ws[1].KVEventsEndpoints[0]; got != "tcp://10.1.2.4:6000" {
+		t.Fatalf("annotated pod subscribes to %q, want tcp://10.1.2.4:6000", got)
+	}
+	if ws[2].KVEventsTopic == nil || *ws[2].KVEventsTopic != "engine-2" || ws[2].KVEventsEndpoints != nil {
+		t.Fatalf("pod with a topic: %s", show(ws[2]))
+	}
+	rec := ws[0]
+	if reasons := rec.Reasons(catalog.Checks{ConsumesEvents: true, Collector: true}); len(reasons) != 0 {
+		t.Fatalf("a collector-fed pod is not schedulable: %v", reasons)
+	}
+	if sub := Workers(pool(8000), pods[:1]); sub[0].KVEventsEndpoints[0] != "tcp://10.1.2.3:5557" {
+		t.Fatalf("without a collector the default port is subscribed: %s", show(sub[0]))
+	}
+}

@@ -72,6 +72,8 @@ type Options struct {
 	// CacheSyncTimeout bounds the first list of pods and pools; 0 means
 	// controller-runtime's default (2 minutes).
 	CacheSyncTimeout time.Duration
+	// Collector: kvselect binds a KV events collector (Mapping.Collector).
+	Collector bool
 }
 
 // RESTConfig loads the API server configuration: the kubeconfig file at path
@@ -252,7 +254,7 @@ func (s *Source) sync(ctx context.Context, c client.Client) error {
 	if err := c.List(ctx, &pods, client.InNamespace(s.key.Namespace), client.MatchingLabelsSelector{Selector: sel.AsSelector()}); err != nil {
 		return fmt.Errorf("list pods of InferencePool %s: %w", s.key, err)
 	}
-	ws := Workers(&pool, pods.Items)
+	ws := WorkersFor(&pool, pods.Items, Mapping{Collector: s.opts.Collector})
 	incomplete := 0
 	for _, w := range ws {
 		if len(w.SourceReasons) > 0 {
