@@ -174,7 +174,7 @@ func StartSim(ctx context.Context, cfg Sim) (*SimProcess, error) {
 		out = io.Discard
 	}
 	cmd.Stdout, cmd.Stderr = out, out
-	dieWithParent(cmd)
+	DieWithParent(cmd)
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("peerproc: start %s: %w", cfg.Binary, err)
 	}

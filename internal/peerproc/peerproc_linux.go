@@ -5,8 +5,8 @@ import (
 	"syscall"
 )
 
-// dieWithParent has the kernel kill the peer when the test process dies, so
+// DieWithParent has the kernel kill the peer when the test process dies, so
 // that an interrupted test leaves no simulator holding its ports.
-func dieWithParent(cmd *exec.Cmd) {
+func DieWithParent(cmd *exec.Cmd) {
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 }
