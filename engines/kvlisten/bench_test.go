@@ -18,12 +18,18 @@ import (
 // One op is one 64-block batch; blocks/s counts stored plus removed blocks.
 // Publishing runs in the same process and shares the 2 cores.
 //
+// mode=subscribe is vLLM's and Dynamo's topology: each engine binds its PUB
+// socket and a listener dials it. mode=collector is llm-d's: every engine
+// dials one bound collector socket, and messages are routed by topic.
+//
 //	go test -run '^$' -bench Ingest -benchtime 20000x -count 3 ./engines/kvlisten
 func BenchmarkIngest(b *testing.B) {
-	for _, tc := range []struct{ publishers, lanes int }{{1, 1}, {1, 4}, {16, 1}, {16, 4}} {
-		b.Run(fmt.Sprintf("publishers=%d/lanes=%d", tc.publishers, tc.lanes), func(b *testing.B) {
-			benchIngest(b, tc.publishers, tc.lanes)
-		})
+	for _, mode := range []string{"subscribe", "collector"} {
+		for _, tc := range []struct{ publishers, lanes int }{{1, 1}, {1, 4}, {16, 1}, {16, 4}} {
+			b.Run(fmt.Sprintf("mode=%s/publishers=%d/lanes=%d", mode, tc.publishers, tc.lanes), func(b *testing.B) {
+				benchIngest(b, mode == "collector", tc.publishers, tc.lanes)
+			})
+		}
 	}
 }
 
@@ -51,7 +57,7 @@ func ingestPayloads(engine int) (store, remove []byte) {
 	return store, remove
 }
 
-func benchIngest(b *testing.B, publishers, lanes int) {
+func benchIngest(b *testing.B, collector bool, publishers, lanes int) {
 	ix, err := index.New(index.Config{BlockSize: ingestBlockSize})
 	if err != nil {
 		b.Fatal(err)
@@ -62,9 +68,20 @@ func benchIngest(b *testing.B, publishers, lanes int) {
 	keys := make([]index.WorkerKey, publishers)
 	store := make([][]byte, publishers)
 	remove := make([][]byte, publishers)
+	collectorEP := ""
+	if collector {
+		if collectorEP, err = l.Bind("tcp://127.0.0.1:0"); err != nil {
+			b.Fatal(err)
+		}
+	}
 	for i := range pubs {
-		p, err := kvpublish.New(context.Background(), kvpublish.Options{Endpoint: "tcp://127.0.0.1:0",
-			ReplayEndpoint: "tcp://127.0.0.1:0", HWM: 100_000, RingSize: 1 << 16, Logger: quietLogger()})
+		opts := kvpublish.Options{Endpoint: "tcp://127.0.0.1:0",
+			ReplayEndpoint: "tcp://127.0.0.1:0", HWM: 100_000, RingSize: 1 << 16, Logger: quietLogger()}
+		hostPort := fmt.Sprintf("10.0.0.%d:8000", i+1) // what the topic names; nothing listens there
+		if collector {
+			opts.Endpoint, opts.Connect, opts.Topic = collectorEP, true, "kv@"+hostPort+"@m"
+		}
+		p, err := kvpublish.New(context.Background(), opts)
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -72,6 +89,9 @@ func benchIngest(b *testing.B, publishers, lanes int) {
 		pubs[i], keys[i] = p, index.WorkerKey{WorkerID: uint64(i + 1)}
 		store[i], remove[i] = ingestPayloads(i)
 		a := attachment(ix, keys[i], p.Endpoint(), p.ReplayEndpoint())
+		if collector {
+			a = collected(ix, part, keys[i], hostPort, "", p.ReplayEndpoint())
+		}
 		a.BlockSize = ingestBlockSize
 		if err := l.Attach(a); err != nil {
 			b.Fatal(err)

@@ -30,10 +30,12 @@ import (
 	"io"
 	"log"
 	"log/slog"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/kvselect/kvselect/engines/kvevents"
+	"github.com/kvselect/kvselect/internal/zmqguard"
 	"github.com/kvselect/kvselect/selection"
 	"github.com/kvselect/kvselect/selection/index"
 )
@@ -144,7 +146,8 @@ type Listeners struct {
 	mu         sync.Mutex
 	closed     bool
 	ranks      map[rankKey]*rank
-	collecting bool // a collector socket is bound (guarded by mu)
+	collecting bool   // a collector socket is bound (guarded by mu)
+	guarded    string // the zmqguard scheme tcp endpoints are dialed through; "" = plain tcp
 	coll       collector
 	wg         sync.WaitGroup
 }
@@ -199,6 +202,15 @@ func New(ctx context.Context, opts Options) *Listeners {
 		lanes:  make([]chan job, opts.Lanes),
 	}
 	l.coll.routes = make(map[string]*route)
+	// Engines' sockets are dialed through a guard too: a broken or hostile
+	// publisher must not make zmq4 allocate what it announces.
+	if scheme, err := zmqguard.Dialer(opts.MaxFrameBytes, func(reason string) {
+		opts.Logger.Warn("dropped a KV events connection that broke the wire protocol", "reason", reason)
+	}, zmqguard.WithMaxFrames(maxCollectorFrames)); err == nil {
+		l.guarded = scheme
+	} else {
+		opts.Logger.Warn("KV events connections are not guarded", "err", err)
+	}
 	for i := range l.lanes {
 		l.lanes[i] = make(chan job, opts.LaneQueue)
 		l.lanesWG.Add(1)
@@ -353,4 +365,13 @@ func (l *Listeners) Close() {
 	}
 	l.laneMu.Unlock()
 	l.lanesWG.Wait()
+}
+
+// dialable is the address a socket dials to reach ep: tcp endpoints go
+// through the guarded scheme.
+func (l *Listeners) dialable(ep string) string {
+	if rest, ok := strings.CutPrefix(ep, "tcp://"); ok && l.guarded != "" {
+		return l.guarded + "://" + rest
+	}
+	return ep
 }

@@ -98,7 +98,7 @@ func (r *rank) session() (received bool, err error) {
 		zmq4.WithDialerTimeout(r.l.opts.DialTimeout))
 	defer sub.Close()
 	dctx, cancel := context.WithTimeout(r.ctx, r.l.opts.DialTimeout)
-	err = zmqdial.Dial(dctx, sub, r.a.Endpoints.KVEvents)
+	err = zmqdial.Dial(dctx, sub, r.l.dialable(r.a.Endpoints.KVEvents))
 	cancel()
 	if err != nil {
 		return false, err

@@ -40,7 +40,7 @@ func (l *Listeners) requestReplay(ctx context.Context, ep string, start uint64, 
 		zmq4.WithDialerTimeout(l.opts.DialTimeout),
 		zmq4.WithTimeout(l.opts.ReplayTimeout))
 	defer d.Close()
-	if err := zmqdial.Dial(ctx, d, ep); err != nil {
+	if err := zmqdial.Dial(ctx, d, l.dialable(ep)); err != nil {
 		return false, err
 	}
 	var req [8]byte

@@ -118,6 +118,27 @@ func Listen(sock zmq4.Socket, endpoint string, maxFrame int64, onReject func(rea
 	return nil
 }
 
+// Dialer registers a guarded transport for dialing and returns its scheme:
+// a socket that dials "<scheme>://host:port" instead of "tcp://host:port"
+// reads the peer it reached through the same guard and read-ahead as Listen
+// gives accepted peers. A dialing socket talks to a peer it chose, but a
+// broken or hostile engine must not crash or stall the process either. One
+// registration serves any number of sockets.
+func Dialer(maxFrame int64, onReject func(reason string), opts ...Option) (scheme string, err error) {
+	if maxFrame <= 0 {
+		return "", fmt.Errorf("zmqguard: dialer: frame cap %d is not positive", maxFrame)
+	}
+	cfg := config{limits: Limits{MaxFrame: maxFrame}, handshakeTimeout: DefaultHandshakeTimeout, onReject: onReject}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	name, err := register(guardTransport{cfg: cfg, tcp: transport.New("tcp")})
+	if err != nil {
+		return "", fmt.Errorf("zmqguard: dialer: %w", err)
+	}
+	return name, nil
+}
+
 // register adds t to zmq4's registry under a fresh name and returns it. A
 // name can only be taken already if something else registered it, so a few
 // tries are plenty.
@@ -132,14 +153,19 @@ func register(t guardTransport) (string, error) {
 	return "", fmt.Errorf("register transport: %w", err)
 }
 
-// guardTransport is a zmq4 transport over TCP that only listens.
+// guardTransport is a zmq4 transport over TCP whose connections, accepted or
+// dialed, are read through a guard.
 type guardTransport struct {
 	cfg config
 	tcp transport.Transport
 }
 
-func (t guardTransport) Dial(context.Context, transport.Dialer, string) (net.Conn, error) {
-	return nil, errors.New("zmqguard: a guarded transport only listens")
+func (t guardTransport) Dial(ctx context.Context, d transport.Dialer, addr string) (net.Conn, error) {
+	nc, err := t.tcp.Dial(ctx, d, addr)
+	if err != nil {
+		return nil, err
+	}
+	return newConn(nc, t.cfg, nil), nil
 }
 
 func (t guardTransport) Listen(ctx context.Context, addr string) (net.Listener, error) {
@@ -171,23 +197,30 @@ func (l *listener) Accept() (net.Conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := &conn{Conn: nc, guard: NewFrameGuard(l.cfg.limits), onReject: l.cfg.onReject, ln: l}
 	l.mu.Lock()
 	if l.pending == nil {
 		l.mu.Unlock()
 		nc.Close()
 		return nil, net.ErrClosed
 	}
+	c := newConn(nc, l.cfg, l)
 	l.pending[c] = struct{}{}
 	l.mu.Unlock()
-	if d := l.cfg.handshakeTimeout; d > 0 {
+	return c, nil
+}
+
+// newConn wraps nc in a guard and starts its handshake watch; ln is the
+// listener that accepted it, nil for a dialed connection.
+func newConn(nc net.Conn, cfg config, ln *listener) *conn {
+	c := &conn{Conn: nc, guard: NewFrameGuard(cfg.limits), onReject: cfg.onReject, ln: ln}
+	if d := cfg.handshakeTimeout; d > 0 {
 		c.mu.Lock()
 		c.timer = time.AfterFunc(d, func() {
 			c.reject(&RejectError{Reason: ReasonHandshakeTimeout, Detail: fmt.Sprintf("no handshake within %v", d)})
 		})
 		c.mu.Unlock()
 	}
-	return c, nil
+	return c
 }
 
 func (l *listener) Close() error {
@@ -228,6 +261,13 @@ type conn struct {
 
 	readMu    sync.Mutex
 	handshook bool // guarded by readMu
+	// Read-ahead, guarded by readMu: zmq4 reads a frame's flags, size and
+	// body with separate small reads, each a system call on a bare TCP
+	// connection; reading ahead serves them from one. Bytes are fed to the
+	// guard as they enter the buffer, so zmq4 still sees nothing unchecked.
+	buf        []byte
+	head, tail int   // buf[head:tail] is checked and not yet handed on
+	readErr    error // the error that came with buffered bytes, for after them
 
 	mu     sync.Mutex
 	state  connState
@@ -235,15 +275,34 @@ type conn struct {
 	timer  *time.Timer
 }
 
+// readAhead is the read-ahead buffer of one connection.
+const readAhead = 32 << 10
+
 func (c *conn) Read(p []byte) (int, error) {
 	c.readMu.Lock()
 	defer c.readMu.Unlock()
 	if err := c.rejection(); err != nil {
 		return 0, err
 	}
-	n, err := c.Conn.Read(p)
+	if c.head < c.tail {
+		n := copy(p, c.buf[c.head:c.tail])
+		c.head += n
+		return n, nil
+	}
+	if err := c.readErr; err != nil {
+		return 0, err
+	}
+	// A read as large as the buffer (a frame body) goes straight into p.
+	dst := p
+	if len(p) < readAhead {
+		if c.buf == nil {
+			c.buf = make([]byte, readAhead)
+		}
+		dst = c.buf
+	}
+	n, err := c.Conn.Read(dst)
 	if n > 0 {
-		if rej := c.guard.feed(p[:n]); rej != nil {
+		if rej := c.guard.feed(dst[:n]); rej != nil {
 			c.reject(rej)
 			return 0, rej
 		}
@@ -256,6 +315,14 @@ func (c *conn) Read(p []byte) (int, error) {
 		if rej := c.rejection(); rej != nil {
 			return 0, rej // the handshake timer closed the connection under us
 		}
+	}
+	if n > 0 && len(p) < readAhead {
+		m := copy(p, c.buf[:n])
+		c.head, c.tail = m, n
+		if m < n {
+			c.readErr, err = err, nil // hand on the rest first
+		}
+		return m, err
 	}
 	return n, err
 }
@@ -305,5 +372,7 @@ func (c *conn) settle() {
 	if t != nil {
 		t.Stop()
 	}
-	c.ln.forget(c)
+	if c.ln != nil {
+		c.ln.forget(c)
+	}
 }

@@ -261,3 +261,85 @@ func TestListenRefusesWhatItCannotGuard(t *testing.T) {
 		})
 	}
 }
+
+// TestDialerGuardsWhatADialingSocketReads: a SUB that dials through a
+// guarded scheme receives an honest PUB's messages (a MiB payload included,
+// through the read-ahead), and a "publisher" that announces a terabyte frame
+// is dropped with its reason instead of being allocated.
+func TestDialerGuardsWhatADialingSocketReads(t *testing.T) {
+	rej := make(rejects, 8)
+	scheme, err := Dialer(2<<20, rej.onReject)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pub := zmq4.NewPub(context.Background())
+	t.Cleanup(func() { pub.Close() })
+	if err := pub.Listen("tcp://127.0.0.1:0"); err != nil {
+		t.Fatal(err)
+	}
+	sub := zmq4.NewSub(context.Background())
+	t.Cleanup(func() { sub.Close() })
+	if err := sub.Dial(scheme + "://" + pub.Addr().String()); err != nil {
+		t.Fatal(err)
+	}
+	if err := sub.SetOption(zmq4.OptionSubscribe, ""); err != nil {
+		t.Fatal(err)
+	}
+	big := bytes.Repeat([]byte{7}, 1<<20)
+	got := make(chan zmq4.Msg, 1)
+	go func() {
+		m, err := sub.Recv()
+		if err == nil {
+			got <- m
+		}
+	}()
+	deadline := time.Now().Add(patience)
+	for received := false; !received; {
+		if time.Now().After(deadline) {
+			t.Fatal("nothing arrived through the guarded dial")
+		}
+		if err := pub.Send(zmq4.NewMsgFrom([]byte("t"), seq(1), big)); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case m := <-got:
+			if len(m.Frames) != 3 || !bytes.Equal(m.Frames[2], big) {
+				t.Fatalf("received %d frames", len(m.Frames))
+			}
+			received = true
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	rej.none(t)
+
+	// A hostile peer: a valid greeting, then a frame header of 2^40 bytes.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		_, _ = c.Write(cat(greeting("NULL", 0), header(flagCommand, 1<<40, true)))
+		_, _ = io.Copy(io.Discard, c)
+	}()
+	hostile := zmq4.NewSub(context.Background())
+	defer hostile.Close()
+	errc := make(chan error, 1)
+	go func() { errc <- hostile.Dial(scheme + "://" + ln.Addr().String()) }()
+	if reason := rej.next(t); reason != ReasonOversizedFrame {
+		t.Fatalf("rejected for %q, want %q", reason, ReasonOversizedFrame)
+	}
+	select {
+	case err := <-errc:
+		if err == nil {
+			t.Fatal("the dial to a hostile peer succeeded")
+		}
+	case <-time.After(patience):
+		t.Fatal("the dial to a hostile peer never returned")
+	}
+}

@@ -32,9 +32,14 @@ var ErrClosed = errors.New("kvpublish: publisher closed")
 type Options struct {
 	// Endpoint is the address the PUB socket binds, e.g. "tcp://127.0.0.1:0"
 	// (port 0 picks a free port; Endpoint() tells which) or vLLM's default
-	// "tcp://*:5557". Unlike vLLM, which connects when the address has no
-	// wildcard, the publisher always binds: kvselect's listeners dial engines.
+	// "tcp://*:5557"; with Connect, the collector it dials.
 	Endpoint string
+	// Connect dials Endpoint instead of binding it: llm-d's topology, where
+	// every engine's PUB socket connects to one collector (vLLM connects when
+	// its endpoint has no wildcard). Unlike vLLM the publisher does not guess
+	// from the address: kvselect's subscribe mode dials engines, so binding
+	// stays the default.
+	Connect bool
 	// ReplayEndpoint is the address the ROUTER replay socket binds; "" serves
 	// no replay, like vLLM without replay_endpoint.
 	ReplayEndpoint string
@@ -157,11 +162,20 @@ func New(ctx context.Context, opts Options) (*Publisher, error) {
 			return nil, fmt.Errorf("kvpublish: set PUB high-water mark: %w", err)
 		}
 	}
-	if err := p.pub.Listen(opts.Endpoint); err != nil {
-		p.shutdown()
-		return nil, fmt.Errorf("kvpublish: bind PUB %s: %w", opts.Endpoint, err)
+	if opts.Connect {
+		// zmq4 redials a lost connection; the first dial must succeed.
+		if err := p.pub.Dial(opts.Endpoint); err != nil {
+			p.shutdown()
+			return nil, fmt.Errorf("kvpublish: dial collector %s: %w", opts.Endpoint, err)
+		}
+		p.endpoint = opts.Endpoint
+	} else {
+		if err := p.pub.Listen(opts.Endpoint); err != nil {
+			p.shutdown()
+			return nil, fmt.Errorf("kvpublish: bind PUB %s: %w", opts.Endpoint, err)
+		}
+		p.endpoint = boundEndpoint(opts.Endpoint, p.pub.Addr())
 	}
-	p.endpoint = boundEndpoint(opts.Endpoint, p.pub.Addr())
 
 	if opts.ReplayEndpoint != "" {
 		p.router = zmq4.NewRouter(p.ctx, zmq4.WithLogger(zlog))
@@ -191,7 +205,8 @@ func boundEndpoint(ep string, addr net.Addr) string {
 	return "tcp://" + net.JoinHostPort(host, fmt.Sprint(ta.Port))
 }
 
-// Endpoint is the dialable address of the PUB socket.
+// Endpoint is the dialable address of the PUB socket, or the collector it
+// dials (Options.Connect).
 func (p *Publisher) Endpoint() string { return p.endpoint }
 
 // ReplayEndpoint is the dialable address of the replay ROUTER, "" without one.
