@@ -102,21 +102,11 @@ func TestCollectorRoutesByTopic(t *testing.T) {
 	// Heartbeats until everything arrived: a PUB drops what it sends before
 	// its connection is up, and the replay of the first batch that gets
 	// through brings the rest back.
-	stop := make(chan struct{})
-	defer close(stop)
-	go func() {
-		for {
-			select {
-			case <-stop:
-				return
-			default:
-			}
-			for _, p := range pubs {
-				p.e.publish(heartbeatBatch(p.rank))
-			}
-			eventuallySleep()
+	keepPublishing(t, func() {
+		for _, p := range pubs {
+			p.e.publish(heartbeatBatch(p.rank))
 		}
-	}()
+	})
 	eventually(t, "every chain indexed on its rank", func() bool {
 		return device(ix, a, ca.locals) == 5 && device(ix, b0, cb0.locals) == 3 &&
 			device(ix, b1, cb1.locals) == 4 && device(ix, c, cc.locals) == 2
@@ -137,6 +127,27 @@ func TestCollectorRoutesByTopic(t *testing.T) {
 }
 
 func eventuallySleep() { time.Sleep(10 * time.Millisecond) }
+
+// keepPublishing calls publish every 10 ms until the test ends.
+func keepPublishing(t *testing.T, publish func()) {
+	stop, done := make(chan struct{}), make(chan struct{})
+	t.Cleanup(func() {
+		close(stop)
+		<-done
+	})
+	go func() {
+		defer close(done)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+				publish()
+				eventuallySleep()
+			}
+		}
+	}()
+}
 
 // TestCollectorUnmatched: messages that belong to no attached rank are counted
 // by reason, listed with their topic, never indexed, and the socket goes on.
@@ -223,19 +234,7 @@ func TestCollectorUnmatched(t *testing.T) {
 	for _, b := range ch.batches {
 		e.publish(b)
 	}
-	stop := make(chan struct{})
-	defer close(stop)
-	go func() {
-		for {
-			select {
-			case <-stop:
-				return
-			default:
-				e.publish(heartbeatBatch(0))
-				eventuallySleep()
-			}
-		}
-	}()
+	keepPublishing(t, func() { e.publish(heartbeatBatch(0)) })
 	// No replay endpoint: batches sent before the connection was up are lost,
 	// so only check that the stream flows.
 	eventually(t, "the registered worker's stream flows", func() bool { return status(t, l, w).Applied > 0 })

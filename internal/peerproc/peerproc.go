@@ -7,7 +7,6 @@
 package peerproc
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -17,10 +16,11 @@ import (
 	"os"
 	"os/exec"
 	"strconv"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/kvselect/kvselect/internal/logwatch"
 )
 
 // Environment variables naming the peer binaries, and the switches that make
@@ -238,22 +238,6 @@ func waitHealthy(ctx context.Context, url string, exited <-chan struct{}) error 
 	}
 }
 
-// LogBuffer is a goroutine-safe io.Writer that keeps what a process printed,
-// for a test to show when it fails.
-type LogBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *LogBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-// String returns everything written so far.
-func (l *LogBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
+// LogBuffer keeps what a process printed, for a test to show when it fails;
+// safe for concurrent writes.
+type LogBuffer = logwatch.Buffer
