@@ -61,6 +61,15 @@ bench:
 	$(GO) test -run '^$$' -bench Memory10M -benchtime 1x ./selection/index | tee $(BENCHOUT)/memory.txt
 	$(MAKE) bench-peer
 
+# KV events through real sockets in both topologies, same run: engines bound
+# and dialed by kvselect (subscribe) vs engines dialing kvselect's collector;
+# benchstat puts the two modes side by side.
+.PHONY: bench-ingest
+bench-ingest:
+	mkdir -p $(BENCHOUT)
+	$(GO) test -run '^$$' -bench 'Ingest/mode=/publishers=/lanes=4' -benchtime 40000x -count 8 ./engines/kvlisten | tee $(BENCHOUT)/ingest.txt
+	$(GO) run golang.org/x/perf/cmd/benchstat@v0.0.0-20260908200009-22c9c6c9d4da -col /mode $(BENCHOUT)/ingest.txt
+
 # Mooncake trace replay against kvselect's index and, in the same run, against
 # llm-d-kv-cache-manager's in-memory index (nested module, not in go.mod).
 bench-peer:

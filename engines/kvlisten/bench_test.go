@@ -3,6 +3,7 @@ package kvlisten
 import (
 	"context"
 	"fmt"
+	"syscall"
 	"testing"
 	"time"
 
@@ -122,6 +123,7 @@ func benchIngest(b *testing.B, collector bool, publishers, lanes int) {
 	want := uint64(per * ingestBlocks)
 
 	b.ResetTimer()
+	cpu0 := processCPU(b)
 	start := time.Now()
 	errs := make(chan error, publishers)
 	for i, p := range pubs {
@@ -161,8 +163,21 @@ func benchIngest(b *testing.B, collector bool, publishers, lanes int) {
 		}
 	}
 	elapsed := time.Since(start)
+	cpu := processCPU(b) - cpu0
 	b.StopTimer()
 	total := float64(per * publishers * ingestBlocks)
 	b.ReportMetric(total/elapsed.Seconds(), "blocks/s")
+	// CPU per block (publishers included) moves less than wall time when
+	// other work shares the machine.
+	b.ReportMetric(float64(cpu.Nanoseconds())/total, "cpu-ns/block")
 	b.ReportMetric(float64(replays), "replays")
+}
+
+// processCPU is the user plus system CPU time the process has used.
+func processCPU(b *testing.B) time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		b.Fatal(err)
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
