@@ -161,7 +161,7 @@ func TestCollectorUnmatched(t *testing.T) {
 	}
 	// A subscribed worker with the same convention keys: its own socket wins.
 	subEngine := newEngine(t, false)
-	at := attachment(ix, sub, subEngine.pubEP, "")
+	at := attachment(ix, sub, subEngine.pubEP, subEngine.replayEP)
 	at.Endpoints.HostPort = "127.0.0.1:8001"
 	if err := l.Attach(at); err != nil {
 		t.Fatal(err)
@@ -228,6 +228,17 @@ func TestCollectorUnmatched(t *testing.T) {
 	if rankEntry == nil || rankEntry.Topic != "kv@127.0.0.1:8000@m" || rankEntry.DPRank == nil || *rankEntry.DPRank != 3 {
 		t.Fatalf("recent unmatched %+v: want the unknown_rank topic with dp_rank 3", after.Recent)
 	}
+	// The subscribed worker is fed by its own socket alone: its chain arrives
+	// through the subscription while the collector's copies were skipped.
+	subChain := newChain(0, 500, 3)
+	for _, b := range subChain.batches {
+		subEngine.publish(b)
+	}
+	subEngine.heartbeat(0)
+	eventually(t, "the subscribed worker indexed through its subscription", func() bool {
+		return device(ix, sub, subChain.locals) == 3
+	})
+	subEngine.stopHeartbeat()
 	// The socket still serves the registered worker.
 	e := newDialingEngine(t, ep, "kv@127.0.0.1:8000@m", 1)
 	ch := newChain(0, 10, 3)
