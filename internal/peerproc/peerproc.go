@@ -71,6 +71,7 @@ func binary(tb testing.TB, env, howTo string, require ...string) string {
 	for _, r := range require {
 		if os.Getenv(r) != "" {
 			tb.Fatalf("%s (required: %s is set); %s", problem, r, howTo)
+			return ""
 		}
 	}
 	tb.Skipf("%s; %s", problem, howTo)
