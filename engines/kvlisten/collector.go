@@ -48,9 +48,12 @@ const (
 
 // maxRecentUnmatched bounds selection.CollectorStatus.Recent; maxRoutes bounds the
 // topic cache, which a publisher inventing topics must not grow without end.
+// maxTopicBytes bounds a topic that is cached or listed: a frame may be
+// megabytes long, and a topic longer than this names no worker anyway.
 const (
 	maxRecentUnmatched = 32
 	maxRoutes          = 4096
+	maxTopicBytes      = 1024
 )
 
 // liveMsg is one collector message for a rank.
@@ -208,6 +211,9 @@ func (l *Listeners) collected(frames [][]byte) {
 // a worker (cached per topic), the batch's dp_rank one of its ranks. With no
 // target, reason says why and dp is the batch's rank when it was read.
 func (l *Listeners) route(topic, payload []byte) (targets []*rank, reason string, dp *uint32) {
+	if len(topic) > maxTopicBytes {
+		return nil, UnmatchedUnknownTopic, nil
+	}
 	l.mu.Lock()
 	rt := l.coll.routes[string(topic)]
 	if rt == nil {
@@ -308,6 +314,9 @@ func (c *collector) count(topic []byte, reason string, dp *uint32) {
 		c.unmatched = make(map[string]uint64)
 	}
 	c.unmatched[reason]++
+	if len(topic) > maxTopicBytes {
+		topic = topic[:maxTopicBytes]
+	}
 	now := time.Now()
 	for i := range c.recent {
 		u := &c.recent[i]

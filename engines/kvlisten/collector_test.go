@@ -259,14 +259,21 @@ func TestCollectorRecentIsBounded(t *testing.T) {
 		topic := []byte(fmt.Sprintf("kv@10.0.0.1:%d@m", 1+i%60000))
 		l.collected([][]byte{topic, be64(1), heartbeatBatch(0)})
 	}
+	// A megabyte topic is neither cached nor kept whole.
+	l.collected([][]byte{make([]byte, 1<<20), be64(1), heartbeatBatch(0)})
 	l.coll.statMu.Lock()
+	for _, u := range l.coll.recent {
+		if len(u.Topic) > maxTopicBytes {
+			t.Errorf("a %d-byte topic is kept in the recent list", len(u.Topic))
+		}
+	}
 	n := len(l.coll.recent)
 	got := l.coll.unmatched[UnmatchedUnknownTopic]
 	l.coll.statMu.Unlock()
 	l.mu.Lock()
 	routes := len(l.coll.routes)
 	l.mu.Unlock()
-	if n != maxRecentUnmatched || routes > maxRoutes || got != uint64(maxRoutes+10) {
+	if n != maxRecentUnmatched || routes > maxRoutes || got != uint64(maxRoutes+11) {
 		t.Fatalf("recent %d (max %d), routes %d (max %d), counted %d", n, maxRecentUnmatched, routes, maxRoutes, got)
 	}
 }
