@@ -507,3 +507,47 @@ func TestListenerReconciliationRankByRank(t *testing.T) {
 		t.Fatalf("delete: %v", got)
 	}
 }
+
+// TestCollectorFedWorkers: with an events collector, a worker without KV
+// event endpoints is schedulable and its ranks are attached with an empty
+// KVEvents endpoint and the keys its topic is matched by; an explicit
+// endpoint keeps subscribe mode, and changing the endpoint (the topic's
+// host:port) attaches the rank afresh. Without a collector the same record
+// stays incomplete.
+func TestCollectorFedWorkers(t *testing.T) {
+	for _, collector := range []bool{true, false} {
+		t.Run(fmt.Sprintf("collector=%v", collector), func(t *testing.T) {
+			l := &recordingListeners{failFor: "tcp://nowhere:1"}
+			s, err := New(Config{Router: routerconfig.Default(), Rand: rand.New(rand.NewPCG(9, 9)), Listeners: l, EventsCollector: collector})
+			if err != nil {
+				t.Fatal(err)
+			}
+			rec := workerRec(1)
+			rec.KVEventsEndpoint = nil
+			rec.Endpoint = ptr("http://10.0.0.7:8000")
+			got := mustUpsert(t, s, rec)
+			if !collector {
+				if got.Lifecycle != catalog.Incomplete || len(l.take()) != 0 {
+					t.Fatalf("without a collector: %s %v", got.Lifecycle, got.NotSchedulableReasons)
+				}
+				return
+			}
+			if got.Lifecycle != catalog.Schedulable {
+				t.Fatalf("lifecycle %s, reasons %v", got.Lifecycle, got.NotSchedulableReasons)
+			}
+			if calls := l.take(); !slices.Equal(calls, []string{"attach 1/0 "}) {
+				t.Fatalf("attach calls %v", calls)
+			}
+			rec.Endpoint = ptr("http://10.0.0.8:8000")
+			mustUpsert(t, s, rec)
+			if calls := l.take(); !slices.Equal(calls, []string{"attach 1/0 ", "detach 1/0"}) {
+				t.Fatalf("a moved endpoint: %v", calls)
+			}
+			rec.KVEventsEndpoint = ptr("tcp://10.0.0.8:5557")
+			mustUpsert(t, s, rec)
+			if calls := l.take(); !slices.Equal(calls, []string{"attach 1/0 tcp://10.0.0.8:5557", "detach 1/0"}) {
+				t.Fatalf("an explicit endpoint: %v", calls)
+			}
+		})
+	}
+}

@@ -43,6 +43,16 @@ func TestReasons(t *testing.T) {
 			r.DataParallelSize = ptr(uint32(2))
 			r.KVEventsEndpoint = ptr("tcp://w:5557")
 		}, Checks{ConsumesEvents: true}, []string{"kv_events endpoint is required for dp_rank 0", "kv_events endpoint is required for dp_rank 1"}},
+		{"a collector feeds ranks without endpoints", func(r *Record) {
+			r.DataParallelSize = ptr(uint32(2))
+		}, Checks{ConsumesEvents: true, Collector: true}, nil},
+		{"a collector-fed endpoint without host:port needs a topic", func(r *Record) {
+			r.Endpoint = ptr("unix:///run/engine.sock")
+		}, Checks{ConsumesEvents: true, Collector: true},
+			[]string{"dp_rank 0 is fed by the kv events collector but the endpoint has no host:port for its topic; set kv_events_topic"}},
+		{"kv_events_topic stands in for host:port", func(r *Record) {
+			r.Endpoint, r.KVEventsTopic = ptr("unix:///run/engine.sock"), ptr("engine-1")
+		}, Checks{ConsumesEvents: true, Collector: true}, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := complete()
