@@ -655,3 +655,20 @@ func TestManagesReplicaSyncPeers(t *testing.T) {
 	peers.err = &selection.Error{Kind: selection.KindUnavailable, Message: "replica peer manager is unavailable"}
 	a.do("POST", "/replica_sync/register_peer", ep).want(t, http.StatusServiceUnavailable, `{"error":"replica peer manager is unavailable"}`)
 }
+
+// kv_events_topic (a kvselect field) is stored, echoed by GET /workers,
+// patched like any optional field, and omitted from records that never set
+// it, so Dynamo's clients see the record they know.
+func TestWorkerKVEventsTopicRoundTrip(t *testing.T) {
+	a := newAPI(t, nil, Options{})
+	a.do("POST", "/workers", `{"worker_id":1,"endpoint":"http://w:8000","block_size":4,"kv_events_topic":"engine-1"}`).want(t, http.StatusCreated, "")
+	a.do("POST", "/workers", `{"worker_id":2,"endpoint":"http://w:8001","block_size":4}`).want(t, http.StatusCreated, "")
+	r := a.do("GET", "/workers", "").want(t, http.StatusOK, "")
+	if r.at(0, "kv_events_topic") != "engine-1" || strings.Count(string(r.raw), "kv_events_topic") != 1 {
+		t.Fatalf("GET /workers = %s", r.raw)
+	}
+	a.do("PATCH", "/workers/1", `{"kv_events_topic":"engine-1b"}`).want(t, http.StatusOK, "")
+	if r := a.do("GET", "/workers", "").want(t, http.StatusOK, ""); r.at(0, "kv_events_topic") != "engine-1b" {
+		t.Fatalf("after PATCH: %s", r.raw)
+	}
+}
