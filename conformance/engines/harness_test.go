@@ -306,10 +306,20 @@ func startSimWith(t *testing.T, cfg peerproc.Sim) *peerproc.SimProcess {
 // the prompt tokens it reports as served from its prefix cache.
 func complete(t *testing.T, s *peerproc.SimProcess, tokens []int) int {
 	t.Helper()
+	cached, err := tryComplete(s, tokens)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cached
+}
+
+// tryComplete is complete for any goroutine: it returns what went wrong
+// instead of failing the test.
+func tryComplete(s *peerproc.SimProcess, tokens []int) (cached int, err error) {
 	b, _ := json.Marshal(map[string]any{"model": model, "prompt": tokens, "max_tokens": 2})
 	resp, err := http.Post(s.URL()+"/v1/completions", "application/json", bytes.NewReader(b))
 	if err != nil {
-		t.Fatal(err)
+		return 0, err
 	}
 	defer resp.Body.Close()
 	var out struct {
@@ -322,15 +332,15 @@ func complete(t *testing.T, s *peerproc.SimProcess, tokens []int) int {
 	}
 	raw, _ := io.ReadAll(resp.Body)
 	if resp.StatusCode != http.StatusOK {
-		t.Fatalf("completion on %s: %d %s", s.URL(), resp.StatusCode, raw)
+		return 0, fmt.Errorf("completion on %s: %d %s", s.URL(), resp.StatusCode, raw)
 	}
 	if err := json.Unmarshal(raw, &out); err != nil {
-		t.Fatal(err)
+		return 0, err
 	}
 	if out.Usage.PromptTokens != len(tokens) {
-		t.Fatalf("the simulator counted %d prompt tokens, sent %d", out.Usage.PromptTokens, len(tokens))
+		return 0, fmt.Errorf("the simulator counted %d prompt tokens, sent %d", out.Usage.PromptTokens, len(tokens))
 	}
-	return out.Usage.PromptDetails.CachedTokens
+	return out.Usage.PromptDetails.CachedTokens, nil
 }
 
 // prompt is n token ids derived from seed: distinct seeds share nothing.
