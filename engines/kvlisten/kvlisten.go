@@ -1,7 +1,8 @@
 // Package kvlisten consumes inference engines' KV events over ZMQ: one SUB
-// socket per attached worker rank, a sequence cursor per rank, gap recovery
-// through the engine's ROUTER replay endpoint, and application of the decoded
-// batches to the partition's index by a fixed set of writer lanes.
+// socket per attached worker rank, or collector sockets that engines dial
+// (collector.go), a sequence cursor per rank, gap recovery through the
+// engine's ROUTER replay endpoint, and application of the decoded batches to
+// the partition's index by a fixed set of writer lanes.
 //
 // The engine side is vLLM's ZmqEventPublisher (vllm/distributed/kv_events.py):
 // each data-parallel rank publishes [topic, seq (8 bytes big-endian), msgpack
@@ -86,8 +87,9 @@ type Options struct {
 	// LaneQueue is how many batches may wait for each lane (1024) before the
 	// ranks feeding it stop reading their sockets, which then buffer in ZMQ.
 	LaneQueue int
-	// MaxFrameBytes caps one ZMTP frame a peer may send to a collector socket
-	// (Bind): a larger one disconnects the peer before it is read (64 MiB).
+	// MaxFrameBytes caps one ZMTP frame a peer may send, to a collector socket
+	// (Bind) or on a connection a listener dialed: a larger one disconnects
+	// the peer before it is read (64 MiB).
 	MaxFrameBytes int64
 }
 
@@ -147,7 +149,8 @@ type Listeners struct {
 	closed     bool
 	ranks      map[rankKey]*rank
 	collecting bool   // a collector socket is bound (guarded by mu)
-	guarded    string // the zmqguard scheme tcp endpoints are dialed through; "" = plain tcp
+	guardOnce  sync.Once
+	guarded    string // the zmqguard scheme tcp endpoints are dialed through (set once by guardOnce); "" = plain tcp
 	coll       collector
 	wg         sync.WaitGroup
 }
@@ -202,15 +205,6 @@ func New(ctx context.Context, opts Options) *Listeners {
 		lanes:  make([]chan job, opts.Lanes),
 	}
 	l.coll.routes = make(map[string]*route)
-	// Engines' sockets are dialed through a guard too: a broken or hostile
-	// publisher must not make zmq4 allocate what it announces.
-	if scheme, err := zmqguard.Dialer(opts.MaxFrameBytes, func(reason string) {
-		opts.Logger.Warn("dropped a KV events connection that broke the wire protocol", "reason", reason)
-	}, zmqguard.WithMaxFrames(maxCollectorFrames)); err == nil {
-		l.guarded = scheme
-	} else {
-		opts.Logger.Warn("KV events connections are not guarded", "err", err)
-	}
 	for i := range l.lanes {
 		l.lanes[i] = make(chan job, opts.LaneQueue)
 		l.lanesWG.Add(1)
@@ -368,10 +362,26 @@ func (l *Listeners) Close() {
 }
 
 // dialable is the address a socket dials to reach ep: tcp endpoints go
-// through the guarded scheme.
+// through a guarded scheme, registered at the first dial. Engines' sockets
+// are read through the same guard as the collector's: a broken or hostile
+// publisher must not make zmq4 allocate what it announces.
 func (l *Listeners) dialable(ep string) string {
-	if rest, ok := strings.CutPrefix(ep, "tcp://"); ok && l.guarded != "" {
-		return l.guarded + "://" + rest
+	rest, ok := strings.CutPrefix(ep, "tcp://")
+	if !ok {
+		return ep
 	}
-	return ep
+	l.guardOnce.Do(func() {
+		scheme, err := zmqguard.Dialer(l.opts.MaxFrameBytes, func(reason string) {
+			l.opts.Logger.Warn("dropped a KV events connection that broke the wire protocol", "reason", reason)
+		}, zmqguard.WithMaxFrames(maxCollectorFrames))
+		if err != nil {
+			l.opts.Logger.Warn("KV events connections are not guarded", "err", err)
+			return
+		}
+		l.guarded = scheme
+	})
+	if l.guarded == "" {
+		return ep
+	}
+	return l.guarded + "://" + rest
 }
