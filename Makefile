@@ -115,6 +115,29 @@ demo:
 	$(GO) build -o bin/ ./cmd/kvselect ./cmd/kvselect-mockworker ./cmd/kvbench
 	bin/kvbench demo -out $(BENCHOUT)/demo
 
+# The demo over a third-party engine: llm-d-inference-sim processes whose KV
+# events dial kvselect's collector (--kv-events-bind). Needs KVSELECT_LLMD_SIM.
+.PHONY: demo-llmd-sim
+demo-llmd-sim:
+	@if [ -z "$$KVSELECT_LLMD_SIM" ]; then \
+		echo "demo-llmd-sim: skipped: set KVSELECT_LLMD_SIM to an llm-d-inference-sim binary (github.com/llm-d/llm-d-inference-sim)"; \
+	else \
+		$(GO) build -o bin/ ./cmd/kvselect ./cmd/kvbench && \
+		bin/kvbench demo -engines llmd-sim -out $(BENCHOUT)/demo-llmd-sim; \
+	fi
+
+# kvselect's picker and llm-d's endpoint picker side by side: same engines,
+# same trace, plaintext and TLS (docs/vs-epp.md). Needs KVSELECT_LLMD_SIM and
+# KVSELECT_LLMD_EPP.
+.PHONY: bench-vs-epp
+bench-vs-epp:
+	@if [ -z "$$KVSELECT_LLMD_SIM" ] || [ -z "$$KVSELECT_LLMD_EPP" ]; then \
+		echo "bench-vs-epp: skipped: set KVSELECT_LLMD_SIM and KVSELECT_LLMD_EPP (docs/vs-epp.md)"; \
+	else \
+		$(GO) build -o bin/ ./cmd/kvselect ./cmd/kvbench && \
+		bin/kvbench vs-epp -transports plain,tls -out $(BENCHOUT)/vs-epp; \
+	fi
+
 # Every decoder of bytes from the network, as package:FuzzTarget. `make fuzz`
 # runs each for FUZZTIME (60s, or a count such as 100000x); `make test` runs
 # each briefly (fuzz-smoke).

@@ -21,11 +21,19 @@
 // Envoy rules it enforces on the processor, reported as *ProtocolError: in
 // every mode but FULL_DUPLEX_STREAMED exactly one response per message, of
 // the matching kind; in FULL_DUPLEX_STREAMED the headers response before any
-// body response and streamed (not buffered) body mutations.
+// body response and streamed (not buffered) body mutations. Envoy behaviour
+// it reproduces: dynamic metadata is taken from every response and merged
+// (Decision.LBMetadata, with an EPP's endpoint scores in
+// Decision.EndpointScores); header mutations Envoy's default mutation rules
+// refuse are not applied but listed (Decision.RejectedHeaders); a processor
+// that closes the stream with an OK status during the response has finished,
+// and the rest of the response passes through. InsecureTLS dials a picker
+// serving a self-signed certificate.
 package envoysim
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"strings"
@@ -35,6 +43,7 @@ import (
 	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/kvselect/kvselect/internal/vtcodec"
@@ -57,6 +66,10 @@ const (
 	KeyDestination     = "x-gateway-destination-endpoint"
 	KeySubset          = "x-gateway-destination-endpoint-subset"
 	KeyServed          = "x-gateway-destination-endpoint-served"
+	// KeyScores is not in proposal 004: llm-d's endpoint picker adds it to
+	// envoy.lb with --emit-endpoint-scores (every scored endpoint to its
+	// score, the picked one included).
+	KeyScores = "x-gateway-destination-endpoint-scores"
 )
 
 // DefaultChunkSize is how a body is cut into messages in the streamed modes
@@ -102,6 +115,15 @@ type Decision struct {
 	// Destination is x-gateway-destination-endpoint as the processor set it;
 	// MetadataDestination is the same from envoy.lb dynamic metadata.
 	Destination, MetadataDestination string
+	// LBMetadata is the whole envoy.lb namespace of the dynamic metadata the
+	// processor emitted on the request path, fields merged across responses
+	// as Envoy merges them (a later response's field replaces an earlier
+	// one's); nil when it emitted none.
+	LBMetadata *structpb.Struct
+	// EndpointScores is envoy.lb's x-gateway-destination-endpoint-scores, a
+	// struct of endpoint to score (llm-d's EPP with --emit-endpoint-scores);
+	// nil when absent.
+	EndpointScores map[string]float64
 	// Endpoint is the primary (first) endpoint, Fallbacks the rest in order.
 	Endpoint  string
 	Fallbacks []string
@@ -109,6 +131,12 @@ type Decision struct {
 	// RemovedHeaders the ones it removed.
 	SetHeaders     map[string]string
 	RemovedHeaders []string
+	// RejectedHeaders are header mutations Envoy's default mutation rules
+	// refuse (setting host, :authority, :scheme, :method or x-envoy-*;
+	// removing any ":" header or host): left out of SetHeaders and
+	// RemovedHeaders, as Envoy ignores them, unless its configuration sets
+	// disallow_is_error, which turns each into a 500.
+	RejectedHeaders []string
 	// ClearRouteCache is set when any decision response asked for it.
 	ClearRouteCache bool
 	// Body is what Envoy forwards upstream: the processor's streamed body in
@@ -159,6 +187,18 @@ func DialOptions() []grpc.DialOption {
 	}
 }
 
+// InsecureTLS is the transport credential for a picker serving TLS with a
+// certificate the client cannot verify, as GIE's and llm-d's endpoint pickers
+// do by default (--secure-serving with a self-signed certificate) and Envoy's
+// ext_proc cluster accepts when its upstream TLS context has no validation
+// context: TLS 1.2 or later, ALPN h2, the peer's certificate unchecked.
+func InsecureTLS() grpc.DialOption {
+	return grpc.WithTransportCredentials(credentials.NewTLS(&tls.Config{
+		InsecureSkipVerify: true, // the picker's certificate is self-signed; see above
+		MinVersion:         tls.VersionTLS12,
+	}))
+}
+
 // Client opens exchanges on one gRPC connection.
 type Client struct {
 	c extprocv3.ExternalProcessorClient
@@ -188,6 +228,9 @@ type Exchange struct {
 
 	respBuf []byte // BUFFERED response body being collected
 	respEOS bool   // the streamed response body reached end_of_stream
+	// processorDone: the processor closed the stream with an OK status
+	// during the response; the rest passes through.
+	processorDone bool
 }
 
 // Start opens a stream and sends the request as Envoy would in req.Modes,

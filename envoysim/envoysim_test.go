@@ -2,14 +2,28 @@ package envoysim_test
 
 import (
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
 	"errors"
+	"math/big"
 	"net"
+	"slices"
 	"testing"
 	"time"
 
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/kvselect/kvselect/envoysim"
 )
@@ -21,10 +35,17 @@ type scripted struct {
 	extprocv3.UnimplementedExternalProcessorServer
 	answers [][]*extprocv3.ProcessingResponse
 	got     chan *extprocv3.ProcessingRequest
+	// endAfter, when positive, ends the stream once that many messages were
+	// answered, with endErr as the status (nil: OK).
+	endAfter int
+	endErr   error
 }
 
 func (s *scripted) Process(st extprocv3.ExternalProcessor_ProcessServer) error {
 	for i := 0; ; i++ {
+		if s.endAfter > 0 && i == s.endAfter {
+			return s.endErr
+		}
 		req, err := st.Recv()
 		if err != nil {
 			return nil
@@ -42,15 +63,22 @@ func (s *scripted) Process(st extprocv3.ExternalProcessor_ProcessServer) error {
 
 func client(t *testing.T, p *scripted) *envoysim.Client {
 	t.Helper()
+	return clientWith(t, p, nil, grpc.WithTransportCredentials(insecure.NewCredentials()))
+}
+
+// clientWith serves p with the server options and dials it with the dial
+// options.
+func clientWith(t *testing.T, p *scripted, sopts []grpc.ServerOption, dopts ...grpc.DialOption) *envoysim.Client {
+	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	g := grpc.NewServer()
+	g := grpc.NewServer(sopts...)
 	extprocv3.RegisterExternalProcessorServer(g, p)
 	go func() { _ = g.Serve(ln) }()
 	t.Cleanup(g.Stop)
-	conn, err := grpc.NewClient(ln.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := grpc.NewClient(ln.Addr().String(), dopts...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -111,5 +139,157 @@ func TestImmediateResponseEndsTheExchange(t *testing.T) {
 	}
 	if _, err := x.ResponseHeaders(envoysim.Response{}, true); !errors.Is(err, envoysim.ErrClosed) {
 		t.Fatalf("use after the immediate response: %v", err)
+	}
+}
+
+// withLB is r with envoy.lb dynamic metadata.
+func withLB(r *extprocv3.ProcessingResponse, fields map[string]*structpb.Value) *extprocv3.ProcessingResponse {
+	r = proto.Clone(r).(*extprocv3.ProcessingResponse)
+	r.DynamicMetadata = &structpb.Struct{Fields: map[string]*structpb.Value{
+		envoysim.MetadataLB: structpb.NewStructValue(&structpb.Struct{Fields: fields}),
+	}}
+	return r
+}
+
+func streamedBody(b []byte, eos bool) *extprocv3.ProcessingResponse {
+	return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestBody{RequestBody: &extprocv3.BodyResponse{
+		Response: &extprocv3.CommonResponse{BodyMutation: &extprocv3.BodyMutation{Mutation: &extprocv3.BodyMutation_StreamedResponse{
+			StreamedResponse: &extprocv3.StreamedBodyResponse{Body: b, EndOfStream: eos}}}}}}}
+}
+
+// The decision carries the whole envoy.lb namespace, merged over every
+// response of the request path as Envoy merges dynamic metadata (the body
+// response's keys join the headers response's), and the EPP's endpoint
+// scores as numbers.
+func TestDecisionCarriesTheWholeLBMetadata(t *testing.T) {
+	scores := structpb.NewStructValue(&structpb.Struct{Fields: map[string]*structpb.Value{
+		"10.0.0.1:8000": structpb.NewNumberValue(5), "10.0.0.2:8000": structpb.NewNumberValue(2.5)}})
+	headers := withLB(headersOK, map[string]*structpb.Value{
+		envoysim.KeyDestination: structpb.NewStringValue("10.0.0.1:8000"), envoysim.KeyScores: scores})
+	body := withLB(streamedBody([]byte(`{}`), true), map[string]*structpb.Value{"x-extra": structpb.NewStringValue("late")})
+	p := &scripted{answers: [][]*extprocv3.ProcessingResponse{nil, {headers, body}}, got: make(chan *extprocv3.ProcessingRequest, 16)}
+	x, d, err := client(t, p).Start(context.Background(), &envoysim.Request{Modes: envoysim.GIE, Body: []byte(`{}`)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer x.Close()
+	if d.MetadataDestination != "10.0.0.1:8000" {
+		t.Fatalf("metadata destination %q", d.MetadataDestination)
+	}
+	if d.EndpointScores["10.0.0.1:8000"] != 5 || d.EndpointScores["10.0.0.2:8000"] != 2.5 || len(d.EndpointScores) != 2 {
+		t.Fatalf("endpoint scores %v", d.EndpointScores)
+	}
+	f := d.LBMetadata.GetFields()
+	if f[envoysim.KeyDestination].GetStringValue() != "10.0.0.1:8000" || f["x-extra"].GetStringValue() != "late" || f[envoysim.KeyScores] == nil {
+		t.Fatalf("envoy.lb %v", d.LBMetadata)
+	}
+}
+
+// A processor may answer any message by closing the stream: with an OK status
+// during the response, Envoy stops calling it and the rest of the response
+// passes through untouched; with an error status the exchange fails.
+func TestProcessorCloseDuringTheResponse(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		endErr error
+		ok     bool
+	}{
+		{"ok status passes the response through", nil, true},
+		{"error status fails the exchange", status.Error(codes.Internal, "boom"), false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			decided := withLB(headersOK, map[string]*structpb.Value{envoysim.KeyDestination: structpb.NewStringValue("10.0.0.1:8000")})
+			// Messages: request headers, request body (answered), then
+			// the response headers find the stream ended.
+			p := &scripted{answers: [][]*extprocv3.ProcessingResponse{nil, {decided, streamedBody([]byte(`{}`), true)}},
+				got: make(chan *extprocv3.ProcessingRequest, 16), endAfter: 2, endErr: tc.endErr}
+			x, _, err := client(t, p).Start(context.Background(), &envoysim.Request{Modes: envoysim.GIE, Body: []byte(`{}`)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer x.Close()
+			hr, err := x.ResponseHeaders(envoysim.Response{Served: "10.0.0.1:8000"}, false)
+			if !tc.ok {
+				if err == nil {
+					t.Fatalf("response headers after an error close: %+v", hr)
+				}
+				return
+			}
+			if err != nil || !hr.ProcessorClosed || !x.ProcessorClosed() {
+				t.Fatalf("response headers: %+v, %v", hr, err)
+			}
+			for i, chunk := range []string{"data: a\n\n", "data: [DONE]\n\n"} {
+				got, err := x.ResponseBody([]byte(chunk), i == 1)
+				if err != nil || string(got) != chunk {
+					t.Fatalf("chunk %d: forwarded %q, %v", i, got, err)
+				}
+			}
+		})
+	}
+}
+
+// InsecureTLS reaches a processor serving a self-signed certificate, as GIE's
+// and llm-d's pickers do by default.
+func TestInsecureTLSReachesASelfSignedProcessor(t *testing.T) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "picker"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour), DNSNames: []string{"picker.invalid"}}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert := tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
+	p := &scripted{answers: [][]*extprocv3.ProcessingResponse{nil, {withLB(headersOK, map[string]*structpb.Value{
+		envoysim.KeyDestination: structpb.NewStringValue("10.0.0.1:8000")}), streamedBody([]byte(`{}`), true)}},
+		got: make(chan *extprocv3.ProcessingRequest, 16)}
+	sopts := []grpc.ServerOption{grpc.Creds(credentials.NewTLS(&tls.Config{Certificates: []tls.Certificate{cert}}))}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	x, d, err := clientWith(t, p, sopts, envoysim.InsecureTLS()).Start(ctx, &envoysim.Request{Modes: envoysim.GIE, Body: []byte(`{}`)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	x.Close()
+	if d.MetadataDestination != "10.0.0.1:8000" {
+		t.Fatalf("decision %+v", d)
+	}
+	// The same processor refuses a plaintext client: the test exercises TLS.
+	_, _, err = clientWith(t, p, sopts, grpc.WithTransportCredentials(insecure.NewCredentials())).Start(ctx, &envoysim.Request{Modes: envoysim.GIE, Body: []byte(`{}`)})
+	if err == nil {
+		t.Fatal("a plaintext client reached the TLS processor")
+	}
+}
+
+// Mutations Envoy's default header mutation rules refuse are reported apart
+// and not applied: llm-d's endpoint picker echoes every request header,
+// :authority, :method and :scheme included.
+func TestRefusedHeaderMutationsAreReported(t *testing.T) {
+	set := func(k, v string) *corev3.HeaderValueOption {
+		return &corev3.HeaderValueOption{Header: &corev3.HeaderValue{Key: k, RawValue: []byte(v)}}
+	}
+	headers := &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestHeaders{RequestHeaders: &extprocv3.HeadersResponse{
+		Response: &extprocv3.CommonResponse{HeaderMutation: &extprocv3.HeaderMutation{
+			SetHeaders: []*corev3.HeaderValueOption{set(envoysim.KeyDestination, "10.0.0.1:8000"), set(":authority", "gateway"),
+				set(":method", "POST"), set(":path", "/v1/completions"), set("X-Envoy-Retry-On", "5xx"), set("Content-Length", "2")},
+			RemoveHeaders: []string{":scheme", "x-drop"},
+		}}}}}
+	p := &scripted{answers: [][]*extprocv3.ProcessingResponse{nil, {headers, streamedBody([]byte(`{}`), true)}}, got: make(chan *extprocv3.ProcessingRequest, 16)}
+	x, d, err := client(t, p).Start(context.Background(), &envoysim.Request{Modes: envoysim.GIE, Body: []byte(`{}`)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	x.Close()
+	slices.Sort(d.RejectedHeaders)
+	if want := []string{":authority", ":method", ":scheme", "x-envoy-retry-on"}; !slices.Equal(d.RejectedHeaders, want) {
+		t.Fatalf("rejected %v, want %v", d.RejectedHeaders, want)
+	}
+	if d.SetHeaders[":path"] != "/v1/completions" || d.SetHeaders["content-length"] != "2" || d.Endpoint != "10.0.0.1:8000" {
+		t.Fatalf("set headers %v", d.SetHeaders)
+	}
+	if _, ok := d.SetHeaders[":authority"]; ok || !slices.Equal(d.RemovedHeaders, []string{"x-drop"}) {
+		t.Fatalf("applied a refused mutation: set %v, removed %v", d.SetHeaders, d.RemovedHeaders)
 	}
 }

@@ -8,6 +8,7 @@ import (
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"google.golang.org/protobuf/types/known/structpb"
 )
 
 // request runs the request half in the request's body mode.
@@ -139,6 +140,7 @@ func (x *Exchange) fullDuplexRequest(req *Request, md *corev3.Metadata, chunk in
 				return protoErr("FULL_DUPLEX_STREAMED request body response without a streamed_response")
 			}
 			applyMutation(d, c)
+			applyMetadata(d, r)
 			d.Body = append(d.Body, sr.GetBody()...)
 			d.BodyMessages++
 			if sr.GetEndOfStream() {
@@ -148,6 +150,7 @@ func (x *Exchange) fullDuplexRequest(req *Request, md *corev3.Metadata, chunk in
 			if len(req.Trailers) == 0 {
 				return protoErr("request trailers response without request trailers")
 			}
+			applyMetadata(d, r)
 			return nil
 		default:
 			return protoErr("unexpected %T while streaming the request body back", v)
@@ -181,6 +184,7 @@ func (x *Exchange) requestTrailers(req *Request, md *corev3.Metadata, d *Decisio
 		return err
 	}
 	if _, ok := r.GetResponse().(*extprocv3.ProcessingResponse_RequestTrailers); ok {
+		applyMetadata(d, r)
 		return nil
 	}
 	return protoErr("expected a request trailers response, got %T", r.GetResponse())
@@ -194,6 +198,7 @@ func (x *Exchange) answer(d *Decision) (*extprocv3.ProcessingResponse, error) {
 		return nil, err
 	}
 	if v, ok := r.GetResponse().(*extprocv3.ProcessingResponse_ImmediateResponse); ok {
+		applyMetadata(d, r)
 		d.Immediate = immediateOf(v.ImmediateResponse)
 		return nil, nil
 	}
@@ -246,7 +251,23 @@ func (x *Exchange) expectBody(d *Decision, sent []byte) error {
 	return protoErr("expected a request body response, got %T", r.GetResponse())
 }
 
-// applyMutation folds a CommonResponse's header mutation into d.
+// refusedSet tells a header Envoy's default header mutation rules
+// (config.common.mutation_rules.v3.HeaderMutationRules with no field set, the
+// ext_proc filter's default) do not let a processor set: the ones that steer
+// routing and later filters (host, :authority, :scheme, :method) and Envoy's
+// own x-envoy-* headers. Envoy ignores such a mutation and counts it in
+// rejected_header_mutations; with disallow_is_error it fails the request
+// with a 500. Removals are refused for every ":" header and host as well.
+func refusedSet(k string) bool {
+	switch k {
+	case "host", ":authority", ":scheme", ":method":
+		return true
+	}
+	return strings.HasPrefix(k, "x-envoy-")
+}
+
+// applyMutation folds a CommonResponse's header mutation into d; mutations
+// Envoy's default rules refuse go to d.RejectedHeaders instead.
 func applyMutation(d *Decision, c *extprocv3.CommonResponse) {
 	if c == nil {
 		return
@@ -259,9 +280,21 @@ func applyMutation(d *Decision, c *extprocv3.CommonResponse) {
 		if v == "" {
 			v = h.GetHeader().GetValue()
 		}
-		d.SetHeaders[strings.ToLower(h.GetHeader().GetKey())] = v
+		k := strings.ToLower(h.GetHeader().GetKey())
+		if refusedSet(k) {
+			d.RejectedHeaders = append(d.RejectedHeaders, k)
+			continue
+		}
+		d.SetHeaders[k] = v
 	}
-	d.RemovedHeaders = append(d.RemovedHeaders, c.GetHeaderMutation().GetRemoveHeaders()...)
+	for _, k := range c.GetHeaderMutation().GetRemoveHeaders() {
+		k = strings.ToLower(k)
+		if refusedSet(k) || strings.HasPrefix(k, ":") {
+			d.RejectedHeaders = append(d.RejectedHeaders, k)
+			continue
+		}
+		d.RemovedHeaders = append(d.RemovedHeaders, k)
+	}
 	if dest, ok := d.SetHeaders[KeyDestination]; ok {
 		d.Destination = dest
 		parts := strings.Split(dest, ",")
@@ -273,9 +306,29 @@ func applyMutation(d *Decision, c *extprocv3.CommonResponse) {
 	}
 }
 
+// applyMetadata folds a response's envoy.lb dynamic metadata into d. Envoy
+// applies dynamic_metadata from every response the processor sends, not only
+// the headers response, and merges a namespace's fields into what earlier
+// responses set.
 func applyMetadata(d *Decision, r *extprocv3.ProcessingResponse) {
-	if v := r.GetDynamicMetadata().GetFields()[MetadataLB].GetStructValue().GetFields()[KeyDestination]; v != nil {
+	lb := r.GetDynamicMetadata().GetFields()[MetadataLB].GetStructValue()
+	if lb == nil {
+		return
+	}
+	if d.LBMetadata == nil {
+		d.LBMetadata = &structpb.Struct{Fields: map[string]*structpb.Value{}}
+	}
+	for k, v := range lb.GetFields() {
+		d.LBMetadata.Fields[k] = v
+	}
+	if v := lb.GetFields()[KeyDestination]; v != nil {
 		d.MetadataDestination = v.GetStringValue()
+	}
+	if v := lb.GetFields()[KeyScores].GetStructValue(); v != nil {
+		d.EndpointScores = make(map[string]float64, len(v.GetFields()))
+		for ep, s := range v.GetFields() {
+			d.EndpointScores[ep] = s.GetNumberValue()
+		}
 	}
 }
 

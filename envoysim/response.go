@@ -1,6 +1,8 @@
 package envoysim
 
 import (
+	"errors"
+	"io"
 	"strconv"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -23,7 +25,15 @@ type Response struct {
 type HeadersResult struct {
 	SetHeaders     map[string]string
 	RemovedHeaders []string
-	Immediate      *Immediate
+	// RejectedHeaders: as Decision.RejectedHeaders.
+	RejectedHeaders []string
+	Immediate       *Immediate
+	// ProcessorClosed is set when the processor had ended the stream with
+	// an OK status instead of answering: Envoy then stops calling it and
+	// the rest of the response passes through untouched (a processor may
+	// answer any message by closing the stream; llm-d's endpoint picker
+	// does so after routing requests whose parser skips the response).
+	ProcessorClosed bool
 }
 
 // ResponseHeaders sends the response headers (endOfStream: the response has
@@ -31,6 +41,9 @@ type HeadersResult struct {
 // response in every mode: GIE's picker and kvselect answer response headers
 // at once.
 func (x *Exchange) ResponseHeaders(resp Response, endOfStream bool) (*HeadersResult, error) {
+	if x.processorDone {
+		return &HeadersResult{SetHeaders: map[string]string{}, ProcessorClosed: true}, nil
+	}
 	st := resp.Status
 	if st == 0 {
 		st = 200
@@ -44,14 +57,18 @@ func (x *Exchange) ResponseHeaders(resp Response, endOfStream bool) (*HeadersRes
 		}
 		md = &corev3.Metadata{FilterMetadata: map[string]*structpb.Struct{MetadataLB: {Fields: f}}}
 	}
-	if err := x.send(&extprocv3.ProcessingRequest{
+	err := x.send(&extprocv3.ProcessingRequest{
 		Request:         &extprocv3.ProcessingRequest_ResponseHeaders{ResponseHeaders: &extprocv3.HttpHeaders{Headers: headerMap(hs), EndOfStream: endOfStream}},
 		MetadataContext: md,
-	}); err != nil {
-		return nil, err
+	})
+	var r *extprocv3.ProcessingResponse
+	if err == nil {
+		r, err = x.next()
 	}
-	r, err := x.next()
 	if err != nil {
+		if x.endedOK(err) {
+			return &HeadersResult{SetHeaders: map[string]string{}, ProcessorClosed: true}, nil
+		}
 		return nil, err
 	}
 	out := &HeadersResult{SetHeaders: map[string]string{}}
@@ -62,7 +79,7 @@ func (x *Exchange) ResponseHeaders(resp Response, endOfStream bool) (*HeadersRes
 	case *extprocv3.ProcessingResponse_ResponseHeaders:
 		d := &Decision{SetHeaders: out.SetHeaders}
 		applyMutation(d, v.ResponseHeaders.GetResponse())
-		out.RemovedHeaders = d.RemovedHeaders
+		out.RemovedHeaders, out.RejectedHeaders = d.RemovedHeaders, d.RejectedHeaders
 		return out, nil
 	}
 	return nil, protoErr("expected a response headers response, got %T", r.GetResponse())
@@ -75,6 +92,23 @@ func (x *Exchange) ResponseHeaders(resp Response, endOfStream bool) (*HeadersRes
 // STREAMED: one response per chunk. BUFFERED: chunks are collected and sent
 // as one message at endOfStream. NONE: the processor never sees the body.
 func (x *Exchange) ResponseBody(chunk []byte, endOfStream bool) ([]byte, error) {
+	if x.processorDone {
+		return chunk, nil
+	}
+	out, err := x.responseBody(chunk, endOfStream)
+	if err != nil && x.endedOK(err) {
+		// What the processor already streamed back went downstream; the
+		// rest passes through. With BUFFERED the chunks held so far were
+		// never answered: Envoy forwards them.
+		if x.modes.Response == Buffered || x.modes.Response == BufferedPartial {
+			return append(out, x.respBuf...), nil
+		}
+		return append(out, chunk...), nil
+	}
+	return out, err
+}
+
+func (x *Exchange) responseBody(chunk []byte, endOfStream bool) ([]byte, error) {
 	switch x.modes.Response {
 	case FullDuplexStreamed:
 		if err := x.sendResponseBody(chunk, endOfStream); err != nil {
@@ -176,13 +210,22 @@ func (x *Exchange) expectResponseBody(sent []byte) ([]byte, error) {
 // the trailers response. In FULL_DUPLEX_STREAMED, body responses still in
 // flight are collected first.
 func (x *Exchange) ResponseTrailers(trailers []Header) error {
+	if x.processorDone {
+		return nil
+	}
 	if err := x.send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_ResponseTrailers{
 		ResponseTrailers: &extprocv3.HttpTrailers{Trailers: headerMap(trailers)}}}); err != nil {
+		if x.endedOK(err) {
+			return nil
+		}
 		return err
 	}
 	for {
 		r, err := x.next()
 		if err != nil {
+			if x.endedOK(err) {
+				return nil
+			}
 			return err
 		}
 		switch v := r.GetResponse().(type) {
@@ -194,6 +237,41 @@ func (x *Exchange) ResponseTrailers(trailers []Header) error {
 			}
 		default:
 			return protoErr("expected a response trailers response, got %T", v)
+		}
+	}
+}
+
+// ProcessorClosed tells whether the processor ended the stream with an OK
+// status during the response: from then on the response passes through
+// untouched, as Envoy lets it.
+func (x *Exchange) ProcessorClosed() bool { return x.processorDone }
+
+// endedOK tells whether err comes from the processor having ended the stream
+// with an OK status and nothing left unread (a graceful close), waiting for
+// the stream's final status when a send found the stream already ended. It
+// marks the exchange so that the rest of the response passes through.
+func (x *Exchange) endedOK(err error) bool {
+	if !errors.Is(err, io.EOF) {
+		return false
+	}
+	for {
+		x.mu.Lock()
+		queued, recvErr := len(x.queue), x.recvErr
+		x.mu.Unlock()
+		if queued > 0 {
+			return false
+		}
+		if recvErr != nil {
+			if errors.Is(recvErr, io.EOF) {
+				x.processorDone = true
+				return true
+			}
+			return false
+		}
+		select {
+		case <-x.notify:
+		case <-x.ctx.Done():
+			return false
 		}
 	}
 }

@@ -29,17 +29,32 @@ import (
 	"github.com/kvselect/kvselect/bench/mooncake"
 	"github.com/kvselect/kvselect/bench/report"
 	"github.com/kvselect/kvselect/envoysim"
+	"github.com/kvselect/kvselect/internal/peerproc"
 )
 
-// The demo: kvselect and N mock workers as real processes on loopback; a
-// slice of the Mooncake conversation trace replayed twice, once through
-// kvselect's ext_proc picker with the Envoy-faithful client (the way Envoy
-// reaches a worker behind an InferencePool) and once round-robin (Envoy's
-// plain load balancing, no picker), with the workers' prefix caches reset in
-// between. It prints a side-by-side table and writes JSON and an SVG chart.
+// The demo: kvselect and N engines as real processes on loopback; a slice of
+// the Mooncake conversation trace replayed twice, once through kvselect's
+// ext_proc picker with the Envoy-faithful client (the way Envoy reaches a
+// worker behind an InferencePool) and once round-robin (Envoy's plain load
+// balancing, no picker), each from empty prefix caches. It prints a
+// side-by-side table and writes JSON and an SVG chart.
+//
+// Two engine families: kvselect's own mock workers (-engines mock), which
+// register themselves and publish KV events on a socket kvselect subscribes
+// to, and their caches are reset between phases; or the llm-d project's vLLM
+// simulator, llm-d-inference-sim (-engines llmd-sim), an engine kvselect's
+// authors did not write: its KV events dial kvselect's collector
+// (--kv-events-bind, llm-d's topology), the demo registers each simulator
+// over REST, and every phase starts fresh simulators, since they have no
+// prefix-cache reset.
 
 type demoConfig struct {
+	engines                string // engineMock or engineSim
 	kvselectBin, workerBin string
+	simBin                 string
+	maxNumSeqs             int    // llm-d-inference-sim's --max-num-seqs
+	maxModelLen            int    // llm-d-inference-sim's --max-model-len, from the trace slice
+	phase                  string // names the logs of a phase's own processes
 	trace                  string
 	workers                int
 	requests, offset       int
@@ -76,6 +91,7 @@ type demoPhase struct {
 }
 
 type demoReport struct {
+	Engines  string      `json:"engines"`
 	Trace    string      `json:"trace"`
 	Requests int         `json:"requests"`
 	Workers  int         `json:"workers"`
@@ -86,24 +102,31 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	fs := flag.NewFlagSet("kvbench demo", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	var c demoConfig
+	fs.StringVar(&c.engines, "engines", engineMock, "engine `family`: "+engineMock+" (kvselect's mock workers) or "+engineSim+" (llm-d-inference-sim processes)")
 	fs.StringVar(&c.kvselectBin, "kvselect", "bin/kvselect", "kvselect `binary`")
 	fs.StringVar(&c.workerBin, "mockworker", "bin/kvselect-mockworker", "mock worker `binary`")
+	fs.StringVar(&c.simBin, "sim-bin", os.Getenv(peerproc.EnvSim), "llm-d-inference-sim `binary` for -engines "+engineSim+" (default $"+peerproc.EnvSim+")")
+	fs.IntVar(&c.maxNumSeqs, "max-num-seqs", 4, "llm-d-inference-sim's --max-num-seqs: requests an engine runs at once, the rest wait in its queue")
 	fs.StringVar(&c.trace, "trace", "bench/testdata/mooncake/conversation_trace.jsonl.gz", "Mooncake trace `path`")
-	fs.IntVar(&c.workers, "workers", 4, "mock `workers`")
+	fs.IntVar(&c.workers, "workers", 4, "`engines` (mock workers or simulators)")
 	fs.IntVar(&c.requests, "requests", 1000, "trace `requests` to replay per phase")
 	fs.IntVar(&c.offset, "offset", 0, "skip this many trace requests first")
 	fs.Float64Var(&c.compress, "compress", 20, "replay the trace this many `times` faster than recorded")
 	fs.IntVar(&c.concurrency, "concurrency", 128, "most requests in flight")
 	fs.IntVar(&c.blockTokens, "block-tokens", 64, "prompt `tokens` per trace block (the trace's blocks are 512 tokens; smaller keeps the demo quick)")
-	fs.IntVar(&c.blockSize, "block-size", 16, "mock workers' KV block size")
-	fs.IntVar(&c.poolBlocks, "pool-blocks", 8192, "mock workers' KV pool, in KV blocks")
-	fs.Float64Var(&c.speedup, "speedup", 40, "mock workers' timing speed-up (with -compress 20 and 4 workers, each worker sees the load one of 8 would see at the trace's own pace, scaled by the per-token times)")
+	fs.IntVar(&c.blockSize, "block-size", 16, "engines' KV block size")
+	// llm-d-inference-sim can chain a stored block to the wrong parent when
+	// it evicts blocks of the request it is storing, which happens when the
+	// cache is small next to one prompt: the default holds dozens of the
+	// longest prompts (older blocks still get evicted between requests).
+	fs.IntVar(&c.poolBlocks, "pool-blocks", 8192, "engines' KV pool, in KV blocks (the simulator's --kv-cache-size)")
+	fs.Float64Var(&c.speedup, "speedup", 40, "engines' timing speed-up: the per-token times below are divided by it (with -compress 20 and 4 workers, each worker sees the load one of 8 would see at the trace's own pace, scaled by the per-token times)")
 	// A trace block is 512 tokens; with -block-tokens 64 each prompt token
 	// stands for 8, so the per-token times are 8x engine-like ones: 100 µs
 	// of prefill per real token (10k prefill tokens/s, a large model on one
 	// GPU) and 10 ms per output token.
-	fs.DurationVar(&c.prefillPerToken, "prefill-time-per-token", 800*time.Microsecond, "mock workers' prefill time per uncached prompt token (before -speedup)")
-	fs.DurationVar(&c.decodePerToken, "decode-time-per-token", 80*time.Millisecond, "mock workers' decode time per output token (before -speedup)")
+	fs.DurationVar(&c.prefillPerToken, "prefill-time-per-token", 800*time.Microsecond, "engines' prefill time per uncached prompt token (before -speedup; the simulator's --prefill-time-per-token)")
+	fs.DurationVar(&c.decodePerToken, "decode-time-per-token", 80*time.Millisecond, "engines' decode time per output token (before -speedup; the simulator's --inter-token-latency)")
 	fs.IntVar(&c.maxOutput, "max-output", 16, "cap on output `tokens` per request (the trace's lengths scaled like the prompts, then capped: every streamed chunk is an ext_proc round trip)")
 	fs.StringVar(&c.out, "out", "bench/out/demo", "`directory` for demo.json, demo.svg and the processes' logs")
 	fs.BoolVar(&c.quiet, "quiet", false, "no progress bars")
@@ -113,6 +136,12 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	switch {
 	case fs.NArg() > 0:
 		return fmt.Errorf("unexpected arguments %q", fs.Args())
+	case c.engines != engineMock && c.engines != engineSim:
+		return fmt.Errorf("-engines %q: want %s or %s", c.engines, engineMock, engineSim)
+	case c.engines == engineSim && c.simBin == "":
+		return fmt.Errorf("-engines %s needs llm-d-inference-sim: set -sim-bin or $%s (build it from github.com/llm-d/llm-d-inference-sim)", engineSim, peerproc.EnvSim)
+	case c.maxNumSeqs < 1:
+		return errors.New("-max-num-seqs must be positive")
 	case c.workers < 1 || c.requests < 1 || c.concurrency < 1 || c.blockTokens < 1 || c.blockSize < 1 || c.poolBlocks < 1 || c.maxOutput < 1:
 		return errors.New("-workers, -requests, -concurrency, -block-tokens, -block-size, -pool-blocks and -max-output must be positive")
 	case !(c.compress > 0) || !(c.speedup > 0):
@@ -126,19 +155,47 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		return fmt.Errorf("-offset %d: the trace has %d requests", c.offset, len(reqs))
 	}
 	reqs = reqs[c.offset:min(len(reqs), c.offset+c.requests)]
+	c.maxModelLen = simModelLen(reqs, c.blockTokens, c.maxOutput)
 	if err := os.MkdirAll(c.out, 0o755); err != nil {
 		return err
 	}
-	fl, err := startFleet(ctx, &c, stderr)
-	if err != nil {
-		return err
+	if c.engines == engineSim {
+		if st, err := os.Stat(c.simBin); err != nil || st.IsDir() {
+			return fmt.Errorf("-sim-bin %q is not a file (set -sim-bin or $%s)", c.simBin, peerproc.EnvSim)
+		}
 	}
-	defer fl.stop()
 
-	rep := demoReport{Trace: c.trace, Requests: len(reqs), Workers: c.workers}
+	rep := demoReport{Engines: c.engines, Trace: c.trace, Requests: len(reqs), Workers: c.workers}
+	var fl *fleet
+	defer func() {
+		if fl != nil {
+			fl.stop()
+		}
+	}()
 	for _, policy := range []string{"kvselect", "round-robin"} {
-		if err := fl.resetCaches(ctx); err != nil {
-			return err
+		switch {
+		case c.engines == engineSim:
+			// The simulator cannot empty its cache: fresh processes (and a
+			// fresh kvselect, whose index they feed) for every phase.
+			if fl != nil {
+				fl.stop()
+			}
+			fl = nil
+			c.phase = policy
+			var err error
+			if fl, err = startFleet(ctx, &c, stderr); err != nil {
+				return err
+			}
+		case fl == nil:
+			var err error
+			if fl, err = startFleet(ctx, &c, stderr); err != nil {
+				return err
+			}
+			fallthrough
+		default:
+			if err := fl.resetCaches(ctx); err != nil {
+				return err
+			}
 		}
 		ph, err := fl.replay(ctx, &c, policy, reqs, stderr)
 		if err != nil {
@@ -153,7 +210,7 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		return err
 	}
 	svg := filepath.Join(c.out, "demo.svg")
-	if err := report.WriteSVG(svg, fmt.Sprintf("kvselect demo: %d mock workers, %d trace requests", c.workers, len(reqs)), demoCharts(&rep)...); err != nil {
+	if err := report.WriteSVG(svg, fmt.Sprintf("kvselect demo: %d %s, %d trace requests", c.workers, engineNoun(c.engines), len(reqs)), demoCharts(&rep)...); err != nil {
 		return err
 	}
 	fmt.Fprintf(stdout, "\nwrote %s and %s (logs in %s)\n", filepath.Join(c.out, "demo.json"), svg, c.out)
@@ -165,9 +222,38 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	return nil
 }
 
+// Engine families of the demo.
+const (
+	engineMock = "mock"
+	engineSim  = "llmd-sim"
+)
+
+func engineNoun(engines string) string {
+	if engines == engineSim {
+		return "llm-d-inference-sim engines"
+	}
+	return "mock workers"
+}
+
+// simModel is the model every simulator serves (its dummy tokenizer needs no
+// download for a name that does not look like a real model).
+const simModel = "fake-model"
+
+// simModelLen is a --max-model-len that admits every request of the slice:
+// the simulator refuses prompt + max_tokens above it (1024 by default).
+func simModelLen(reqs []mooncake.Request, blockTokens, maxOutput int) int {
+	longest := 0
+	for _, r := range reqs {
+		longest = max(longest, len(r.HashIDs)*blockTokens)
+	}
+	return max(1024, longest+maxOutput+64)
+}
+
 // fleet is the running processes.
 type fleet struct {
 	procs   []proc
+	sims    []*peerproc.SimProcess
+	model   string   // the model the engines serve
 	rest    string   // kvselect REST base URL
 	extproc string   // kvselect ext_proc address
 	workers []string // host:port of every mock worker, worker id i+1 at i
@@ -185,7 +271,10 @@ func freePort() (int, error) {
 }
 
 func startFleet(ctx context.Context, c *demoConfig, stderr io.Writer) (*fleet, error) {
-	fl := &fleet{hc: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: c.concurrency, MaxIdleConns: 4 * c.concurrency}}}
+	if c.engines == engineSim {
+		return startSimFleet(ctx, c, stderr)
+	}
+	fl := &fleet{model: "mock-model", hc: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: c.concurrency, MaxIdleConns: 4 * c.concurrency}}}
 	ok := false
 	defer func() {
 		if !ok {
@@ -258,10 +347,161 @@ type proc struct {
 	exited chan struct{}
 }
 
-// stop ends the workers first (they deregister), then kvselect.
+// startSimFleet starts kvselect with a KV events collector, then the
+// simulators (their PUB sockets dial the collector, and what they publish
+// before it is bound is lost), and registers each simulator over REST without
+// a KV events endpoint: kvselect matches the topic of each message,
+// kv@<host>:<port>@<model>, to the worker whose endpoint has that host:port.
+// The replay endpoint lets kvselect catch up on batches sent before the
+// registration.
+func startSimFleet(ctx context.Context, c *demoConfig, stderr io.Writer) (*fleet, error) {
+	fl := &fleet{model: simModel, hc: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: c.concurrency, MaxIdleConns: 4 * c.concurrency}}}
+	ok := false
+	defer func() {
+		if !ok {
+			fl.stop()
+		}
+	}()
+	var ports [3]int
+	for i := range ports {
+		p, err := freePort()
+		if err != nil {
+			return nil, err
+		}
+		ports[i] = p
+	}
+	fl.rest = fmt.Sprintf("http://127.0.0.1:%d", ports[0])
+	fl.extproc = fmt.Sprintf("127.0.0.1:%d", ports[1])
+	collector := fmt.Sprintf("tcp://127.0.0.1:%d", ports[2])
+	if err := fl.start(c, c.phase+"-kvselect", c.kvselectBin, "--host", "127.0.0.1", "--port", strconv.Itoa(ports[0]),
+		"--extproc-port", strconv.Itoa(ports[1]), "--kv-events-bind", collector, "--log-level", "warn"); err != nil {
+		return nil, err
+	}
+	if err := waitHTTP(ctx, fl.hc, fl.rest+"/health", 30*time.Second); err != nil {
+		return nil, fmt.Errorf("kvselect did not come up: %w (log in %s)", err, c.out)
+	}
+	sims, err := startSims(ctx, simFleetConfig{
+		bin: c.simBin, n: c.workers, collector: collector, blockSize: c.blockSize, kvBlocks: c.poolBlocks,
+		prefillPerToken: time.Duration(float64(c.prefillPerToken) / c.speedup), interToken: time.Duration(float64(c.decodePerToken) / c.speedup),
+		maxNumSeqs: c.maxNumSeqs, maxModelLen: c.maxModelLen, logDir: c.out, logPrefix: c.phase,
+	})
+	fl.sims = sims
+	if err != nil {
+		return nil, err
+	}
+	for i, p := range sims {
+		fl.workers = append(fl.workers, p.HostPort())
+		if err := registerSim(ctx, fl.hc, fl.rest, uint64(i+1), p, c.blockSize, c.poolBlocks); err != nil {
+			return nil, err
+		}
+	}
+	fmt.Fprintf(stderr, "%s: started kvselect (REST %s, ext_proc %s, KV events collector %s) and %d llm-d-inference-sim engines; waiting for their KV event streams...\n",
+		c.phase, fl.rest, fl.extproc, collector, c.workers)
+	if err := fl.waitWorkers(ctx, c.workers, 60*time.Second); err != nil {
+		return nil, fmt.Errorf("%w (logs in %s)", err, c.out)
+	}
+	fl.conn, err = grpc.NewClient(fl.extproc, append(envoysim.DialOptions(), grpc.WithTransportCredentials(insecure.NewCredentials()))...)
+	if err != nil {
+		return nil, err
+	}
+	ok = true
+	return fl, nil
+}
+
+// simFleetConfig is how the demo and vs-epp start their simulators.
+type simFleetConfig struct {
+	bin                         string
+	n                           int
+	collector                   string // the ZMQ endpoint their PUB sockets dial
+	blockSize, kvBlocks         int
+	prefillPerToken, interToken time.Duration
+	maxNumSeqs, maxModelLen     int
+	logDir, logPrefix           string
+	// ports are the HTTP ports, chosen beforehand when a picker must know
+	// the engines before they start; free ports when nil.
+	ports []int
+}
+
+// startSims starts n simulators on free ports, each with a replay endpoint,
+// and waits until each answers /health. On error it returns the ones that
+// started, for the caller to stop.
+func startSims(ctx context.Context, sc simFleetConfig) ([]*peerproc.SimProcess, error) {
+	var (
+		sims []*peerproc.SimProcess
+		err  error
+	)
+	for i := range sc.n {
+		var port int
+		if i < len(sc.ports) {
+			port = sc.ports[i]
+		} else if port, err = peerproc.FreePort(); err != nil {
+			return sims, err
+		}
+		replay, err := peerproc.FreePort()
+		if err != nil {
+			return sims, err
+		}
+		name := fmt.Sprintf("sim-%d.log", i+1)
+		if sc.logPrefix != "" {
+			name = sc.logPrefix + "-" + name
+		}
+		logf, err := os.Create(filepath.Join(sc.logDir, name))
+		if err != nil {
+			return sims, err
+		}
+		p, err := peerproc.StartSim(ctx, peerproc.Sim{
+			Binary: sc.bin, Model: simModel, Port: port, ZMQEndpoint: sc.collector, ReplayPort: replay,
+			BlockSize: sc.blockSize, KVCacheSize: sc.kvBlocks, Log: logf,
+			Extra: []string{
+				"--prefill-time-per-token", sc.prefillPerToken.String(),
+				"--inter-token-latency", sc.interToken.String(),
+				"--max-num-seqs", strconv.Itoa(sc.maxNumSeqs),
+				"--max-model-len", strconv.Itoa(sc.maxModelLen),
+			},
+		})
+		if err != nil {
+			logf.Close()
+			return sims, fmt.Errorf("start llm-d-inference-sim %d (log %s): %w", i+1, filepath.Join(sc.logDir, name), err)
+		}
+		sims = append(sims, p)
+	}
+	return sims, nil
+}
+
+// registerSim registers a simulator with kvselect as worker id, without a KV
+// events endpoint (the collector feeds it) and with its replay endpoint.
+func registerSim(ctx context.Context, hc *http.Client, rest string, id uint64, p *peerproc.SimProcess, blockSize, kvBlocks int) error {
+	b, err := json.Marshal(map[string]any{
+		"worker_id": id, "model_name": simModel, "endpoint": p.URL(), "replay_endpoint": p.ReplayEndpoint(),
+		"block_size": blockSize, "total_kv_blocks": kvBlocks,
+	})
+	if err != nil {
+		return err
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, rest+"/workers", bytes.NewReader(b))
+	if err != nil {
+		return err
+	}
+	req.Header.Set("content-type", "application/json")
+	resp, err := hc.Do(req)
+	if err != nil {
+		return fmt.Errorf("register %s: %w", p.URL(), err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode/100 != 2 {
+		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+		return fmt.Errorf("register %s: %s: %s", p.URL(), resp.Status, msg)
+	}
+	return nil
+}
+
+// stop ends the engines first (mock workers deregister), then kvselect.
 func (fl *fleet) stop() {
 	if fl.conn != nil {
 		fl.conn.Close()
+	}
+	for _, p := range fl.sims {
+		p.Stop()
 	}
 	for i := len(fl.procs) - 1; i >= 0; i-- {
 		p := fl.procs[i]
@@ -425,7 +665,7 @@ func (fl *fleet) replay(ctx context.Context, c *demoConfig, policy string, reqs 
 	}
 	bodies := make([][]byte, len(reqs))
 	for i, r := range reqs {
-		b, err := json.Marshal(demoBody{Model: "mock-model", Prompt: demoTokens(r.HashIDs, c.blockTokens),
+		b, err := json.Marshal(demoBody{Model: fl.model, Prompt: demoTokens(r.HashIDs, c.blockTokens),
 			MaxTokens: min(max(1, r.OutputLength*c.blockTokens/512), c.maxOutput), Stream: true})
 		if err != nil {
 			return ph, err
@@ -642,7 +882,7 @@ func (fl *fleet) direct(ctx context.Context, endpoint string, body []byte, filte
 }
 
 func demoTable(w io.Writer, rep *demoReport) error {
-	fmt.Fprintf(w, "\n%d requests of %s over %d mock workers, each policy from empty caches:\n\n", rep.Requests, rep.Trace, rep.Workers)
+	fmt.Fprintf(w, "\n%d requests of %s over %d %s, each policy from empty caches:\n\n", rep.Requests, rep.Trace, rep.Workers, engineNoun(rep.Engines))
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	row := func(name string, f func(p demoPhase) string) {
 		fmt.Fprintf(tw, "%s\t", name)

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/kvselect/kvselect/envoysim"
+	"github.com/kvselect/kvselect/internal/peerproc"
 )
 
 // buildFleetBinaries builds kvselect and the mock worker into a temp dir.
@@ -136,5 +137,59 @@ func TestDemoCommand(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(out, "demo.svg")); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestDemoOverLLMDSim runs `kvbench demo -engines llmd-sim` on a short slice:
+// kvselect learns the simulators' caches only through its KV events collector
+// (they dial it; the demo registers them over REST), both phases complete with
+// fresh simulators, the hit rate comes from the simulators' own counters, and
+// no booking is left.
+func TestDemoOverLLMDSim(t *testing.T) {
+	sim := peerproc.SimBinary(t)
+	kvselectBin, _ := buildFleetBinaries(t)
+	out := t.TempDir()
+	var stdout, stderr bytes.Buffer
+	err := run(context.Background(), []string{"demo", "-engines", "llmd-sim", "-sim-bin", sim, "-kvselect", kvselectBin, "-trace", trace,
+		"-requests", "120", "-workers", "2", "-compress", "100", "-quiet", "-out", out}, &stdout, &stderr)
+	if err != nil {
+		t.Fatalf("demo: %v\n%s\n%s", err, stdout.String(), stderr.String())
+	}
+	for _, want := range []string{"llm-d-inference-sim engines", "round-robin", "active requests after the run: 0"} {
+		if !strings.Contains(stdout.String(), want) {
+			t.Errorf("output lacks %q:\n%s", want, stdout.String())
+		}
+	}
+	b, err := os.ReadFile(filepath.Join(out, "demo.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rep demoReport
+	if err := json.Unmarshal(b, &rep); err != nil || len(rep.Phases) != 2 || rep.Engines != "llmd-sim" {
+		t.Fatalf("demo.json: %v %s", err, b)
+	}
+	for _, ph := range rep.Phases {
+		routed := 0
+		for _, n := range ph.PerWorker {
+			routed += n
+		}
+		// A slice of the conversation trace repeats prefixes: some of its
+		// prompt tokens must be cache hits in either phase.
+		if ph.Errors != 0 || routed != 120 || ph.HitRate <= 0 || ph.TTFTP50Ms <= 0 {
+			t.Fatalf("phase %+v", ph)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(out, "kvselect-sim-1.log")); err != nil {
+		t.Fatalf("the picker phase's simulator log: %v", err)
+	}
+}
+
+// Without a simulator binary, -engines llmd-sim says where to get one.
+func TestDemoOverLLMDSimNeedsTheBinary(t *testing.T) {
+	t.Setenv(peerproc.EnvSim, "")
+	var stdout, stderr bytes.Buffer
+	err := run(context.Background(), []string{"demo", "-engines", "llmd-sim"}, &stdout, &stderr)
+	if err == nil || !strings.Contains(err.Error(), peerproc.EnvSim) {
+		t.Fatalf("err = %v, want one naming %s", err, peerproc.EnvSim)
 	}
 }

@@ -4,6 +4,10 @@
 // `kvbench rest` is a closed-loop HTTP/1.1 load generator for the REST API
 // (select_and_reserve + delete), against an in-process or a loopback server.
 //
+// `kvbench demo` runs kvselect with real engine processes through its ext_proc
+// picker against round-robin; `kvbench vs-epp` runs kvselect's picker and
+// llm-d's endpoint picker side by side on the same engines and trace.
+//
 // The side-by-side run against llm-d-kv-cache-manager lives in the nested module
 // bench/peer (make bench-peer), so that peer never enters kvselect's go.mod.
 package main
@@ -23,14 +27,15 @@ import (
 	"github.com/kvselect/kvselect/bench/report"
 )
 
-const usage = `usage: kvbench <index|rest|route|extproc|replicas|demo> [flags]
+const usage = `usage: kvbench <index|rest|route|extproc|replicas|demo|vs-epp> [flags]
 
 Subcommands:
   replicas two replicas selecting concurrently, with replica sync off and on: per-worker load spread
   index   replay a Mooncake trace against kvselect's KV index
   rest    closed-loop HTTP load on the REST API (select_and_reserve + delete)
   route   routing-policy comparison on a Mooncake trace over simulated workers
-  demo    kvselect + mock worker processes on loopback, a trace slice through ext_proc vs round-robin
+  demo    kvselect + engine processes on loopback (mock workers or llm-d-inference-sim), a trace slice through ext_proc vs round-robin
+  vs-epp  kvselect's picker and llm-d's endpoint picker side by side: same llm-d-inference-sim engines, same trace, through envoysim
   extproc per-request overhead of the ext_proc picker (or the same lifecycle over REST)
 
 Run 'kvbench <subcommand> -h' for the flags.
@@ -65,6 +70,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return runDemo(ctx, args[1:], stdout, stderr)
 	case "extproc":
 		return runExtProc(ctx, args[1:], stdout, stderr)
+	case "vs-epp":
+		return runVsEPP(ctx, args[1:], stdout, stderr)
 	}
 	fmt.Fprint(stderr, usage)
 	return fmt.Errorf("unknown subcommand %q", args[0])

@@ -1,0 +1,303 @@
+package main
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"math"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/kvselect/kvselect/bench/report"
+)
+
+// vsHist is a Prometheus histogram's summary over a run, µs.
+type vsHist struct {
+	Name   string  `json:"name"`
+	Count  float64 `json:"count"`
+	MeanUs float64 `json:"mean_us"`
+	P50Us  float64 `json:"p50_us"`
+	P90Us  float64 `json:"p90_us"`
+	P99Us  float64 `json:"p99_us"`
+}
+
+// promHist is a histogram as scraped: cumulative bucket counts by upper
+// bound (seconds), summed over label sets.
+type promHist struct {
+	name   string
+	bounds []float64
+	counts map[float64]float64
+	sum    float64
+	count  float64
+}
+
+// scrapeHistogram reads one histogram from a Prometheus text endpoint. A
+// histogram with no observation yet may be absent (the EPP registers its
+// series lazily): that is an empty histogram.
+func scrapeHistogram(hc *http.Client, url, name string) (promHist, error) {
+	h := promHist{name: name, counts: map[float64]float64{}}
+	resp, err := hc.Get(url)
+	if err != nil {
+		return h, fmt.Errorf("scrape %s: %w", url, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return h, fmt.Errorf("scrape %s: %s", url, resp.Status)
+	}
+	return parseHistogram(resp.Body, name)
+}
+
+func parseHistogram(r io.Reader, name string) (promHist, error) {
+	h := promHist{name: name, counts: map[float64]float64{}}
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		if strings.HasPrefix(line, "#") || !strings.HasPrefix(line, name) {
+			continue
+		}
+		series, val, ok := strings.Cut(line, " ")
+		if !ok {
+			continue
+		}
+		// A sample may carry a timestamp after the value.
+		val, _, _ = strings.Cut(strings.TrimSpace(val), " ")
+		v, err := strconv.ParseFloat(val, 64)
+		if err != nil {
+			continue
+		}
+		metric, labels, _ := strings.Cut(series, "{")
+		switch metric {
+		case name + "_bucket":
+			le, ok := labelValue(labels, "le")
+			if !ok {
+				continue
+			}
+			b, err := strconv.ParseFloat(le, 64)
+			if err != nil {
+				continue
+			}
+			if _, seen := h.counts[b]; !seen {
+				h.bounds = append(h.bounds, b)
+			}
+			h.counts[b] += v
+		case name + "_sum":
+			h.sum += v
+		case name + "_count":
+			h.count += v
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return h, fmt.Errorf("read metrics: %w", err)
+	}
+	slices.Sort(h.bounds)
+	return h, nil
+}
+
+func labelValue(labels, key string) (string, bool) {
+	for _, kv := range strings.Split(strings.TrimSuffix(labels, "}"), ",") {
+		k, v, ok := strings.Cut(kv, "=")
+		if ok && strings.TrimSpace(k) == key {
+			return strings.Trim(v, `"`), true
+		}
+	}
+	return "", false
+}
+
+// minus summarises the observations made between before and h.
+func (h promHist) minus(before promHist) vsHist {
+	out := vsHist{Name: h.name, Count: h.count - before.count}
+	if out.Count <= 0 {
+		return out
+	}
+	out.MeanUs = (h.sum - before.sum) / out.Count * 1e6
+	counts := make([]float64, len(h.bounds))
+	for i, b := range h.bounds {
+		counts[i] = h.counts[b] - before.counts[b]
+	}
+	q := func(p float64) float64 { return bucketQuantile(p, h.bounds, counts) * 1e6 }
+	out.P50Us, out.P90Us, out.P99Us = q(0.5), q(0.9), q(0.99)
+	return out
+}
+
+// bucketQuantile is Prometheus's histogram_quantile: linear interpolation
+// within the bucket holding the quantile, the lowest bucket starting at 0;
+// a quantile in the +Inf bucket is the highest finite bound.
+func bucketQuantile(p float64, bounds, cumulative []float64) float64 {
+	if len(bounds) == 0 {
+		return 0
+	}
+	total := cumulative[len(cumulative)-1]
+	if total <= 0 {
+		return 0
+	}
+	rank := p * total
+	for i, b := range bounds {
+		if cumulative[i] < rank {
+			continue
+		}
+		if math.IsInf(b, 1) {
+			if i == 0 {
+				return 0
+			}
+			return bounds[i-1]
+		}
+		lo, below := 0.0, 0.0
+		if i > 0 {
+			lo, below = bounds[i-1], cumulative[i-1]
+		}
+		in := cumulative[i] - below
+		if in <= 0 {
+			return b
+		}
+		return lo + (b-lo)*(rank-below)/in
+	}
+	return bounds[len(bounds)-1]
+}
+
+func (r vsRun) label() string {
+	if r.Transport == "plain" {
+		return r.Picker
+	}
+	return r.Picker + "/" + r.Transport
+}
+
+func vsTable(w io.Writer, rep *vsReport) error {
+	pin := "not pinned"
+	if rep.Pinned {
+		pin = "each picker pinned to CPU 0, load generator and engines to CPU 1"
+	}
+	fmt.Fprintf(w, "\n%d requests of %s over %d llm-d-inference-sim engines, %s; %d CPUs, %s; each picker with fresh engines:\n\n",
+		rep.Requests, rep.Trace, rep.Engines, rep.Loop, rep.CPUs, pin)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	row := func(name string, f func(r vsRun) string) {
+		fmt.Fprintf(tw, "%s\t", name)
+		for _, r := range rep.Runs {
+			fmt.Fprintf(tw, "%s\t", f(r))
+		}
+		fmt.Fprintln(tw)
+	}
+	row("", func(r vsRun) string { return r.label() })
+	row("decision p50 / p90 / p99, client (µs)", func(r vsRun) string {
+		return fmt.Sprintf("%.0f / %.0f / %.0f", r.Decision.P50, r.Decision.P90, r.Decision.P99)
+	})
+	row("picker histogram mean / p50 / p90 / p99 (µs)", func(r vsRun) string {
+		if r.Histogram.Count == 0 {
+			return "-"
+		}
+		return fmt.Sprintf("%.0f / %.0f / %.0f / %.0f", r.Histogram.MeanUs, r.Histogram.P50Us, r.Histogram.P90Us, r.Histogram.P99Us)
+	})
+	row("picker CPU per request, net of idle (gross) (µs)", func(r vsRun) string {
+		return fmt.Sprintf("%.0f (%.0f)", r.CPUPerRequestUs, r.CPUPerRequestGrossUs)
+	})
+	row("picker idle CPU (% of a core)", func(r vsRun) string { return fmt.Sprintf("%.1f", r.IdleCPUPercent) })
+	row("max requests/s on one core (picker CPU %)", func(r vsRun) string {
+		if r.MaxRPS == 0 {
+			return "-"
+		}
+		return fmt.Sprintf("%.0f (%.0f%%)", r.MaxRPS, r.SaturationCPUPercent)
+	})
+	row("picker CPU per request, saturating loop (µs)", func(r vsRun) string {
+		if r.MaxRPS == 0 {
+			return "-"
+		}
+		return fmt.Sprintf("%.0f", r.SaturationCPUPerRequestUs)
+	})
+	row("prefix-cache hit rate (engines)", func(r vsRun) string { return fmt.Sprintf("%.3f", r.HitRate) })
+	row("TTFT p50 / p90 (ms)", func(r vsRun) string { return fmt.Sprintf("%.1f / %.1f", r.TTFTP50Ms, r.TTFTP90Ms) })
+	row("requests per engine", func(r vsRun) string { return strings.Trim(fmt.Sprint(r.PerEngine), "[]") })
+	row("load balance CV", func(r vsRun) string { return fmt.Sprintf("%.3f", r.LoadCV) })
+	row("throughput (req/s)", func(r vsRun) string { return fmt.Sprintf("%.1f", r.Throughput) })
+	row("errors (saturating loop)", func(r vsRun) string { return fmt.Sprintf("%d (%d)", r.Errors, r.SaturationErrors) })
+	row("decisions with endpoint scores", func(r vsRun) string { return strconv.Itoa(r.WithScores) })
+	row("request bodies re-encoded by the picker", func(r vsRun) string { return strconv.Itoa(r.BodiesReencoded) })
+	row("decisions with header mutations Envoy refuses", func(r vsRun) string { return strconv.Itoa(r.RefusedMutations) })
+	row("bookings left after the runs", func(r vsRun) string {
+		if r.LeakedBookings == nil {
+			return "-"
+		}
+		return strconv.FormatUint(*r.LeakedBookings, 10)
+	})
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	for _, r := range rep.Runs {
+		if r.RefusedSample != "" {
+			fmt.Fprintf(w, "%s set headers Envoy's default mutation rules refuse (ignored, or a 500 with disallow_is_error): %s\n", r.label(), r.RefusedSample)
+		}
+	}
+	vsGoals(w, rep)
+	return nil
+}
+
+// vsGoals prints kvselect against each EPP run on the same transport, by the
+// product's goals: CPU per request at most 1/5 of the EPP's, decision p50 at
+// most 1/3, hit rate at least the EPP's, p90 TTFT lower.
+func vsGoals(w io.Writer, rep *vsReport) {
+	for _, k := range rep.Runs {
+		if !isKvselect(k.Picker) {
+			continue
+		}
+		for _, e := range rep.Runs {
+			if isKvselect(e.Picker) || e.Transport != k.Transport {
+				continue
+			}
+			fmt.Fprintf(w, "\n%s vs %s:\n", k.label(), e.label())
+			ratio := func(a, b float64) string {
+				if a <= 0 {
+					return "-"
+				}
+				return fmt.Sprintf("%.1fx", b/a)
+			}
+			met := func(ok bool) string {
+				if ok {
+					return "met"
+				}
+				return "missed"
+			}
+			fmt.Fprintf(w, "  CPU per request: %s less (goal 5x: %s)\n", ratio(k.CPUPerRequestUs, e.CPUPerRequestUs),
+				met(k.CPUPerRequestUs > 0 && e.CPUPerRequestUs >= 5*k.CPUPerRequestUs))
+			fmt.Fprintf(w, "  decision p50: %s lower (goal 3x: %s)\n", ratio(k.Decision.P50, e.Decision.P50),
+				met(k.Decision.P50 > 0 && e.Decision.P50 >= 3*k.Decision.P50))
+			fmt.Fprintf(w, "  hit rate: %.3f vs %.3f (goal >=: %s)\n", k.HitRate, e.HitRate, met(k.HitRate >= e.HitRate))
+			fmt.Fprintf(w, "  TTFT p90: %.1f vs %.1f ms (goal lower: %s)\n", k.TTFTP90Ms, e.TTFTP90Ms, met(k.TTFTP90Ms < e.TTFTP90Ms))
+		}
+	}
+}
+
+func vsCharts(rep *vsReport) []report.Chart {
+	n := len(rep.Runs)
+	series := make([]string, n)
+	mk := func(groups int) [][]float64 {
+		v := make([][]float64, groups)
+		for g := range v {
+			v[g] = make([]float64, n)
+		}
+		return v
+	}
+	dec, hist, cpu, idle, rps, hit, ttft, bal := mk(3), mk(3), mk(2), mk(1), mk(1), mk(1), mk(2), mk(1)
+	for i, r := range rep.Runs {
+		series[i] = r.label()
+		dec[0][i], dec[1][i], dec[2][i] = r.Decision.P50, r.Decision.P90, r.Decision.P99
+		hist[0][i], hist[1][i], hist[2][i] = r.Histogram.P50Us, r.Histogram.P90Us, r.Histogram.P99Us
+		cpu[0][i], cpu[1][i] = r.CPUPerRequestUs, r.SaturationCPUPerRequestUs
+		idle[0][i] = r.IdleCPUPercent
+		rps[0][i] = r.MaxRPS
+		hit[0][i] = r.HitRate
+		ttft[0][i], ttft[1][i] = r.TTFTP50Ms, r.TTFTP90Ms
+		bal[0][i] = r.LoadCV
+	}
+	return []report.Chart{
+		{Title: "Decision latency, client-side", Unit: "µs", Groups: []string{"p50", "p90", "p99"}, Series: series, Values: dec, LowerIsBetter: true, ClipOutliers: true},
+		{Title: "Picker's own decision histogram (kvselect: parse+select+book; EPP: scheduling)", Unit: "µs", Groups: []string{"p50", "p90", "p99"}, Series: series, Values: hist, LowerIsBetter: true},
+		{Title: "Picker CPU per request", Unit: "µs", Groups: []string{"trace run, net of idle", "saturating loop"}, Series: series, Values: cpu, LowerIsBetter: true},
+		{Title: "Picker idle CPU", Unit: "% of a core", Groups: []string{"before traffic"}, Series: series, Values: idle, LowerIsBetter: true},
+		{Title: "Saturating closed loop, picker on one core", Unit: "req/s", Groups: []string{"completed requests per second"}, Series: series, Values: rps},
+		{Title: "Prefix-cache hit rate (engines' counters)", Groups: []string{"hit rate"}, Series: series, Values: hit},
+		{Title: "Time to first token", Unit: "ms", Groups: []string{"p50", "p90"}, Series: series, Values: ttft, LowerIsBetter: true},
+		{Title: "Load balance: CV of requests per engine", Groups: []string{"CV"}, Series: series, Values: bal, LowerIsBetter: true},
+	}
+}
