@@ -138,6 +138,15 @@ bench-vs-epp:
 		bin/kvbench vs-epp -transports plain,tls -out $(BENCHOUT)/vs-epp; \
 	fi
 
+# Text prompts (docs/extproc.md "Exact routing for text"): a seeded multi-turn
+# chat workload through the ext_proc picker on 4 mock workers, routed on the
+# engine's ids, --tokenize pool, the approximate text index and round-robin.
+.PHONY: bench-text
+bench-text:
+	$(GO) build -o bin/ ./cmd/kvselect ./cmd/kvselect-mockworker ./cmd/kvbench
+	bin/kvbench text -sessions 160 -concurrency 24 -pool-blocks 512 -prefill-time-per-token 1ms \
+		-phases tokens,pool,text,round-robin,pool-warm,pool-completions,pool-forward -out $(BENCHOUT)/text
+
 # Every decoder of bytes from the network, as package:FuzzTarget. `make fuzz`
 # runs each for FUZZTIME (60s, or a count such as 100000x); `make test` runs
 # each briefly (fuzz-smoke).
@@ -151,6 +160,7 @@ FUZZ_TARGETS := \
 	./httpadmin:FuzzSelectBody \
 	./extproc:FuzzParseBody \
 	./extproc:FuzzScanTokenIDs \
+	./engines/tokenize:FuzzParseResponse \
 	./internal/vtcodec:FuzzBodyDecoders \
 	./replicas/mesh:FuzzDecode \
 	./mockworker/kvpublish:FuzzParseReplayRequest \

@@ -51,11 +51,22 @@ type parsedBody struct {
 	model    string
 	tokens   []uint32 // prompt token ids (completions prompt or nvext.token_data)
 	text     string   // prompt text when there are no token ids
+	textFrom textSource
 	stream   bool
 	osl      *uint32
 	session  string
 	hasField bool // the body was a JSON object (possibly without a prompt)
 }
+
+// textSource says where parsedBody.text came from.
+type textSource uint8
+
+const (
+	textNone        textSource = iota
+	textPrompt                 // the completions prompt, a string
+	textPromptBatch            // the first string of a completions prompt batch
+	textChat                   // chat messages
+)
 
 // errBadBody wraps every body error: the request gets a 400.
 var errBadBody = errors.New("invalid request body")
@@ -96,9 +107,13 @@ func parseBody(b []byte) (parsedBody, error) {
 	case rb.Nvext != nil && len(rb.Nvext.TokenData) > 0:
 		out.tokens = rb.Nvext.TokenData
 	case text != "":
-		out.text = text
+		out.text, out.textFrom = text, textPrompt
+		if p := bytes.TrimSpace(rb.Prompt); len(p) > 0 && p[0] == '[' {
+			out.textFrom = textPromptBatch
+		}
 	case len(rb.Messages) > 0:
 		out.text, err = chatText(rb.Messages)
+		out.textFrom = textChat
 	}
 	return out, err
 }

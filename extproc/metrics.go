@@ -31,6 +31,8 @@ var (
 		[]string{"at"}, nil)
 	descLost = prometheus.NewDesc("kvselect_extproc_bookings_lost_total",
 		"Bookings that vanished under their stream (expired, or their worker removed) before the response ended.", nil, nil)
+	descForwardedIDs = prometheus.NewDesc("kvselect_extproc_forwarded_token_ids_total",
+		"Completions bodies whose text prompt was replaced by its token ids before forwarding (--tokenize-forward-ids).", nil, nil)
 )
 
 // immediateCodes are the statuses the picker answers with; any other counts
@@ -44,7 +46,7 @@ var immediateCodes = []typev3.StatusCode{
 // metrics are the picker's counters; a Server owns one.
 type metrics struct {
 	streams, streamErrors, routed, rebooked, outputBlocks atomic.Uint64
-	freedAtEnd, freedAtStreamEnd, lost                    atomic.Uint64
+	freedAtEnd, freedAtStreamEnd, lost, forwardedIDs      atomic.Uint64
 	immediate                                             [8]atomic.Uint64 // immediateCodes, then other
 	pick                                                  prometheus.Histogram
 }
@@ -73,7 +75,7 @@ func (m *metrics) observePick(start time.Time) { m.pick.Observe(time.Since(start
 // Describe implements prometheus.Collector.
 func (s *Server) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descStreamsActive, descStreams, descStreamErrors, descRouted, descImmediate,
-		descRebooked, descOutputBlocks, descFreed, descLost} {
+		descRebooked, descOutputBlocks, descFreed, descLost, descForwardedIDs} {
 		ch <- d
 	}
 	s.metrics.pick.Describe(ch)
@@ -101,5 +103,6 @@ func (s *Server) Collect(ch chan<- prometheus.Metric) {
 	counter(descFreed, &m.freedAtEnd, "response_end")
 	counter(descFreed, &m.freedAtStreamEnd, "stream_end")
 	counter(descLost, &m.lost)
+	counter(descForwardedIDs, &m.forwardedIDs)
 	s.metrics.pick.Collect(ch)
 }

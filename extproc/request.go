@@ -183,6 +183,8 @@ func (st *stream) pick(withBody bool) (*extprocv3.HeaderMutation, *structpb.Stru
 		req.TokenIDs = pb.tokens
 	case pb.text != "":
 		req.PromptText = pb.text
+		// The body is re-sent only in FULL_DUPLEX_STREAMED (pickAndRoute).
+		st.tokenize(&pb, req, st.requestMode() == filterv3.ProcessingMode_FULL_DUPLEX_STREAMED)
 	default:
 		// Nothing identifies a prompt (a GET, an empty body): a minimal
 		// text prompt books a one-token request, so the pick is still

@@ -6,9 +6,11 @@
 // Envoy, Envoy Gateway, kgateway, Istio or any GIE gateway.
 //
 // One gRPC stream is one HTTP request. The stream goroutine reads the
-// request's identity from headers and body without tokenizing — block
-// hashes or token ids the gateway or client already has, else the prompt
-// text, which selection hashes in character blocks — and books it with
+// request's identity from headers and body without tokenizing itself —
+// block hashes or token ids the gateway or client already has, else the
+// prompt text: the engine's ids for it when a selection.Tokenizer is set
+// (SetTokenizer; tokenize.go), else selection hashes it in character
+// blocks — and books it with
 // selection.Service.SelectAndReserve, answers with the destination header and
 // envoy.lb metadata, then follows the response: the served-endpoint metadata
 // moves the booking when another endpoint served it
@@ -127,6 +129,8 @@ type Server struct {
 
 	active  atomic.Int64 // streams in flight
 	metrics *metrics
+
+	tokenizing atomic.Pointer[tokenizing] // SetTokenizer
 }
 
 var (

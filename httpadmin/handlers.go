@@ -206,9 +206,36 @@ func checkOverride(o *routerconfig.Override) error {
 	return nil
 }
 
-func (s *server) selectOnly(w http.ResponseWriter, r *http.Request) {
+// readSelect reads a /select or /select_and_reserve body; with a Tokenizer,
+// a prompt given as text is tokenized here (text.go).
+func (s *server) readSelect(w http.ResponseWriter, r *http.Request) (*selection.SelectRequest, bool) {
 	req := new(selection.SelectRequest)
-	if !s.readJSON(w, r, req, checkSelect(req)) {
+	check := checkSelect(req)
+	var treq *selection.TokenizeRequest
+	if s.tokenizer != nil {
+		check = func(body []byte) error {
+			if err := checkSelect(req)(body); err != nil {
+				return err
+			}
+			var err error
+			treq, err = readText(req, body)
+			return err
+		}
+	}
+	if !s.readJSON(w, r, req, check) {
+		return nil, false
+	}
+	if treq != nil {
+		if ids, err := s.tokenizer.Tokenize(r.Context(), treq); err == nil {
+			req.TokenIDs = ids
+		}
+	}
+	return req, true
+}
+
+func (s *server) selectOnly(w http.ResponseWriter, r *http.Request) {
+	req, ok := s.readSelect(w, r)
+	if !ok {
 		return
 	}
 	req.PolicyClass = policyClass(r)
@@ -221,8 +248,8 @@ func (s *server) selectOnly(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *server) selectAndReserve(w http.ResponseWriter, r *http.Request) {
-	req := new(selection.SelectRequest)
-	if !s.readJSON(w, r, req, checkSelect(req)) {
+	req, ok := s.readSelect(w, r)
+	if !ok {
 		return
 	}
 	req.Advisory = false // not a field of Dynamo's SelectAndReserveRequest: ignored

@@ -38,6 +38,10 @@ type Options struct {
 	// as GIE's endpoint picker does with --enable-pprof. Off by default: a CPU
 	// profile costs the server while it runs, and the port is unauthenticated.
 	Pprof bool
+	// Tokenizer, when set, lets /select and /select_and_reserve bodies give
+	// the prompt as text ("prompt" or "messages"), tokenized by the engine
+	// (text.go). nil: those fields are ignored, as Dynamo ignores them.
+	Tokenizer selection.Tokenizer
 }
 
 // PeerManager is the replica-sync peer membership behind /replica_sync/*.
@@ -54,10 +58,11 @@ type PeerManager interface {
 
 // server holds the mux and what the handlers need.
 type server struct {
-	svc   *selection.Service
-	peers PeerManager
-	log   *slog.Logger
-	mux   *http.ServeMux
+	svc       *selection.Service
+	peers     PeerManager
+	log       *slog.Logger
+	mux       *http.ServeMux
+	tokenizer selection.Tokenizer
 }
 
 // route is one registered route. The table below is the single source of the
@@ -96,7 +101,7 @@ var routes = []route{
 
 // New returns the REST API over svc.
 func New(svc *selection.Service, opts Options) http.Handler {
-	s := &server{svc: svc, peers: opts.Peers, log: opts.Logger, mux: http.NewServeMux()}
+	s := &server{svc: svc, peers: opts.Peers, log: opts.Logger, mux: http.NewServeMux(), tokenizer: opts.Tokenizer}
 	if s.log == nil {
 		s.log = slog.Default()
 	}

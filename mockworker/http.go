@@ -34,13 +34,14 @@ const DefaultMaxTokens = 16
 const maxBody = 16 << 20
 
 // Handler serves the OpenAI-compatible API: POST /v1/completions and
-// /v1/chat/completions (streaming or not), GET /v1/models, /health and
-// /metrics, and POST /reset_prefix_cache.
+// /v1/chat/completions (streaming or not), POST /tokenize, GET /v1/models,
+// /health and /metrics, and POST /reset_prefix_cache.
 func (w *Worker) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/completions", w.serveCompletions)
 	mux.HandleFunc("POST /v1/chat/completions", w.serveChat)
 	mux.HandleFunc("GET /v1/models", w.serveModels)
+	mux.HandleFunc("POST /tokenize", w.serveTokenize)
 	mux.HandleFunc("GET /health", func(rw http.ResponseWriter, _ *http.Request) { rw.WriteHeader(http.StatusOK) })
 	mux.HandleFunc("POST /reset_prefix_cache", w.serveReset)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(w.metrics.reg, promhttp.HandlerOpts{}))
@@ -121,6 +122,9 @@ type chatMessage struct {
 type chatRequest struct {
 	common
 	Messages []chatMessage `json:"messages"`
+	// AddGenerationPrompt is vLLM's chat field: whether the template ends
+	// with the assistant's opening (default true).
+	AddGenerationPrompt *bool `json:"add_generation_prompt"`
 }
 
 func decodeBody(rw http.ResponseWriter, req *http.Request, v any) error {
@@ -200,14 +204,20 @@ func (w *Worker) parsePrompt(raw json.RawMessage) ([][]uint32, error) {
 	return out, nil
 }
 
-// chatPrompt renders the messages with the mock's chat template, one line
-// "<|role|>" before each message's text and "<|assistant|>" at the end, and
-// tokenizes the result.
-func (w *Worker) chatPrompt(msgs []chatMessage) ([]uint32, error) {
+// chatPrompt renders the messages with the mock's chat template and
+// tokenizes the result: per message a role token, the content's tokens and an
+// end-of-turn token, then, with addGenerationPrompt, the assistant role token
+// that opens the reply. The role and end tokens are special tokens (ids below
+// firstWordID that no text produces), as a real template's <|im_start|> and
+// <|im_end|> are: the tokenizer never merges them with the text around them,
+// so a conversation's ids are the concatenation of its messages' ids. That is
+// the property kvselect's tokenize cache checks for before it reuses a cached
+// conversation prefix (engines/tokenize).
+func (w *Worker) chatPrompt(msgs []chatMessage, addGenerationPrompt bool) ([]uint32, error) {
 	if len(msgs) == 0 {
 		return nil, badRequest("messages must not be empty")
 	}
-	var b strings.Builder
+	var out []uint32
 	for i, m := range msgs {
 		if m.Role == "" {
 			return nil, badRequest("messages[%d].role is required", i)
@@ -216,10 +226,14 @@ func (w *Worker) chatPrompt(msgs []chatMessage) ([]uint32, error) {
 		if err != nil {
 			return nil, badRequest("messages[%d].content: %v", i, err)
 		}
-		fmt.Fprintf(&b, "<|%s|>\n%s\n", m.Role, text)
+		out = append(out, roleToken(m.Role))
+		out = append(out, Tokenize(text, w.cfg.VocabSize)...)
+		out = append(out, endOfTurnToken)
 	}
-	b.WriteString("<|assistant|>\n")
-	return Tokenize(b.String(), w.cfg.VocabSize), nil
+	if addGenerationPrompt {
+		out = append(out, roleToken("assistant"))
+	}
+	return out, nil
 }
 
 // messageText reads a message content: a string, null, or an array of parts
@@ -506,7 +520,7 @@ func (w *Worker) serveChat(rw http.ResponseWriter, req *http.Request) {
 		writeError(rw, err)
 		return
 	}
-	prompt, err := w.chatPrompt(body.Messages)
+	prompt, err := w.chatPrompt(body.Messages, body.AddGenerationPrompt == nil || *body.AddGenerationPrompt)
 	if err != nil {
 		writeError(rw, err)
 		return
@@ -580,4 +594,48 @@ func (w *Worker) serveReset(rw http.ResponseWriter, _ *http.Request) {
 		return
 	}
 	rw.WriteHeader(http.StatusOK)
+}
+
+// tokenizeRequest is vLLM's POST /tokenize body: a completions prompt, or
+// chat messages rendered with the chat template as a chat request would be.
+type tokenizeRequest struct {
+	Model               string        `json:"model"`
+	Prompt              *string       `json:"prompt"`
+	Messages            []chatMessage `json:"messages"`
+	AddGenerationPrompt *bool         `json:"add_generation_prompt"`
+}
+
+// serveTokenize answers vLLM's /tokenize
+// (vllm/entrypoints/openai/serving_tokenization.py): {"count", "max_model_len",
+// "tokens"}, the ids the completions or chat endpoint prefills for the same
+// prompt or messages. Other fields (add_special_tokens, chat_template, ...)
+// are accepted and change nothing: the mock has no BOS token and one template.
+func (w *Worker) serveTokenize(rw http.ResponseWriter, req *http.Request) {
+	var body tokenizeRequest
+	if err := decodeBody(rw, req, &body); err != nil {
+		writeError(rw, err)
+		return
+	}
+	if body.Model != "" && body.Model != w.cfg.Model {
+		writeError(rw, &apiError{http.StatusNotFound, "NotFoundError", fmt.Sprintf("The model `%s` does not exist.", body.Model)})
+		return
+	}
+	var tokens []uint32
+	switch {
+	case body.Prompt != nil && body.Messages != nil:
+		writeError(rw, badRequest("give prompt or messages, not both"))
+		return
+	case body.Prompt != nil:
+		tokens = Tokenize(*body.Prompt, w.cfg.VocabSize)
+	default:
+		var err error
+		if tokens, err = w.chatPrompt(body.Messages, body.AddGenerationPrompt == nil || *body.AddGenerationPrompt); err != nil {
+			writeError(rw, err)
+			return
+		}
+	}
+	if tokens == nil {
+		tokens = []uint32{}
+	}
+	writeJSON(rw, http.StatusOK, map[string]any{"count": len(tokens), "max_model_len": w.cfg.MaxModelLen, "tokens": tokens})
 }

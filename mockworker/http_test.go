@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -409,4 +410,81 @@ func FuzzCompletionsBody(f *testing.F) {
 			t.Fatalf("error body is not JSON: %q", rec.Body)
 		}
 	})
+}
+
+func tokenizeIDs(t *testing.T, url, body string) []uint32 {
+	t.Helper()
+	resp := post(t, url+"/tokenize", body)
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("/tokenize %s: status %d", body, resp.StatusCode)
+	}
+	var out struct {
+		Count  int      `json:"count"`
+		Tokens []uint32 `json:"tokens"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
+		t.Fatal(err)
+	}
+	if out.Count != len(out.Tokens) {
+		t.Fatalf("count %d for %d tokens", out.Count, len(out.Tokens))
+	}
+	return out.Tokens
+}
+
+// /tokenize answers the ids the generation endpoints prefill: after a chat
+// request, a completions request with /tokenize's ids for the same messages
+// finds all of its full blocks in the prefix cache, and the same holds for a
+// text prompt.
+func TestTokenizeMatchesWhatCompletionsPrefill(t *testing.T) {
+	_, url := serve(t, Config{BlockSize: 4})
+	for _, tc := range []struct {
+		name, gen, tokenize string
+	}{
+		{"chat", `/v1/chat/completions", {"messages":[{"role":"system","content":"be brief and exact"},{"role":"user","content":[{"type":"text","text":"what is a KV cache, and why reuse it?"}]}],"max_tokens":1}`,
+			`{"messages":[{"role":"system","content":"be brief and exact"},{"role":"user","content":[{"type":"text","text":"what is a KV cache, and why reuse it?"}]}]}`},
+		{"prompt", `/v1/completions", {"prompt":"once upon a time there was a cache that remembered every prefix it saw","max_tokens":1}`,
+			`{"prompt":"once upon a time there was a cache that remembered every prefix it saw"}`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			path, body, _ := strings.Cut(tc.gen, `", `)
+			if r := post(t, url+path, body); r.StatusCode != http.StatusOK {
+				t.Fatalf("%s: status %d", path, r.StatusCode)
+			}
+			ids := tokenizeIDs(t, url, tc.tokenize)
+			b, _ := json.Marshal(map[string]any{"prompt": ids, "max_tokens": 1})
+			m := decodeJSON(t, post(t, url+"/v1/completions", string(b)).Body)
+			u := m["usage"].(map[string]any)
+			cached := u["prompt_tokens_details"].(map[string]any)["cached_tokens"].(float64)
+			if want := float64(len(ids) / 4 * 4); cached != want || u["prompt_tokens"].(float64) != float64(len(ids)) {
+				t.Fatalf("usage %v for %d ids: want %v cached tokens", u, len(ids), want)
+			}
+		})
+	}
+}
+
+// The mock's chat template is a concatenation of per-message ids delimited by
+// special tokens, and add_generation_prompt appends one token: the property
+// engines/tokenize verifies before reusing cached conversation prefixes.
+func TestTokenizeChatIsConcatenativeAtMessageBorders(t *testing.T) {
+	_, url := serve(t, Config{})
+	msgs := []string{`{"role":"system","content":"you answer\n\n"}`, `{"role":"user","content":"  spaced out "}`,
+		`{"role":"assistant","content":"sure.\n"}`, `{"role":"user","content":"next"}`}
+	conv := func(ms []string, gen bool) []uint32 {
+		return tokenizeIDs(t, url, `{"model":"mock-model","messages":[`+strings.Join(ms, ",")+`],"add_generation_prompt":`+strconv.FormatBool(gen)+`}`)
+	}
+	full := conv(msgs, false)
+	for j := 1; j < len(msgs); j++ {
+		joined := append(conv(msgs[:j], false), conv(msgs[j:], false)...)
+		if !slices.Equal(joined, full) {
+			t.Fatalf("split at %d: %v != %v", j, joined, full)
+		}
+	}
+	if withGen := conv(msgs, true); len(withGen) != len(full)+1 || !slices.Equal(withGen[:len(full)], full) {
+		t.Fatalf("add_generation_prompt: %v vs %v", withGen, full)
+	}
+	for _, bad := range []string{`{"messages":[]}`, `{"prompt":"a","messages":[{"role":"user","content":"a"}]}`, `{"model":"other","prompt":"a"}`} {
+		if r := post(t, url+"/tokenize", bad); r.StatusCode/100 != 4 {
+			t.Fatalf("%s: status %d, want 4xx", bad, r.StatusCode)
+		}
+	}
 }

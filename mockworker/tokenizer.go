@@ -12,6 +12,26 @@ import (
 // are left for special tokens, as real vocabularies keep their first ids.
 const firstWordID = 256
 
+// Special tokens of the chat template (chatPrompt): the end of a turn, and a
+// role token per role, from the known roles' fixed ids or, for any other
+// role, an id derived from its name, all below firstWordID.
+const (
+	endOfTurnToken = 2
+	firstRoleToken = 8
+)
+
+var knownRoles = [...]string{"system", "user", "assistant", "tool", "developer", "function"}
+
+func roleToken(role string) uint32 {
+	for i, r := range knownRoles {
+		if r == role {
+			return uint32(firstRoleToken + i)
+		}
+	}
+	n := uint64(firstWordID - firstRoleToken - len(knownRoles))
+	return uint32(firstRoleToken + len(knownRoles) + int(xxh3.HashString(role)%n))
+}
+
 // Tokenize is the mock worker's deterministic tokenizer: every word (a run of
 // non-space characters) together with the whitespace before it becomes one
 // token whose id is xxh3 of those bytes, mapped into [256, vocab). The same

@@ -19,6 +19,11 @@ type prompt struct {
 	// text says locals are character-block hashes of a prompt text: lookups
 	// and routing records use the partition's text index (textprompt.go).
 	text bool
+	// alsoText is the text chain of a prompt routed by its token ids that the
+	// front also knew as text (a tokenized text prompt): the booking records
+	// it in the text index too, so that a later request of the same text
+	// that cannot be tokenized in time still finds the worker.
+	alsoText *prompt
 }
 
 // promptUse selects the validation rules: selection-like calls need all three
@@ -73,6 +78,10 @@ func (s *Service) normalize(p *partition, req *PromptRequest, reuse bool, use pr
 		}
 		hasherPool.Put(h)
 		out.isl, out.hashed = len(tokens), true
+		if req.PromptText != "" {
+			tp := s.textPrompt(p, req)
+			out.alsoText = &tp
+		}
 		return out, nil
 	}
 	if req.PromptText != "" && req.BlockHashes == nil && req.SequenceHashes == nil && req.ISLTokens == nil {

@@ -292,6 +292,9 @@ func (s *Service) commitSession(p *partition, hold *affinity.Hold, w index.Worke
 // indexer learns from its own routing decisions. Hash-only requests without
 // block hashes are not recorded: there is nothing to key the blocks by.
 func (s *Service) recordRouting(p *partition, w index.WorkerKey, pr prompt) {
+	if pr.alsoText != nil && len(pr.alsoText.locals) > 0 {
+		p.recordText(s.clock(), w, *pr.alsoText)
+	}
 	if !pr.hashed || len(pr.locals) == 0 {
 		return
 	}

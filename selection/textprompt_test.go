@@ -148,3 +148,51 @@ func loadsByWorker(s *Service) map[uint64]PotentialLoad {
 	}
 	return out
 }
+
+// A prompt routed by token ids that the front also knew as text teaches the
+// text index too: when the next request of that text cannot be tokenized
+// (the front passes the text alone), it still goes where the first went.
+func TestTokenizedTextPromptAlsoTeachesTheTextIndex(t *testing.T) {
+	s, _ := newService(t, nil)
+	for id := uint64(1); id <= 4; id++ {
+		mustUpsert(t, s, workerRec(id))
+	}
+	text := strings.Repeat("a document quoted across sessions. ", 30)
+	tokens := make([]uint32, 300)
+	for i := range tokens {
+		tokens[i] = uint32(1000 + i)
+	}
+	for _, tc := range []struct {
+		name      string
+		withText  bool
+		wantLearn bool
+	}{
+		{"ids only leave the text index empty", false, false},
+		{"ids with text record the text chain", true, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			req := &SelectRequest{PartitionKey: PartitionKey{ModelName: "model"},
+				PromptRequest: PromptRequest{TokenIDs: tokens}, AllowedWorkerIDs: []uint64{3}}
+			if tc.withText {
+				req.PromptText = text
+			}
+			r, err := s.SelectAndReserve(bg, req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := s.Free(bg, *r.SelectionID); err != nil {
+				t.Fatal(err)
+			}
+			probe, err := s.Select(bg, &SelectRequest{PartitionKey: PartitionKey{ModelName: "model"},
+				PromptRequest: PromptRequest{PromptText: text}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			learned := probe.WorkerID == 3 && probe.Overlap.GPU > 0
+			if learned != tc.wantLearn {
+				t.Fatalf("text probe went to worker %d with gpu overlap %d; learned=%v, want %v",
+					probe.WorkerID, probe.Overlap.GPU, learned, tc.wantLearn)
+			}
+		})
+	}
+}

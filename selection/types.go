@@ -29,10 +29,11 @@ type PromptRequest struct {
 	LoraName       *string           `json:"lora_name"`
 	CacheSalt      *string           `json:"cache_salt"`
 	IsEagle        *bool             `json:"is_eagle"`
-	// PromptText identifies a prompt known only as text (the ext_proc front
-	// without token ids or hashes; not a wire field). It is used when none of
-	// the fields above is set and goes to the partition's text index
-	// (textprompt.go).
+	// PromptText is the prompt's text as a front flattened it (not a wire
+	// field). Alone — none of the fields above set — it identifies the
+	// prompt in the partition's text index (textprompt.go). Beside token ids
+	// (a text prompt a Tokenizer turned into ids) the ids route, and a booking
+	// also records the text's chain in the text index.
 	PromptText string `json:"-"`
 }
 

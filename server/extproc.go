@@ -133,7 +133,7 @@ type extprocServer struct {
 // startExtProc serves the picker on --host:--extproc-port beside the REST
 // API, over the same selection.Service; nil when disabled. Serve errors go to
 // served.
-func startExtProc(o *options, svc *selection.Service, log *slog.Logger, served chan<- error) (*extprocServer, error) {
+func startExtProc(o *options, svc *selection.Service, tokenizer selection.Tokenizer, log *slog.Logger, served chan<- error) (*extprocServer, error) {
 	e := o.extproc
 	port := e.port
 	switch {
@@ -159,6 +159,10 @@ func startExtProc(o *options, svc *selection.Service, log *slog.Logger, served c
 	}
 	picker := extproc.New(svc, extproc.Options{Logger: log, Fallbacks: e.fallbacks, MaxBodyBytes: e.maxBodyBytes,
 		TestPickHeader: e.testPick, DefaultModel: e.defaultModel, AssumedModes: assumed})
+	if tokenizer != nil {
+		// Before the listener serves, so that no early text prompt misses it.
+		picker.SetTokenizer(tokenizer, o.tokenize.forwardIDs)
+	}
 	opts := extproc.ServerOptions()
 	if creds != nil {
 		opts = append(opts, creds)

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kvselect/kvselect/engines/tokenize"
 	"github.com/kvselect/kvselect/selection/catalog"
 	"github.com/kvselect/kvselect/selection/kvhash"
 	"github.com/kvselect/kvselect/selection/routerconfig"
@@ -49,7 +50,8 @@ type options struct {
 	replicaSyncPeers   []string
 	replicaSyncResolve bool
 
-	extproc extprocFlags
+	extproc  extprocFlags
+	tokenize tokenizeFlags
 
 	discovery discoveryFlags // --workers-file, --pool-name (discovery.go)
 
@@ -122,6 +124,7 @@ func newFlagSet(o *options) *flag.FlagSet {
 	fs.BoolVar(&o.replicaSyncResolve, "replica-sync-resolve-peers", false, "subscribe to every address a peer host name resolves to, re-resolved every 10 s, skipping this replica (a Kubernetes headless Service names all replicas); requires --replica-sync-port. Not a Dynamo flag")
 
 	o.extproc.register(fs)
+	o.tokenize.register(fs)
 	o.discovery.register(fs)
 
 	fs.StringVar(&o.policy, "policy", scheduler.DefaultPolicyName, "selection `policy` by registered name: "+strings.Join(scheduler.Names(), ", ")+" (a program embedding the server can register more). Overrides KVSELECT_POLICY and the config file's policy.name")
@@ -220,6 +223,7 @@ func (o *options) validate() error {
 		add("--config: empty path")
 	}
 	errs = append(errs, o.extproc.validate()...)
+	errs = append(errs, o.tokenize.validate(o.set)...)
 	errs = append(errs, o.discovery.validate(o.set)...)
 	if err := errors.Join(errs...); err != nil {
 		return &UsageError{err}
@@ -287,4 +291,65 @@ func validateHTTPPeer(s string) error {
 		}
 	}
 	return nil
+}
+
+// tokenizeFlags are the text-prompt tokenization flags (engines/tokenize;
+// docs/extproc.md "Exact routing for text prompts").
+type tokenizeFlags struct {
+	mode        tokenize.Mode
+	endpoints   map[string]string // model → base URL
+	timeout     time.Duration
+	cacheTokens int
+	forwardIDs  bool
+}
+
+func (t *tokenizeFlags) register(fs *flag.FlagSet) {
+	t.mode = tokenize.ModeOff
+	fs.Func("tokenize", "how text prompts (no token ids or hashes) are routed (`mode`): off routes them on the approximate character-block text index; pool asks the least-loaded schedulable worker of the partition for the ids its engine will prefill (POST /tokenize; vLLM, SGLang) and routes them on the KV-event index; endpoint asks only --tokenize-endpoint. On timeout or error a request routes on the text index, never fails (default off; --tokenize-endpoint alone implies endpoint)", func(s string) error {
+		m, err := tokenize.ParseMode(s)
+		t.mode = m
+		return err
+	})
+	fs.Func("tokenize-endpoint", "`model=url` (comma-separated or repeated): the base URL whose POST /tokenize serves that model, e.g. vLLM's render service for a pool; wins over the pool's workers for that model", func(s string) error {
+		for _, part := range strings.Split(s, ",") {
+			model, u, ok := strings.Cut(strings.TrimSpace(part), "=")
+			if !ok || model == "" {
+				return fmt.Errorf("%q: want model=url", part)
+			}
+			if err := tokenize.ValidateEndpoint(u); err != nil {
+				return err
+			}
+			if t.endpoints == nil {
+				t.endpoints = map[string]string{}
+			}
+			t.endpoints[model] = u
+		}
+		return nil
+	})
+	fs.DurationVar(&t.timeout, "tokenize-timeout", tokenize.DefaultTimeout, "budget of one text prompt's tokenization (`duration`, > 0); past it the request routes on the text index (the call still completes in the background and fills the cache)")
+	fs.IntVar(&t.cacheTokens, "tokenize-cache-tokens", tokenize.DefaultCacheTokens, "size of the tokenize cache in token `ids` (4 bytes each; 0 disables it): whole requests, and chat conversation prefixes where the engine's template allows")
+	fs.BoolVar(&t.forwardIDs, "tokenize-forward-ids", false, "replace a completions request's prompt string by its token ids in the body the picker forwards (ext_proc FULL_DUPLEX_STREAMED), so the engine skips its own tokenization")
+}
+
+func (t *tokenizeFlags) validate(set map[string]bool) []error {
+	var errs []error
+	if len(t.endpoints) > 0 && !set["tokenize"] {
+		t.mode = tokenize.ModeEndpoint
+	}
+	switch {
+	case t.mode == tokenize.ModeOff && len(t.endpoints) > 0:
+		errs = append(errs, errors.New("--tokenize-endpoint needs --tokenize pool or endpoint (--tokenize off was given)"))
+	case t.mode == tokenize.ModeEndpoint && len(t.endpoints) == 0:
+		errs = append(errs, errors.New("--tokenize endpoint needs at least one --tokenize-endpoint model=url"))
+	}
+	if t.timeout <= 0 {
+		errs = append(errs, fmt.Errorf("--tokenize-timeout %v: must be greater than zero", t.timeout))
+	}
+	if t.cacheTokens < 0 {
+		errs = append(errs, fmt.Errorf("--tokenize-cache-tokens %d: must be at least 0", t.cacheTokens))
+	}
+	if t.forwardIDs && t.mode == tokenize.ModeOff {
+		errs = append(errs, errors.New("--tokenize-forward-ids needs --tokenize pool or endpoint"))
+	}
+	return errs
 }

@@ -40,6 +40,7 @@ var helpSections = []struct {
 	{"Tracking hashes", []string{"router-tracking-hash", "router-tracking-key-file", "router-tracking-key-id", "router-assume-kv-reuse", "no-router-assume-kv-reuse"}},
 	{"Peers (index recovery over HTTP, replica sync over ZMQ)", []string{"indexer-peers", "replica-sync-port", "replica-sync-peers", "replica-sync-resolve-peers"}},
 	{"Endpoint picker (Envoy ext_proc, GIE protocol 004)", []string{"extproc-port", "extproc-fallbacks", "extproc-max-body-bytes", "extproc-test-pick-header", "extproc-default-model", "extproc-assume-request-body-mode", "extproc-assume-response-body-mode", "extproc-secure-serving", "extproc-cert-path", "extproc-cert-reload"}},
+	{"Text prompts (tokenized by the engines)", []string{"tokenize", "tokenize-endpoint", "tokenize-timeout", "tokenize-cache-tokens", "tokenize-forward-ids"}},
 	{"Discovery (workers file, Kubernetes InferencePool)", []string{"workers-file", "pool-name", "pool-namespace", "kubeconfig"}},
 	{"Other", []string{"version"}},
 }

@@ -1,6 +1,7 @@
 package server
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -24,6 +25,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/kvselect/kvselect/engines/kvlisten"
+	"github.com/kvselect/kvselect/engines/tokenize"
 	"github.com/kvselect/kvselect/httpadmin"
 	"github.com/kvselect/kvselect/replicas/mesh"
 	"github.com/kvselect/kvselect/replicas/recovery"
@@ -149,16 +151,31 @@ func run(ctx context.Context, args []string, set *settings) error {
 		return err
 	}
 
+	// Text prompts tokenized by the engines (--tokenize), for both fronts.
+	var tokenizer selection.Tokenizer
+	if tk := o.tokenize; tk.mode != tokenize.ModeOff {
+		t, err := tokenize.New(ctx, tokenize.Config{Mode: tk.mode, Endpoints: tk.endpoints, Timeout: tk.timeout,
+			CacheTokens: cmp.Or(tk.cacheTokens, -1), Logger: log}, svc)
+		if err != nil {
+			return &UsageError{err}
+		}
+		metrics.MustRegister(t)
+		tokenizer = t
+		log.Info("text prompts tokenized by the engines", "mode", string(tk.mode), "endpoints", tk.endpoints,
+			"timeout", tk.timeout.String(), "cache_tokens", tk.cacheTokens, "forward_ids", tk.forwardIDs)
+	}
+
 	ln, err := net.Listen(listenNetwork(o.host), net.JoinHostPort(o.host, strconv.FormatUint(o.port, 10)))
 	if err != nil {
 		return err
 	}
 	srv := &http.Server{
 		Handler: httpadmin.New(svc, httpadmin.Options{
-			Logger:  log,
-			Peers:   peers,
-			Metrics: promhttp.HandlerFor(metrics, promhttp.HandlerOpts{ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}),
-			Pprof:   o.enablePprof,
+			Logger:    log,
+			Peers:     peers,
+			Metrics:   promhttp.HandlerFor(metrics, promhttp.HandlerOpts{ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}),
+			Pprof:     o.enablePprof,
+			Tokenizer: tokenizer,
 		}),
 		ReadHeaderTimeout: readHeaderTimeout,
 		IdleTimeout:       idleTimeout,
@@ -173,7 +190,7 @@ func run(ctx context.Context, args []string, set *settings) error {
 	go func() { served <- srv.Serve(ln) }()
 	// The endpoint picker (Envoy ext_proc) beside the REST port, over the same
 	// service.
-	picker, err := startExtProc(o, svc, log, served)
+	picker, err := startExtProc(o, svc, tokenizer, log, served)
 	if err != nil {
 		_ = srv.Close()
 		return err

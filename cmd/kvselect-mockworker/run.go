@@ -32,8 +32,8 @@ Usage:
   kvselect-mockworker [flags]
 
 Serves POST /v1/completions and /v1/chat/completions (streaming or not),
-GET /v1/models, /health and /metrics (vLLM metric names) and POST
-/reset_prefix_cache on --host:--port. Each data-parallel rank has a pool of
+POST /tokenize (vLLM's: prompt or chat messages), GET /v1/models, /health and
+/metrics (vLLM metric names) and POST /reset_prefix_cache on --host:--port. Each data-parallel rank has a pool of
 --num-gpu-blocks KV blocks with prefix caching and LRU eviction, and publishes
 vLLM-format KV events on ZMQ (PUB, plus a ROUTER replay ring). Text prompts are
 tokenized one token per whitespace-separated word. With --register the worker

@@ -148,7 +148,7 @@ type Listeners struct {
 	mu         sync.Mutex
 	closed     bool
 	ranks      map[rankKey]*rank
-	collecting bool   // a collector socket is bound (guarded by mu)
+	collecting bool // a collector socket is bound (guarded by mu)
 	guardOnce  sync.Once
 	guarded    string // the zmqguard scheme tcp endpoints are dialed through (set once by guardOnce); "" = plain tcp
 	coll       collector

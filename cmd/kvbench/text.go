@@ -1,0 +1,772 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"math"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"text/tabwriter"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/kvselect/kvselect/bench/report"
+	"github.com/kvselect/kvselect/envoysim"
+)
+
+// `kvbench text`: the text workload (textload.go) through kvselect's
+// ext_proc picker on mock worker processes, once per way of routing text:
+//
+//   - tokens: the client sends the engine's token ids (nvext.token_data),
+//     the upper bound of what routing on ids can do;
+//   - pool: --tokenize pool, the picker asks a worker's /tokenize;
+//   - text: --tokenize off, the approximate character-block text index;
+//   - round-robin: --policy round-robin, no cache awareness.
+//
+// Each phase runs fresh processes (empty prefix caches, index, text index
+// and tokenize cache). It reports the workers' prefix-cache hit rate, TTFT
+// (client side, the pick included), the pick's latency, and from kvselect's
+// /metrics the tokenize latency, its cache hit rate and the fallbacks.
+
+type textConfig struct {
+	kvselectBin, workerBin string
+	workers                int
+	concurrency            int
+	poolBlocks, blockSize  int
+	speedup                float64
+	prefillPerToken        time.Duration
+	decodePerToken         time.Duration
+	maxOutput              int
+	tokenizeTimeout        time.Duration
+	phases                 []string
+	out                    string
+	load                   textWorkloadConfig
+}
+
+type textPhase struct {
+	Name          string  `json:"phase"`
+	Requests      int     `json:"requests"`
+	Errors        int     `json:"errors"`
+	HitRate       float64 `json:"prefix_cache_hit_rate"`
+	TTFTP50Ms     float64 `json:"ttft_p50_ms"`
+	TTFTP90Ms     float64 `json:"ttft_p90_ms"`
+	PickP50Us     float64 `json:"pick_p50_us"`
+	PickP99Us     float64 `json:"pick_p99_us"`
+	TokenizeP50Us float64 `json:"tokenize_p50_us,omitempty"`
+	TokenizeP99Us float64 `json:"tokenize_p99_us,omitempty"`
+	TokenizeCache float64 `json:"tokenize_cache_hit_rate,omitempty"`
+	// The same latency of whole-request cache hits alone (warm cache).
+	TokenizeHitP50Us float64            `json:"tokenize_cache_hit_p50_us,omitempty"`
+	TokenizeHitP99Us float64            `json:"tokenize_cache_hit_p99_us,omitempty"`
+	Tokenized        map[string]float64 `json:"tokenize_requests,omitempty"`
+	Fallbacks        map[string]float64 `json:"tokenize_fallbacks,omitempty"`
+	WallSeconds      float64            `json:"wall_seconds"`
+}
+
+type textReport struct {
+	Sessions int         `json:"sessions"`
+	Requests int         `json:"requests"`
+	Workers  int         `json:"workers"`
+	Phases   []textPhase `json:"phases"`
+}
+
+func runText(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("kvbench text", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	c := textConfig{load: defaultTextWorkload()}
+	var phases string
+	fs.StringVar(&c.kvselectBin, "kvselect", "bin/kvselect", "kvselect `binary`")
+	fs.StringVar(&c.workerBin, "mockworker", "bin/kvselect-mockworker", "mock worker `binary`")
+	fs.IntVar(&c.workers, "workers", 4, "mock `workers` (processes)")
+	fs.IntVar(&c.concurrency, "concurrency", 16, "`sessions` in flight; each sends its turns one after another")
+	fs.IntVar(&c.poolBlocks, "pool-blocks", 768, "KV `blocks` per worker: small enough that the sessions evict each other")
+	fs.IntVar(&c.blockSize, "block-size", 16, "KV block size in tokens")
+	fs.Float64Var(&c.speedup, "speedup", 4, "workers' timing speed-up")
+	fs.DurationVar(&c.prefillPerToken, "prefill-time-per-token", 200*time.Microsecond, "workers' prefill time per uncached prompt token (before -speedup)")
+	fs.DurationVar(&c.decodePerToken, "decode-time-per-token", 20*time.Millisecond, "workers' time per output token (before -speedup)")
+	fs.IntVar(&c.maxOutput, "max-output", 8, "output `tokens` per request")
+	fs.DurationVar(&c.tokenizeTimeout, "tokenize-timeout", 20*time.Millisecond, "kvselect --tokenize-timeout in the pool phase")
+	fs.StringVar(&phases, "phases", "tokens,pool,text,round-robin", "comma-separated `phases`: tokens, pool, text, round-robin; pool-warm (the workload twice on one fleet, the second pass reported: a warm tokenize cache); pool-completions and pool-forward (the conversations as completions prompts, without and with --tokenize-forward-ids)")
+	fs.StringVar(&c.out, "out", "bench/out/text", "`directory` for text.json and the processes' logs")
+	fs.Uint64Var(&c.load.seed, "seed", c.load.seed, "workload `seed`")
+	fs.IntVar(&c.load.sessions, "sessions", c.load.sessions, "chat `sessions`")
+	fs.IntVar(&c.load.systemPrompts, "system-prompts", c.load.systemPrompts, "distinct long system `prompts`")
+	fs.IntVar(&c.load.documents, "documents", c.load.documents, "distinct `documents` quoted into user turns")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	c.phases = strings.Split(phases, ",")
+	for _, p := range c.phases {
+		if !slices.Contains([]string{"tokens", "pool", "pool-warm", "pool-forward", "pool-completions", "text", "round-robin"}, p) {
+			return fmt.Errorf("-phases: unknown phase %q", p)
+		}
+	}
+	switch {
+	case fs.NArg() > 0:
+		return fmt.Errorf("unexpected arguments %q", fs.Args())
+	case c.workers < 1 || c.concurrency < 1 || c.poolBlocks < 1 || c.blockSize < 1 || c.maxOutput < 1 || c.load.sessions < 1:
+		return errors.New("-workers, -concurrency, -pool-blocks, -block-size, -max-output and -sessions must be positive")
+	case !(c.speedup > 0):
+		return errors.New("-speedup must be positive")
+	}
+	if err := os.MkdirAll(c.out, 0o755); err != nil {
+		return err
+	}
+	sessions := textWorkload(c.load)
+	rep := textReport{Sessions: len(sessions), Workers: c.workers}
+	for _, s := range sessions {
+		rep.Requests += len(s.Turns)
+	}
+	fmt.Fprintf(stderr, "text workload: %d sessions, %d requests, %d workers\n", rep.Sessions, rep.Requests, c.workers)
+	for _, name := range c.phases {
+		ph, err := runTextPhase(ctx, &c, name, sessions, stderr)
+		if err != nil {
+			return fmt.Errorf("phase %s: %w", name, err)
+		}
+		rep.Phases = append(rep.Phases, ph)
+	}
+	textTable(stdout, &rep)
+	if err := report.WriteJSON(filepath.Join(c.out, "text.json"), rep); err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "\nwrote %s (logs in %s)\n", filepath.Join(c.out, "text.json"), c.out)
+	for _, ph := range rep.Phases {
+		if ph.Errors > 0 {
+			return fmt.Errorf("%s: %d of %d requests failed (see %s)", ph.Name, ph.Errors, ph.Requests, c.out)
+		}
+	}
+	return nil
+}
+
+// textFleet is one phase's processes.
+type textFleet struct {
+	procs   []*exec.Cmd
+	done    []chan struct{}
+	rest    string
+	extproc string
+	workers []string // host:port, worker id i+1 at i
+	hc      *http.Client
+	conn    *grpc.ClientConn
+}
+
+func textFreePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+func (fl *textFleet) start(out, name, bin string, args ...string) error {
+	logf, err := os.Create(filepath.Join(out, name+".log"))
+	if err != nil {
+		return err
+	}
+	cmd := exec.Command(bin, args...)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	if err := cmd.Start(); err != nil {
+		logf.Close()
+		return fmt.Errorf("start %s (%s): %w; build it with `make build`", name, bin, err)
+	}
+	done := make(chan struct{})
+	go func() { _ = cmd.Wait(); logf.Close(); close(done) }()
+	fl.procs, fl.done = append(fl.procs, cmd), append(fl.done, done)
+	return nil
+}
+
+func (fl *textFleet) stop() {
+	if fl.conn != nil {
+		fl.conn.Close()
+	}
+	// Workers first (they deregister), kvselect last.
+	for i := len(fl.procs) - 1; i >= 0; i-- {
+		_ = fl.procs[i].Process.Signal(os.Interrupt)
+		select {
+		case <-fl.done[i]:
+		case <-time.After(10 * time.Second):
+			_ = fl.procs[i].Process.Kill()
+			<-fl.done[i]
+		}
+	}
+}
+
+func startTextFleet(ctx context.Context, c *textConfig, phase string) (*textFleet, error) {
+	fl := &textFleet{hc: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 4 * c.concurrency}}}
+	ok := false
+	defer func() {
+		if !ok {
+			fl.stop()
+		}
+	}()
+	restPort, err := textFreePort()
+	if err != nil {
+		return nil, err
+	}
+	epPort, err := textFreePort()
+	if err != nil {
+		return nil, err
+	}
+	fl.rest, fl.extproc = fmt.Sprintf("http://127.0.0.1:%d", restPort), fmt.Sprintf("127.0.0.1:%d", epPort)
+	args := []string{"--host", "127.0.0.1", "--port", strconv.Itoa(restPort), "--extproc-port", strconv.Itoa(epPort), "--log-level", "warn"}
+	switch phase {
+	case "pool", "pool-completions", "pool-warm":
+		args = append(args, "--tokenize", "pool", "--tokenize-timeout", c.tokenizeTimeout.String())
+	case "pool-forward":
+		args = append(args, "--tokenize", "pool", "--tokenize-timeout", c.tokenizeTimeout.String(), "--tokenize-forward-ids")
+	case "round-robin":
+		args = append(args, "--policy", "round-robin")
+	}
+	if err := fl.start(c.out, phase+"-kvselect", c.kvselectBin, args...); err != nil {
+		return nil, err
+	}
+	if err := textWaitHTTP(ctx, fl.hc, fl.rest+"/health"); err != nil {
+		return nil, fmt.Errorf("kvselect did not come up: %w (log in %s)", err, c.out)
+	}
+	for i := range c.workers {
+		port, err := textFreePort()
+		if err != nil {
+			return nil, err
+		}
+		fl.workers = append(fl.workers, fmt.Sprintf("127.0.0.1:%d", port))
+		if err := fl.start(c.out, fmt.Sprintf("%s-worker-%d", phase, i+1), c.workerBin, "--host", "127.0.0.1", "--port", strconv.Itoa(port),
+			"--worker-id", strconv.Itoa(i+1), "--block-size", strconv.Itoa(c.blockSize), "--num-gpu-blocks", strconv.Itoa(c.poolBlocks),
+			"--speedup", strconv.FormatFloat(c.speedup, 'g', -1, 64), "--prefill-slots", "1",
+			"--prefill-time-per-token", c.prefillPerToken.String(), "--decode-time-per-token", c.decodePerToken.String(),
+			"--register", fl.rest, "--log-level", "warn"); err != nil {
+			return nil, err
+		}
+	}
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		var ws []struct {
+			Lifecycle      string `json:"lifecycle"`
+			KVEventsStatus map[string]struct {
+				Connected bool `json:"connected"`
+			} `json:"kv_events_status"`
+		}
+		ready := 0
+		if err := textGetJSON(fl.hc, fl.rest+"/workers", &ws); err == nil {
+			for _, w := range ws {
+				conn := len(w.KVEventsStatus) > 0
+				for _, st := range w.KVEventsStatus {
+					conn = conn && st.Connected
+				}
+				if w.Lifecycle == "schedulable" && conn {
+					ready++
+				}
+			}
+		}
+		if ready == c.workers {
+			break
+		}
+		if time.Now().After(deadline) {
+			return nil, fmt.Errorf("%d of %d workers ready after 60 s (logs in %s)", ready, c.workers, c.out)
+		}
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	fl.conn, err = grpc.NewClient(fl.extproc, append(envoysim.DialOptions(), grpc.WithTransportCredentials(insecure.NewCredentials()))...)
+	if err != nil {
+		return nil, err
+	}
+	ok = true
+	return fl, nil
+}
+
+func textWaitHTTP(ctx context.Context, hc *http.Client, url string) error {
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		resp, err := hc.Get(url)
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return nil
+			}
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%s not healthy after 30 s", url)
+		}
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func textGetJSON(hc *http.Client, url string, v any) error {
+	resp, err := hc.Get(url)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("GET %s: %s", url, resp.Status)
+	}
+	return json.NewDecoder(resp.Body).Decode(v)
+}
+
+// textResult is one request's measurements.
+type textResult struct {
+	ttft, pick time.Duration
+}
+
+func runTextPhase(ctx context.Context, c *textConfig, phase string, sessions []textSession, stderr io.Writer) (textPhase, error) {
+	ph := textPhase{Name: phase}
+	fl, err := startTextFleet(ctx, c, phase)
+	if err != nil {
+		return ph, err
+	}
+	defer fl.stop()
+	client := envoysim.New(fl.conn)
+	var base textBaseline
+	if phase == "pool-warm" {
+		// A first pass warms the tokenize cache (and the workers); only the
+		// second, every request a whole-request hit, is reported.
+		if _, _, err := replayText(ctx, c, fl, client, phase+"-warmup", sessions, stderr); err != nil {
+			return ph, err
+		}
+		var err error
+		if base, err = fl.baseline(); err != nil {
+			return ph, err
+		}
+	}
+	start := time.Now()
+	results, errs, err := replayText(ctx, c, fl, client, phase, sessions, stderr)
+	ph.WallSeconds = time.Since(start).Seconds()
+	ph.Requests, ph.Errors = len(results)+errs, errs
+	if err != nil {
+		return ph, err
+	}
+	var ttft, pick []time.Duration
+	for _, r := range results {
+		ttft, pick = append(ttft, r.ttft), append(pick, r.pick)
+	}
+	ph.TTFTP50Ms, ph.TTFTP90Ms = ms(quantile(ttft, 0.5)), ms(quantile(ttft, 0.9))
+	ph.PickP50Us, ph.PickP99Us = us(quantile(pick, 0.5)), us(quantile(pick, 0.99))
+	queries, hits, err := fl.workerCounters()
+	if err != nil {
+		return ph, err
+	}
+	if queries -= base.queries; queries > 0 {
+		ph.HitRate = (hits - base.hits) / queries
+	}
+	m, err := scrape(fl.hc, fl.rest+"/metrics")
+	if err != nil {
+		return ph, err
+	}
+	m = m.minus(base.kvselect)
+	if total := m.sum("kvselect_tokenize_requests_total"); total > 0 {
+		ph.Tokenized, ph.Fallbacks = m.byLabel("kvselect_tokenize_requests_total", "result"), m.byLabel("kvselect_tokenize_fallbacks_total", "reason")
+		ph.TokenizeCache = (ph.Tokenized["cache"] + ph.Tokenized["prefix_cache"]) / total
+		ph.TokenizeP50Us = m.histogramQuantile("kvselect_tokenize_duration_seconds", "", 0.5) * 1e6
+		ph.TokenizeP99Us = m.histogramQuantile("kvselect_tokenize_duration_seconds", "", 0.99) * 1e6
+		ph.TokenizeHitP50Us = m.histogramQuantile("kvselect_tokenize_duration_seconds", "cache", 0.5) * 1e6
+		ph.TokenizeHitP99Us = m.histogramQuantile("kvselect_tokenize_duration_seconds", "cache", 0.99) * 1e6
+	}
+	return ph, nil
+}
+
+// replayText plays every session through the picker, c.concurrency sessions
+// at a time, each session's turns in order.
+func replayText(ctx context.Context, c *textConfig, fl *textFleet, client *envoysim.Client, phase string, sessions []textSession, stderr io.Writer) ([]textResult, int, error) {
+	completions := phase == "pool-forward" || phase == "pool-completions"
+	var (
+		mu      sync.Mutex
+		results []textResult
+		errs    int
+		firstEr error
+	)
+	next := make(chan textSession)
+	var wg sync.WaitGroup
+	for range c.concurrency {
+		wg.Go(func() {
+			for s := range next {
+				for turn, msgs := range s.Turns {
+					if ctx.Err() != nil {
+						return
+					}
+					body, path, err := textBody(ctx, fl, msgs, phase, completions, c.maxOutput)
+					var r textResult
+					if err == nil {
+						r, err = fl.viaPicker(ctx, client, path, body, fmt.Sprintf("%s-%d-%d", phase, s.ID, turn))
+					}
+					mu.Lock()
+					if err != nil {
+						errs++
+						if firstEr == nil {
+							firstEr = err
+						}
+					} else {
+						results = append(results, r)
+					}
+					done := len(results) + errs
+					mu.Unlock()
+					if done%100 == 0 {
+						fmt.Fprintf(stderr, "  %s: %d requests\n", phase, done)
+					}
+				}
+			}
+		})
+	}
+	for _, s := range sessions {
+		select {
+		case next <- s:
+		case <-ctx.Done():
+		}
+	}
+	close(next)
+	wg.Wait()
+	if firstEr != nil {
+		fmt.Fprintf(stderr, "  %s: first error: %v\n", phase, firstEr)
+	}
+	return results, errs, ctx.Err()
+}
+
+// textBaseline is what the counters held before the measured pass.
+type textBaseline struct {
+	queries, hits float64
+	kvselect      promSamples
+}
+
+func (fl *textFleet) workerCounters() (queries, hits float64, err error) {
+	for _, w := range fl.workers {
+		m, err := scrape(fl.hc, "http://"+w+"/metrics")
+		if err != nil {
+			return 0, 0, err
+		}
+		queries += m.sum("vllm:prefix_cache_queries_total")
+		hits += m.sum("vllm:prefix_cache_hits_total")
+	}
+	return queries, hits, nil
+}
+
+func (fl *textFleet) baseline() (textBaseline, error) {
+	var b textBaseline
+	var err error
+	if b.queries, b.hits, err = fl.workerCounters(); err != nil {
+		return b, err
+	}
+	b.kvselect, err = scrape(fl.hc, fl.rest+"/metrics")
+	return b, err
+}
+
+// textBody is a turn's request body: chat (the workload's shape), with the
+// engine's ids in nvext.token_data for the tokens phase, or the same
+// conversation flattened into a completions prompt.
+func textBody(ctx context.Context, fl *textFleet, msgs []chatMsg, phase string, completions bool, maxOutput int) ([]byte, string, error) {
+	body := map[string]any{"model": "mock-model", "max_tokens": maxOutput, "stream": true,
+		"stream_options": map[string]any{"include_usage": true}}
+	path := "/v1/chat/completions"
+	if completions {
+		var b strings.Builder
+		for _, m := range msgs {
+			b.WriteString(m.Role + ": " + m.Content + "\n")
+		}
+		body["prompt"], path = b.String(), "/v1/completions"
+	} else {
+		body["messages"] = msgs
+	}
+	if phase == "tokens" {
+		// The client knows its ids (it asked the engine, outside the
+		// measured time): the upper bound of routing on ids.
+		tb, _ := json.Marshal(map[string]any{"model": "mock-model", "messages": msgs})
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+fl.workers[0]+"/tokenize", bytes.NewReader(tb))
+		if err != nil {
+			return nil, "", err
+		}
+		req.Header.Set("content-type", "application/json")
+		resp, err := fl.hc.Do(req)
+		if err != nil {
+			return nil, "", err
+		}
+		var tr struct {
+			Tokens []uint32 `json:"tokens"`
+		}
+		err = json.NewDecoder(resp.Body).Decode(&tr)
+		resp.Body.Close()
+		if err != nil {
+			return nil, "", err
+		}
+		body["nvext"] = map[string]any{"token_data": tr.Tokens}
+	}
+	b, err := json.Marshal(body)
+	return b, path, err
+}
+
+// viaPicker runs one request as Envoy does with the ext_proc filter: the pick,
+// the request to the chosen worker with the picker's headers and body, the
+// streamed response back through the filter. TTFT counts from before the pick.
+func (fl *textFleet) viaPicker(ctx context.Context, client *envoysim.Client, path string, body []byte, id string) (textResult, error) {
+	begin := time.Now()
+	x, d, err := client.Start(ctx, &envoysim.Request{Path: path, Body: body, Modes: envoysim.GIE,
+		Headers: []envoysim.Header{{Key: "content-type", Value: "application/json"}, {Key: "x-request-id", Value: id}}})
+	if err != nil {
+		return textResult{}, err
+	}
+	if d.Immediate != nil {
+		return textResult{}, fmt.Errorf("picker answered %d: %s", d.Immediate.Status, d.Immediate.Body)
+	}
+	pick := time.Since(begin)
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+d.Endpoint+path, bytes.NewReader(d.Body))
+	if err != nil {
+		x.Abort()
+		return textResult{}, err
+	}
+	req.Header.Set("content-type", "application/json")
+	for k, v := range d.SetHeaders {
+		if !strings.HasPrefix(k, ":") && k != "content-length" {
+			req.Header.Set(k, v)
+		}
+	}
+	resp, err := fl.hc.Do(req)
+	if err != nil {
+		x.Abort()
+		return textResult{}, err
+	}
+	defer resp.Body.Close()
+	hs := make([]envoysim.Header, 0, len(resp.Header))
+	for k, vs := range resp.Header {
+		hs = append(hs, envoysim.Header{Key: strings.ToLower(k), Value: vs[0]})
+	}
+	if _, err := x.ResponseHeaders(envoysim.Response{Status: resp.StatusCode, Headers: hs, Served: d.Endpoint}, false); err != nil {
+		x.Abort()
+		return textResult{}, err
+	}
+	if resp.StatusCode != http.StatusOK {
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+		x.Abort()
+		return textResult{}, fmt.Errorf("worker %s answered %s: %s", d.Endpoint, resp.Status, b)
+	}
+	var ttft time.Duration
+	var seen []byte // the stream until its first token
+	buf := make([]byte, 8192)
+	for {
+		n, rerr := resp.Body.Read(buf)
+		if n > 0 {
+			if ttft == 0 {
+				if seen = append(seen, buf[:n]...); firstToken(seen) {
+					ttft = time.Since(begin)
+				}
+			}
+			if _, err := x.ResponseBody(buf[:n], false); err != nil {
+				x.Abort()
+				return textResult{}, err
+			}
+		}
+		if rerr == io.EOF {
+			break
+		}
+		if rerr != nil {
+			x.Abort()
+			return textResult{}, rerr
+		}
+	}
+	if _, err := x.ResponseBody(nil, true); err != nil {
+		x.Abort()
+		return textResult{}, err
+	}
+	x.Close()
+	return textResult{ttft: ttft, pick: pick}, nil
+}
+
+// firstToken reports whether an OpenAI stream so far carries generated text:
+// a chat delta or a completion choice with non-empty text. The chat stream's
+// first event, the role, comes before the prefill and does not count.
+func firstToken(stream []byte) bool {
+	for _, key := range [][]byte{[]byte(`"content":"`), []byte(`"text":"`)} {
+		for rest := stream; ; {
+			i := bytes.Index(rest, key)
+			if i < 0 || i+len(key) >= len(rest) {
+				break
+			}
+			if rest[i+len(key)] != '"' {
+				return true
+			}
+			rest = rest[i+len(key):]
+		}
+	}
+	return false
+}
+
+func quantile(d []time.Duration, q float64) time.Duration {
+	if len(d) == 0 {
+		return 0
+	}
+	s := slices.Clone(d)
+	slices.Sort(s)
+	return s[min(len(s)-1, int(math.Ceil(q*float64(len(s))))-1)]
+}
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+func us(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1000 }
+
+// promSamples are the samples of a Prometheus text exposition.
+type promSamples []struct {
+	name   string
+	labels map[string]string
+	value  float64
+}
+
+func scrape(hc *http.Client, url string) (promSamples, error) {
+	resp, err := hc.Get(url)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	var out promSamples
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		if strings.HasPrefix(line, "#") || line == "" {
+			continue
+		}
+		i := strings.LastIndexByte(line, ' ')
+		if i < 0 {
+			continue
+		}
+		v, err := strconv.ParseFloat(line[i+1:], 64)
+		if err != nil {
+			continue
+		}
+		name, labels := line[:i], map[string]string{}
+		if j := strings.IndexByte(name, '{'); j >= 0 {
+			for _, kv := range strings.Split(strings.TrimSuffix(name[j+1:], "}"), ",") {
+				if k, val, ok := strings.Cut(kv, "="); ok {
+					labels[k] = strings.Trim(val, `"`)
+				}
+			}
+			name = name[:j]
+		}
+		out = append(out, struct {
+			name   string
+			labels map[string]string
+			value  float64
+		}{name, labels, v})
+	}
+	return out, sc.Err()
+}
+
+// minus subtracts an earlier scrape of the same counters and histograms.
+func (p promSamples) minus(before promSamples) promSamples {
+	key := func(name string, labels map[string]string) string {
+		ks := make([]string, 0, len(labels))
+		for k, v := range labels {
+			ks = append(ks, k+"="+v)
+		}
+		slices.Sort(ks)
+		return name + "{" + strings.Join(ks, ",") + "}"
+	}
+	old := map[string]float64{}
+	for _, s := range before {
+		old[key(s.name, s.labels)] = s.value
+	}
+	out := slices.Clone(p)
+	for i := range out {
+		out[i].value -= old[key(out[i].name, out[i].labels)]
+	}
+	return out
+}
+
+func (p promSamples) sum(name string) float64 {
+	t := 0.0
+	for _, s := range p {
+		if s.name == name {
+			t += s.value
+		}
+	}
+	return t
+}
+
+func (p promSamples) byLabel(name, label string) map[string]float64 {
+	out := map[string]float64{}
+	for _, s := range p {
+		if s.name == name {
+			out[s.labels[label]] += s.value
+		}
+	}
+	return out
+}
+
+// histogramQuantile interpolates a quantile inside the histogram's buckets,
+// as PromQL's histogram_quantile does, over the series whose result label is
+// result ("" sums them all).
+func (p promSamples) histogramQuantile(name, result string, q float64) float64 {
+	type bucket struct{ le, n float64 }
+	byLE := map[float64]float64{}
+	for _, s := range p {
+		if s.name != name+"_bucket" || (result != "" && s.labels["result"] != result) {
+			continue
+		}
+		le, err := strconv.ParseFloat(s.labels["le"], 64)
+		if err != nil {
+			le = math.Inf(1)
+		}
+		byLE[le] += s.value
+	}
+	var bs []bucket
+	for le, n := range byLE {
+		bs = append(bs, bucket{le, n})
+	}
+	sort.Slice(bs, func(i, j int) bool { return bs[i].le < bs[j].le })
+	if len(bs) == 0 || bs[len(bs)-1].n == 0 {
+		return 0
+	}
+	rank := q * bs[len(bs)-1].n
+	lo, below := 0.0, 0.0
+	for _, b := range bs {
+		if b.n >= rank {
+			if math.IsInf(b.le, 1) {
+				return lo
+			}
+			if b.n == below {
+				return b.le
+			}
+			return lo + (b.le-lo)*(rank-below)/(b.n-below)
+		}
+		lo, below = b.le, b.n
+	}
+	return lo
+}
+
+func textTable(w io.Writer, rep *textReport) {
+	fmt.Fprintf(w, "\n%d chat sessions (%d requests) over %d mock workers, each phase from empty caches:\n\n", rep.Sessions, rep.Requests, rep.Workers)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "phase\thit rate\tTTFT p50 ms\tTTFT p90 ms\tpick p50 µs\tpick p99 µs\ttokenize p50 µs\ttokenize p99 µs\tcache-hit p50 µs\ttokenize cache\tfallbacks\terrors\t")
+	for _, ph := range rep.Phases {
+		fb := 0.0
+		for _, v := range ph.Fallbacks {
+			fb += v
+		}
+		tok := "-\t-\t-\t-\t-"
+		if ph.Tokenized != nil {
+			hit := "-"
+			if ph.Tokenized["cache"] > 0 {
+				hit = fmt.Sprintf("%.0f", ph.TokenizeHitP50Us)
+			}
+			tok = fmt.Sprintf("%.0f\t%.0f\t%s\t%.1f%%\t%.0f", ph.TokenizeP50Us, ph.TokenizeP99Us, hit, 100*ph.TokenizeCache, fb)
+		}
+		fmt.Fprintf(tw, "%s\t%.1f%%\t%.1f\t%.1f\t%.0f\t%.0f\t%s\t%d\t\n", ph.Name, 100*ph.HitRate, ph.TTFTP50Ms, ph.TTFTP90Ms,
+			ph.PickP50Us, ph.PickP99Us, tok, ph.Errors)
+	}
+	tw.Flush()
+}
