@@ -4,33 +4,21 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
-	"strings"
 
 	json "github.com/goccy/go-json"
+
+	"github.com/kvselect/kvselect/selection"
 )
 
 // requestBody holds the only fields of an OpenAI / Dynamo request body the
 // picker reads. Decoding into it skips every other field without building a
 // tree of the whole body.
 type requestBody struct {
-	Model    string          `json:"model"`
-	Prompt   json.RawMessage `json:"prompt"`
-	Messages []chatMessage   `json:"messages"`
-	Stream   *bool           `json:"stream"`
-	Nvext    *nvext          `json:"nvext"`
-}
-
-type chatMessage struct {
-	Role    string          `json:"role"`
-	Content json.RawMessage `json:"content"`
-}
-
-type contentPart struct {
-	Type     string `json:"type"`
-	Text     string `json:"text"`
-	ImageURL *struct {
-		URL string `json:"url"`
-	} `json:"image_url"`
+	Model    string                  `json:"model"`
+	Prompt   json.RawMessage         `json:"prompt"`
+	Messages []selection.ChatMessage `json:"messages"`
+	Stream   *bool                   `json:"stream"`
+	Nvext    *nvext                  `json:"nvext"`
 }
 
 // nvext is the part of Dynamo's NVIDIA extension block
@@ -112,7 +100,9 @@ func parseBody(b []byte) (parsedBody, error) {
 			out.textFrom = textPromptBatch
 		}
 	case len(rb.Messages) > 0:
-		out.text, err = chatText(rb.Messages)
+		if out.text, err = selection.ChatText(rb.Messages); err != nil {
+			err = fmt.Errorf("%w: %w", errBadBody, err)
+		}
 		out.textFrom = textChat
 	}
 	return out, err
@@ -222,44 +212,6 @@ func scanTokenIDs(raw []byte) (tokens []uint32, ok bool) {
 			return nil, false
 		}
 	}
-}
-
-// chatText flattens chat messages into the text that is hashed: per message
-// its role, a newline, its text content (string content, or the text parts
-// and image URLs of a parts array), a newline. Later turns of a conversation
-// extend earlier ones, so they share a prefix whatever the client's JSON
-// spacing.
-func chatText(msgs []chatMessage) (string, error) {
-	var sb strings.Builder
-	for i, m := range msgs {
-		sb.WriteString(m.Role)
-		sb.WriteByte('\n')
-		c := bytes.TrimSpace(m.Content)
-		switch {
-		case len(c) == 0 || bytes.Equal(c, []byte("null")):
-		case c[0] == '"':
-			var s string
-			if err := json.Unmarshal(c, &s); err != nil {
-				return "", fmt.Errorf("%w: messages[%d].content: %s", errBadBody, i, shortJSONError(err))
-			}
-			sb.WriteString(s)
-		case c[0] == '[':
-			var parts []contentPart
-			if err := json.Unmarshal(c, &parts); err != nil {
-				return "", fmt.Errorf("%w: messages[%d].content: %s", errBadBody, i, shortJSONError(err))
-			}
-			for _, p := range parts {
-				sb.WriteString(p.Text)
-				if p.ImageURL != nil {
-					sb.WriteString(p.ImageURL.URL)
-				}
-			}
-		default:
-			return "", fmt.Errorf("%w: messages[%d].content must be a string or an array of parts", errBadBody, i)
-		}
-		sb.WriteByte('\n')
-	}
-	return sb.String(), nil
 }
 
 // shortJSONError keeps decoder messages to one short line.

@@ -39,16 +39,11 @@ func (s *Server) SetTokenizer(tk selection.Tokenizer, forwardIDs bool) {
 	s.tokenizing.Store(&tokenizing{tk: tk, forwardIDs: forwardIDs})
 }
 
-// tokenizeFields are the body fields tokenizeRequest reads: the prompt, the
-// messages one by one, and the fields that change the ids.
+// tokenizeFields are the body fields tokenizeRequest reads: the messages
+// one by one, and the fields that change the ids.
 type tokenizeFields struct {
-	Messages             []json.RawMessage `json:"messages"`
-	AddGenerationPrompt  json.RawMessage   `json:"add_generation_prompt"`
-	AddSpecialTokens     json.RawMessage   `json:"add_special_tokens"`
-	ChatTemplate         json.RawMessage   `json:"chat_template"`
-	ChatTemplateKwargs   json.RawMessage   `json:"chat_template_kwargs"`
-	ContinueFinalMessage json.RawMessage   `json:"continue_final_message"`
-	Tools                json.RawMessage   `json:"tools"`
+	Messages []json.RawMessage `json:"messages"`
+	selection.TokenizeFields
 }
 
 // tokenizeRequest is the /tokenize request of the body's text prompt: the
@@ -56,36 +51,21 @@ type tokenizeFields struct {
 // fields that change the ids.
 func tokenizeRequest(body []byte, pb *parsedBody, part selection.PartitionKey) (*selection.TokenizeRequest, error) {
 	req := &selection.TokenizeRequest{PartitionKey: part}
-	if pb.textFrom != textChat {
+	chat := pb.textFrom == textChat
+	if !chat {
 		req.Prompt = pb.text
 	}
 	var f tokenizeFields
 	if err := json.Unmarshal(body, &f); err != nil {
 		return nil, fmt.Errorf("%w: %s", errBadBody, shortJSONError(err))
 	}
-	if pb.textFrom == textChat {
+	if chat {
 		req.Messages = make([][]byte, len(f.Messages))
 		for i, m := range f.Messages {
 			req.Messages[i] = m
 		}
 	}
-	for _, o := range []struct {
-		name string
-		v    json.RawMessage
-	}{
-		{"add_generation_prompt", f.AddGenerationPrompt}, {"add_special_tokens", f.AddSpecialTokens},
-		{"chat_template", f.ChatTemplate}, {"chat_template_kwargs", f.ChatTemplateKwargs},
-		{"continue_final_message", f.ContinueFinalMessage}, {"tools", f.Tools},
-	} {
-		v := bytes.TrimSpace(o.v)
-		if len(v) == 0 || bytes.Equal(v, []byte("null")) {
-			continue
-		}
-		if pb.textFrom != textChat && o.name != "add_special_tokens" {
-			continue
-		}
-		req.Options = append(req.Options, selection.TokenizeOption{Name: o.name, Value: v})
-	}
+	req.Options = f.Options(chat)
 	return req, nil
 }
 

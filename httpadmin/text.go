@@ -3,7 +3,6 @@ package httpadmin
 import (
 	"bytes"
 	"encoding/json"
-	"strings"
 
 	gojson "github.com/goccy/go-json"
 
@@ -23,14 +22,9 @@ import (
 
 // textFields are the text prompt fields of a /select body.
 type textFields struct {
-	Prompt               json.RawMessage   `json:"prompt"`
-	Messages             []json.RawMessage `json:"messages"`
-	AddGenerationPrompt  json.RawMessage   `json:"add_generation_prompt"`
-	AddSpecialTokens     json.RawMessage   `json:"add_special_tokens"`
-	ChatTemplate         json.RawMessage   `json:"chat_template"`
-	ChatTemplateKwargs   json.RawMessage   `json:"chat_template_kwargs"`
-	ContinueFinalMessage json.RawMessage   `json:"continue_final_message"`
-	Tools                json.RawMessage   `json:"tools"`
+	Prompt   json.RawMessage   `json:"prompt"`
+	Messages []json.RawMessage `json:"messages"`
+	selection.TokenizeFields
 }
 
 // readText fills req.PromptText from a body that identifies its prompt only
@@ -55,9 +49,15 @@ func readText(req *selection.SelectRequest, body []byte) (*selection.TokenizeReq
 		}
 		treq.Prompt, p.PromptText = s, s
 	case len(f.Messages) > 0:
-		text, err := flattenChat(f.Messages)
+		msgs := make([]selection.ChatMessage, len(f.Messages))
+		for i, raw := range f.Messages {
+			if err := gojson.Unmarshal(raw, &msgs[i]); err != nil {
+				return nil, shapef("messages: %s", err.Error())
+			}
+		}
+		text, err := selection.ChatText(msgs)
 		if err != nil {
-			return nil, err
+			return nil, shapef("%s", err.Error())
 		}
 		chat, p.PromptText = true, text
 		treq.Messages = make([][]byte, len(f.Messages))
@@ -68,68 +68,6 @@ func readText(req *selection.SelectRequest, body []byte) (*selection.TokenizeReq
 	if p.PromptText == "" {
 		return nil, nil
 	}
-	for _, o := range []struct {
-		name string
-		v    json.RawMessage
-	}{
-		{"add_generation_prompt", f.AddGenerationPrompt}, {"add_special_tokens", f.AddSpecialTokens},
-		{"chat_template", f.ChatTemplate}, {"chat_template_kwargs", f.ChatTemplateKwargs},
-		{"continue_final_message", f.ContinueFinalMessage}, {"tools", f.Tools},
-	} {
-		v := bytes.TrimSpace(o.v)
-		if len(v) == 0 || bytes.Equal(v, []byte("null")) || (!chat && o.name != "add_special_tokens") {
-			continue
-		}
-		treq.Options = append(treq.Options, selection.TokenizeOption{Name: o.name, Value: v})
-	}
+	treq.Options = f.Options(chat)
 	return treq, nil
-}
-
-// flattenChat is the text the ext_proc picker hashes for chat messages
-// (extproc's chatText; TestRESTAndExtProcShareTheTextIndex holds them
-// equal): per message its role, a newline, its text content (a string, or
-// the text parts and image URLs of a parts array), a newline.
-func flattenChat(msgs []json.RawMessage) (string, error) {
-	var sb strings.Builder
-	for _, raw := range msgs {
-		var m struct {
-			Role    string          `json:"role"`
-			Content json.RawMessage `json:"content"`
-		}
-		if err := gojson.Unmarshal(raw, &m); err != nil {
-			return "", shapef("messages: %s", err.Error())
-		}
-		sb.WriteString(m.Role)
-		sb.WriteByte('\n')
-		c := bytes.TrimSpace(m.Content)
-		switch {
-		case len(c) == 0 || bytes.Equal(c, []byte("null")):
-		case c[0] == '"':
-			var s string
-			if err := json.Unmarshal(c, &s); err != nil {
-				return "", shapef("messages: content: %s", err.Error())
-			}
-			sb.WriteString(s)
-		case c[0] == '[':
-			var parts []struct {
-				Text     string `json:"text"`
-				ImageURL *struct {
-					URL string `json:"url"`
-				} `json:"image_url"`
-			}
-			if err := gojson.Unmarshal(c, &parts); err != nil {
-				return "", shapef("messages: content: %s", err.Error())
-			}
-			for _, p := range parts {
-				sb.WriteString(p.Text)
-				if p.ImageURL != nil {
-					sb.WriteString(p.ImageURL.URL)
-				}
-			}
-		default:
-			return "", shapef("messages: content must be a string or an array of parts")
-		}
-		sb.WriteByte('\n')
-	}
-	return sb.String(), nil
 }

@@ -1,6 +1,12 @@
 package selection
 
-import "context"
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+)
 
 // Tokenizer turns a text prompt into the token ids the engine will prefill
 // for it. selection never calls one: the fronts do, before Select, when they
@@ -23,9 +29,7 @@ type TokenizeRequest struct {
 	// (role, content and any field a template reads: name, tool_calls, ...).
 	Messages [][]byte
 	// Options are the request's fields that change what the engine
-	// tokenizes, verbatim JSON values sorted by name: add_generation_prompt,
-	// continue_final_message, chat_template, chat_template_kwargs, tools,
-	// documents, add_special_tokens.
+	// tokenizes, verbatim JSON values sorted by name (TokenizeFields).
 	Options []TokenizeOption
 }
 
@@ -35,14 +39,97 @@ type TokenizeOption struct {
 	Value []byte // JSON
 }
 
-// IsTokenizeField reports whether a request field is one a front copies
-// into TokenizeRequest.Options: vLLM's /tokenize accepts each of them and each
-// can change the ids (vllm/entrypoints/openai/serving_tokenization.py).
-func IsTokenizeField(name string) bool {
-	switch name {
-	case "add_generation_prompt", "add_special_tokens", "chat_template", "chat_template_kwargs",
-		"continue_final_message", "documents", "tools":
-		return true
+// TokenizeFields are the fields of an OpenAI request body that change the
+// ids an engine's /tokenize answers with; vLLM's /tokenize accepts each of them
+// (vllm/entrypoints/openai/serving_tokenization.py). Both fronts decode them
+// with the body and pass Options on.
+type TokenizeFields struct {
+	AddGenerationPrompt  json.RawMessage `json:"add_generation_prompt"`
+	AddSpecialTokens     json.RawMessage `json:"add_special_tokens"`
+	ChatTemplate         json.RawMessage `json:"chat_template"`
+	ChatTemplateKwargs   json.RawMessage `json:"chat_template_kwargs"`
+	ContinueFinalMessage json.RawMessage `json:"continue_final_message"`
+	Documents            json.RawMessage `json:"documents"`
+	Tools                json.RawMessage `json:"tools"`
+}
+
+// Options returns the fields present and not null, sorted by name. A
+// completions prompt has no chat template, so only add_special_tokens applies
+// to it.
+func (f *TokenizeFields) Options(chat bool) []TokenizeOption {
+	var out []TokenizeOption
+	for _, o := range [...]struct {
+		name string
+		v    json.RawMessage
+	}{
+		{"add_generation_prompt", f.AddGenerationPrompt}, {"add_special_tokens", f.AddSpecialTokens},
+		{"chat_template", f.ChatTemplate}, {"chat_template_kwargs", f.ChatTemplateKwargs},
+		{"continue_final_message", f.ContinueFinalMessage}, {"documents", f.Documents}, {"tools", f.Tools},
+	} {
+		v := bytes.TrimSpace(o.v)
+		if len(v) == 0 || bytes.Equal(v, []byte("null")) || (!chat && o.name != "add_special_tokens") {
+			continue
+		}
+		out = append(out, TokenizeOption{Name: o.name, Value: v})
 	}
-	return false
+	return out
+}
+
+// ChatMessage is the part of an OpenAI chat message the text index reads.
+type ChatMessage struct {
+	Role    string          `json:"role"`
+	Content json.RawMessage `json:"content"`
+}
+
+// ChatText flattens chat messages into the text prompt that is hashed into
+// the text index: per message its role, a newline, its text content (string
+// content, or the text parts and image URLs of a parts array), a newline.
+// Later turns of a conversation extend earlier ones, so they share a prefix
+// whatever the client's JSON spacing. Both fronts use it, so a conversation
+// seen by either teaches the same text chain.
+func ChatText(msgs []ChatMessage) (string, error) {
+	var sb strings.Builder
+	for i, m := range msgs {
+		sb.WriteString(m.Role)
+		sb.WriteByte('\n')
+		c := bytes.TrimSpace(m.Content)
+		switch {
+		case len(c) == 0 || bytes.Equal(c, []byte("null")):
+		case c[0] == '"':
+			var s string
+			if err := json.Unmarshal(c, &s); err != nil {
+				return "", fmt.Errorf("messages[%d].content: %s", i, shortError(err))
+			}
+			sb.WriteString(s)
+		case c[0] == '[':
+			var parts []struct {
+				Text     string `json:"text"`
+				ImageURL *struct {
+					URL string `json:"url"`
+				} `json:"image_url"`
+			}
+			if err := json.Unmarshal(c, &parts); err != nil {
+				return "", fmt.Errorf("messages[%d].content: %s", i, shortError(err))
+			}
+			for _, p := range parts {
+				sb.WriteString(p.Text)
+				if p.ImageURL != nil {
+					sb.WriteString(p.ImageURL.URL)
+				}
+			}
+		default:
+			return "", fmt.Errorf("messages[%d].content must be a string or an array of parts", i)
+		}
+		sb.WriteByte('\n')
+	}
+	return sb.String(), nil
+}
+
+// shortError keeps a decoder's message to one short line.
+func shortError(err error) string {
+	s := err.Error()
+	if len(s) > 200 {
+		s = s[:200] + "..."
+	}
+	return s
 }
