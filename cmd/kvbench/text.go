@@ -10,7 +10,6 @@ import (
 	"fmt"
 	"io"
 	"math"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -165,15 +164,6 @@ type textFleet struct {
 	conn    *grpc.ClientConn
 }
 
-func textFreePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
-}
-
 func (fl *textFleet) start(out, name, bin string, args ...string) error {
 	logf, err := os.Create(filepath.Join(out, name+".log"))
 	if err != nil {
@@ -215,11 +205,11 @@ func startTextFleet(ctx context.Context, c *textConfig, phase string) (*textFlee
 			fl.stop()
 		}
 	}()
-	restPort, err := textFreePort()
+	restPort, err := freePort()
 	if err != nil {
 		return nil, err
 	}
-	epPort, err := textFreePort()
+	epPort, err := freePort()
 	if err != nil {
 		return nil, err
 	}
@@ -236,11 +226,11 @@ func startTextFleet(ctx context.Context, c *textConfig, phase string) (*textFlee
 	if err := fl.start(c.out, phase+"-kvselect", c.kvselectBin, args...); err != nil {
 		return nil, err
 	}
-	if err := textWaitHTTP(ctx, fl.hc, fl.rest+"/health"); err != nil {
+	if err := waitHTTP(ctx, fl.hc, fl.rest+"/health", 30*time.Second); err != nil {
 		return nil, fmt.Errorf("kvselect did not come up: %w (log in %s)", err, c.out)
 	}
 	for i := range c.workers {
-		port, err := textFreePort()
+		port, err := freePort()
 		if err != nil {
 			return nil, err
 		}
@@ -262,7 +252,7 @@ func startTextFleet(ctx context.Context, c *textConfig, phase string) (*textFlee
 			} `json:"kv_events_status"`
 		}
 		ready := 0
-		if err := textGetJSON(fl.hc, fl.rest+"/workers", &ws); err == nil {
+		if err := getJSON(fl.hc, fl.rest+"/workers", &ws); err == nil {
 			for _, w := range ws {
 				conn := len(w.KVEventsStatus) > 0
 				for _, st := range w.KVEventsStatus {
@@ -290,38 +280,6 @@ func startTextFleet(ctx context.Context, c *textConfig, phase string) (*textFlee
 	}
 	ok = true
 	return fl, nil
-}
-
-func textWaitHTTP(ctx context.Context, hc *http.Client, url string) error {
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		resp, err := hc.Get(url)
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return nil
-			}
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("%s not healthy after 30 s", url)
-		}
-		if err := ctx.Err(); err != nil {
-			return err
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-}
-
-func textGetJSON(hc *http.Client, url string, v any) error {
-	resp, err := hc.Get(url)
-	if err != nil {
-		return err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("GET %s: %s", url, resp.Status)
-	}
-	return json.NewDecoder(resp.Body).Decode(v)
 }
 
 // textResult is one request's measurements.
