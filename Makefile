@@ -134,8 +134,18 @@ bench-vs-epp:
 	@if [ -z "$$KVSELECT_LLMD_SIM" ] || [ -z "$$KVSELECT_LLMD_EPP" ]; then \
 		echo "bench-vs-epp: skipped: set KVSELECT_LLMD_SIM and KVSELECT_LLMD_EPP (docs/vs-epp.md)"; \
 	else \
-		$(GO) build -o bin/ ./cmd/kvselect ./cmd/kvbench && \
+		$(GO) build -o bin/ ./cmd/kvselect ./cmd/kvselect-mockworker ./cmd/kvbench && \
 		bin/kvbench vs-epp -transports plain,tls -out $(BENCHOUT)/vs-epp; \
+	fi
+
+# The same comparison over kvselect's mock workers (needs only the EPP).
+.PHONY: bench-vs-epp-mock
+bench-vs-epp-mock:
+	@if [ -z "$$KVSELECT_LLMD_EPP" ]; then \
+		echo "bench-vs-epp-mock: skipped: set KVSELECT_LLMD_EPP (docs/vs-epp.md)"; \
+	else \
+		$(GO) build -o bin/ ./cmd/kvselect ./cmd/kvselect-mockworker ./cmd/kvbench && \
+		bin/kvbench vs-epp -engine-family mock -transports plain,tls -out $(BENCHOUT)/vs-epp-mock; \
 	fi
 
 # Text prompts (docs/extproc.md "Exact routing for text"): a seeded multi-turn

@@ -76,10 +76,18 @@ type Config struct {
 	// ("tcp://*:5557"); rank i binds port+i, or a free port when the port is 0.
 	// Empty publishes no events.
 	KVEventsEndpoint string
+	// KVEventsCollector is a collector every rank's PUB socket dials instead
+	// of binding one (llm-d's topology: one SUB socket, bound by the endpoint
+	// picker or by kvselect --kv-events-bind, hears every engine, and the
+	// topic names the engine while the batch's dp_rank names the rank). It
+	// excludes KVEventsEndpoint.
+	KVEventsCollector string
 	// ReplayEndpoint is the ROUTER address of rank 0's replay ring, offset like
-	// KVEventsEndpoint; empty serves no replay.
+	// KVEventsEndpoint; empty serves no replay. It is bound in either topology.
 	ReplayEndpoint string
-	// EventsTopic is the topic frame of every KV event message.
+	// EventsTopic is the topic frame of every KV event message. A collector
+	// tells engines apart by it: with KVEventsCollector it should be llm-d's
+	// kv@<host>:<port>@<model> (LLMDTopic), which the command line defaults to.
 	EventsTopic string
 	// EventShape is the event encoding (vLLM's current map shape by default).
 	EventShape kvpublish.Shape
@@ -181,8 +189,16 @@ func (c Config) withDefaults() (Config, error) {
 	if c.EventShape != kvpublish.ShapeMap && c.EventShape != kvpublish.ShapePositional {
 		errs = append(errs, fmt.Errorf("unknown event shape %d", c.EventShape))
 	}
-	if c.ReplayEndpoint != "" && c.KVEventsEndpoint == "" {
-		errs = append(errs, errors.New("a replay endpoint needs a KV events endpoint"))
+	if c.KVEventsEndpoint != "" && c.KVEventsCollector != "" {
+		errs = append(errs, errors.New("a KV events endpoint (bind) and a KV events collector (dial) exclude each other"))
+	}
+	if c.ReplayEndpoint != "" && c.KVEventsEndpoint == "" && c.KVEventsCollector == "" {
+		errs = append(errs, errors.New("a replay endpoint needs a KV events endpoint or collector"))
+	}
+	if c.KVEventsCollector != "" {
+		if _, err := OffsetEndpoint(c.KVEventsCollector, 0); err != nil {
+			errs = append(errs, fmt.Errorf("KV events collector: %w", err))
+		}
 	}
 	for _, ep := range []string{c.KVEventsEndpoint, c.ReplayEndpoint} {
 		if ep == "" {
@@ -200,6 +216,13 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	return c, nil
 }
+
+// LLMDTopic is the topic llm-d's engines publish KV events under when they
+// dial a collector: kv@<host>:<port>@<model>, host and port being those of the
+// engine's HTTP endpoint as the picker knows it, so that a collector can match
+// a message to the endpoint it routes to (llm-d-inference-sim and llm-d's
+// vLLM deployments set it this way).
+func LLMDTopic(hostPort, model string) string { return "kv@" + hostPort + "@" + model }
 
 // OffsetEndpoint is the endpoint of data-parallel rank r (0-based within the
 // worker) given rank 0's, as vLLM's offset_endpoint_port: a tcp port moves up

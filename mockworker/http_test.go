@@ -351,16 +351,17 @@ func TestMetricsScraped(t *testing.T) {
 		return name + `{engine="` + engine + `",model_name="mock-model"}`
 	}
 	for name, want := range map[string]float64{
-		lbl("vllm:prefix_cache_queries_total", "1"):                                               18,
-		lbl("vllm:prefix_cache_hits_total", "1"):                                                  8,
-		lbl("vllm:prefix_cache_queries_total", "0"):                                               0,
-		lbl("vllm:num_requests_running", "1"):                                                     0,
-		lbl("vllm:num_requests_waiting", "1"):                                                     0,
-		lbl("vllm:kv_cache_usage_perc", "1"):                                                      0,
-		lbl("vllm:prompt_tokens_total", "1"):                                                      18,
-		lbl("vllm:generation_tokens_total", "1"):                                                  6,
-		`vllm:request_success_total{engine="1",finished_reason="length",model_name="mock-model"}`: 2,
-		lbl("vllm:time_to_first_token_seconds_count", "1"):                                        2,
+		lbl("vllm:prefix_cache_queries_total", "1"):                                                            18,
+		lbl("vllm:prefix_cache_hits_total", "1"):                                                               8,
+		lbl("vllm:prefix_cache_queries_total", "0"):                                                            0,
+		lbl("vllm:num_requests_running", "1"):                                                                  0,
+		lbl("vllm:num_requests_waiting", "1"):                                                                  0,
+		lbl("vllm:kv_cache_usage_perc", "1"):                                                                   0,
+		lbl("vllm:prompt_tokens_total", "1"):                                                                   18,
+		lbl("vllm:generation_tokens_total", "1"):                                                               6,
+		`vllm:request_success_total{engine="1",finished_reason="length",model_name="mock-model"}`:              2,
+		lbl("vllm:time_to_first_token_seconds_count", "1"):                                                     2,
+		`vllm:cache_config_info{block_size="4",enable_prefix_caching="True",engine="1",num_gpu_blocks="4096"}`: 1,
 	} {
 		if v, ok := got[name]; !ok || v != want {
 			t.Errorf("%s = %v (present %v), want %v", name, v, ok, want)

@@ -22,6 +22,7 @@ type metrics struct {
 	prompt, generation      *prometheus.Desc
 	success, aborted        *prometheus.Desc
 	publishErrs, evicted    *prometheus.Desc
+	cacheConfig             *prometheus.Desc
 }
 
 var labels = []string{"model_name", "engine"}
@@ -51,6 +52,11 @@ func newMetrics(w *Worker) *metrics {
 		aborted:     desc("kvselect_mockworker_requests_aborted_total", "Requests cancelled by the client or the worker's shutdown."),
 		publishErrs: desc("kvselect_mockworker_kv_events_publish_errors_total", "KV event batches that could not be published."),
 		evicted:     desc("kvselect_mockworker_evicted_blocks_total", "Cached KV blocks evicted (least recently used first) to make room."),
+		// vLLM's info gauge of its CacheConfig (value 1, the settings in
+		// labels), from which endpoint pickers such as GIE's read the block
+		// size and the KV cache's capacity; the mock sets the labels it has.
+		cacheConfig: prometheus.NewDesc("vllm:cache_config_info", "Information of the LLMEngine CacheConfig",
+			[]string{"engine", "block_size", "num_gpu_blocks", "enable_prefix_caching"}, nil),
 	}
 	m.reg.MustRegister(m, m.ttft, m.e2e,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -59,7 +65,7 @@ func newMetrics(w *Worker) *metrics {
 
 func (m *metrics) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{m.running, m.waiting, m.usage, m.queries, m.hits,
-		m.prompt, m.generation, m.success, m.aborted, m.publishErrs, m.evicted} {
+		m.prompt, m.generation, m.success, m.aborted, m.publishErrs, m.evicted, m.cacheConfig} {
 		ch <- d
 	}
 }
@@ -95,6 +101,8 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 		counter(m.aborted, aborted)
 		counter(m.publishErrs, pubErrs)
 		counter(m.evicted, evicted)
+		ch <- prometheus.MustNewConstMetric(m.cacheConfig, prometheus.GaugeValue, 1, engine,
+			strconv.Itoa(m.w.cfg.BlockSize), strconv.Itoa(m.w.cfg.NumBlocks), "True")
 	}
 }
 

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"strconv"
 	"strings"
 )
@@ -14,17 +15,20 @@ import (
 // Registration is the POST /workers body a worker sends to kvselect (or to
 // Dynamo's selection service; the fields are those of Dynamo's WorkerRequest).
 type Registration struct {
-	WorkerID              uint64            `json:"worker_id"`
-	ModelName             string            `json:"model_name"`
-	RoutingGroup          string            `json:"routing_group,omitempty"`
-	Endpoint              string            `json:"endpoint"`
-	KVEventsEndpoints     map[string]string `json:"kv_events_endpoints,omitempty"`
-	ReplayEndpoint        string            `json:"replay_endpoint,omitempty"`
-	BlockSize             int               `json:"block_size"`
-	DataParallelStartRank int               `json:"data_parallel_start_rank"`
-	DataParallelSize      int               `json:"data_parallel_size"`
-	MaxNumBatchedTokens   int               `json:"max_num_batched_tokens"`
-	TotalKVBlocks         int               `json:"total_kv_blocks"`
+	WorkerID          uint64            `json:"worker_id"`
+	ModelName         string            `json:"model_name"`
+	RoutingGroup      string            `json:"routing_group,omitempty"`
+	Endpoint          string            `json:"endpoint"`
+	KVEventsEndpoints map[string]string `json:"kv_events_endpoints,omitempty"`
+	// KVEventsTopic is kvselect's field for an engine that dials its
+	// collector under a topic other than llm-d's kv@<host>:<port>@<model>.
+	KVEventsTopic         string `json:"kv_events_topic,omitempty"`
+	ReplayEndpoint        string `json:"replay_endpoint,omitempty"`
+	BlockSize             int    `json:"block_size"`
+	DataParallelStartRank int    `json:"data_parallel_start_rank"`
+	DataParallelSize      int    `json:"data_parallel_size"`
+	MaxNumBatchedTokens   int    `json:"max_num_batched_tokens"`
+	TotalKVBlocks         int    `json:"total_kv_blocks"`
 }
 
 // Registration describes the worker to kvselect. endpoint is the worker's
@@ -34,6 +38,11 @@ type Registration struct {
 // only sent for a single-rank worker, the only case the selection service
 // accepts: the replay protocol carries no rank, so a multi-rank worker with one
 // stays incomplete.
+//
+// A worker that dials a collector (Config.KVEventsCollector) registers no KV
+// events endpoint: the collector's owner feeds the worker from the messages
+// whose topic names it, llm-d's kv@<host>:<port>@<model> matching endpoint's
+// host and port, or else the topic sent as kv_events_topic.
 func (w *Worker) Registration(endpoint, routingGroup, advertiseHost string) Registration {
 	reg := Registration{
 		WorkerID:              w.cfg.WorkerID,
@@ -47,16 +56,31 @@ func (w *Worker) Registration(endpoint, routingGroup, advertiseHost string) Regi
 		TotalKVBlocks:         w.cfg.NumBlocks,
 	}
 	eps := w.Endpoints()
-	if len(eps) > 0 {
+	collector := w.cfg.KVEventsCollector != ""
+	if len(eps) > 0 && !collector {
 		reg.KVEventsEndpoints = make(map[string]string, len(eps))
 	}
 	for _, e := range eps {
-		reg.KVEventsEndpoints[strconv.Itoa(e.DPRank)] = withHost(e.KVEvents, advertiseHost)
+		if !collector {
+			reg.KVEventsEndpoints[strconv.Itoa(e.DPRank)] = withHost(e.KVEvents, advertiseHost)
+		}
 		if len(eps) == 1 && e.Replay != "" {
 			reg.ReplayEndpoint = withHost(e.Replay, advertiseHost)
 		}
 	}
+	if collector && len(eps) > 0 && w.cfg.EventsTopic != LLMDTopic(hostPortOf(endpoint), w.cfg.Model) {
+		reg.KVEventsTopic = w.cfg.EventsTopic
+	}
 	return reg
+}
+
+// hostPortOf is the host:port of an http(s) URL, "" when it has none.
+func hostPortOf(endpoint string) string {
+	u, err := url.Parse(endpoint)
+	if err != nil || u.Port() == "" {
+		return ""
+	}
+	return u.Host
 }
 
 // withHost swaps the host of a tcp:// endpoint.

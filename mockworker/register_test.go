@@ -196,6 +196,40 @@ func TestRegisterThenSelectFindsThePrefix(t *testing.T) {
 	}
 }
 
+// A worker dialing a collector registers no KV events endpoint (the
+// collector's owner feeds it by topic), keeps its bound replay endpoint, and
+// sends kv_events_topic only when its topic is not llm-d's
+// kv@<host>:<port>@<model> for the endpoint it registers.
+func TestCollectorRegistrationNamesNoEventsEndpoint(t *testing.T) {
+	l := kvlisten.New(context.Background(), kvlisten.Options{Logger: quiet()})
+	t.Cleanup(l.Close)
+	collector, err := l.Bind("tcp://127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const endpoint = "http://10.0.0.7:8000"
+	for _, tc := range []struct {
+		name, topic, wantTopic string
+		dp                     int
+		wantReplay             bool
+	}{
+		{"llm-d topic", "kv@10.0.0.7:8000@" + DefaultModel, "", 1, true},
+		{"own topic", "engine-7", "engine-7", 1, true},
+		{"two ranks", "kv@10.0.0.7:8000@" + DefaultModel, "", 2, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			w := newWorker(t, Config{KVEventsCollector: collector, ReplayEndpoint: "tcp://127.0.0.1:0", EventsTopic: tc.topic, DPSize: tc.dp})
+			reg := w.Registration(endpoint, "", "10.0.0.7")
+			if len(reg.KVEventsEndpoints) != 0 || reg.KVEventsTopic != tc.wantTopic || (reg.ReplayEndpoint != "") != tc.wantReplay {
+				t.Fatalf("registration %+v: want no kv_events_endpoints, kv_events_topic %q, replay %v", reg, tc.wantTopic, tc.wantReplay)
+			}
+			if eps := w.Endpoints(); len(eps) != tc.dp || eps[0].KVEvents != collector {
+				t.Fatalf("endpoints %+v: want %d ranks dialing %s", eps, tc.dp, collector)
+			}
+		})
+	}
+}
+
 func TestRegisterReportsRejection(t *testing.T) {
 	srv := httptest.NewServer(http.HandlerFunc(func(rw http.ResponseWriter, _ *http.Request) {
 		http.Error(rw, `{"error":"nope"}`, http.StatusUnprocessableEntity)

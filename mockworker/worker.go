@@ -133,7 +133,8 @@ func New(cfg Config) (*Worker, error) {
 func (w *Worker) Config() Config { return w.cfg }
 
 // Start binds every rank's KV event publisher (when Config.KVEventsEndpoint is
-// set). ctx bounds the sockets' lifetime; Close releases them earlier.
+// set) or dials Config.KVEventsCollector with it. ctx bounds the sockets'
+// lifetime; Close releases them earlier.
 func (w *Worker) Start(ctx context.Context) error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -143,15 +144,22 @@ func (w *Worker) Start(ctx context.Context) error {
 	case w.started:
 		return errors.New("mockworker: already started")
 	}
-	if w.cfg.KVEventsEndpoint != "" {
+	if w.cfg.KVEventsEndpoint != "" || w.cfg.KVEventsCollector != "" {
 		for _, r := range w.ranks {
-			ep, _ := OffsetEndpoint(w.cfg.KVEventsEndpoint, r.local) // validated in New
+			// Every rank dials the one collector; bound sockets are offset
+			// per rank as vLLM offsets them.
+			ep, connect := w.cfg.KVEventsCollector, true
+			if ep == "" {
+				ep, _ = OffsetEndpoint(w.cfg.KVEventsEndpoint, r.local) // validated in New
+				connect = false
+			}
 			replay := ""
 			if w.cfg.ReplayEndpoint != "" {
 				replay, _ = OffsetEndpoint(w.cfg.ReplayEndpoint, r.local)
 			}
 			pub, err := kvpublish.New(ctx, kvpublish.Options{
 				Endpoint:       ep,
+				Connect:        connect,
 				ReplayEndpoint: replay,
 				Topic:          w.cfg.EventsTopic,
 				RingSize:       w.cfg.ReplayRing,
@@ -173,7 +181,9 @@ func (w *Worker) Start(ctx context.Context) error {
 
 // RankEndpoints are the dialable KV event addresses of one rank.
 type RankEndpoints struct {
-	DPRank   int // global rank
+	DPRank int // global rank
+	// KVEvents is the bound PUB socket, or the collector it dials when
+	// Config.KVEventsCollector is set.
 	KVEvents string
 	Replay   string // "" without replay
 }

@@ -252,6 +252,9 @@ func TestNewValidatesConfig(t *testing.T) {
 		{ReplayEndpoint: "tcp://127.0.0.1:0"},
 		{KVEventsEndpoint: "udp://x:1"},
 		{KVEventsEndpoint: "tcp://127.0.0.1:65535", DPSize: 2},
+		{KVEventsEndpoint: "tcp://127.0.0.1:0", KVEventsCollector: "tcp://127.0.0.1:5557"},
+		{KVEventsCollector: "udp://127.0.0.1:5557"},
+		{KVEventsCollector: "tcp://127.0.0.1"},
 	} {
 		if _, err := New(fast(c)); err == nil {
 			t.Errorf("New accepted %+v", c)

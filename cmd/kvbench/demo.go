@@ -391,7 +391,7 @@ func startSimFleet(ctx context.Context, c *demoConfig, stderr io.Writer) (*fleet
 	}
 	for i, p := range sims {
 		fl.workers = append(fl.workers, p.HostPort())
-		if err := registerSim(ctx, fl.hc, fl.rest, uint64(i+1), p, c.blockSize, c.poolBlocks); err != nil {
+		if err := registerEngine(ctx, fl.hc, fl.rest, uint64(i+1), p, c.blockSize, c.poolBlocks); err != nil {
 			return nil, err
 		}
 	}
@@ -468,9 +468,16 @@ func startSims(ctx context.Context, sc simFleetConfig) ([]*peerproc.SimProcess, 
 	return sims, nil
 }
 
-// registerSim registers a simulator with kvselect as worker id, without a KV
-// events endpoint (the collector feeds it) and with its replay endpoint.
-func registerSim(ctx context.Context, hc *http.Client, rest string, id uint64, p *peerproc.SimProcess, blockSize, kvBlocks int) error {
+// registeredEngine is what a registration needs of an engine process
+// (peerproc's simulators and mock workers).
+type registeredEngine interface {
+	URL() string
+	ReplayEndpoint() string
+}
+
+// registerEngine registers an engine with kvselect over REST, fed through
+// its collector: no kv_events_endpoint, the replay endpoint for catch-up.
+func registerEngine(ctx context.Context, hc *http.Client, rest string, id uint64, p registeredEngine, blockSize, kvBlocks int) error {
 	b, err := json.Marshal(map[string]any{
 		"worker_id": id, "model_name": simModel, "endpoint": p.URL(), "replay_endpoint": p.ReplayEndpoint(),
 		"block_size": blockSize, "total_kv_blocks": kvBlocks,

@@ -36,9 +36,11 @@ import (
 // filter drives a GIE endpoint picker — FULL_DUPLEX_STREAMED both ways, the
 // body, the destination from the picker's header, the request forwarded to
 // that engine and the engine's real SSE response streamed back through the
-// picker — against the same engines (llm-d-inference-sim processes) and the
-// same Mooncake trace slice. Every picker run starts fresh engines, so each
-// begins with empty caches and an empty index.
+// picker — against the same engines and the same Mooncake trace slice. The
+// engines are llm-d-inference-sim processes or, with -engine-family mock,
+// kvselect's mock workers dialing the collector the same way. Every picker
+// run starts fresh engines, so each begins with empty caches and an empty
+// index.
 //
 // How each picker learns about the engines:
 //   - kvselect binds a KV events collector (--kv-events-bind); the engines'
@@ -50,6 +52,11 @@ import (
 //     SUB socket of its precise-prefix-cache producer where the engines dial
 //     (same topic), and scrapes every engine's /metrics (queue length, KV
 //     cache utilisation) every 50 ms (its --refresh-metrics-interval).
+//
+// With -prompts text the trace goes out as text: kvselect runs with
+// --tokenize pool (its registered engines answer POST /tokenize), the EPP's
+// token producer renders each prompt through the first engine's
+// /v1/completions/render, which only llm-d-inference-sim serves.
 
 const (
 	pickerKvselect = "kvselect"
@@ -59,6 +66,11 @@ const (
 	pickerKvselectPrefix = "kvselect-prefix"
 	pickerEPP            = "epp"
 	pickerEPPTuned       = "epp-tuned"
+
+	familySim  = "llmd-sim"
+	familyMock = "mock"
+	promptsIDs = "tokens"
+	promptsTxt = "text"
 )
 
 // isKvselect reports whether a picker name is one of kvselect's runs.
@@ -68,6 +80,8 @@ func isKvselect(picker string) bool {
 
 type vsConfig struct {
 	kvselectBin, simBin, eppBin string
+	mockBin                     string
+	family, prompts             string
 	kvselectArgs, eppArgs       []string
 	trace                       string
 	requests, offset            int
@@ -149,6 +163,12 @@ type vsRun struct {
 	// LeakedBookings is kvselect's active requests (GET /loads) after the
 	// trace run and after the saturation run; nil for the EPP.
 	LeakedBookings *uint64 `json:"leaked_bookings,omitempty"`
+	// TokenizeFallbacks is, for kvselect with text prompts, the trace's
+	// prompts it could not tokenize through an engine and so routed on its
+	// approximate text index (kvselect_tokenize_requests_total{result=
+	// "fallback"}); nil otherwise.
+	TokenizeFallbacks       *uint64           `json:"tokenize_fallbacks,omitempty"`
+	TokenizeFallbackReasons map[string]uint64 `json:"tokenize_fallback_reasons,omitempty"`
 
 	decisions, ttfts []time.Duration
 }
@@ -160,16 +180,20 @@ type vsPct struct {
 }
 
 type vsReport struct {
-	Date      string  `json:"date"`
-	CPUs      int     `json:"cpus"`
-	Pinned    bool    `json:"pinned"`
-	Trace     string  `json:"trace"`
-	Requests  int     `json:"requests"`
-	Engines   int     `json:"engines"`
-	Loop      string  `json:"loop"`
-	Args      string  `json:"args"`
-	EPPConfig string  `json:"epp_config_default,omitempty"`
-	Runs      []vsRun `json:"runs"`
+	Date     string `json:"date"`
+	CPUs     int    `json:"cpus"`
+	Pinned   bool   `json:"pinned"`
+	Trace    string `json:"trace"`
+	Requests int    `json:"requests"`
+	Engines  int    `json:"engines"`
+	// EngineFamily is llmd-sim (llm-d-inference-sim) or mock
+	// (kvselect-mockworker); Prompts is tokens (token-id prompts) or text.
+	EngineFamily string  `json:"engine_family"`
+	Prompts      string  `json:"prompts"`
+	Loop         string  `json:"loop"`
+	Args         string  `json:"args"`
+	EPPConfig    string  `json:"epp_config_default,omitempty"`
+	Runs         []vsRun `json:"runs"`
 }
 
 func runVsEPP(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -179,6 +203,9 @@ func runVsEPP(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	var pickers, transports, kvselectArgs, eppArgs string
 	fs.StringVar(&c.kvselectBin, "kvselect", "bin/kvselect", "kvselect `binary`")
 	fs.StringVar(&c.simBin, "sim-bin", os.Getenv(peerproc.EnvSim), "llm-d-inference-sim `binary` (default $"+peerproc.EnvSim+")")
+	fs.StringVar(&c.mockBin, "mockworker", "bin/kvselect-mockworker", "kvselect-mockworker `binary` (-engine-family mock)")
+	fs.StringVar(&c.family, "engine-family", familySim, "`engines`: "+familySim+" (llm-d-inference-sim) or "+familyMock+" (kvselect-mockworker with the same timing model, dialing the picker's collector the same way)")
+	fs.StringVar(&c.prompts, "prompts", promptsIDs, "`form` of the prompts: "+promptsIDs+" (token ids) or "+promptsTxt+" (a text per trace block; kvselect runs --tokenize pool, the EPP renders through an engine, which needs -engine-family "+familySim+")")
 	fs.StringVar(&c.eppBin, "epp-bin", os.Getenv(peerproc.EnvEPP), "llm-d endpoint picker `binary` (default $"+peerproc.EnvEPP+")")
 	fs.StringVar(&kvselectArgs, "kvselect-args", "", "extra kvselect `flags`, space-separated (e.g. --enable-pprof)")
 	fs.StringVar(&eppArgs, "epp-args", "", "extra endpoint picker `flags`, space-separated")
@@ -189,7 +216,7 @@ func runVsEPP(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.Float64Var(&c.compress, "compress", 10, "open loop: replay the trace this many `times` faster than recorded (at 20x, four engines and the load generator saturate one core)")
 	fs.Float64Var(&c.rate, "rate", 0, "open loop: arrivals per `second` at a fixed pace instead of the trace's times")
 	fs.IntVar(&c.concurrency, "concurrency", 64, "closed loop: `clients`; open loop: most requests in flight")
-	fs.IntVar(&c.sims, "engines", 4, "llm-d-inference-sim `engines`")
+	fs.IntVar(&c.sims, "engines", 4, "`engines` (of -engine-family)")
 	fs.IntVar(&c.blockTokens, "block-tokens", 64, "prompt `tokens` per trace block (the trace's blocks are 512 tokens)")
 	fs.IntVar(&c.blockSize, "block-size", 16, "engines' KV block size (both pickers are told the same)")
 	fs.IntVar(&c.kvBlocks, "kv-blocks", 8192, "engines' KV cache, in blocks (large next to one prompt: the simulator mis-chains blocks when it evicts within a request)")
@@ -234,15 +261,10 @@ func runVsEPP(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		}
 	}
 	rep := vsReport{Date: time.Now().UTC().Format(time.RFC3339), CPUs: runtime.NumCPU(), Pinned: c.pin, Trace: c.trace,
-		Requests: len(reqs), Engines: c.sims, Loop: c.loopName(), Args: strings.Join(args, " ")}
-	bodies := make([][]byte, len(reqs))
-	for i, r := range reqs {
-		b, err := json.Marshal(demoBody{Model: simModel, Prompt: demoTokens(r.HashIDs, c.blockTokens),
-			MaxTokens: min(max(1, r.OutputLength*c.blockTokens/512), c.maxOutput), Stream: true})
-		if err != nil {
-			return err
-		}
-		bodies[i] = b
+		Requests: len(reqs), Engines: c.sims, EngineFamily: c.family, Prompts: c.prompts, Loop: c.loopName(), Args: strings.Join(args, " ")}
+	bodies, err := c.bodies(reqs)
+	if err != nil {
+		return err
 	}
 	for _, tr := range c.transports {
 		for _, p := range c.pickers {
@@ -264,7 +286,7 @@ func runVsEPP(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return err
 	}
 	svg := filepath.Join(c.out, "vs-epp.svg")
-	title := fmt.Sprintf("kvselect vs llm-d EPP: %d llm-d-inference-sim engines, %d trace requests, %s", c.sims, len(reqs), rep.Loop)
+	title := fmt.Sprintf("kvselect vs llm-d EPP: %d %s, %d trace requests (%s prompts), %s", c.sims, familyNoun(c.family), len(reqs), c.prompts, rep.Loop)
 	if err := report.WriteSVG(svg, title, vsCharts(&rep)...); err != nil {
 		return err
 	}
@@ -320,10 +342,91 @@ func (c *vsConfig) check(fs *flag.FlagSet) error {
 			return fmt.Errorf("-transports: unknown transport %q", t)
 		}
 	}
-	if c.simBin == "" {
-		return fmt.Errorf("vs-epp needs llm-d-inference-sim: set -sim-bin or $%s (build it from github.com/llm-d/llm-d-inference-sim)", peerproc.EnvSim)
+	switch c.family {
+	case familySim:
+		if c.simBin == "" {
+			return fmt.Errorf("vs-epp needs llm-d-inference-sim: set -sim-bin or $%s (build it from github.com/llm-d/llm-d-inference-sim)", peerproc.EnvSim)
+		}
+	case familyMock:
+		if c.mockBin == "" {
+			return errors.New("-engine-family mock needs -mockworker (build it with `make build`)")
+		}
+	default:
+		return fmt.Errorf("-engine-family %q: want %s or %s", c.family, familySim, familyMock)
+	}
+	switch c.prompts {
+	case promptsIDs:
+	case promptsTxt:
+		for _, p := range c.pickers {
+			// The EPP's token producer renders text through an engine's
+			// /v1/completions/render, which the mock worker does not serve.
+			if !isKvselect(p) && c.family == familyMock {
+				return fmt.Errorf("-prompts text with picker %s needs -engine-family %s: the EPP renders text prompts through an engine's /v1/completions/render, which kvselect-mockworker does not serve", p, familySim)
+			}
+		}
+	default:
+		return fmt.Errorf("-prompts %q: want %s or %s", c.prompts, promptsIDs, promptsTxt)
 	}
 	return nil
+}
+
+// familyNoun names the engines of a family in the report.
+func familyNoun(family string) string {
+	if family == familyMock {
+		return "kvselect-mockworker engines"
+	}
+	return "llm-d-inference-sim engines"
+}
+
+// vsTextBody is a completions request with a text prompt.
+type vsTextBody struct {
+	Model     string `json:"model"`
+	Prompt    string `json:"prompt"`
+	MaxTokens int    `json:"max_tokens"`
+	Stream    bool   `json:"stream"`
+}
+
+// bodies are the trace's requests as the client sends them, token ids or text.
+func (c *vsConfig) bodies(reqs []mooncake.Request) ([][]byte, error) {
+	bodies := make([][]byte, len(reqs))
+	for i, r := range reqs {
+		maxTokens := min(max(1, r.OutputLength*c.blockTokens/512), c.maxOutput)
+		var body any = demoBody{Model: simModel, Prompt: demoTokens(r.HashIDs, c.blockTokens), MaxTokens: maxTokens, Stream: true}
+		if c.prompts == promptsTxt {
+			body = vsTextBody{Model: simModel, Prompt: vsText(r.HashIDs, c.blockTokens), MaxTokens: maxTokens, Stream: true}
+		}
+		b, err := json.Marshal(body)
+		if err != nil {
+			return nil, fmt.Errorf("request %d: %w", i, err)
+		}
+		bodies[i] = b
+	}
+	return bodies, nil
+}
+
+// vsText is the text analogue of demoTokens: every trace block becomes
+// blockTokens words derived from its hash id, so requests that share a prefix
+// of hash ids share a text prefix, ending at a word boundary. Every word is
+// six lowercase letters, so a tokenizer that gives a word one token (the mock
+// worker's) gives every block blockTokens tokens, and one that splits words
+// further (the simulator's) splits them alike.
+func vsText(ids []uint64, blockTokens int) string {
+	var b strings.Builder
+	b.Grow(len(ids) * blockTokens * 8)
+	const letters = "abcdefghijklmnopqrstuvwxyz"
+	for _, id := range ids {
+		for j := range blockTokens {
+			if b.Len() > 0 {
+				b.WriteByte(' ')
+			}
+			h := mooncake.Mix64(id<<16 | uint64(j))
+			for range 6 {
+				b.WriteByte(letters[h%26])
+				h /= 26
+			}
+		}
+	}
+	return b.String()
 }
 
 func (c *vsConfig) loopName() string {
@@ -393,14 +496,10 @@ func (c *vsConfig) runOne(ctx context.Context, picker, transport string, reqs []
 		return run, err
 	}
 	defer pk.stop()
-	sims, err := startSims(ctx, simFleetConfig{
-		bin: c.simBin, n: c.sims, collector: collector, blockSize: c.blockSize, kvBlocks: c.kvBlocks,
-		prefillPerToken: c.prefillPerToken, interToken: c.interToken, maxNumSeqs: c.maxNumSeqs,
-		maxModelLen: simModelLen(reqs, c.blockTokens, c.maxOutput), logDir: dir, ports: ports,
-	})
+	engines, err := c.startEngines(ctx, reqs, collector, dir, ports)
 	defer func() {
-		for _, s := range sims {
-			s.Stop()
+		for _, e := range engines {
+			e.Stop()
 		}
 	}()
 	if err != nil {
@@ -408,8 +507,8 @@ func (c *vsConfig) runOne(ctx context.Context, picker, transport string, reqs []
 	}
 	fl := &fleet{hc: hc, rest: pk.rest, workers: endpoints, model: simModel}
 	if pk.rest != "" {
-		for i, s := range sims {
-			if err := registerSim(ctx, hc, pk.rest, uint64(i+1), s, c.blockSize, c.kvBlocks); err != nil {
+		for i, e := range engines {
+			if err := registerEngine(ctx, hc, pk.rest, uint64(i+1), e, c.blockSize, c.kvBlocks); err != nil {
 				return run, err
 			}
 		}
@@ -533,6 +632,11 @@ func (c *vsConfig) runOne(ctx context.Context, picker, transport string, reqs []
 			return run, err
 		}
 		run.LeakedBookings = &n
+		if c.prompts == promptsTxt {
+			if err := run.tokenizeFigures(hc, pk.metrics); err != nil {
+				return run, err
+			}
+		}
 	}
 
 	if c.saturate > 0 {
@@ -548,6 +652,28 @@ func (c *vsConfig) runOne(ctx context.Context, picker, transport string, reqs []
 		}
 	}
 	return run, nil
+}
+
+// tokenizeFigures reads how many text prompts kvselect routed on its text
+// index for want of the engine's ids, and why.
+func (run *vsRun) tokenizeFigures(hc *http.Client, metricsURL string) error {
+	const requests, fallbacks = "kvselect_tokenize_requests_total", "kvselect_tokenize_fallbacks_total"
+	series, err := scrapeSeries(hc, metricsURL, requests, fallbacks)
+	if err != nil {
+		return err
+	}
+	n := uint64(series[requests+`{result="fallback"}`])
+	run.TokenizeFallbacks = &n
+	for k, v := range series {
+		reason, ok := strings.CutPrefix(k, fallbacks+`{reason="`)
+		if ok && v > 0 {
+			if run.TokenizeFallbackReasons == nil {
+				run.TokenizeFallbackReasons = make(map[string]uint64)
+			}
+			run.TokenizeFallbackReasons[strings.TrimSuffix(reason, `"}`)] = uint64(v)
+		}
+	}
+	return nil
 }
 
 // startPicker starts kvselect or the EPP (on CPU 0 when pinned) and dials
@@ -580,6 +706,9 @@ func (c *vsConfig) startPicker(ctx context.Context, picker string, secure bool, 
 		}
 		if picker == pickerKvselectPrefix {
 			args = append(args, "--policy", "longest-prefix")
+		}
+		if c.prompts == promptsTxt {
+			args = append(args, "--tokenize", "pool")
 		}
 		args = append(args, c.kvselectArgs...)
 		argv := append(append(wrap, c.kvselectBin), args...)
@@ -633,6 +762,69 @@ func (c *vsConfig) startPicker(ctx context.Context, picker string, secure bool, 
 	stopPicker := pk.stop
 	pk.stop = func() { pk.conn.Close(); stopPicker() }
 	return pk, nil
+}
+
+// vsEngine is a running engine of either family.
+type vsEngine interface {
+	URL() string
+	ReplayEndpoint() string
+	Stop()
+}
+
+// startEngines starts c.sims engines of c.family on the given HTTP ports,
+// their PUB sockets dialing collector, each with a replay endpoint, and waits
+// until each answers /health. On error it returns the ones that started, for
+// the caller to stop.
+func (c *vsConfig) startEngines(ctx context.Context, reqs []mooncake.Request, collector, dir string, ports []int) ([]vsEngine, error) {
+	var engines []vsEngine
+	modelLen := simModelLen(reqs, c.blockTokens, c.maxOutput)
+	if c.family == familySim {
+		sims, err := startSims(ctx, simFleetConfig{
+			bin: c.simBin, n: c.sims, collector: collector, blockSize: c.blockSize, kvBlocks: c.kvBlocks,
+			prefillPerToken: c.prefillPerToken, interToken: c.interToken, maxNumSeqs: c.maxNumSeqs,
+			maxModelLen: modelLen, logDir: dir, ports: ports,
+		})
+		for _, s := range sims {
+			engines = append(engines, s)
+		}
+		return engines, err
+	}
+	for i, port := range ports {
+		replay, err := peerproc.FreePort()
+		if err != nil {
+			return engines, err
+		}
+		logPath := filepath.Join(dir, fmt.Sprintf("mockworker-%d.log", i+1))
+		logf, err := os.Create(logPath)
+		if err != nil {
+			return engines, err
+		}
+		// The simulator's timing model in the mock's terms: prefill per
+		// uncached prompt token, a fixed time per output token, at most
+		// -max-num-seqs running.
+		p, err := peerproc.StartMockWorker(ctx, peerproc.MockWorker{
+			Binary: c.mockBin, Model: simModel, Port: port, Collector: collector, ReplayPort: replay,
+			BlockSize: c.blockSize, KVBlocks: c.kvBlocks, PrefillPerToken: c.prefillPerToken, DecodePerToken: c.interToken,
+			MaxNumSeqs: c.maxNumSeqs, MaxModelLen: modelLen, Log: logf,
+		})
+		if err != nil {
+			logf.Close()
+			return engines, fmt.Errorf("start kvselect-mockworker %d (log %s): %w; build it with `make build`", i+1, logPath, err)
+		}
+		engines = append(engines, vsMock{p, logf})
+	}
+	return engines, nil
+}
+
+// vsMock is a mock worker process and its log file.
+type vsMock struct {
+	*peerproc.MockWorkerProcess
+	log *os.File
+}
+
+func (m vsMock) Stop() {
+	m.MockWorkerProcess.Stop()
+	m.log.Close()
 }
 
 func stopCmd(cmd *exec.Cmd, exited chan struct{}) {

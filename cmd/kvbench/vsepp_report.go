@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"fmt"
 	"io"
+	"maps"
 	"math"
 	"net/http"
 	"slices"
@@ -48,6 +49,37 @@ func scrapeHistogram(hc *http.Client, url, name string) (promHist, error) {
 		return h, fmt.Errorf("scrape %s: %s", url, resp.Status)
 	}
 	return parseHistogram(resp.Body, name)
+}
+
+// scrapeSeries reads every sample of the named metrics, keyed by name and
+// labels as exposed (`name{label="v"}`).
+func scrapeSeries(hc *http.Client, url string, names ...string) (map[string]float64, error) {
+	resp, err := hc.Get(url)
+	if err != nil {
+		return nil, fmt.Errorf("scrape %s: %w", url, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("scrape %s: %s", url, resp.Status)
+	}
+	out := make(map[string]float64)
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		series, val, ok := strings.Cut(sc.Text(), " ")
+		metric, _, _ := strings.Cut(series, "{")
+		if !ok || !slices.Contains(names, metric) {
+			continue
+		}
+		val, _, _ = strings.Cut(strings.TrimSpace(val), " ")
+		if v, err := strconv.ParseFloat(val, 64); err == nil {
+			out[series] += v
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return nil, fmt.Errorf("scrape %s: %w", url, err)
+	}
+	return out, nil
 }
 
 func parseHistogram(r io.Reader, name string) (promHist, error) {
@@ -170,8 +202,12 @@ func vsTable(w io.Writer, rep *vsReport) error {
 	if rep.Pinned {
 		pin = "each picker pinned to CPU 0, load generator and engines to CPU 1"
 	}
-	fmt.Fprintf(w, "\n%d requests of %s over %d llm-d-inference-sim engines, %s; %d CPUs, %s; each picker with fresh engines:\n\n",
-		rep.Requests, rep.Trace, rep.Engines, rep.Loop, rep.CPUs, pin)
+	prompts := "token-id"
+	if rep.Prompts == promptsTxt {
+		prompts = "text"
+	}
+	fmt.Fprintf(w, "\n%d requests of %s (%s prompts) over %d %s, %s; %d CPUs, %s; each picker with fresh engines:\n\n",
+		rep.Requests, rep.Trace, prompts, rep.Engines, familyNoun(rep.EngineFamily), rep.Loop, rep.CPUs, pin)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	row := func(name string, f func(r vsRun) string) {
 		fmt.Fprintf(tw, "%s\t", name)
@@ -215,6 +251,22 @@ func vsTable(w io.Writer, rep *vsReport) error {
 	row("decisions with endpoint scores", func(r vsRun) string { return strconv.Itoa(r.WithScores) })
 	row("request bodies re-encoded by the picker", func(r vsRun) string { return strconv.Itoa(r.BodiesReencoded) })
 	row("decisions with header mutations Envoy refuses", func(r vsRun) string { return strconv.Itoa(r.RefusedMutations) })
+	if rep.Prompts == promptsTxt {
+		row("text prompts routed on the text index (tokenize fallbacks)", func(r vsRun) string {
+			if r.TokenizeFallbacks == nil {
+				return "-"
+			}
+			out := strconv.FormatUint(*r.TokenizeFallbacks, 10)
+			if len(r.TokenizeFallbackReasons) > 0 {
+				var why []string
+				for _, k := range slices.Sorted(maps.Keys(r.TokenizeFallbackReasons)) {
+					why = append(why, fmt.Sprintf("%s %d", k, r.TokenizeFallbackReasons[k]))
+				}
+				out += " (" + strings.Join(why, ", ") + ")"
+			}
+			return out
+		})
+	}
 	row("bookings left after the runs", func(r vsRun) string {
 		if r.LeakedBookings == nil {
 			return "-"

@@ -4,9 +4,12 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"flag"
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -16,21 +19,53 @@ import (
 	"github.com/kvselect/kvselect/internal/peerproc"
 )
 
-// TestVsEPPHarness runs `kvbench vs-epp` on the first 20 seconds of the
-// conversation trace (65 requests, replayed 4x faster) for kvselect and llm-d's
-// endpoint picker, each with fresh llm-d-inference-sim engines, and checks the
-// harness itself: both pickers route every request to one of the engines, every
-// engine response comes back through the picker byte for byte (the harness
-// counts any difference as an error), each figure of the report is produced,
-// and kvselect holds no booking afterwards. It asserts no speed.
+// TestVsEPPHarness runs `kvbench vs-epp` on the start of the conversation
+// trace (the first 20 seconds, 65 requests, replayed 4x faster; or the first
+// 40) for kvselect and llm-d's endpoint picker, each with fresh engines of
+// each family (llm-d-inference-sim, kvselect-mockworker) and with token-id or
+// text prompts, and checks the harness itself: every picker routes every
+// request to one of the engines, every engine response comes back through the
+// picker byte for byte (the harness counts any difference as an error), each
+// figure of the report is produced, kvselect holds no booking afterwards, and
+// with text prompts and a generous tokenize budget kvselect routes every
+// prompt on the engine's ids. It asserts no speed.
 func TestVsEPPHarness(t *testing.T) {
-	sim, epp := peerproc.SimBinary(t), peerproc.EPPBinary(t)
-	kvselectBin, _ := buildFleetBinaries(t)
+	kvselectBin, mockBin := buildFleetBinaries(t)
+	for _, tc := range []struct {
+		family, prompts string
+		requests        int
+		pickers         []string
+	}{
+		{familySim, promptsIDs, 65, []string{pickerKvselect, pickerEPP}},
+		{familyMock, promptsIDs, 40, []string{pickerKvselect, pickerEPP}},
+		{familySim, promptsTxt, 40, []string{pickerKvselect, pickerEPP}},
+		// The EPP renders text through an engine, which the mock cannot do.
+		{familyMock, promptsTxt, 40, []string{pickerKvselect}},
+	} {
+		t.Run(tc.family+"/"+tc.prompts, func(t *testing.T) {
+			sim, epp := "", ""
+			if tc.family == familySim {
+				sim = peerproc.SimBinary(t)
+			}
+			if slices.Contains(tc.pickers, pickerEPP) {
+				epp = peerproc.EPPBinary(t)
+			}
+			vsHarness(t, []string{"-kvselect", kvselectBin, "-mockworker", mockBin, "-sim-bin", sim, "-epp-bin", epp,
+				"-engine-family", tc.family, "-prompts", tc.prompts, "-requests", strconv.Itoa(tc.requests),
+				"-pickers", strings.Join(tc.pickers, ",")}, tc.requests, tc.pickers, tc.prompts == promptsTxt)
+		})
+	}
+}
+
+func vsHarness(t *testing.T, args []string, requests int, pickers []string, text bool) {
+	t.Helper()
 	out := t.TempDir()
 	var stdout, stderr bytes.Buffer
-	err := run(context.Background(), []string{"vs-epp", "-kvselect", kvselectBin, "-sim-bin", sim, "-epp-bin", epp, "-trace", trace,
-		"-requests", "65", "-compress", "4", "-engines", "2", "-pickers", "kvselect,epp", "-idle", "1s", "-saturate", "1s",
-		"-saturate-streams", "8", "-pin=false", "-quiet", "-out", out}, &stdout, &stderr)
+	// A generous tokenize budget: on a busy machine the default 20 ms can
+	// pass, and the prompt then routes on the text index.
+	args = append([]string{"vs-epp", "-trace", trace, "-compress", "4", "-engines", "2", "-idle", "1s", "-saturate", "1s",
+		"-saturate-streams", "8", "-pin=false", "-quiet", "-out", out, "-kvselect-args", "--tokenize-timeout 10s"}, args...)
+	err := run(context.Background(), args, &stdout, &stderr)
 	if err != nil {
 		t.Fatalf("vs-epp: %v\n%s\n%s", err, stdout.String(), stderr.String())
 	}
@@ -39,22 +74,24 @@ func TestVsEPPHarness(t *testing.T) {
 		t.Fatal(err)
 	}
 	var rep vsReport
-	if err := json.Unmarshal(b, &rep); err != nil || len(rep.Runs) != 2 {
+	if err := json.Unmarshal(b, &rep); err != nil || len(rep.Runs) != len(pickers) {
 		t.Fatalf("vs-epp.json: %v %s", err, b)
 	}
-	for _, r := range rep.Runs {
+	for i, r := range rep.Runs {
 		routed := 0
 		for _, n := range r.PerEngine {
 			routed += n
 		}
 		switch {
+		case r.Picker != pickers[i]:
+			t.Errorf("run %d is %s, want %s", i, r.Picker, pickers[i])
 		case r.Errors != 0 || r.SaturationErrors != 0:
 			t.Errorf("%s: %d errors (%s), %d in the saturating loop (%s)", r.Picker, r.Errors, r.ErrorSample, r.SaturationErrors, r.SaturationError)
-		case routed != 65:
-			t.Errorf("%s routed %d of 65 requests: %v", r.Picker, routed, r.PerEngine)
+		case routed != requests:
+			t.Errorf("%s routed %d of %d requests: %v", r.Picker, routed, requests, r.PerEngine)
 		case r.Decision.P50 <= 0 || r.TTFTP50Ms <= 0 || r.TTFTP90Ms < r.TTFTP50Ms:
 			t.Errorf("%s: decision %+v, TTFT %.1f / %.1f ms", r.Picker, r.Decision, r.TTFTP50Ms, r.TTFTP90Ms)
-		case r.Histogram.Count < 65:
+		case r.Histogram.Count < float64(requests):
 			t.Errorf("%s: the picker's %s counted %.0f decisions", r.Picker, r.Histogram.Name, r.Histogram.Count)
 		case r.CPUPerRequestGrossUs <= 0 || r.MaxRPS <= 0:
 			t.Errorf("%s: CPU per request %.0f µs, saturating loop %.0f req/s", r.Picker, r.CPUPerRequestGrossUs, r.MaxRPS)
@@ -63,20 +100,34 @@ func TestVsEPPHarness(t *testing.T) {
 		case !(r.HitRate > 0 && r.HitRate < 1):
 			t.Errorf("%s: hit rate %v from the engines' counters", r.Picker, r.HitRate)
 		}
-	}
-	kv, epp0 := rep.Runs[0], rep.Runs[1]
-	if kv.Picker != pickerKvselect || kv.LeakedBookings == nil || *kv.LeakedBookings != 0 || kv.Histogram.Name != "kvselect_extproc_pick_duration_seconds" {
-		t.Errorf("kvselect run: %+v", kv)
-	}
-	if epp0.Picker != pickerEPP || epp0.WithScores != 65 || epp0.Histogram.Name != "llm_d_epp_scheduler_e2e_duration_seconds" {
-		t.Errorf("EPP run: picker %q, %d decisions with endpoint scores, histogram %q", epp0.Picker, epp0.WithScores, epp0.Histogram.Name)
-	}
-	for _, want := range []string{"decision p50 / p90 / p99", "prefix-cache hit rate", "kvselect vs epp:"} {
-		if !strings.Contains(stdout.String(), want) {
-			t.Errorf("table lacks %q:\n%s", want, stdout.String())
+		if isKvselect(r.Picker) {
+			if r.LeakedBookings == nil || *r.LeakedBookings != 0 || r.Histogram.Name != "kvselect_extproc_pick_duration_seconds" {
+				t.Errorf("kvselect run: %+v", r)
+			}
+			if text && (r.TokenizeFallbacks == nil || *r.TokenizeFallbacks != 0) {
+				t.Errorf("kvselect routed text prompts on its text index: %v (%v)", r.TokenizeFallbacks, r.TokenizeFallbackReasons)
+			}
+		} else if r.WithScores != requests || r.Histogram.Name != "llm_d_epp_scheduler_e2e_duration_seconds" {
+			t.Errorf("EPP run: %d decisions with endpoint scores, histogram %q", r.WithScores, r.Histogram.Name)
 		}
 	}
-	for _, f := range []string{"vs-epp.svg", "epp-plain/epp-config.yaml", "epp-plain/endpoints.yaml"} {
+	want := []string{"decision p50 / p90 / p99", "prefix-cache hit rate"}
+	if len(pickers) > 1 {
+		want = append(want, "kvselect vs epp:")
+	}
+	if text {
+		want = append(want, "tokenize fallbacks")
+	}
+	for _, w := range want {
+		if !strings.Contains(stdout.String(), w) {
+			t.Errorf("table lacks %q:\n%s", w, stdout.String())
+		}
+	}
+	files := []string{"vs-epp.svg"}
+	if slices.Contains(pickers, pickerEPP) {
+		files = append(files, "epp-plain/epp-config.yaml", "epp-plain/endpoints.yaml")
+	}
+	for _, f := range files {
 		if _, err := os.Stat(filepath.Join(out, f)); err != nil {
 			t.Error(err)
 		}
@@ -95,6 +146,57 @@ func TestVsEPPNeedsThePeers(t *testing.T) {
 	err = run(context.Background(), []string{"vs-epp", "-pickers", "kvselect", "-sim-bin", ""}, &stdout, &stderr)
 	if err == nil || !strings.Contains(err.Error(), peerproc.EnvSim) {
 		t.Fatalf("err = %v, want one naming %s", err, peerproc.EnvSim)
+	}
+}
+
+// The mock family needs no simulator; text prompts with the EPP need the
+// simulator family, whose engines render text for the EPP's token producer.
+func TestVsEPPFamilyAndPromptsChecks(t *testing.T) {
+	t.Setenv(peerproc.EnvSim, "")
+	t.Setenv(peerproc.EnvEPP, "/bin/true")
+	for _, tc := range []struct {
+		args []string
+		want string // in the error; "" for none
+	}{
+		{[]string{"-engine-family", "mock"}, ""},
+		{[]string{"-engine-family", "mock", "-prompts", "text", "-pickers", "kvselect,kvselect-prefix"}, ""},
+		{[]string{"-engine-family", "mock", "-prompts", "text"}, "-engine-family llmd-sim"},
+		{[]string{"-engine-family", "mock", "-mockworker", ""}, "-mockworker"},
+		{[]string{"-engine-family", "vllm"}, "want llmd-sim or mock"},
+		{[]string{"-engine-family", "mock", "-prompts", "chat"}, "want tokens or text"},
+	} {
+		fs := flag.NewFlagSet("t", flag.ContinueOnError)
+		c := vsConfig{requests: 1, concurrency: 1, sims: 1, blockTokens: 1, blockSize: 1, kvBlocks: 1, maxNumSeqs: 1, maxOutput: 1,
+			saturateStreams: 1, loop: "open", compress: 1, idle: time.Second, transports: []string{"plain"},
+			pickers: []string{pickerKvselect, pickerEPP}, eppBin: "/bin/true", mockBin: "bin/kvselect-mockworker",
+			family: familySim, prompts: promptsIDs}
+		fs.StringVar(&c.family, "engine-family", c.family, "")
+		fs.StringVar(&c.prompts, "prompts", c.prompts, "")
+		fs.StringVar(&c.mockBin, "mockworker", c.mockBin, "")
+		fs.Func("pickers", "", func(v string) error { c.pickers = splitList(v); return nil })
+		if err := fs.Parse(tc.args); err != nil {
+			t.Fatal(err)
+		}
+		err := c.check(fs)
+		if tc.want == "" && err != nil || tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)) {
+			t.Errorf("%q: err = %v, want one containing %q", tc.args, err, tc.want)
+		}
+	}
+}
+
+// Trace blocks become words: requests sharing a prefix of blocks share a
+// text prefix ending at a word boundary, and every block is blockTokens words.
+func TestVsTextSharesPrefixesByBlock(t *testing.T) {
+	a, b := vsText([]uint64{1, 2, 3}, 4), vsText([]uint64{1, 2, 9}, 4)
+	ab := vsText([]uint64{1, 2}, 4)
+	if !strings.HasPrefix(a, ab+" ") || !strings.HasPrefix(b, ab+" ") || a == b {
+		t.Fatalf("no shared two-block prefix:\n%s\n%s\n%s", a, b, ab)
+	}
+	if n := len(strings.Fields(a)); n != 12 {
+		t.Fatalf("%d words for 3 blocks of 4", n)
+	}
+	if vsText([]uint64{1, 2, 3}, 4) != a {
+		t.Fatal("not deterministic")
 	}
 }
 

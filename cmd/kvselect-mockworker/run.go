@@ -35,7 +35,8 @@ Serves POST /v1/completions and /v1/chat/completions (streaming or not),
 POST /tokenize (vLLM's: prompt or chat messages), GET /v1/models, /health and
 /metrics (vLLM metric names) and POST /reset_prefix_cache on --host:--port. Each data-parallel rank has a pool of
 --num-gpu-blocks KV blocks with prefix caching and LRU eviction, and publishes
-vLLM-format KV events on ZMQ (PUB, plus a ROUTER replay ring). Text prompts are
+vLLM-format KV events on ZMQ (PUB, plus a ROUTER replay ring), binding its PUB
+sockets or, with --kv-events-connect, dialing a collector. Text prompts are
 tokenized one token per whitespace-separated word. With --register the worker
 announces itself to a kvselect REST API and deletes itself on SIGINT/SIGTERM.
 See docs/mockworker.md.
@@ -50,6 +51,7 @@ type options struct {
 	workerID              uint64
 	kvEvents, kvReplay    bool
 	eventsEP, replayEP    string
+	collector             string
 	eventFormat           string
 	register              string
 	routingGroup          string
@@ -83,9 +85,10 @@ func newFlagSet(o *options) *flag.FlagSet {
 	fs.IntVar(&c.PrefillSlots, "prefill-slots", 0, "prefills a rank computes at once, the rest wait (1: prefill throughput shared like one GPU's; 0: unlimited)")
 	fs.BoolVar(&o.kvEvents, "kv-events", true, "publish KV events on ZMQ")
 	fs.StringVar(&o.eventsEP, "kv-events-endpoint", "", "PUB endpoint of rank 0, vLLM style; rank i uses port+i, port 0 a free port per rank (default tcp://HOST:0)")
+	fs.StringVar(&o.collector, "kv-events-connect", "", "KV events collector every rank's PUB socket dials instead of binding one, tcp://HOST:PORT (llm-d's topology: kvselect --kv-events-bind, or llm-d's endpoint picker); excludes --kv-events-endpoint; the topic defaults to kv@<advertised host>:<http port>@<model>")
 	fs.BoolVar(&o.kvReplay, "kv-replay", true, "serve the replay ring on a ROUTER socket")
 	fs.StringVar(&o.replayEP, "kv-replay-endpoint", "", "ROUTER replay endpoint of rank 0, offset like --kv-events-endpoint (default tcp://HOST:0)")
-	fs.StringVar(&c.EventsTopic, "kv-events-topic", "", "topic frame of KV event messages")
+	fs.StringVar(&c.EventsTopic, "kv-events-topic", "", "topic frame of KV event messages (default: none when binding, kv@<advertised host>:<http port>@<model> with --kv-events-connect)")
 	fs.StringVar(&o.eventFormat, "kv-events-format", "map", "event encoding: map (vLLM v0.26+) or positional (earlier vLLM, SGLang)")
 	fs.IntVar(&c.ReplayRing, "kv-replay-buffer", kvpublish.DefaultRingSize, "batches each rank keeps for replay (vLLM buffer_steps)")
 	fs.StringVar(&o.register, "register", "", "kvselect REST base URL to register with (POST /workers), e.g. http://127.0.0.1:8092")
@@ -153,9 +156,20 @@ func parse(args []string) (*options, error) {
 	} else if strings.Contains(zmqHost, ":") {
 		zmqHost = "[" + zmqHost + "]"
 	}
+	if o.collector != "" {
+		switch {
+		case !o.kvEvents:
+			return nil, &usageError{errors.New("--kv-events-connect needs --kv-events")}
+		case o.eventsEP != "":
+			return nil, &usageError{errors.New("--kv-events-connect and --kv-events-endpoint exclude each other: the PUB socket dials a collector or binds, not both")}
+		}
+		if _, err := mockworker.OffsetEndpoint(o.collector, 0); err != nil {
+			return nil, &usageError{fmt.Errorf("--kv-events-connect: %w", err)}
+		}
+	}
 	if o.kvEvents {
-		o.cfg.KVEventsEndpoint = o.eventsEP
-		if o.cfg.KVEventsEndpoint == "" {
+		o.cfg.KVEventsEndpoint, o.cfg.KVEventsCollector = o.eventsEP, o.collector
+		if o.cfg.KVEventsEndpoint == "" && o.collector == "" {
 			o.cfg.KVEventsEndpoint = "tcp://" + zmqHost + ":0"
 		}
 		if o.kvReplay {
@@ -220,6 +234,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, onListen 
 		// JSON clients in any language read it exactly.
 		o.cfg.WorkerID = xxh3.HashString(endpoint) & (1<<53 - 1)
 	}
+	if o.cfg.KVEventsCollector != "" && o.cfg.EventsTopic == "" {
+		// The collector knows this worker by the host:port it routes to.
+		o.cfg.EventsTopic = mockworker.LLMDTopic(net.JoinHostPort(o.advertiseHost, strconv.Itoa(port)), o.cfg.Model)
+	}
 	o.cfg.Logger = log
 	w, err := mockworker.New(o.cfg)
 	if err != nil {
@@ -233,8 +251,13 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, onListen 
 	attrs := []any{"addr", ln.Addr().String(), "endpoint", endpoint, "model", cfg.Model, "worker_id", cfg.WorkerID,
 		"dp_ranks", fmt.Sprintf("%d..%d", cfg.DPStartRank, cfg.DPStartRank+cfg.DPSize-1), "block_size", cfg.BlockSize,
 		"num_gpu_blocks", cfg.NumBlocks, "speedup", cfg.Speedup}
+	if cfg.KVEventsCollector != "" {
+		attrs = append(attrs, "kv_events_collector", cfg.KVEventsCollector, "kv_events_topic", cfg.EventsTopic)
+	}
 	for _, e := range w.Endpoints() {
-		attrs = append(attrs, fmt.Sprintf("kv_events_rank_%d", e.DPRank), e.KVEvents)
+		if cfg.KVEventsCollector == "" {
+			attrs = append(attrs, fmt.Sprintf("kv_events_rank_%d", e.DPRank), e.KVEvents)
+		}
 		if e.Replay != "" {
 			attrs = append(attrs, fmt.Sprintf("kv_replay_rank_%d", e.DPRank), e.Replay)
 		}

@@ -1,9 +1,10 @@
 // Package peerproc runs third-party peers as real processes on loopback, for
 // the interop tests and the side-by-side benchmarks: llm-d-inference-sim (the
 // llm-d project's vLLM simulator, which publishes real KV events) and llm-d's
-// endpoint picker. Binaries are found through environment variables, so that a
-// test skips with a clear message where a peer is not installed and fails
-// where CI requires it.
+// endpoint picker, plus kvselect's own mock worker set up the way the
+// simulator runs (mockworker.go). Third-party binaries are found through
+// environment variables, so that a test skips with a clear message where a
+// peer is not installed and fails where CI requires it.
 package peerproc
 
 import (
