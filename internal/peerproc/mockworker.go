@@ -3,9 +3,7 @@ package peerproc
 import (
 	"context"
 	"errors"
-	"fmt"
 	"io"
-	"os/exec"
 	"strconv"
 	"time"
 )
@@ -37,30 +35,8 @@ type MockWorker struct {
 
 // MockWorkerProcess is a running mock worker.
 type MockWorkerProcess struct {
-	cfg  MockWorker
-	cmd  *exec.Cmd
-	done chan struct{}
+	*Engine
 }
-
-// URL is the worker's HTTP base URL.
-func (p *MockWorkerProcess) URL() string { return "http://127.0.0.1:" + strconv.Itoa(p.cfg.Port) }
-
-// HostPort is its address as its KV event topic names it.
-func (p *MockWorkerProcess) HostPort() string { return "127.0.0.1:" + strconv.Itoa(p.cfg.Port) }
-
-// ReplayEndpoint is its replay ROUTER, "" when it has none.
-func (p *MockWorkerProcess) ReplayEndpoint() string {
-	if p.cfg.ReplayPort == 0 {
-		return ""
-	}
-	return "tcp://127.0.0.1:" + strconv.Itoa(p.cfg.ReplayPort)
-}
-
-// Topic is the topic its KV events carry: kv@127.0.0.1:<port>@<model>.
-func (p *MockWorkerProcess) Topic() string { return "kv@" + p.HostPort() + "@" + p.cfg.Model }
-
-// Stop ends the process (SIGTERM, then SIGKILL after 5 s) and waits for it.
-func (p *MockWorkerProcess) Stop() { stop(p.cmd, p.done) }
 
 // MockWorkerArgs is the command line StartMockWorker runs, defaults filled in.
 func MockWorkerArgs(cfg MockWorker) []string {
@@ -109,24 +85,9 @@ func StartMockWorker(ctx context.Context, cfg MockWorker) (*MockWorkerProcess, e
 	if cfg.Port == 0 {
 		return nil, errors.New("peerproc: the mock worker needs a port (its topic names it)")
 	}
-	cmd := exec.Command(cfg.Binary, MockWorkerArgs(cfg)...)
-	out := cfg.Log
-	if out == nil {
-		out = io.Discard
+	e, err := startEngine(ctx, "mock worker", cfg.Binary, MockWorkerArgs(cfg), nil, cfg.Log, cfg.Port, cfg.ReplayPort, cfg.Model)
+	if err != nil {
+		return nil, err
 	}
-	cmd.Stdout, cmd.Stderr = out, out
-	DieWithParent(cmd)
-	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("peerproc: start %s: %w", cfg.Binary, err)
-	}
-	p := &MockWorkerProcess{cfg: cfg, cmd: cmd, done: make(chan struct{})}
-	go func() {
-		_ = cmd.Wait()
-		close(p.done)
-	}()
-	if err := waitHealthy(ctx, p.URL()+"/health", p.done); err != nil {
-		p.Stop()
-		return nil, fmt.Errorf("peerproc: mock worker on port %d: %w", cfg.Port, err)
-	}
-	return p, nil
+	return &MockWorkerProcess{Engine: e}, nil
 }

@@ -110,35 +110,14 @@ type Sim struct {
 
 // SimProcess is a running simulator.
 type SimProcess struct {
-	cfg  Sim
-	cmd  *exec.Cmd
-	done chan struct{}
-	err  error
+	*Engine
+	cfg Sim
 }
-
-// URL is the simulator's HTTP base URL.
-func (p *SimProcess) URL() string { return "http://127.0.0.1:" + strconv.Itoa(p.cfg.Port) }
-
-// HostPort is its address as its KV event topic names it.
-func (p *SimProcess) HostPort() string { return "127.0.0.1:" + strconv.Itoa(p.cfg.Port) }
-
-// ReplayEndpoint is its replay ROUTER, "" when it has none.
-func (p *SimProcess) ReplayEndpoint() string {
-	if p.cfg.ReplayPort == 0 {
-		return ""
-	}
-	return "tcp://127.0.0.1:" + strconv.Itoa(p.cfg.ReplayPort)
-}
-
-// Topic is the topic its KV events carry: kv@127.0.0.1:<port>@<model>.
-func (p *SimProcess) Topic() string { return "kv@" + p.HostPort() + "@" + p.cfg.Model }
 
 // Config returns what it was started with.
 func (p *SimProcess) Config() Sim { return p.cfg }
 
-// StartSim starts a simulator and waits until GET /health answers 200. The
-// simulator exits 0 even when its startup fails, so health, not the exit
-// status, says whether it runs.
+// StartSim starts a simulator and waits until GET /health answers 200.
 func StartSim(ctx context.Context, cfg Sim) (*SimProcess, error) {
 	if cfg.Model == "" {
 		cfg.Model = "fake-model"
@@ -168,37 +147,77 @@ func StartSim(ctx context.Context, cfg Sim) (*SimProcess, error) {
 		args = append(args, "--use-vllm-map-event-format")
 	}
 	args = append(args, cfg.Extra...)
-	cmd := exec.Command(cfg.Binary, args...)
 	// The topic names POD_IP; without it the simulator does not start.
-	cmd.Env = append(os.Environ(), "POD_IP=127.0.0.1")
-	out := cfg.Log
-	if out == nil {
-		out = io.Discard
+	e, err := startEngine(ctx, "simulator", cfg.Binary, args, []string{"POD_IP=127.0.0.1"}, cfg.Log, cfg.Port, cfg.ReplayPort, cfg.Model)
+	if err != nil {
+		return nil, err
 	}
-	cmd.Stdout, cmd.Stderr = out, out
+	return &SimProcess{Engine: e, cfg: cfg}, nil
+}
+
+// Engine is a running engine process on loopback: the simulator or the mock
+// worker, serving HTTP on its port, publishing KV events under llm-d's topic
+// and, with a replay port, answering replays.
+type Engine struct {
+	port, replayPort int
+	model            string
+	cmd              *exec.Cmd
+	done             chan struct{}
+}
+
+// URL is the engine's HTTP base URL.
+func (e *Engine) URL() string { return "http://127.0.0.1:" + strconv.Itoa(e.port) }
+
+// HostPort is its address as its KV event topic names it.
+func (e *Engine) HostPort() string { return "127.0.0.1:" + strconv.Itoa(e.port) }
+
+// ReplayEndpoint is its replay ROUTER, "" when it has none.
+func (e *Engine) ReplayEndpoint() string {
+	if e.replayPort == 0 {
+		return ""
+	}
+	return "tcp://127.0.0.1:" + strconv.Itoa(e.replayPort)
+}
+
+// Topic is the topic its KV events carry: kv@127.0.0.1:<port>@<model>.
+func (e *Engine) Topic() string { return "kv@" + e.HostPort() + "@" + e.model }
+
+// startEngine runs bin with args (and env added to the environment), its
+// output to log, and waits until GET /health answers 200: the simulator exits
+// 0 even when its startup fails, so health, not the exit status, says whether
+// it runs.
+func startEngine(ctx context.Context, what, bin string, args, env []string, log io.Writer, port, replayPort int, model string) (*Engine, error) {
+	cmd := exec.Command(bin, args...)
+	if len(env) > 0 {
+		cmd.Env = append(os.Environ(), env...)
+	}
+	if log == nil {
+		log = io.Discard
+	}
+	cmd.Stdout, cmd.Stderr = log, log
 	DieWithParent(cmd)
 	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("peerproc: start %s: %w", cfg.Binary, err)
+		return nil, fmt.Errorf("peerproc: start %s: %w", bin, err)
 	}
-	p := &SimProcess{cfg: cfg, cmd: cmd, done: make(chan struct{})}
+	e := &Engine{port: port, replayPort: replayPort, model: model, cmd: cmd, done: make(chan struct{})}
 	go func() {
-		p.err = cmd.Wait()
-		close(p.done)
+		_ = cmd.Wait()
+		close(e.done)
 	}()
-	if err := waitHealthy(ctx, p.URL()+"/health", p.done); err != nil {
-		p.Stop()
-		return nil, fmt.Errorf("peerproc: simulator on port %d: %w", cfg.Port, err)
+	if err := waitHealthy(ctx, e.URL()+"/health", e.done); err != nil {
+		e.Stop()
+		return nil, fmt.Errorf("peerproc: %s on port %d: %w", what, port, err)
 	}
-	return p, nil
+	return e, nil
 }
 
 // Stop ends the process (SIGTERM, then SIGKILL after 5 s) and waits for it.
-func (p *SimProcess) Stop() { stop(p.cmd, p.done) }
+func (e *Engine) Stop() { stop(e.cmd, e.done) }
 
 // Kill ends the process with SIGKILL, as a crash would.
-func (p *SimProcess) Kill() {
-	_ = p.cmd.Process.Kill()
-	<-p.done
+func (e *Engine) Kill() {
+	_ = e.cmd.Process.Kill()
+	<-e.done
 }
 
 func stop(cmd *exec.Cmd, done chan struct{}) {
