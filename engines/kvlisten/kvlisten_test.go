@@ -303,6 +303,17 @@ func status(t *testing.T, l *Listeners, w index.WorkerKey) RankStatus {
 	return st
 }
 
+// attachSynced attaches a rank and waits, with the engine's heartbeat running,
+// until its cursor is synced.
+func attachSynced(t *testing.T, l *Listeners, e *engine, a selection.RankAttachment) {
+	t.Helper()
+	if err := l.Attach(a); err != nil {
+		t.Fatal(err)
+	}
+	e.heartbeat(a.Worker.DPRank)
+	eventually(t, "synced", func() bool { return status(t, l, a.Worker).Synced })
+}
+
 // ---- tests ----
 
 func TestStreamAllBlocks(t *testing.T) {
@@ -354,11 +365,7 @@ func TestGapReplayed(t *testing.T) {
 	ix := newIndex(t)
 	l := newListeners(t)
 	w := index.WorkerKey{WorkerID: 9, DPRank: 0}
-	if err := l.Attach(attachment(ix, w, e.pubEP, e.replayEP)); err != nil {
-		t.Fatal(err)
-	}
-	e.heartbeat(w.DPRank)
-	eventually(t, "synced", func() bool { return status(t, l, w).Synced })
+	attachSynced(t, l, e, attachment(ix, w, e.pubEP, e.replayEP))
 	e.stopHeartbeat()
 
 	c := newChain(w.DPRank, 5000, 6)
@@ -423,11 +430,7 @@ func TestNoReplayEndpoint(t *testing.T) {
 	for _, b := range c.batches {
 		e.history(b)
 	}
-	if err := l.Attach(attachment(ix, w, e.pubEP, "")); err != nil {
-		t.Fatal(err)
-	}
-	e.heartbeat(w.DPRank)
-	eventually(t, "synced", func() bool { return status(t, l, w).Synced })
+	attachSynced(t, l, e, attachment(ix, w, e.pubEP, ""))
 	st := status(t, l, w)
 	if st.Lost != 4 || st.Replays != 0 {
 		t.Fatalf("lost %d with %d replays, want 4 and 0: %+v", st.Lost, st.Replays, st)
@@ -481,11 +484,7 @@ func TestReconnectSameEndpoint(t *testing.T) {
 	ix := newIndex(t)
 	l := newListeners(t)
 	w := index.WorkerKey{WorkerID: 15, DPRank: 0}
-	if err := l.Attach(attachment(ix, w, e.pubEP, e.replayEP)); err != nil {
-		t.Fatal(err)
-	}
-	e.heartbeat(w.DPRank)
-	eventually(t, "synced", func() bool { return status(t, l, w).Synced })
+	attachSynced(t, l, e, attachment(ix, w, e.pubEP, e.replayEP))
 	e.close()
 	eventually(t, "disconnect noticed", func() bool { return status(t, l, w).Reconnects >= 1 })
 	e.mu.Lock()
