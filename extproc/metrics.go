@@ -31,6 +31,8 @@ var (
 		[]string{"at"}, nil)
 	descLost = prometheus.NewDesc("kvselect_extproc_bookings_lost_total",
 		"Bookings that vanished under their stream (expired, or their worker removed) before the response ended.", nil, nil)
+	descOutcomes = prometheus.NewDesc("kvselect_extproc_response_outcomes_total",
+		"Response statuses handed to the passive health checks, by result: ok (below 500) or failure (5xx).", []string{"result"}, nil)
 	descForwardedIDs = prometheus.NewDesc("kvselect_extproc_forwarded_token_ids_total",
 		"Completions bodies whose text prompt was replaced by its token ids before forwarding (--tokenize-forward-ids).", nil, nil)
 )
@@ -47,6 +49,7 @@ var immediateCodes = []typev3.StatusCode{
 type metrics struct {
 	streams, streamErrors, routed, rebooked, outputBlocks atomic.Uint64
 	freedAtEnd, freedAtStreamEnd, lost, forwardedIDs      atomic.Uint64
+	outcomeOK, outcomeFailures                            atomic.Uint64
 	immediate                                             [8]atomic.Uint64 // immediateCodes, then other
 	pick                                                  prometheus.Histogram
 }
@@ -75,7 +78,7 @@ func (m *metrics) observePick(start time.Time) { m.pick.Observe(time.Since(start
 // Describe implements prometheus.Collector.
 func (s *Server) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descStreamsActive, descStreams, descStreamErrors, descRouted, descImmediate,
-		descRebooked, descOutputBlocks, descFreed, descLost, descForwardedIDs} {
+		descRebooked, descOutputBlocks, descFreed, descLost, descForwardedIDs, descOutcomes} {
 		ch <- d
 	}
 	s.metrics.pick.Describe(ch)
@@ -104,5 +107,7 @@ func (s *Server) Collect(ch chan<- prometheus.Metric) {
 	counter(descFreed, &m.freedAtStreamEnd, "stream_end")
 	counter(descLost, &m.lost)
 	counter(descForwardedIDs, &m.forwardedIDs)
+	counter(descOutcomes, &m.outcomeOK, "ok")
+	counter(descOutcomes, &m.outcomeFailures, "failure")
 	s.metrics.pick.Collect(ch)
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"reflect"
 	"strconv"
 	"strings"
@@ -19,6 +20,7 @@ import (
 
 	"github.com/kvselect/kvselect/envoysim"
 	"github.com/kvselect/kvselect/extproc"
+	"github.com/kvselect/kvselect/selection"
 	"github.com/kvselect/kvselect/selection/catalog"
 	"github.com/kvselect/kvselect/selection/routerconfig"
 )
@@ -556,4 +558,38 @@ func TestSessionHeaderKeepsTheSessionOnItsWorker(t *testing.T) {
 		x.Close()
 		h.idle(t)
 	}
+}
+
+// The picker hands each response status to the passive health checks: five
+// 5xx answers from one worker eject it, and the picks go elsewhere.
+func TestServerErrorsEjectTheWorker(t *testing.T) {
+	h := start(t, setup{})
+	var bad uint64
+	for i := range 5 {
+		req := &envoysim.Request{Modes: envoysim.GIE, Body: chatBody(fmt.Sprint("fail ", i), false)}
+		if bad != 0 {
+			req.SubsetHint = []string{fmt.Sprintf("10.0.0.%d:8000", bad)}
+		}
+		x, d := h.start(t, req)
+		w, _ := strconv.ParseUint(workerIDOf(d), 10, 64)
+		bad = w
+		if _, err := x.ResponseHeaders(envoysim.Response{Served: d.Endpoint, Status: 503}, true); err != nil {
+			t.Fatal(err)
+		}
+		x.Close()
+	}
+	eventually(t, "the worker ejected", func() bool {
+		return h.svc.WorkerHealth(bad) != nil && h.svc.WorkerHealth(bad).State == selection.HealthEjected
+	})
+	for i := range 20 {
+		x, d := h.start(t, &envoysim.Request{Modes: envoysim.GIE, Body: chatBody(fmt.Sprint("after ", i), false)})
+		if w, _ := strconv.ParseUint(workerIDOf(d), 10, 64); w == bad {
+			t.Fatalf("request %d routed to ejected worker %d", i, bad)
+		}
+		if _, err := x.ResponseHeaders(envoysim.Response{Served: d.Endpoint, Status: 200}, true); err != nil {
+			t.Fatal(err)
+		}
+		x.Close()
+	}
+	h.idle(t)
 }

@@ -233,6 +233,7 @@ func (st *stream) pick(withBody bool) (*extprocv3.HeaderMutation, *structpb.Stru
 	st.bk.booked(*resp.SelectionID, int(resp.BlockSize))
 	st.s.metrics.routed.Add(1)
 	st.primary = st.s.addrs.addr(resp.Endpoint)
+	st.worker = resp.WorkerID
 	st.fallbacks = resp.Fallbacks
 
 	dest := st.destination()

@@ -1,6 +1,7 @@
 package extproc
 
 import (
+	"strconv"
 	"strings"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -18,10 +19,21 @@ func (st *stream) onResponseHeaders(h *extprocv3.HttpHeaders, md *corev3.Metadat
 	if served != "" && st.bk.live && served != st.primary {
 		st.rebook(served)
 	}
+	status := ""
 	for _, hv := range h.GetHeaders().GetHeaders() {
-		if hv.GetKey() == "content-type" && strings.HasPrefix(strings.ToLower(headerValue(hv)), "text/event-stream") {
-			st.sse = true
+		switch hv.GetKey() {
+		case "content-type":
+			if strings.HasPrefix(strings.ToLower(headerValue(hv)), "text/event-stream") {
+				st.sse = true
+			}
+		case ":status":
+			status = headerValue(hv)
 		}
+	}
+	if served == "" || served == st.primary {
+		// A served endpoint the booking could not follow names no single
+		// worker: its outcome is not attributed.
+		st.reportOutcome(status)
 	}
 	var mut *extprocv3.HeaderMutation
 	if st.s.opts.TestPickHeader {
@@ -49,12 +61,43 @@ func (st *stream) rebook(served string) {
 	for i, f := range st.fallbacks {
 		preferred[i] = selection.WorkerRank{WorkerID: f.WorkerID, DPRank: f.DPRank}
 	}
-	if _, err := st.s.svc.RebookServed(st.ctx, st.bk.id, served, preferred); err != nil {
+	resp, err := st.s.svc.RebookServed(st.ctx, st.bk.id, served, preferred)
+	if err != nil {
 		st.s.log.Debug("extproc: served endpoint not attributed; booking stays", "selection_id", st.bk.id, "served", served, "err", err)
 		return
 	}
 	st.primary = served
+	st.worker = resp.WorkerID
 	st.s.metrics.rebooked.Add(1)
+}
+
+// reportOutcome hands the response status of the worker that served the
+// request to the passive health checks, once per stream: a 5xx is a failure
+// (Envoy answers 503 itself when it cannot reach the worker), anything else a
+// success. A status that does not parse says nothing and is not reported.
+func (st *stream) reportOutcome(status string) {
+	if st.outcome || !st.picked {
+		return
+	}
+	code, err := strconv.Atoi(status)
+	if err != nil || code < 100 || code > 599 {
+		return
+	}
+	st.outcome = true
+	o := selection.Outcome{OK: code < 500, Source: "extproc"}
+	if !o.OK {
+		o.Detail = "status " + status
+		st.s.metrics.outcomeFailures.Add(1)
+	} else {
+		st.s.metrics.outcomeOK.Add(1)
+	}
+	tr, err := st.s.svc.ReportOutcome(st.worker, o)
+	if err != nil {
+		return // the worker left meanwhile
+	}
+	if tr == selection.HealthEjection {
+		st.s.log.Warn("extproc: worker ejected by the passive health check", "worker_id", st.worker, "last", o.Detail)
+	}
 }
 
 // onResponseBody: the first chunk means the prefill is done (TTFT); streamed

@@ -38,6 +38,8 @@ type stream struct {
 	// gateway may try after it.
 	primary   string
 	fallbacks []selection.RankEndpoint
+	worker    uint64 // the worker behind primary
+	outcome   bool   // the response's outcome was reported to the health checks
 
 	bk booking
 

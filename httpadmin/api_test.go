@@ -672,3 +672,39 @@ func TestWorkerKVEventsTopicRoundTrip(t *testing.T) {
 		t.Fatalf("after PATCH: %s", r.raw)
 	}
 }
+
+func TestHealthReportEjectsAndRestores(t *testing.T) {
+	a := newAPI(t, nil, Options{})
+	a.addWorker(1)
+	a.addWorker(2)
+	for range 4 {
+		a.do("POST", "/workers/1/health_report", `{"ok":false,"detail":"status 502"}`).
+			want(t, http.StatusOK, `"transition":"none"`)
+	}
+	a.do("POST", "/workers/1/health_report", `{"ok":false,"detail":"status 502"}`).
+		want(t, http.StatusOK, `"transition":"ejected"`)
+	a.do("GET", "/workers", nil).want(t, http.StatusOK, `"health":{"state":"ejected","consecutive_failures":5,"ejections":1,`).
+		want(t, http.StatusOK, `"not_schedulable_reasons":["ejected: 5 consecutive failures"]`).
+		want(t, http.StatusOK, `"last_failure":"status 502"`)
+	// A record echoed back with its output-only fields is accepted and they are not stored.
+	a.do("POST", "/workers", `{"worker_id":3,"model_name":"model","endpoint":"http://w3:8000","block_size":4,"engine":"sglang","metrics_endpoint":"http://w3:9000/m","health":7,"engine_metrics":"x"}`).
+		want(t, http.StatusCreated, `"engine":"sglang","metrics_endpoint":"http://w3:9000/m"`)
+	for _, c := range []struct {
+		method, path, body string
+		status             int
+		frag               string
+	}{
+		{"POST", "/workers/1/health_report", `{}`, http.StatusUnprocessableEntity, "missing field `ok`"},
+		{"POST", "/workers/1/health_report", `{"ok":"yes"}`, http.StatusUnprocessableEntity, "invalid type"},
+		{"POST", "/workers/1/health_report", `{"ok":`, http.StatusBadRequest, "EOF"},
+		{"POST", "/workers/9/health_report", `{"ok":true}`, http.StatusNotFound, "worker 9 not found"},
+		{"POST", "/workers/x/health_report", `{"ok":true}`, http.StatusBadRequest, ""},
+		{"POST", "/workers", `{"worker_id":4,"engine":"tgi"}`, http.StatusUnprocessableEntity, "unknown variant `tgi`"},
+		{"PATCH", "/workers/1", `{"engine":"tgi"}`, http.StatusUnprocessableEntity, "unknown variant `tgi`"},
+		{"PATCH", "/workers/1", `{"metrics_endpoint":"zmq://x"}`, http.StatusBadRequest, "metrics_endpoint"},
+	} {
+		a.do(c.method, c.path, c.body).want(t, c.status, c.frag)
+	}
+	a.do("POST", "/workers/1/health_report", `{"ok":true}`).want(t, http.StatusOK, `"transition":"none"`) // still ejected
+	a.do("GET", "/workers", nil).want(t, http.StatusOK, `"state":"ejected"`)
+}

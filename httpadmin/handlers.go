@@ -22,6 +22,8 @@ type workerBody struct {
 	catalog.Record
 	Lifecycle             json.RawMessage `json:"lifecycle"`
 	NotSchedulableReasons json.RawMessage `json:"not_schedulable_reasons"`
+	EngineMetrics         json.RawMessage `json:"engine_metrics"`
+	Health                json.RawMessage `json:"health"`
 }
 
 type workerIDProbe struct {
@@ -36,7 +38,10 @@ func (s *server) upsertWorker(w http.ResponseWriter, r *http.Request) {
 		if err := required(p.WorkerID, "", "worker_id", "u64"); err != nil {
 			return err
 		}
-		return oneOf(body.KVTransferEnforcement, "kv_transfer_enforcement", catalog.KVTransferEnforcements...)
+		if err := oneOf(body.KVTransferEnforcement, "kv_transfer_enforcement", catalog.KVTransferEnforcements...); err != nil {
+			return err
+		}
+		return oneOf(body.Engine, "engine", catalog.Engines...)
 	})
 	if !ok {
 		return
@@ -56,7 +61,10 @@ func (s *server) patchWorker(w http.ResponseWriter, r *http.Request) {
 	}
 	var p catalog.Patch
 	if !s.readJSON(w, r, &p, func([]byte) error {
-		return oneOf(p.KVTransferEnforcement, "kv_transfer_enforcement", catalog.KVTransferEnforcements...)
+		if err := oneOf(p.KVTransferEnforcement, "kv_transfer_enforcement", catalog.KVTransferEnforcements...); err != nil {
+			return err
+		}
+		return oneOf(p.Engine, "engine", catalog.Engines...)
 	}) {
 		return
 	}
@@ -66,6 +74,65 @@ func (s *server) patchWorker(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusOK, rec)
+}
+
+// healthReport is POST /workers/{worker_id}/health_report's body.
+type healthReport struct {
+	OK     *bool  `json:"ok"`
+	Detail string `json:"detail"`
+}
+
+// maxHealthDetail bounds the failure text a caller can make kvselect keep.
+const maxHealthDetail = 256
+
+// reportHealth records one request's outcome on a worker (kvselect's
+// extension for callers that route themselves, such as Ray: the picker
+// reports the responses it sees on its own).
+func (s *server) reportHealth(w http.ResponseWriter, r *http.Request) {
+	id, ok := parseWorkerID(w, r)
+	if !ok {
+		return
+	}
+	var body healthReport
+	if !s.readJSON(w, r, &body, func(raw []byte) error {
+		var p struct {
+			OK json.RawMessage `json:"ok"`
+		}
+		_ = json.Unmarshal(raw, &p) // raw already decoded without error
+		return required(p.OK, "", "ok", "a boolean")
+	}) {
+		return
+	}
+	detail := body.Detail
+	if len(detail) > maxHealthDetail {
+		detail = strings.ToValidUTF8(detail[:maxHealthDetail], "")
+	}
+	tr, err := s.svc.ReportOutcome(id, selection.Outcome{OK: *body.OK, Detail: detail, Source: "report"})
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	resp := healthReportResponse{WorkerID: id, Transition: transitionName(tr), Health: catalog.HealthView{State: selection.HealthHealthy}}
+	if h := s.svc.WorkerHealth(id); h != nil {
+		resp.Health = *h
+	}
+	writeJSON(w, http.StatusOK, resp)
+}
+
+type healthReportResponse struct {
+	WorkerID   uint64             `json:"worker_id"`
+	Transition string             `json:"transition"`
+	Health     catalog.HealthView `json:"health"`
+}
+
+func transitionName(t selection.HealthTransition) string {
+	switch t {
+	case selection.HealthEjection:
+		return "ejected"
+	case selection.HealthRestoration:
+		return "restored"
+	}
+	return "none"
 }
 
 func (s *server) deleteWorker(w http.ResponseWriter, r *http.Request) {

@@ -73,7 +73,7 @@ type route struct {
 }
 
 // routes is Dynamo's route table (server.rs), in its registration order, plus
-// kvselect's KV events collector status and the OpenAPI document. Go's "GET" patterns also answer HEAD, as axum's get()
+// kvselect's worker health reports, KV events collector status and the OpenAPI document. Go's "GET" patterns also answer HEAD, as axum's get()
 // does.
 var routes = []route{
 	{"POST", "/select", (*server).selectOnly},
@@ -86,6 +86,7 @@ var routes = []route{
 	{"GET", "/workers", (*server).listWorkers},
 	{"PATCH", "/workers/{worker_id}", (*server).patchWorker},
 	{"DELETE", "/workers/{worker_id}", (*server).deleteWorker},
+	{"POST", "/workers/{worker_id}/health_report", (*server).reportHealth},
 	{"GET", "/health", (*server).health},
 	{"GET", "/ready", (*server).ready},
 	{"GET", "/loads", (*server).loads},

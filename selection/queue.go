@@ -3,6 +3,7 @@ package selection
 import (
 	"time"
 
+	"github.com/kvselect/kvselect/selection/index"
 	"github.com/kvselect/kvselect/selection/loads"
 	"github.com/kvselect/kvselect/selection/scheduler"
 )
@@ -36,7 +37,9 @@ func (p *partition) leave(w *waiter) {
 
 // mayProceed: only the head of the queue goes, and only once some rank is no
 // longer busy.
-func (p *partition) mayProceed(w *waiter, ws *workerSet, projs []loads.Projection, threshold float64) bool {
+// A saturated rank (its engine's figures, saturated) counts as busy.
+func (p *partition) mayProceed(w *waiter, ws *workerSet, projs []loads.Projection, threshold float64,
+	saturated func(w index.WorkerKey, rankCount int) bool) bool {
 	// Peek points into the queue's heap: read it under the lock.
 	p.queueMu.Lock()
 	head := p.queue.Peek()
@@ -50,7 +53,7 @@ func (p *partition) mayProceed(w *waiter, ws *workerSet, projs []loads.Projectio
 		if !ok {
 			continue
 		}
-		if !scheduler.Busy(pj.ActivePrefillTokens, rec.MaxNumBatchedTokens, threshold) {
+		if !scheduler.Busy(pj.ActivePrefillTokens, rec.MaxNumBatchedTokens, threshold) && !saturated(pj.Worker, int(rec.DPSize())) {
 			return true
 		}
 	}

@@ -4,7 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
+	"strings"
+	"time"
 
 	"github.com/kvselect/kvselect/selection/affinity"
 	"github.com/kvselect/kvselect/selection/catalog"
@@ -317,6 +320,7 @@ func (s *Service) choose(ctx context.Context, rq *prepared, req *SelectRequest,
 	overlaps := p.match(pr)
 	enqueued := s.clock()
 	sreq := &scheduler.Request{ISL: pr.isl, BlockSize: p.blockSize, Weights: weightsOf(eff)}
+	sreq.Weights.EngineWeights = s.engineWeights()
 	if eff.TrackActiveBlocks {
 		sreq.TrackedBlocks = len(pr.tracking)
 	}
@@ -358,7 +362,7 @@ func (s *Service) choose(ctx context.Context, rq *prepared, req *SelectRequest,
 		}
 		projs := p.loads.Project(pr.tracking, p.projBuf[:0])
 		p.projBuf = projs
-		if ticket != nil && !p.mayProceed(ticket, ws, projs, threshold) {
+		if ticket != nil && !p.mayProceed(ticket, ws, projs, threshold, s.rankSaturated) {
 			p.schedMu.Unlock()
 			select {
 			case <-changed:
@@ -373,12 +377,20 @@ func (s *Service) choose(ctx context.Context, rq *prepared, req *SelectRequest,
 				return nil, wrapError(KindNotReady, fmt.Errorf("queued selection for %s: %w", displayKey(p.key), ctx.Err()))
 			}
 		}
-		cands := s.candidates(p.candBuf[:0], ws, projs, overlaps)
+		now := s.clock()
+		cands, ejected := s.candidates(p.candBuf[:0], ws, projs, overlaps, pr.lora, now)
 		p.candBuf = cands
+		if len(cands) == 0 && ejected > 0 {
+			p.schedMu.Unlock()
+			return nil, s.allEjected(p, ws, now)
+		}
 		chosen, err := rq.policy.Select(p.rnd, sreq, cands, &p.scratch)
 		if err != nil {
 			p.schedMu.Unlock()
 			return nil, schedulerError(err)
+		}
+		if ejected >= 0 {
+			s.health.chosen(chosen.Worker.WorkerID, now) // a probation worker's trial
 		}
 		d := &decision{part: p, worker: chosen.Worker, overlaps: overlaps, scored: chosen, prompt: pr}
 		if req != nil && req.Fallbacks > 0 {
@@ -438,13 +450,26 @@ func CostWeightsOf(c routerconfig.Config) scheduler.CostWeights {
 	}
 }
 
-// candidates joins the schedulable ranks with their load projection and
-// overlap, and marks busy-rejected workers: as in Dynamo's busy rejection, a
-// worker is overloaded only when all its ranks are over a configured threshold.
-func (s *Service) candidates(out []scheduler.Candidate, ws *workerSet, projs []loads.Projection, overlaps []index.Overlap) []scheduler.Candidate {
+// candidates joins the schedulable ranks with their load projection,
+// overlap and engine figures, leaves out ejected workers, and marks busy
+// workers: as in Dynamo's busy rejection, a worker is overloaded only when all
+// its ranks are over a configured threshold. ejected is the number of ranks
+// left out by health ejection, or -1 when no worker has ever been ejected
+// (the check was skipped).
+func (s *Service) candidates(out []scheduler.Candidate, ws *workerSet, projs []loads.Projection, overlaps []index.Overlap,
+	lora string, now time.Time) ([]scheduler.Candidate, int) {
+	ejected := -1
+	if s.health.anyEjected() {
+		ejected = 0
+	}
+	cfg := &s.engineCfg
 	for _, pj := range projs {
 		rec, ok := ws.rank(pj.Worker)
 		if !ok {
+			continue
+		}
+		if ejected >= 0 && s.health.excluded(pj.Worker.WorkerID, now, cfg.Health.Base) {
+			ejected++
 			continue
 		}
 		c := scheduler.Candidate{
@@ -453,10 +478,19 @@ func (s *Service) candidates(out []scheduler.Candidate, ws *workerSet, projs []l
 			MaxNumBatchedTokens: rec.MaxNumBatchedTokens,
 		}
 		c.Overlap = overlapOf(overlaps, pj.Worker)
+		if er, ok := s.engines.rank(pj.Worker.WorkerID, pj.Worker.DPRank, int(rec.DPSize()), now, cfg.StaleAfter); ok {
+			c.EngineFresh = true
+			c.EngineWaiting, c.EngineRunning = er.Waiting, er.Running
+			if er.HasKVUsage {
+				c.EngineKVUsage = er.KVUsage
+			}
+			c.Saturated = cfg.saturated(er)
+			c.LoRAFit = loraFit(er.LoRA, lora)
+		}
 		out = append(out, c)
 	}
 	if !s.busyRejection() {
-		return out
+		return out, ejected
 	}
 	busyRanks, ranks := map[uint64]int{}, map[uint64]int{}
 	for i := range out {
@@ -470,7 +504,35 @@ func (s *Service) candidates(out []scheduler.Candidate, ws *workerSet, projs []l
 		id := out[i].Worker.WorkerID
 		out[i].Overloaded = busyRanks[id] == ranks[id]
 	}
-	return out
+	return out, ejected
+}
+
+// allEjected is the 503 of a partition whose every schedulable worker is
+// ejected by the health checks: it names them, so the operator sees why.
+func (s *Service) allEjected(p *partition, ws *workerSet, now time.Time) error {
+	var why []string
+	for _, id := range slices.Sorted(maps.Keys(ws.byID)) {
+		if _, reason := s.health.view(id, now); reason != "" {
+			why = append(why, fmt.Sprintf("worker %d %s", id, reason))
+		}
+		if len(why) == 8 {
+			why = append(why, "...")
+			break
+		}
+	}
+	return newError(KindUnavailable, "%s: every schedulable worker of %s is ejected by health checks or awaiting its trial (%s)",
+		scheduler.ErrNoEndpoints, displayKey(p.key), strings.Join(why, "; "))
+}
+
+// rankSaturated reports a rank whose fresh engine figures are saturated.
+func (s *Service) rankSaturated(w index.WorkerKey, rankCount int) bool {
+	er, ok := s.engines.rank(w.WorkerID, w.DPRank, rankCount, s.clock(), s.engineCfg.StaleAfter)
+	return ok && s.engineCfg.saturated(er)
+}
+
+func (s *Service) engineWeights() scheduler.EngineWeights {
+	c := &s.engineCfg
+	return scheduler.EngineWeights{UnbookedRequest: c.RequestWeight, KVUsage: c.KVUsageWeight, LoRAMiss: c.LoRAMissWeight}
 }
 
 func (s *Service) busyRejection() bool {

@@ -58,6 +58,9 @@ type Config struct {
 	// scheduler.DefaultPolicy) when set; SetPolicy replaces it at run time.
 	// New refuses a policy SetPolicy would refuse.
 	Policy *scheduler.Policy
+	// Engine configures how engine metrics (ReportEngineMetrics) and health
+	// outcomes (ReportOutcome) enter selection; DefaultEngineConfig when nil.
+	Engine *EngineConfig
 }
 
 // Service is the embedded selection service. It is safe for concurrent use.
@@ -119,6 +122,10 @@ type Service struct {
 
 	repl replicaState // replica observer (sync.go)
 
+	engineCfg EngineConfig
+	engines   engineTable // engine metrics per worker (engine.go)
+	health    healthTable // ejection state per worker (health.go)
+
 	writerOnce sync.Once
 	writer     uint64
 }
@@ -160,8 +167,16 @@ func New(cfg Config) (*Service, error) {
 	if clock == nil {
 		clock = time.Now
 	}
+	engineCfg := DefaultEngineConfig()
+	if cfg.Engine != nil {
+		engineCfg = *cfg.Engine
+	}
+	if err := engineCfg.validate(); err != nil {
+		return nil, fmt.Errorf("engine config: %w", err)
+	}
 	s := &Service{
-		set: set, router: cfg.Router, clock: clock, tracker: tracker,
+		engineCfg: engineCfg,
+		set:       set, router: cfg.Router, clock: clock, tracker: tracker,
 		listeners: cfg.Listeners, pending: pc, indexes: ixs, rnd: rnd,
 		attachedRanks: make(map[uint64]attached),
 		catalog:       make(map[uint64]*catalog.Record),
@@ -243,6 +258,10 @@ func (s *Service) randUint64() uint64 {
 
 func displayKey(k index.Partition) string {
 	return fmt.Sprintf("model=%s routing_group=%s", k.Model, k.RoutingGroup)
+}
+
+func partitionOfRecord(r *catalog.Record) index.Partition {
+	return index.Partition{Model: r.ModelName, RoutingGroup: r.RoutingGroup}
 }
 
 func partitionOf(k PartitionKey) index.Partition {

@@ -93,7 +93,7 @@ func (s *Service) UpsertWorker(ctx context.Context, rec catalog.Record) (*catalo
 	if err := rec.Normalize(); err != nil {
 		return nil, newError(KindBadRequest, "%v", err)
 	}
-	rec.KVEventsStatus = nil // output only
+	rec.KVEventsStatus, rec.EngineMetrics, rec.Health = nil, nil, nil // output only
 	s.catMu.Lock()
 	defer s.catMu.Unlock()
 	if err := s.gate.admit(); err != nil {
@@ -134,6 +134,8 @@ func (s *Service) DeleteWorker(ctx context.Context, workerID uint64) (*catalog.R
 	s.mu.Lock()
 	delete(s.catalog, workerID)
 	s.mu.Unlock()
+	s.engines.forget(workerID)
+	s.health.forget(workerID)
 	out := old.Clone()
 	out.Lifecycle = catalog.Unschedulable
 	out.NotSchedulableReasons = nil
@@ -163,6 +165,14 @@ func (s *Service) Workers(model, group *string) []*catalog.Record {
 				}
 				r.KVEventsStatus[rank] = st
 			}
+		}
+	}
+	now := s.clock()
+	for _, r := range out {
+		r.EngineMetrics = s.engines.view(r, now, &s.engineCfg)
+		var reason string
+		if r.Health, reason = s.health.view(r.WorkerID, now); reason != "" {
+			r.NotSchedulableReasons = append(r.NotSchedulableReasons, reason)
 		}
 	}
 	catalog.Sort(out)

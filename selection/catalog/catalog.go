@@ -64,6 +64,14 @@ type Record struct {
 	// kv@<host>:<port>@<model_name>, against the worker's endpoint.
 	KVEventsTopic *string `json:"kv_events_topic,omitempty"`
 
+	// Engine (not in Dynamo's record; omitted when unset) names the inference
+	// engine behind the worker, which decides the metric names its Prometheus
+	// endpoint is read with: vllm (the default), sglang or trtllm.
+	Engine *string `json:"engine,omitempty"`
+	// MetricsEndpoint (not in Dynamo's record; omitted when unset) is the URL of
+	// the engine's Prometheus metrics; without it, <endpoint>/metrics.
+	MetricsEndpoint *string `json:"metrics_endpoint,omitempty"`
+
 	KVTransferDomain          *string  `json:"kv_transfer_domain"`
 	KVTransferEnforcement     *string  `json:"kv_transfer_enforcement"`
 	KVTransferPreferredWeight *float32 `json:"kv_transfer_preferred_weight"`
@@ -86,6 +94,13 @@ type Record struct {
 	// operator sees when the index's view of a worker is known to be incomplete.
 	// It is never stored; input values are ignored.
 	KVEventsStatus map[uint32]RankEventsStatus `json:"kv_events_status,omitempty"`
+
+	// EngineMetrics is output only: what the engine's own metrics endpoint
+	// said at the last scrape, when kvselect scrapes engines. Never stored.
+	EngineMetrics *EngineMetricsView `json:"engine_metrics,omitempty"`
+	// Health is output only: the passive and active health checks' state of
+	// the worker (ejection), when any outcome was reported. Never stored.
+	Health *HealthView `json:"health,omitempty"`
 }
 
 // RankEventsStatus is one rank's KV event listener state, as GET /workers shows
@@ -134,6 +149,14 @@ func (r *Record) Normalize() error {
 	if e := r.KVTransferEnforcement; e != nil && !slices.Contains(KVTransferEnforcements, *e) {
 		return fmt.Errorf("kv_transfer_enforcement must be \"required\" or \"preferred\", not %q", *e)
 	}
+	if e := r.Engine; e != nil && !slices.Contains(Engines, *e) {
+		return fmt.Errorf("engine must be one of %s, not %q", strings.Join(Engines, ", "), *e)
+	}
+	if m := r.MetricsEndpoint; m != nil {
+		if err := ValidateHTTPURL(*m); err != nil {
+			return fmt.Errorf("metrics_endpoint: %w", err)
+		}
+	}
 	return nil
 }
 
@@ -147,6 +170,8 @@ func (r *Record) Clone() *Record {
 	c.NotSchedulableReasons = slices.Clone(r.NotSchedulableReasons)
 	c.SourceReasons = slices.Clone(r.SourceReasons)
 	c.KVEventsStatus = maps.Clone(r.KVEventsStatus)
+	c.EngineMetrics = r.EngineMetrics.clone()
+	c.Health = r.Health.clone()
 	return &c
 }
 
@@ -281,6 +306,8 @@ type Patch struct {
 	KVEventsEndpoints                map[uint32]string `json:"kv_events_endpoints"`
 	ReplayEndpoint                   *string           `json:"replay_endpoint"`
 	KVEventsTopic                    *string           `json:"kv_events_topic"`
+	Engine                           *string           `json:"engine"`
+	MetricsEndpoint                  *string           `json:"metrics_endpoint"`
 	BlockSize                        *uint32           `json:"block_size"`
 	DataParallelStartRank            *uint32           `json:"data_parallel_start_rank"`
 	DataParallelSize                 *uint32           `json:"data_parallel_size"`
@@ -305,6 +332,8 @@ func (p *Patch) Apply(r *Record) *Record {
 	set(&c.KVEventsEndpoint, p.KVEventsEndpoint)
 	set(&c.ReplayEndpoint, p.ReplayEndpoint)
 	set(&c.KVEventsTopic, p.KVEventsTopic)
+	set(&c.Engine, p.Engine)
+	set(&c.MetricsEndpoint, p.MetricsEndpoint)
 	set(&c.BlockSize, p.BlockSize)
 	set(&c.DataParallelStartRank, p.DataParallelStartRank)
 	set(&c.DataParallelSize, p.DataParallelSize)

@@ -26,7 +26,7 @@ func Busy(activePrefill int, maxNumBatchedTokens *uint64, threshold float64) boo
 }
 
 // AllBusy reports whether the request must wait: every rank it could run on is
-// busy; one rank with room lets it through. The
+// busy or saturated (Candidate.Saturated); one rank with room lets it through. The
 // ranks considered are the pinned one if any, else the host-eligible ones
 // (allowed workers, required taints). With no such rank it returns false, so
 // the request goes on to Select and fails there with ErrNoEndpoints
@@ -42,7 +42,7 @@ func AllBusy(req *Request, cands []Candidate, threshold float64) bool {
 			continue
 		}
 		checked = true
-		if !Busy(c.ActivePrefillTokens, c.MaxNumBatchedTokens, threshold) {
+		if !c.Saturated && !Busy(c.ActivePrefillTokens, c.MaxNumBatchedTokens, threshold) {
 			return false
 		}
 	}

@@ -167,10 +167,28 @@ func (s CostScorer) Score(ctx *Context, c *Candidate) (float64, error) {
 	} else {
 		logit = w.PrefillLoadScale*max(rawPrefillBlocks-credit, 0) + decode + requestCost
 	}
+	logit += EngineCost(&w.EngineWeights, c)
 	if !ctx.Pinned {
 		if m, ok := PreferredTaintMultiplier(req.PreferredTaints, c.Taints); ok {
 			logit *= m
 		}
 	}
 	return logit, nil
+}
+
+// EngineCost is the cost, in blocks, of what the rank's engine reports
+// beyond the bookings: its unbooked requests and KV usage (fresh figures
+// only) and the request's LoRA misfit. Zero without engine figures.
+//
+// The unbooked requests are max(0, waiting + running − ActiveRequests): the
+// engine counts every request it holds, the booked ones that reached it
+// included, so subtracting the bookings counts each request once. A booking
+// still on its way to the engine makes the estimate smaller, never larger.
+func EngineCost(w *EngineWeights, c *Candidate) float64 {
+	cost := w.LoRAMiss * float64(c.LoRAFit)
+	if c.EngineFresh {
+		unbooked := max(c.EngineWaiting+c.EngineRunning-float64(c.ActiveRequests), 0)
+		cost += w.UnbookedRequest*unbooked + w.KVUsage*c.EngineKVUsage
+	}
+	return cost
 }

@@ -71,7 +71,7 @@ func matchesTarget(t *Target, c *Candidate) bool {
 func affinityEligible(req *Request, cands []Candidate) bool {
 	for i := range cands {
 		c := &cands[i]
-		if matchesTarget(req.AffinityTarget, c) && !c.Overloaded && Eligible(req, c) {
+		if matchesTarget(req.AffinityTarget, c) && !c.Overloaded && !c.Saturated && Eligible(req, c) {
 			return true
 		}
 	}
@@ -123,7 +123,7 @@ func (p Policy) Select(rnd *rand.Rand, req *Request, cands []Candidate, s *Scrat
 			continue
 		}
 		eligible = true
-		if c.Overloaded {
+		if c.Overloaded || c.Saturated {
 			continue
 		}
 		if !p.keep(req, c) {
@@ -184,7 +184,7 @@ func (p Policy) selectPinned(req *Request, cands []Candidate, s *Scratch) (Score
 	if c == nil || !Eligible(req, c) {
 		return Scored{}, fmt.Errorf("%w (pinned worker %s is not an eligible candidate)", ErrNoEndpoints, pin)
 	}
-	if c.Overloaded {
+	if c.Overloaded || c.Saturated {
 		return Scored{}, &PinnedError{WorkerID: pin.WorkerID, Err: ErrPinnedOverloaded}
 	}
 	if !p.keep(req, c) {

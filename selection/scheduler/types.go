@@ -22,6 +22,23 @@ type Weights struct {
 	// blocks and this request's additional blocks are zero; the scorer applies
 	// that directly.
 	TrackActiveBlocks bool
+	// EngineWeights price what a rank's engine reports of itself; they apply
+	// only to candidates with fresh engine figures (Candidate.EngineFresh)
+	// or a LoRA misfit, so Dynamo's cost is unchanged without them.
+	EngineWeights
+}
+
+// EngineWeights are the cost, in blocks, of what an engine's own metrics
+// show beyond this service's bookings (not Dynamo's; kvselect scrapes
+// engines as GIE's and llm-d's pickers do).
+type EngineWeights struct {
+	// UnbookedRequest is charged per request the engine holds that no booking
+	// accounts for: max(0, engine waiting + running − ActiveRequests).
+	UnbookedRequest float64
+	// KVUsage is charged per unit of the engine's KV-cache usage (0..1).
+	KVUsage float64
+	// LoRAMiss is charged once per step of Candidate.LoRAFit.
+	LoRAMiss float64
 }
 
 // CostWeights are the weights of the cost terms and the pick's temperature:
@@ -87,6 +104,18 @@ type Candidate struct {
 	// MaxNumBatchedTokens is the worker's advertised max_num_batched_tokens,
 	// nil if unknown; only the queue's busy test (AllBusy) reads it.
 	MaxNumBatchedTokens *uint64
+	// EngineFresh says the engine's own figures below are known and fresh.
+	EngineFresh bool
+	// EngineWaiting, EngineRunning and EngineKVUsage are what the rank's
+	// engine reports: waiting and running requests, KV-cache usage (0..1).
+	EngineWaiting, EngineRunning, EngineKVUsage float64
+	// Saturated marks a rank whose engine is over a saturation threshold
+	// (waiting queue or KV usage). Select skips it as it skips an overloaded
+	// worker: saturated and busy are one concept with two sources.
+	Saturated bool
+	// LoRAFit is how the rank suits the request's LoRA adapter: 0 loaded
+	// there (or unknown, or no adapter), 1 a free adapter slot, 2 none free.
+	LoRAFit int
 }
 
 // Target is an affinity target: a worker and optionally one of its ranks
