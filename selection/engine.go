@@ -257,6 +257,12 @@ func (t *engineTable) forget(workerID uint64) {
 func (t *engineTable) rank(workerID uint64, rank uint32, rankCount int, now time.Time, staleAfter time.Duration) (EngineRank, bool) {
 	t.mu.RLock()
 	defer t.mu.RUnlock()
+	return t.rankLocked(workerID, rank, rankCount, now, staleAfter)
+}
+
+// rankLocked is rank with t.mu held for reading: selection reads every rank
+// of a partition under one lock.
+func (t *engineTable) rankLocked(workerID uint64, rank uint32, rankCount int, now time.Time, staleAfter time.Duration) (EngineRank, bool) {
 	e := t.by[workerID]
 	if e == nil || !e.hasGood || now.Sub(e.good.At) > staleAfter {
 		return EngineRank{}, false

@@ -201,20 +201,26 @@ func (h *workerHealth) eject(now time.Time, cfg *HealthConfig) {
 	h.trialSince = time.Time{}
 }
 
-// excluded reports whether the worker must not be a candidate now: ejected,
-// or on probation with its trial in flight. trialTimeout gives up a trial
-// whose outcome never came.
-func (t *healthTable) excluded(id uint64, now time.Time, trialTimeout time.Duration) bool {
+// excludedWorkers lists the workers that must not be candidates now:
+// ejected, or on probation with their trial in flight (trialTimeout gives up
+// a trial whose outcome never came). any is false when no worker is ejected
+// or on probation, the usual case.
+func (t *healthTable) excludedWorkers(now time.Time, trialTimeout time.Duration) (out map[uint64]bool, any bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	h := t.by[id]
-	if h == nil || h.ejections == 0 {
-		return false
+	for id, h := range t.by {
+		if h.ejections == 0 {
+			continue
+		}
+		any = true
+		if now.Before(h.ejectedUntil) || (!h.trialSince.IsZero() && now.Sub(h.trialSince) < trialTimeout) {
+			if out == nil {
+				out = make(map[uint64]bool)
+			}
+			out[id] = true
+		}
 	}
-	if now.Before(h.ejectedUntil) {
-		return true
-	}
-	return !h.trialSince.IsZero() && now.Sub(h.trialSince) < trialTimeout
+	return out, any
 }
 
 // chosen marks a probation worker's trial as in flight.
@@ -224,19 +230,6 @@ func (t *healthTable) chosen(id uint64, now time.Time) {
 	if h := t.by[id]; h != nil && h.ejections > 0 && !now.Before(h.ejectedUntil) {
 		h.trialSince = now
 	}
-}
-
-// anyEjected is a cheap check so that selection skips the per-rank test
-// when every worker is healthy (the usual case).
-func (t *healthTable) anyEjected() bool {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	for _, h := range t.by {
-		if h.ejections > 0 {
-			return true
-		}
-	}
-	return false
 }
 
 func (t *healthTable) forget(id uint64) {

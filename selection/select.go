@@ -458,17 +458,20 @@ func CostWeightsOf(c routerconfig.Config) scheduler.CostWeights {
 // (the check was skipped).
 func (s *Service) candidates(out []scheduler.Candidate, ws *workerSet, projs []loads.Projection, overlaps []index.Overlap,
 	lora string, now time.Time) ([]scheduler.Candidate, int) {
+	cfg := &s.engineCfg
 	ejected := -1
-	if s.health.anyEjected() {
+	excluded, anyEjected := s.health.excludedWorkers(now, cfg.Health.Base)
+	if anyEjected {
 		ejected = 0
 	}
-	cfg := &s.engineCfg
+	s.engines.mu.RLock()
+	scraped := len(s.engines.by) > 0
 	for _, pj := range projs {
 		rec, ok := ws.rank(pj.Worker)
 		if !ok {
 			continue
 		}
-		if ejected >= 0 && s.health.excluded(pj.Worker.WorkerID, now, cfg.Health.Base) {
+		if excluded[pj.Worker.WorkerID] {
 			ejected++
 			continue
 		}
@@ -478,7 +481,11 @@ func (s *Service) candidates(out []scheduler.Candidate, ws *workerSet, projs []l
 			MaxNumBatchedTokens: rec.MaxNumBatchedTokens,
 		}
 		c.Overlap = overlapOf(overlaps, pj.Worker)
-		if er, ok := s.engines.rank(pj.Worker.WorkerID, pj.Worker.DPRank, int(rec.DPSize()), now, cfg.StaleAfter); ok {
+		if !scraped {
+			out = append(out, c)
+			continue
+		}
+		if er, ok := s.engines.rankLocked(pj.Worker.WorkerID, pj.Worker.DPRank, int(rec.DPSize()), now, cfg.StaleAfter); ok {
 			c.EngineFresh = true
 			c.EngineWaiting, c.EngineRunning = er.Waiting, er.Running
 			if er.HasKVUsage {
@@ -489,6 +496,7 @@ func (s *Service) candidates(out []scheduler.Candidate, ws *workerSet, projs []l
 		}
 		out = append(out, c)
 	}
+	s.engines.mu.RUnlock()
 	if !s.busyRejection() {
 		return out, ejected
 	}

@@ -83,8 +83,9 @@ type Config struct {
 //  5. a partition's queueMu guards its queue and wake channel.
 //  6. leaves, which call into nothing that locks: the reservation table's mu,
 //     the readiness conditions' mu, rndMu, loads.Tracker's, index.Index's,
-//     index.Partitions', affinity.Table's, pending.Cache's, kvhash.Tracker's
-//     and the text index's build lock. Two leaves are never held together.
+//     index.Partitions', affinity.Table's, pending.Cache's, kvhash.Tracker's,
+//     the text index's build lock, the engine table's and the health table's.
+//     Two leaves are never held together.
 //
 // Hence: a session lease is released (affinity.Table) only after the
 // reservation table let go of the row; frees, prefill completions and output
