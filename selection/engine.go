@@ -370,3 +370,21 @@ func loraFit(l *LoRAState, adapter string) int {
 	}
 	return 2 // no free slot: another adapter must be swapped out
 }
+
+// EngineStats counts the scraped workers whose figures are fresh and those
+// whose last good scrape is stale or missing (selection then relies on its
+// bookings alone for them).
+func (s *Service) EngineStats() (fresh, stale int) {
+	now := s.clock()
+	t := &s.engines
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	for _, e := range t.by {
+		if e.hasGood && now.Sub(e.good.At) <= s.engineCfg.StaleAfter {
+			fresh++
+		} else {
+			stale++
+		}
+	}
+	return fresh, stale
+}
