@@ -107,7 +107,7 @@ type EngineSnapshot struct {
 }
 
 // AllRanks keys the figures of an engine that does not label its ranks.
-const AllRanks = math.MaxUint32
+const AllRanks uint32 = math.MaxUint32
 
 // EngineRank is one rank's figures. Adapters drop values that are not
 // finite or are negative (HasKVUsage false, counts zero) before reporting.

@@ -1,0 +1,248 @@
+// Package metrics reads what the inference engines say about themselves:
+// it scrapes each schedulable worker's Prometheus endpoint (vLLM, SGLang or
+// TensorRT-LLM names, per data-parallel rank where the engine labels ranks)
+// and hands the figures to the selection core, and optionally probes each
+// worker's /health for the core's health checks. The core decides what the
+// figures mean (selection/engine.go, selection/health.go); this package only
+// fetches, parses and refuses what it cannot trust.
+package metrics
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"hash/maphash"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/kvselect/kvselect/selection"
+)
+
+// Core is what the scraper and the prober need of the selection service;
+// *selection.Service implements it.
+type Core interface {
+	EngineTargets() []selection.EngineTarget
+	ReportEngineMetrics(workerID uint64, snap selection.EngineSnapshot) bool
+	ReportOutcome(workerID uint64, o selection.Outcome) (selection.HealthTransition, error)
+}
+
+// Defaults of Options.
+const (
+	DefaultInterval     = 200 * time.Millisecond
+	DefaultTimeout      = 150 * time.Millisecond
+	DefaultConcurrency  = 16
+	DefaultMaxBodyBytes = 4 << 20
+)
+
+// Options configure a Scraper or a Prober. Zero values take the defaults.
+type Options struct {
+	// Interval between two rounds over the targets; each target is visited
+	// once a round, the visits spread evenly over it.
+	Interval time.Duration
+	// Timeout bounds one request (connection, answer and body).
+	Timeout time.Duration
+	// Concurrency bounds the requests in flight.
+	Concurrency int
+	// MaxBodyBytes refuses larger metrics payloads.
+	MaxBodyBytes int
+	// Client is the HTTP client; a keep-alive client of its own when nil.
+	Client *http.Client
+	// Clock stamps snapshots; time.Now when nil. It must be the core's clock.
+	Clock  func() time.Time
+	Logger *slog.Logger
+}
+
+func (o *Options) defaults() {
+	if o.Interval <= 0 {
+		o.Interval = DefaultInterval
+	}
+	if o.Timeout <= 0 {
+		o.Timeout = DefaultTimeout
+	}
+	if o.Concurrency <= 0 {
+		o.Concurrency = DefaultConcurrency
+	}
+	if o.MaxBodyBytes <= 0 {
+		o.MaxBodyBytes = DefaultMaxBodyBytes
+	}
+	if o.Clock == nil {
+		o.Clock = time.Now
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	if o.Client == nil {
+		o.Client = &http.Client{Transport: &http.Transport{
+			DialContext:         (&net.Dialer{Timeout: o.Timeout, KeepAlive: 30 * time.Second}).DialContext,
+			MaxIdleConnsPerHost: 2,
+			IdleConnTimeout:     90 * time.Second,
+			DisableCompression:  false,
+		}}
+	}
+}
+
+// rounds visits every target once per interval, spreading the visits over
+// it in a fixed per-worker phase, with at most Concurrency visits in flight
+// and never two of one worker (a worker still being visited is skipped and
+// counted). The scraper and the prober share it.
+type rounds struct {
+	opts   Options
+	core   Core
+	visit  func(ctx context.Context, t selection.EngineTarget)
+	busy   func() // a visit skipped because the last one still runs
+	seed   maphash.Seed
+	sem    chan struct{}
+	mu     sync.Mutex
+	active map[uint64]bool
+}
+
+func newRounds(core Core, opts Options, visit func(context.Context, selection.EngineTarget), busy func()) *rounds {
+	return &rounds{opts: opts, core: core, visit: visit, busy: busy, seed: maphash.MakeSeed(),
+		sem: make(chan struct{}, opts.Concurrency), active: make(map[uint64]bool)}
+}
+
+// run blocks until ctx ends, then waits for the visits in flight.
+func (r *rounds) run(ctx context.Context) {
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	tick := time.NewTicker(r.opts.Interval)
+	defer tick.Stop()
+	for {
+		start := time.Now()
+		for _, t := range r.core.EngineTargets() {
+			// The worker's phase in the round: a stable hash of its id, so
+			// a worker is visited every interval and a fleet is not visited
+			// in one burst.
+			at := start.Add(time.Duration(maphash.Comparable(r.seed, t.WorkerID) % uint64(r.opts.Interval)))
+			r.mu.Lock()
+			if r.active[t.WorkerID] {
+				r.mu.Unlock()
+				r.busy()
+				continue
+			}
+			r.active[t.WorkerID] = true
+			r.mu.Unlock()
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				defer func() { r.mu.Lock(); delete(r.active, t.WorkerID); r.mu.Unlock() }()
+				timer := time.NewTimer(time.Until(at))
+				defer timer.Stop()
+				select {
+				case <-timer.C:
+				case <-ctx.Done():
+					return
+				}
+				select {
+				case r.sem <- struct{}{}:
+				case <-ctx.Done():
+					return
+				}
+				defer func() { <-r.sem }()
+				r.visit(ctx, t)
+			}()
+		}
+		select {
+		case <-tick.C:
+		case <-ctx.Done():
+			return
+		}
+	}
+}
+
+// Scraper scrapes the engines' metrics endpoints into the core.
+type Scraper struct {
+	opts    Options
+	core    Core
+	m       *Metrics
+	bufPool sync.Pool
+}
+
+// NewScraper returns a scraper of core's targets; m receives its counters
+// (NewMetrics), and may be shared with a Prober.
+func NewScraper(core Core, m *Metrics, opts Options) *Scraper {
+	opts.defaults()
+	return &Scraper{opts: opts, core: core, m: m, bufPool: sync.Pool{New: func() any { return new(bytes.Buffer) }}}
+}
+
+// Run scrapes until ctx ends.
+func (s *Scraper) Run(ctx context.Context) {
+	newRounds(s.core, s.opts, func(ctx context.Context, t selection.EngineTarget) { s.ScrapeOnce(ctx, t) },
+		func() { s.m.scrape("skipped_busy") }).run(ctx)
+}
+
+// ScrapeOnce scrapes one target and reports the result to the core; it
+// returns the snapshot reported.
+func (s *Scraper) ScrapeOnce(ctx context.Context, t selection.EngineTarget) selection.EngineSnapshot {
+	start := time.Now()
+	ranks, reason, err := s.fetch(ctx, t)
+	s.m.observe(time.Since(start))
+	snap := selection.EngineSnapshot{At: s.opts.Clock(), Ranks: ranks}
+	if err != nil {
+		snap.Ranks, snap.Err = nil, err.Error()
+		s.opts.Logger.Debug("engine metrics: scrape failed", "worker_id", t.WorkerID, "url", t.URL, "reason", reason, "err", err)
+	}
+	s.m.scrape(reason)
+	s.core.ReportEngineMetrics(t.WorkerID, snap)
+	return snap
+}
+
+func (s *Scraper) fetch(ctx context.Context, t selection.EngineTarget) (map[uint32]selection.EngineRank, string, error) {
+	d, ok := DialectFor(t.Engine)
+	if !ok {
+		return nil, "unknown_engine", fmt.Errorf("unknown engine %q", t.Engine)
+	}
+	ctx, cancel := context.WithTimeout(ctx, s.opts.Timeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, t.URL, nil)
+	if err != nil {
+		return nil, "http_error", fmt.Errorf("metrics request: %w", err)
+	}
+	req.Header.Set("Accept", "text/plain;version=0.0.4")
+	resp, err := s.opts.Client.Do(req)
+	if err != nil {
+		return nil, errReason(err), fmt.Errorf("GET %s: %w", t.URL, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+		return nil, "http_status", fmt.Errorf("GET %s: status %d", t.URL, resp.StatusCode)
+	}
+	buf := s.bufPool.Get().(*bytes.Buffer)
+	buf.Reset()
+	defer func() {
+		if buf.Cap() <= 1<<20 {
+			s.bufPool.Put(buf)
+		}
+	}()
+	if _, err := buf.ReadFrom(io.LimitReader(resp.Body, int64(s.opts.MaxBodyBytes)+1)); err != nil {
+		return nil, errReason(err), fmt.Errorf("GET %s: reading the body: %w", t.URL, err)
+	}
+	if buf.Len() > s.opts.MaxBodyBytes {
+		return nil, "too_large", fmt.Errorf("GET %s: %w: over %d bytes", t.URL, errTooLarge, s.opts.MaxBodyBytes)
+	}
+	dropped := Dropped{}
+	ranks, err := d.Parse(buf.Bytes(), t.Ranks, dropped)
+	s.m.drop(dropped)
+	if err != nil {
+		var pe *ParseError
+		if errors.As(err, &pe) {
+			return nil, pe.Reason, fmt.Errorf("%s: %w", t.URL, err)
+		}
+		return nil, "parse_error", fmt.Errorf("%s: %w", t.URL, err)
+	}
+	return ranks, "ok", nil
+}
+
+func errReason(err error) string {
+	var ne net.Error
+	if errors.Is(err, context.DeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout()) {
+		return "timeout"
+	}
+	return "http_error"
+}
