@@ -171,6 +171,7 @@ FUZZ_TARGETS := \
 	./extproc:FuzzParseBody \
 	./extproc:FuzzScanTokenIDs \
 	./engines/tokenize:FuzzParseResponse \
+	./engines/metrics:FuzzParse \
 	./internal/vtcodec:FuzzBodyDecoders \
 	./replicas/mesh:FuzzDecode \
 	./mockworker/kvpublish:FuzzParseReplayRequest \

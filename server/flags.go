@@ -52,6 +52,7 @@ type options struct {
 
 	extproc  extprocFlags
 	tokenize tokenizeFlags
+	engines  engineFlags // engine metrics, saturation, health (engines.go)
 
 	discovery discoveryFlags // --workers-file, --pool-name (discovery.go)
 
@@ -125,6 +126,7 @@ func newFlagSet(o *options) *flag.FlagSet {
 
 	o.extproc.register(fs)
 	o.tokenize.register(fs)
+	o.engines.register(fs)
 	o.discovery.register(fs)
 
 	fs.StringVar(&o.policy, "policy", scheduler.DefaultPolicyName, "selection `policy` by registered name: "+strings.Join(scheduler.Names(), ", ")+" (a program embedding the server can register more). Overrides KVSELECT_POLICY and the config file's policy.name")
@@ -224,6 +226,7 @@ func (o *options) validate() error {
 	}
 	errs = append(errs, o.extproc.validate()...)
 	errs = append(errs, o.tokenize.validate(o.set)...)
+	errs = append(errs, o.engines.validate()...)
 	errs = append(errs, o.discovery.validate(o.set)...)
 	if err := errors.Join(errs...); err != nil {
 		return &UsageError{err}

@@ -108,6 +108,7 @@ func run(ctx context.Context, args []string, set *settings) error {
 	if err := loadTrackingKey(&cfg); err != nil {
 		return err
 	}
+	cfg.Engine = o.engines.config()
 	svc, err := selection.New(cfg)
 	if err != nil {
 		// Only configuration reaches New (a key of the wrong size, say).
@@ -208,6 +209,10 @@ func run(ctx context.Context, args []string, set *settings) error {
 	var wg sync.WaitGroup
 	wg.Go(func() { Upkeep(upkeep, svc, maintainEvery) })
 	startDiscovery(upkeep, &wg)
+	// Engine metrics and health probes: stopped with the upkeep, before the
+	// service shuts down.
+	waitEngines := o.engines.startEngines(upkeep, svc, metrics, log)
+	wg.Go(waitEngines)
 	if len(o.indexerPeers) > 0 {
 		wg.Go(func() { recovery.Run(upkeep, svc, recovery.Options{Peers: o.indexerPeers, Logger: log}) })
 	}

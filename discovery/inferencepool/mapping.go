@@ -47,6 +47,14 @@ const (
 	// when it dials the collector with a topic of its own (kv_events_topic);
 	// optional, llm-d's convention is matched without it.
 	AnnotationKVEventsTopic = Prefix + "kv-events-topic"
+	// AnnotationEngine names the pod's inference engine, which decides the
+	// metric names its Prometheus endpoint is read with: vllm (default),
+	// sglang or trtllm.
+	AnnotationEngine = Prefix + "engine"
+	// AnnotationMetricsPort is the port of the pod's Prometheus metrics
+	// (http://<pod-ip>:<port>/metrics) when they are not served on the
+	// target port; optional.
+	AnnotationMetricsPort = Prefix + "metrics-port"
 	// AnnotationReplayPort is the ZMQ ROUTER port of rank 0's KV-event replay
 	// (vLLM --kv-events-config replay_endpoint); rank r answers on port + r.
 	// Optional: without it gaps are not replayed.
@@ -196,6 +204,12 @@ func podWorkers(pod *corev1.Pod, poolPorts []int32, m Mapping) []catalog.Record 
 	subscribe := hasKVPort || !m.Collector
 	topic, hasTopic := get(AnnotationKVEventsTopic)
 	replayPort, hasReplay := num(AnnotationReplayPort, 0, 1, 65535)
+	metricsPort, hasMetricsPort := num(AnnotationMetricsPort, 0, 1, 65535)
+	engine, hasEngine := get(AnnotationEngine)
+	if hasEngine && !slices.Contains(catalog.Engines, engine) {
+		bad("annotation %s %q: want one of %s", AnnotationEngine, engine, strings.Join(catalog.Engines, ", "))
+		hasEngine = false
+	}
 	maxTokens, hasMaxTokens := num(AnnotationMaxBatchedTokens, 0, 1, 1<<40)
 	totalBlocks, hasTotalBlocks := num(AnnotationTotalKVBlocks, 0, 1, 1<<40)
 	baseID, hasID := num(AnnotationWorkerID, 0, 1, 1<<63-1)
@@ -241,6 +255,12 @@ func podWorkers(pod *corev1.Pod, poolPorts []int32, m Mapping) []catalog.Record 
 		}
 		if hasTopic && topic != "" {
 			r.KVEventsTopic = ptr(topic)
+		}
+		if hasEngine {
+			r.Engine = ptr(engine)
+		}
+		if hasMetricsPort && ip != "" {
+			r.MetricsEndpoint = ptr("http://" + net.JoinHostPort(ip, strconv.Itoa(int(metricsPort))) + "/metrics")
 		}
 		if ip != "" {
 			r.Endpoint = ptr("http://" + net.JoinHostPort(ip, strconv.Itoa(int(port))))

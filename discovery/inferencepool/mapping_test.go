@@ -315,3 +315,25 @@ func TestWorkersWithCollector(t *testing.T) {
 		t.Fatalf("without a collector the default port is subscribed: %s", show(sub[0]))
 	}
 }
+
+func TestWorkersEngineAnnotations(t *testing.T) {
+	pods := []corev1.Pod{
+		pod("sglang-0", "10.1.2.3", model(AnnotationEngine, "sglang", AnnotationMetricsPort, "9100")),
+		pod("vllm-0", "10.1.2.4", model()),
+		pod("odd-0", "10.1.2.5", model(AnnotationEngine, "tgi")),
+	}
+	byPod := map[string]catalog.Record{}
+	for _, w := range Workers(pool(8000), pods) {
+		byPod[*w.StableRoutingID] = w
+	}
+	ws := []catalog.Record{byPod["ns/sglang-0:8000"], byPod["ns/vllm-0:8000"], byPod["ns/odd-0:8000"]}
+	if ws[0].EngineName() != "sglang" || ws[0].MetricsEndpoint == nil || *ws[0].MetricsEndpoint != "http://10.1.2.3:9100/metrics" {
+		t.Fatalf("annotated pod: %s", show(ws[0]))
+	}
+	if u, ok := ws[1].MetricsURL(); !ok || u != "http://10.1.2.4:8000/metrics" || ws[1].EngineName() != "vllm" {
+		t.Fatalf("default metrics URL %q (%v), engine %s", u, ok, ws[1].EngineName())
+	}
+	if r := ws[2].Reasons(catalog.Checks{}); len(r) == 0 || !strings.Contains(r[0], "kvselect.io/engine") {
+		t.Fatalf("an unknown engine is not a visible reason: %v", r)
+	}
+}

@@ -55,6 +55,9 @@ workers:
 		{"duplicate id", "workers:\n  - worker_id: 1\n  - worker_id: 2\n  - worker_id: 1\n", nil, "workers[2]: worker_id 1 already used by workers[0]"},
 		{"duplicate key", "workers:\n  - worker_id: 1\n    worker_id: 2\n", nil, "not valid YAML or JSON"},
 		{"bad enum", "workers:\n  - worker_id: 1\n    kv_transfer_enforcement: maybe\n", nil, "workers[0] (worker_id 1): kv_transfer_enforcement must be"},
+		{"engine and metrics endpoint", "workers:\n  - worker_id: 1\n    engine: sglang\n    metrics_endpoint: http://10.0.0.5:9100/metrics\n", []uint64{1}, ""},
+		{"unknown engine", "workers:\n  - worker_id: 1\n    engine: tgi\n", nil, "workers[0] (worker_id 1): engine must be one of vllm, sglang, trtllm"},
+		{"bad metrics endpoint", "workers:\n  - worker_id: 1\n    metrics_endpoint: tcp://x:1\n", nil, "metrics_endpoint: invalid URL"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

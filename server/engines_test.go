@@ -1,0 +1,104 @@
+package server
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kvselect/kvselect/mockworker"
+)
+
+// kvselect scrapes a real mock worker's /metrics over loopback and shows the
+// figures in GET /workers; a worker whose /health fails is ejected by the
+// active probe, and the counters move in /metrics.
+func TestEngineMetricsAndHealthProbesEndToEnd(t *testing.T) {
+	w, err := mockworker.New(mockworker.Config{Model: "m", WorkerID: 1, BlockSize: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	engine := httptest.NewServer(w.Handler())
+	defer engine.Close()
+	sick := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		http.Error(w, "down", http.StatusServiceUnavailable)
+	}))
+	defer sick.Close()
+
+	srv := runInBackground(t, withoutKVEvents, []string{"--engine-metrics-interval", "20ms", "--health-probe-interval", "10ms", "--eject-base", "1h", "--eject-max", "2h"})
+	rest := "http://" + srv.addrs.REST.String()
+	for id, ep := range map[int]string{1: engine.URL, 2: sick.URL} {
+		res, err := http.Post(rest+"/workers", "application/json",
+			strings.NewReader(fmt.Sprintf(`{"worker_id":%d,"model_name":"m","endpoint":%q,"block_size":4}`, id, ep)))
+		if err != nil || res.StatusCode != http.StatusCreated {
+			t.Fatalf("register %d: %v %v", id, res, err)
+		}
+		res.Body.Close()
+	}
+	get := func(path string) string {
+		t.Helper()
+		res, err := http.Get(rest + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer res.Body.Close()
+		b, _ := io.ReadAll(res.Body)
+		return string(b)
+	}
+	type worker struct {
+		WorkerID      uint64 `json:"worker_id"`
+		EngineMetrics *struct {
+			AgeMS   *int64   `json:"age_ms"`
+			KVUsage *float64 `json:"kv_usage"`
+			Stale   bool     `json:"stale"`
+			Error   string   `json:"error"`
+		} `json:"engine_metrics"`
+		Health *struct {
+			State string `json:"state"`
+		} `json:"health"`
+	}
+	var ws []worker
+	waitFor(t, "worker 1 scraped and worker 2 ejected", 20*time.Second, func() bool {
+		if err := json.Unmarshal([]byte(get("/workers")), &ws); err != nil || len(ws) != 2 {
+			return false
+		}
+		e := ws[0].EngineMetrics
+		return e != nil && e.AgeMS != nil && e.KVUsage != nil && !e.Stale && ws[1].Health != nil && ws[1].Health.State == "ejected"
+	})
+	if e := ws[1].EngineMetrics; e == nil || !e.Stale || !strings.Contains(e.Error, "status 503") {
+		t.Fatalf("worker 2's engine_metrics = %+v, want stale with the scrape error", e)
+	}
+	m := get("/metrics")
+	for _, want := range []string{`kvselect_engine_metrics_scrapes_total{result="ok"}`, `kvselect_engine_metrics_scrapes_total{result="http_status"}`,
+		"kvselect_worker_ejections_total 1", "kvselect_workers_ejected 1", `kvselect_health_probes_total{result="failure"}`,
+		`kvselect_engine_metrics_workers{state="fresh"} 1`, "kvselect_engine_metrics_scrape_duration_seconds_count"} {
+		if !strings.Contains(m, want) {
+			t.Errorf("/metrics lacks %q", want)
+		}
+	}
+}
+
+func TestEngineFlagValidation(t *testing.T) {
+	for _, args := range [][]string{
+		{"--engine-metrics-interval", "-1s"},
+		{"--engine-metrics-timeout", "0s"},
+		{"--kv-cache-util-threshold", "1.5"},
+		{"--engine-request-weight", "-1"},
+		{"--eject-after", "-2"},
+		{"--eject-base", "10s", "--eject-max", "5s"},
+		{"--queue-depth-threshold", "-7"},
+		{"--engine-metrics-concurrency", "0"},
+	} {
+		var o options
+		fs := newFlagSet(&o)
+		if err := fs.Parse(args); err != nil {
+			t.Fatalf("%v: %v", args, err)
+		}
+		if errs := o.engines.validate(); len(errs) == 0 {
+			t.Errorf("%v accepted", args)
+		}
+	}
+}
