@@ -1,7 +1,6 @@
 package metrics
 
 import (
-	"bufio"
 	"bytes"
 	"errors"
 	"fmt"
@@ -29,16 +28,23 @@ type series struct {
 // the engine's own gauge.
 type Dialect struct {
 	Name string
-	// Waiting and Running are request gauges; KVUsage the KV cache's used
-	// fraction, the first series present winning (a newer name, then an
-	// older one).
-	Waiting, Running series
-	KVUsage          []series
+	// Waiting and Running are request gauges, KVUsage the KV cache's used
+	// fraction. Each lists alternatives, the first present in a payload
+	// winning (a newer name before an older one, one server's names before
+	// another's).
+	Waiting, Running, KVUsage []series
 	// RankLabel labels per data-parallel-rank series with the rank; "" when
 	// the engine does not label ranks.
 	RankLabel string
+	// CopyLabel tells apart processes of one rank that each export the
+	// rank's figures (SGLang's tensor-parallel schedulers with
+	// --enable-metrics-for-all-schedulers: tp_rank); only the series of the
+	// lowest value per rank are read, so that copies are not summed.
+	CopyLabel string
 	// LoRAInfo is vLLM's adapter info gauge, "" for engines without one.
 	LoRAInfo string
+
+	names []string // the families read, set once by init
 }
 
 // Dialects are the engines a worker record may name (catalog.Engines).
@@ -48,30 +54,44 @@ var dialects = map[string]*Dialect{
 	// usage gauge was vllm:gpu_cache_usage_perc.
 	"vllm": {
 		Name:      "vllm",
-		Waiting:   series{name: "vllm:num_requests_waiting"},
-		Running:   series{name: "vllm:num_requests_running"},
+		Waiting:   []series{{name: "vllm:num_requests_waiting"}},
+		Running:   []series{{name: "vllm:num_requests_running"}},
 		KVUsage:   []series{{name: "vllm:kv_cache_usage_perc"}, {name: "vllm:gpu_cache_usage_perc"}},
 		RankLabel: "engine",
 		LoRAInfo:  "vllm:lora_requests_info",
 	},
 	// SGLang (python/sglang/srt/metrics/collector.py): token_usage is the
-	// KV pool's used fraction. Scheduler ranks are told apart by dp_rank
-	// where the series carry it; otherwise the figures are the worker's.
+	// KV pool's used fraction. Each scheduler labels its series with
+	// model_name, tp_rank, pp_rank and, under data parallelism, dp_rank
+	// (python/sglang/srt/managers/scheduler_metrics_mixin.py); without
+	// dp_rank the figures are the worker's.
 	"sglang": {
 		Name:      "sglang",
-		Waiting:   series{name: "sglang:num_queue_reqs"},
-		Running:   series{name: "sglang:num_running_reqs"},
+		Waiting:   []series{{name: "sglang:num_queue_reqs"}},
+		Running:   []series{{name: "sglang:num_running_reqs"}},
 		KVUsage:   []series{{name: "sglang:token_usage"}},
 		RankLabel: "dp_rank",
+		CopyLabel: "tp_rank",
 	},
-	// TensorRT-LLM behind Triton's TensorRT-LLM backend, the names GIE's
-	// protocol table gives.
+	// TensorRT-LLM: trtllm-serve's own names, else those of Triton's
+	// TensorRT-LLM backend (triton_backend/inflight_batcher_llm/src/
+	// custom_metrics_reporter), both as GIE's protocol table gives them.
+	// trtllm_kv_cache_utilization is a 0-1 fraction like the others.
 	"trtllm": {
-		Name:    "trtllm",
-		Waiting: series{name: "nv_trt_llm_request_metrics", label: "request_type", value: "waiting"},
-		Running: series{name: "nv_trt_llm_request_metrics", label: "request_type", value: "scheduled"},
-		KVUsage: []series{{name: "nv_trt_llm_kv_cache_block_metrics", label: "kv_cache_block_type", value: "fraction"}},
+		Name: "trtllm",
+		Waiting: []series{{name: "trtllm_num_requests_waiting"},
+			{name: "nv_trt_llm_request_metrics", label: "request_type", value: "waiting"}},
+		Running: []series{{name: "trtllm_num_requests_running"},
+			{name: "nv_trt_llm_request_metrics", label: "request_type", value: "scheduled"}},
+		KVUsage: []series{{name: "trtllm_kv_cache_utilization"},
+			{name: "nv_trt_llm_kv_cache_block_metrics", label: "kv_cache_block_type", value: "fraction"}},
 	},
+}
+
+func init() {
+	for _, d := range dialects {
+		d.names = d.familyNames()
+	}
 }
 
 // DialectFor returns the engine's dialect; ok is false for an unknown engine.
@@ -80,11 +100,15 @@ func DialectFor(engine string) (*Dialect, bool) {
 	return d, ok
 }
 
-// names are the metric families the dialect reads.
-func (d *Dialect) names() []string {
-	out := []string{d.Waiting.name, d.Running.name}
-	for _, s := range d.KVUsage {
-		out = append(out, s.name)
+// familyNames are the metric families the dialect reads.
+func (d *Dialect) familyNames() []string {
+	var out []string
+	for _, l := range [][]series{d.Waiting, d.Running, d.KVUsage} {
+		for _, s := range l {
+			if !slices.Contains(out, s.name) {
+				out = append(out, s.name)
+			}
+		}
 	}
 	if d.LoRAInfo != "" {
 		out = append(out, d.LoRAInfo)
@@ -114,13 +138,36 @@ type Dropped map[string]int
 // it never reaches selection; a payload without either request gauge is an
 // error.
 func (d *Dialect) Parse(body []byte, ranks []uint32, dropped Dropped) (map[uint32]selection.EngineRank, error) {
-	parser := expfmt.NewTextParser(model.UTF8Validation)
-	fams, err := parser.TextToMetricFamilies(bytes.NewReader(keepFamilies(body, d.names())))
+	return d.parse(newParser(), body, ranks, dropped)
+}
+
+// parser is the reusable state of a parse: the kept lines and the text
+// parser with its read buffer. A scraper pools them, so that a scrape
+// allocates little more than the families it reads.
+type parser struct {
+	text expfmt.TextParser
+	kept []byte
+	in   bytes.Reader
+}
+
+func newParser() *parser {
+	// vLLM's names contain ':', which both schemes accept; UTF-8 is the
+	// scheme prometheus/common v0.72 parses by default.
+	return &parser{text: expfmt.NewTextParser(model.UTF8Validation)}
+}
+
+func (d *Dialect) parse(p *parser, body []byte, ranks []uint32, dropped Dropped) (map[uint32]selection.EngineRank, error) {
+	p.kept = keepFamilies(p.kept[:0], body, d.names)
+	p.in.Reset(p.kept)
+	fams, err := p.text.TextToMetricFamilies(&p.in)
 	if err != nil {
 		return nil, &ParseError{Reason: "parse_error", Err: err}
 	}
-	if fams[d.Waiting.name] == nil && fams[d.Running.name] == nil {
-		return nil, &ParseError{Reason: "missing_series", Err: fmt.Errorf("neither %s nor %s is exported", d.Waiting.name, d.Running.name)}
+	present := func(l []series) bool {
+		return slices.ContainsFunc(l, func(s series) bool { return fams[s.name] != nil })
+	}
+	if !present(d.Waiting) && !present(d.Running) {
+		return nil, &ParseError{Reason: "missing_series", Err: fmt.Errorf("neither %s nor %s is exported", d.Waiting[0].name, d.Running[0].name)}
 	}
 	out := map[uint32]selection.EngineRank{}
 	rankOf := func(m *dto.Metric) (uint32, bool) {
@@ -143,12 +190,16 @@ func (d *Dialect) Parse(body []byte, ranks []uint32, dropped Dropped) (map[uint3
 		if fam == nil {
 			return false
 		}
+		copies := d.firstCopies(fam)
 		found := false
 		for _, m := range fam.GetMetric() {
 			if s.label != "" {
 				if v, _ := label(m, s.label); v != s.value {
 					continue
 				}
+			}
+			if copies != nil && !copies.keep(m) {
+				continue
 			}
 			v, ok := value(m)
 			if !ok {
@@ -165,27 +216,92 @@ func (d *Dialect) Parse(body []byte, ranks []uint32, dropped Dropped) (map[uint3
 		}
 		return found
 	}
-	each(d.Waiting, func(r uint32, v float64) { e := out[r]; e.Waiting += v; out[r] = e })
-	each(d.Running, func(r uint32, v float64) { e := out[r]; e.Running += v; out[r] = e })
-	for _, s := range d.KVUsage {
-		if each(s, func(r uint32, v float64) {
-			if v > 1 {
-				dropped["bad_value"]++
+	// first reads the first alternative the payload has.
+	first := func(l []series, f func(rank uint32, v float64)) {
+		for _, s := range l {
+			if each(s, f) {
 				return
 			}
-			e := out[r]
-			if !e.HasKVUsage || v > e.KVUsage {
-				e.KVUsage, e.HasKVUsage = v, true
-			}
-			out[r] = e
-		}) {
-			break
 		}
+	}
+	first(d.Waiting, func(r uint32, v float64) { e := out[r]; e.Waiting += v; out[r] = e })
+	first(d.Running, func(r uint32, v float64) { e := out[r]; e.Running += v; out[r] = e })
+	first(d.KVUsage, func(r uint32, v float64) {
+		if v > 1 {
+			dropped["bad_value"]++
+			return
+		}
+		e := out[r]
+		if !e.HasKVUsage || v > e.KVUsage {
+			e.KVUsage, e.HasKVUsage = v, true
+		}
+		out[r] = e
+	})
+	// Finite series can sum past the largest float: such a count is
+	// dropped like an infinite sample.
+	for r, e := range out {
+		if math.IsInf(e.Waiting, 0) {
+			e.Waiting = 0
+			dropped["bad_value"]++
+		}
+		if math.IsInf(e.Running, 0) {
+			e.Running = 0
+			dropped["bad_value"]++
+		}
+		out[r] = e
 	}
 	if d.LoRAInfo != "" {
 		d.parseLoRA(fams[d.LoRAInfo], out, rankOf, dropped)
 	}
 	return out, nil
+}
+
+// copyFilter keeps, per rank label value, the series of the lowest copy
+// label value.
+type copyFilter struct {
+	d      *Dialect
+	lowest map[string]uint64
+}
+
+// firstCopies returns the filter for fam, nil when the dialect has no copy
+// label or fam has no series carrying it.
+func (d *Dialect) firstCopies(fam *dto.MetricFamily) *copyFilter {
+	if d.CopyLabel == "" {
+		return nil
+	}
+	var f *copyFilter
+	for _, m := range fam.GetMetric() {
+		c, ok := d.copyOf(m)
+		if !ok {
+			continue
+		}
+		if f == nil {
+			f = &copyFilter{d: d, lowest: map[string]uint64{}}
+		}
+		r, _ := label(m, d.RankLabel)
+		if low, seen := f.lowest[r]; !seen || c < low {
+			f.lowest[r] = c
+		}
+	}
+	return f
+}
+
+func (d *Dialect) copyOf(m *dto.Metric) (uint64, bool) {
+	v, ok := label(m, d.CopyLabel)
+	if !ok {
+		return 0, false
+	}
+	c, err := strconv.ParseUint(v, 10, 64)
+	return c, err == nil
+}
+
+func (f *copyFilter) keep(m *dto.Metric) bool {
+	c, ok := f.d.copyOf(m)
+	if !ok {
+		return true
+	}
+	r, _ := label(m, f.d.RankLabel)
+	return c == f.lowest[r]
 }
 
 // parseLoRA reads vLLM's vllm:lora_requests_info: one series per set of
@@ -259,43 +375,33 @@ func value(m *dto.Metric) (float64, bool) {
 	return 0, false
 }
 
-// keepFamilies returns the lines of body that belong to the named families:
-// their samples and their # HELP / # TYPE comments. A sample line starts with
-// its metric name, followed by '{', a space or a tab; UTF-8 names in quotes
-// are not used by the engines read here and are dropped with the rest.
-func keepFamilies(body []byte, names []string) []byte {
-	out := make([]byte, 0, 4096)
-	sc := bufio.NewScanner(bytes.NewReader(body))
-	sc.Buffer(make([]byte, 0, 64*1024), len(body)+1)
-	for sc.Scan() {
-		line := sc.Bytes()
+// keepFamilies appends to dst the sample lines of body that belong to the
+// named families. Comments are dropped, # TYPE included: every figure read
+// is a single sample (a gauge, which without its TYPE line parses as
+// untyped and reads the same), so the parser has fewer lines to read and
+// an engine's help text cannot fail a scrape. A sample line starts with its
+// metric name, followed by '{', a space or a tab; UTF-8 names in quotes are
+// not used by the engines read here and are dropped with the rest.
+func keepFamilies(dst, body []byte, names []string) []byte {
+	for len(body) > 0 {
+		line := body
+		if i := bytes.IndexByte(body, '\n'); i >= 0 {
+			line, body = body[:i], body[i+1:]
+		} else {
+			body = nil
+		}
 		if keepLine(line, names) {
-			out = append(out, line...)
-			out = append(out, '\n')
+			dst = append(dst, line...)
+			dst = append(dst, '\n')
 		}
 	}
-	if err := sc.Err(); err != nil {
-		// A line the scanner cannot hold: let the parser see the payload
-		// whole and fail or succeed on its own terms.
-		return body
-	}
-	return out
+	return dst
 }
 
 func keepLine(line []byte, names []string) bool {
-	rest := line
-	if bytes.HasPrefix(rest, []byte("#")) {
-		rest = bytes.TrimLeft(rest[1:], " \t")
-		switch {
-		case bytes.HasPrefix(rest, []byte("HELP")), bytes.HasPrefix(rest, []byte("TYPE")):
-			rest = bytes.TrimLeft(rest[4:], " \t")
-		default:
-			return false // other comments carry nothing
-		}
-	}
 	for _, n := range names {
-		if len(rest) > len(n) && string(rest[:len(n)]) == n {
-			switch rest[len(n)] {
+		if len(line) > len(n) && line[0] == n[0] && string(line[:len(n)]) == n {
+			switch line[len(n)] {
 			case '{', ' ', '\t':
 				return true
 			}

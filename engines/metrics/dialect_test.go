@@ -1,6 +1,7 @@
 package metrics
 
 import (
+	"math"
 	"os"
 	"reflect"
 	"strings"
@@ -38,6 +39,15 @@ func TestDialects(t *testing.T) {
 		}, Dropped{}},
 		{"trtllm", "trtllm.txt", []uint32{0}, map[uint32]selection.EngineRank{
 			all: {Waiting: 1, Running: 6, KVUsage: 0.25, HasKVUsage: true},
+		}, Dropped{}},
+		// Two data-parallel ranks, each exported by its two tensor-parallel
+		// schedulers (--enable-metrics-for-all-schedulers): read once each.
+		{"sglang", "sglang-dp.txt", []uint32{0, 1}, map[uint32]selection.EngineRank{
+			0: {Waiting: 1, Running: 5, KVUsage: 0.3, HasKVUsage: true},
+			1: {Waiting: 0, Running: 7, KVUsage: 0.4, HasKVUsage: true},
+		}, Dropped{}},
+		{"trtllm", "trtllm-serve.txt", []uint32{0}, map[uint32]selection.EngineRank{
+			all: {Waiting: 3, Running: 12, KVUsage: 0.62, HasKVUsage: true},
 		}, Dropped{}},
 	}
 	for _, tt := range tests {
@@ -84,6 +94,8 @@ func TestBadPayloads(t *testing.T) {
 			map[uint32]selection.EngineRank{selection.AllRanks: {Running: 1}}, Dropped{"bad_lora_info": 1}},
 		{"series of two models summed", "vllm:num_requests_waiting{model_name=\"a\"} 1\nvllm:num_requests_waiting{model_name=\"b\"} 2\n", "",
 			map[uint32]selection.EngineRank{selection.AllRanks: {Waiting: 3}}, Dropped{}},
+		{"finite series summing past the largest float", "vllm:num_requests_waiting{model_name=\"a\"} 1.7e308\nvllm:num_requests_waiting{model_name=\"b\"} 1.7e308\nvllm:num_requests_running 1\n", "",
+			map[uint32]selection.EngineRank{selection.AllRanks: {Running: 1}}, Dropped{"bad_value": 1}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -109,12 +121,12 @@ func TestBadPayloads(t *testing.T) {
 func TestKeepFamilies(t *testing.T) {
 	body := "# HELP vllm:num_requests_waiting x\n# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting 1\n" +
 		"vllm:num_requests_waiting_total 9\n# some comment vllm:num_requests_waiting\ngo_goroutines 3\n"
-	got := string(keepFamilies([]byte(body), []string{"vllm:num_requests_waiting"}))
-	want := "# HELP vllm:num_requests_waiting x\n# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting 1\n"
+	got := string(keepFamilies(nil, []byte(body), []string{"vllm:num_requests_waiting"}))
+	want := "vllm:num_requests_waiting 1\n"
 	if got != want {
 		t.Fatalf("keepFamilies = %q", got)
 	}
-	if !strings.Contains(string(keepFamilies(readTestdata(t, "vllm.txt"), (&Dialect{Waiting: series{name: "go_goroutines"}}).names())), "go_goroutines 42") {
+	if !strings.Contains(string(keepFamilies(nil, readTestdata(t, "vllm.txt"), (&Dialect{Waiting: []series{{name: "go_goroutines"}}}).familyNames())), "go_goroutines 42") {
 		t.Fatal("go_goroutines dropped")
 	}
 }
@@ -122,10 +134,11 @@ func TestKeepFamilies(t *testing.T) {
 // FuzzParse: no payload panics the parser, and whatever it returns is safe
 // for selection: finite, non-negative counts and a usage in [0, 1].
 func FuzzParse(f *testing.F) {
-	for _, name := range []string{"vllm.txt", "sglang.txt", "trtllm.txt"} {
+	for _, name := range []string{"vllm.txt", "sglang.txt", "trtllm.txt", "trtllm-serve.txt", "sglang-dp.txt"} {
 		f.Add(readTestdata(f, name))
 	}
 	f.Add([]byte("vllm:num_requests_waiting{engine=\"0\"} NaN\n"))
+	f.Add([]byte("vllm:num_requests_waiting{model_name=\"a\"} 1.7e308\nvllm:num_requests_waiting{model_name=\"b\"} 1.7e308\n"))
 	f.Fuzz(func(t *testing.T, body []byte) {
 		for _, engine := range []string{"vllm", "sglang", "trtllm"} {
 			d, _ := DialectFor(engine)
@@ -134,7 +147,7 @@ func FuzzParse(f *testing.F) {
 				continue
 			}
 			for r, e := range got {
-				ok := func(v float64) bool { return v >= 0 && v < 1e308 }
+				ok := func(v float64) bool { return v >= 0 && !math.IsInf(v, 0) }
 				if !ok(e.Waiting) || !ok(e.Running) || (e.HasKVUsage && (e.KVUsage < 0 || e.KVUsage > 1)) {
 					t.Fatalf("%s rank %d: unsafe figures %+v", engine, r, e)
 				}

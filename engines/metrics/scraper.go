@@ -81,15 +81,24 @@ func (o *Options) defaults() {
 			DialContext:         (&net.Dialer{Timeout: o.Timeout, KeepAlive: 30 * time.Second}).DialContext,
 			MaxIdleConnsPerHost: 2,
 			IdleConnTimeout:     90 * time.Second,
-			DisableCompression:  false,
+			// A metrics payload is small and local: inflating gzip (which
+			// prometheus_client sends when asked) costs more CPU than the
+			// bytes it saves.
+			DisableCompression: true,
 		}}
 	}
 }
 
-// rounds visits every target once per interval, spreading the visits over
-// it in a fixed per-worker phase, with at most Concurrency visits in flight
-// and never two of one worker (a worker still being visited is skipped and
-// counted). The scraper and the prober share it.
+// rounds visits every target once per interval, with at most Concurrency
+// visits in flight and never two of one worker (a worker still being
+// visited is skipped and counted). The scraper and the prober share it.
+//
+// The interval is cut into slots of slotWidth, and each worker has a fixed
+// slot (a hash of its id): a fleet is visited spread over the interval, not
+// in one burst, and each worker once per interval. Starting a slot's visits
+// together, rather than each at its own instant, wakes the process once per
+// slot instead of once per worker, which is most of what an idle process
+// pays for a visit.
 type rounds struct {
 	opts   Options
 	core   Core
@@ -100,6 +109,9 @@ type rounds struct {
 	mu     sync.Mutex
 	active map[uint64]bool
 }
+
+// slotWidth is the spacing of visit starts within an interval.
+const slotWidth = 25 * time.Millisecond
 
 func newRounds(core Core, opts Options, visit func(context.Context, selection.EngineTarget), busy func()) *rounds {
 	return &rounds{opts: opts, core: core, visit: visit, busy: busy, seed: maphash.MakeSeed(),
@@ -112,40 +124,32 @@ func (r *rounds) run(ctx context.Context) {
 	defer wg.Wait()
 	tick := time.NewTicker(r.opts.Interval)
 	defer tick.Stop()
+	wait := time.NewTimer(0)
+	defer wait.Stop()
+	slots := max(1, int(r.opts.Interval/slotWidth))
+	bySlot := make([][]selection.EngineTarget, slots)
 	for {
 		start := time.Now()
+		for i := range bySlot {
+			bySlot[i] = bySlot[i][:0]
+		}
 		for _, t := range r.core.EngineTargets() {
-			// The worker's phase in the round: a stable hash of its id, so
-			// a worker is visited every interval and a fleet is not visited
-			// in one burst.
-			at := start.Add(time.Duration(maphash.Comparable(r.seed, t.WorkerID) % uint64(r.opts.Interval)))
-			r.mu.Lock()
-			if r.active[t.WorkerID] {
-				r.mu.Unlock()
-				r.busy()
+			i := maphash.Comparable(r.seed, t.WorkerID) % uint64(slots)
+			bySlot[i] = append(bySlot[i], t)
+		}
+		for i, group := range bySlot {
+			if len(group) == 0 {
 				continue
 			}
-			r.active[t.WorkerID] = true
-			r.mu.Unlock()
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				defer func() { r.mu.Lock(); delete(r.active, t.WorkerID); r.mu.Unlock() }()
-				timer := time.NewTimer(time.Until(at))
-				defer timer.Stop()
-				select {
-				case <-timer.C:
-				case <-ctx.Done():
-					return
-				}
-				select {
-				case r.sem <- struct{}{}:
-				case <-ctx.Done():
-					return
-				}
-				defer func() { <-r.sem }()
-				r.visit(ctx, t)
-			}()
+			wait.Reset(time.Until(start.Add(time.Duration(i) * r.opts.Interval / time.Duration(slots))))
+			select {
+			case <-wait.C:
+			case <-ctx.Done():
+				return
+			}
+			for _, t := range group {
+				r.start(ctx, &wg, t)
+			}
 		}
 		select {
 		case <-tick.C:
@@ -155,19 +159,45 @@ func (r *rounds) run(ctx context.Context) {
 	}
 }
 
+// start runs one visit in its own goroutine unless the worker's last one
+// still runs.
+func (r *rounds) start(ctx context.Context, wg *sync.WaitGroup, t selection.EngineTarget) {
+	r.mu.Lock()
+	if r.active[t.WorkerID] {
+		r.mu.Unlock()
+		r.busy()
+		return
+	}
+	r.active[t.WorkerID] = true
+	r.mu.Unlock()
+	wg.Go(func() {
+		defer func() { r.mu.Lock(); delete(r.active, t.WorkerID); r.mu.Unlock() }()
+		select {
+		case r.sem <- struct{}{}:
+		case <-ctx.Done():
+			return
+		}
+		defer func() { <-r.sem }()
+		r.visit(ctx, t)
+	})
+}
+
 // Scraper scrapes the engines' metrics endpoints into the core.
 type Scraper struct {
 	opts    Options
 	core    Core
 	m       *Metrics
-	bufPool sync.Pool
+	bufPool sync.Pool // *bytes.Buffer: response bodies
+	parsers sync.Pool // *parser
 }
 
 // NewScraper returns a scraper of core's targets; m receives its counters
 // (NewMetrics), and may be shared with a Prober.
 func NewScraper(core Core, m *Metrics, opts Options) *Scraper {
 	opts.defaults()
-	return &Scraper{opts: opts, core: core, m: m, bufPool: sync.Pool{New: func() any { return new(bytes.Buffer) }}}
+	return &Scraper{opts: opts, core: core, m: m,
+		bufPool: sync.Pool{New: func() any { return new(bytes.Buffer) }},
+		parsers: sync.Pool{New: func() any { return newParser() }}}
 }
 
 // Run scrapes until ctx ends.
@@ -227,7 +257,11 @@ func (s *Scraper) fetch(ctx context.Context, t selection.EngineTarget) (map[uint
 		return nil, "too_large", fmt.Errorf("GET %s: %w: over %d bytes", t.URL, errTooLarge, s.opts.MaxBodyBytes)
 	}
 	dropped := Dropped{}
-	ranks, err := d.Parse(buf.Bytes(), t.Ranks, dropped)
+	p := s.parsers.Get().(*parser)
+	ranks, err := d.parse(p, buf.Bytes(), t.Ranks, dropped)
+	if cap(p.kept) <= 1<<20 {
+		s.parsers.Put(p)
+	}
 	s.m.drop(dropped)
 	if err != nil {
 		var pe *ParseError

@@ -6,6 +6,8 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -92,8 +94,10 @@ func TestScrapeMockWorker(t *testing.T) {
 
 func TestScrapeFailuresAreCountedAndKeepTheLastGoodView(t *testing.T) {
 	good := "vllm:num_requests_waiting 3\nvllm:num_requests_running 1\n"
-	var answer func(w http.ResponseWriter, r *http.Request)
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { answer(w, r) }))
+	// The handler is swapped between cases while the hung case's handler
+	// may still be finishing on the server side: hence the atomic.
+	var answer atomic.Pointer[func(w http.ResponseWriter, r *http.Request)]
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { (*answer.Load())(w, r) }))
 	defer srv.Close()
 	closed := httptest.NewServer(http.NotFoundHandler())
 	closedURL := closed.URL
@@ -103,7 +107,7 @@ func TestScrapeFailuresAreCountedAndKeepTheLastGoodView(t *testing.T) {
 	m := NewMetrics()
 	s := NewScraper(svc, m, Options{Timeout: 100 * time.Millisecond, MaxBodyBytes: 1 << 10})
 	ctx := context.Background()
-	answer = func(w http.ResponseWriter, r *http.Request) { fmt.Fprint(w, good) }
+	answer.Store(ptr(func(w http.ResponseWriter, r *http.Request) { fmt.Fprint(w, good) }))
 	s.ScrapeOnce(ctx, target(t, svc, 1))
 
 	tests := []struct {
@@ -118,7 +122,7 @@ func TestScrapeFailuresAreCountedAndKeepTheLastGoodView(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			answer = tt.answer
+			answer.Store(&tt.answer)
 			before := m.Count("scrapes", tt.reason)
 			snap := s.ScrapeOnce(ctx, target(t, svc, 1))
 			if snap.Err == "" || m.Count("scrapes", tt.reason) != before+1 {
@@ -216,5 +220,58 @@ func TestProberEjectsAndRestores(t *testing.T) {
 	waitFor("restoration", func() bool { return svc.HealthStats().Restorations == 1 })
 	if m.Count("probes", "failure") < 5 || m.Count("probes", "ok") < 1 {
 		t.Fatalf("probes: %d failures, %d ok", m.Count("probes", "failure"), m.Count("probes", "ok"))
+	}
+}
+
+// 256 workers at 200 ms are visited spread over the interval, a slot at a
+// time, each once per round: never the whole fleet in one burst.
+func TestRunSpreadsVisitsOverTheInterval(t *testing.T) {
+	const workers, interval = 256, 200 * time.Millisecond
+	var mu sync.Mutex
+	first := map[string]time.Time{}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		if _, ok := first[r.URL.RawQuery]; !ok {
+			first[r.URL.RawQuery] = time.Now()
+		}
+		mu.Unlock()
+		fmt.Fprint(w, "vllm:num_requests_running 1\n")
+	}))
+	defer srv.Close()
+	var recs []catalog.Record
+	for i := range workers {
+		r := record(uint64(i+1), srv.URL)
+		r.MetricsEndpoint = ptr(fmt.Sprintf("%s/metrics?w=%d", srv.URL, i))
+		recs = append(recs, r)
+	}
+	svc := newCore(t, recs...)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*interval)
+	defer cancel()
+	NewScraper(svc, NewMetrics(), Options{Interval: interval, Timeout: time.Second}).Run(ctx)
+	mu.Lock()
+	defer mu.Unlock()
+	if len(first) != workers {
+		t.Fatalf("%d of %d workers visited in the first round", len(first), workers)
+	}
+	var lo, hi time.Time
+	buckets := map[int64]int{} // first visits per slot width
+	for _, at := range first {
+		if lo.IsZero() || at.Before(lo) {
+			lo = at
+		}
+		if at.After(hi) {
+			hi = at
+		}
+	}
+	for _, at := range first {
+		buckets[int64(at.Sub(lo)/slotWidth)]++
+	}
+	if spread := hi.Sub(lo); spread < interval/2 {
+		t.Fatalf("first visits spread over %s, want most of the %s interval", spread, interval)
+	}
+	for b, n := range buckets {
+		if n > workers/2 {
+			t.Fatalf("%d of %d workers first visited in slot %d", n, workers, b)
+		}
 	}
 }
