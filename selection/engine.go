@@ -25,10 +25,14 @@ import (
 //     it, so the term never charges a booked request a second time.
 //   - KV-cache usage costs EngineKVUsageWeight blocks per unit of usage.
 //   - A rank whose waiting queue or KV usage is at a saturation threshold is
-//     saturated: it is skipped like a busy-rejected rank, and when every
-//     eligible rank is saturated or busy the request follows the busy rules
-//     (429, or the queue when queueing is on). Saturated and busy are one
-//     concept with two sources.
+//     saturated: it is skipped like a busy-rejected rank while any rank has
+//     room. When every eligible rank is saturated, the queue (when queueing
+//     is on) holds the request until one has room, as it does for busy
+//     ranks: saturated and busy are one concept with two sources. Without
+//     the queue the request is still routed, to the cheapest saturated rank,
+//     where the engine queues it: GIE's semantics for a saturated pool,
+//     which rejects only sheddable requests. RejectSaturated answers 429
+//     instead, like the busy thresholds do.
 //   - A request naming a LoRA adapter is charged LoRAMissWeight blocks on a
 //     rank that has not loaded it but has a free adapter slot, twice that on
 //     a rank with no free slot; a preference, never a filter.
@@ -48,6 +52,10 @@ type EngineConfig struct {
 	// KVCacheUtilThreshold saturates a rank whose KV usage is at least this
 	// fraction (default 0.8, GIE's); < 0 disables.
 	KVCacheUtilThreshold float64
+	// RejectSaturated answers 429 (all eligible workers are overloaded) when
+	// every eligible rank is saturated and queueing is off, instead of
+	// routing to the cheapest saturated rank (the default).
+	RejectSaturated bool
 	// Weights of the engine terms in the cost, in blocks; see above.
 	// Negative values are refused; DefaultEngineConfig has the defaults.
 	RequestWeight, KVUsageWeight, LoRAMissWeight float64

@@ -2,7 +2,9 @@ package selection
 
 import (
 	"context"
+	"fmt"
 	"math"
+	"math/rand/v2"
 	"testing"
 	"time"
 
@@ -140,18 +142,40 @@ func TestSaturation(t *testing.T) {
 	}
 }
 
-func TestEverySaturatedIsOverloaded(t *testing.T) {
-	s, c := newService(t, nil)
-	mustUpsert(t, s, workerRec(1))
-	mustUpsert(t, s, workerRec(2))
-	report(t, s, c, 1, EngineRank{Waiting: 9})
-	report(t, s, c, 2, EngineRank{KVUsage: 0.95, HasKVUsage: true})
-	_, err := s.SelectAndReserve(bg, selReq("x", 1, 2, 3))
-	wantKind(t, err, KindOverloaded, "all eligible workers are overloaded")
-	// The figures age out: the service relies on its bookings again.
-	c.Add(3 * time.Second)
-	if _, err := s.SelectAndReserve(bg, selReq("x", 1, 2, 3)); err != nil {
-		t.Fatal(err)
+// Every rank saturated and no queue: routed to the cheapest saturated rank
+// by default (GIE's semantics), 429 with RejectSaturated; stale figures
+// never reject.
+func TestEverySaturated(t *testing.T) {
+	for _, reject := range []bool{false, true} {
+		t.Run(fmt.Sprintf("reject=%v", reject), func(t *testing.T) {
+			clock := &fakeClock{t: time.Unix(1_700_000_000, 0)}
+			rc := routerconfig.Default()
+			rc.UseKVEvents = false
+			ec := DefaultEngineConfig()
+			ec.RejectSaturated = reject
+			s, err := New(Config{Router: rc, Clock: clock.Now, Rand: rand.New(rand.NewPCG(1, 2)), Engine: &ec})
+			if err != nil {
+				t.Fatal(err)
+			}
+			mustUpsert(t, s, workerRec(1))
+			mustUpsert(t, s, workerRec(2))
+			// Both saturated; worker 2 holds fewer requests nobody booked.
+			report(t, s, clock, 1, EngineRank{Waiting: 9})
+			report(t, s, clock, 2, EngineRank{Waiting: 1, KVUsage: 0.95, HasKVUsage: true})
+			resp, err := s.SelectAndReserve(bg, selReq("x", 1, 2, 3))
+			if reject {
+				wantKind(t, err, KindOverloaded, "all eligible workers are overloaded")
+			} else if err != nil {
+				t.Fatal(err)
+			} else if resp.WorkerID != 2 {
+				t.Fatalf("picked worker %d of a saturated pool, want the less loaded worker 2", resp.WorkerID)
+			}
+			// The figures age out: the service relies on its bookings again.
+			clock.Add(3 * time.Second)
+			if _, err := s.SelectAndReserve(bg, selReq("y", 1, 2, 3)); err != nil {
+				t.Fatal(err)
+			}
+		})
 	}
 }
 

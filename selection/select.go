@@ -319,7 +319,7 @@ func (s *Service) choose(ctx context.Context, rq *prepared, req *SelectRequest,
 	p, pr, eff := rq.part, rq.prompt, rq.eff
 	overlaps := p.match(pr)
 	enqueued := s.clock()
-	sreq := &scheduler.Request{ISL: pr.isl, BlockSize: p.blockSize, Weights: weightsOf(eff)}
+	sreq := &scheduler.Request{ISL: pr.isl, BlockSize: p.blockSize, Weights: weightsOf(eff), ServeSaturated: !s.engineCfg.RejectSaturated}
 	sreq.Weights.EngineWeights = s.engineWeights()
 	if eff.TrackActiveBlocks {
 		sreq.TrackedBlocks = len(pr.tracking)

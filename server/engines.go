@@ -23,18 +23,25 @@ type engineFlags struct {
 	concurrency                   int
 	maxBody                       int
 
-	queueDepth   int
-	kvUtil       float64
-	requestW     float64
-	kvUsageW     float64
-	loraMissW    float64
-	ejectAfter   int
-	ejectWindow  time.Duration
-	ejectBase    time.Duration
-	ejectMax     time.Duration
-	probeEvery   time.Duration
-	probeTimeout time.Duration
+	queueDepth    int
+	kvUtil        float64
+	whenSaturated string
+	requestW      float64
+	kvUsageW      float64
+	loraMissW     float64
+	ejectAfter    int
+	ejectWindow   time.Duration
+	ejectBase     time.Duration
+	ejectMax      time.Duration
+	probeEvery    time.Duration
+	probeTimeout  time.Duration
 }
+
+// The --when-saturated values.
+const (
+	whenSaturatedRoute  = "route"
+	whenSaturatedReject = "reject"
+)
 
 func (e *engineFlags) register(fs *flag.FlagSet) {
 	d := selection.DefaultEngineConfig()
@@ -43,7 +50,8 @@ func (e *engineFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&e.concurrency, "engine-metrics-concurrency", metrics.DefaultConcurrency, "engine metrics scrapes and health probes in flight at once (`n`, >= 1)")
 	fs.IntVar(&e.maxBody, "engine-metrics-max-bytes", metrics.DefaultMaxBodyBytes, "largest engine metrics payload read, in `bytes` (>= 1024); larger ones are refused and counted")
 	fs.DurationVar(&e.staleAfter, "engine-metrics-stale-after", d.StaleAfter, "figures older than this (`duration`, > 0) are not used: the worker is judged on kvselect's bookings alone, and GET /workers says engine_metrics.stale")
-	fs.IntVar(&e.queueDepth, "queue-depth-threshold", d.QueueDepthThreshold, "a rank whose engine has at least this many waiting `requests` is saturated: skipped like a busy worker, 429 or the queue when all are (GIE's default; -1 disables)")
+	fs.IntVar(&e.queueDepth, "queue-depth-threshold", d.QueueDepthThreshold, "a rank whose engine has at least this many waiting `requests` is saturated: skipped while any rank has room, see --when-saturated (GIE's default; -1 disables)")
+	fs.StringVar(&e.whenSaturated, "when-saturated", whenSaturatedRoute, "what a request gets when every eligible rank is saturated and the scheduler queue is off (with the queue on it waits for room): "+whenSaturatedRoute+" (the cheapest saturated rank, whose engine queues it: GIE's behaviour for non-sheddable requests) or "+whenSaturatedReject+" (429, like the busy thresholds)")
 	fs.Float64Var(&e.kvUtil, "kv-cache-util-threshold", d.KVCacheUtilThreshold, "a rank whose engine reports at least this KV-cache usage `fraction` is saturated (GIE's default; -1 disables)")
 	fs.Float64Var(&e.requestW, "engine-request-weight", d.RequestWeight, "cost in `blocks` of each request an engine holds that no booking accounts for: max(0, waiting + running - booked) (>= 0; 0 ignores them)")
 	fs.Float64Var(&e.kvUsageW, "engine-kv-usage-weight", d.KVUsageWeight, "cost in `blocks` per unit of an engine's KV-cache usage (>= 0)")
@@ -75,6 +83,9 @@ func (e *engineFlags) validate() []error {
 	}
 	if e.queueDepth < -1 {
 		add("--queue-depth-threshold %d: must be -1 (off) or >= 0", e.queueDepth)
+	}
+	if e.whenSaturated != whenSaturatedRoute && e.whenSaturated != whenSaturatedReject {
+		add("--when-saturated %q: must be %s or %s", e.whenSaturated, whenSaturatedRoute, whenSaturatedReject)
 	}
 	if e.kvUtil != -1 && (math.IsNaN(e.kvUtil) || e.kvUtil < 0 || e.kvUtil > 1) {
 		add("--kv-cache-util-threshold %g: must be a fraction in [0, 1], or -1 (off)", e.kvUtil)
@@ -111,7 +122,8 @@ func (e *engineFlags) validate() []error {
 func (e *engineFlags) config() *selection.EngineConfig {
 	return &selection.EngineConfig{
 		StaleAfter: e.staleAfter, QueueDepthThreshold: e.queueDepth, KVCacheUtilThreshold: e.kvUtil,
-		RequestWeight: e.requestW, KVUsageWeight: e.kvUsageW, LoRAMissWeight: e.loraMissW,
+		RejectSaturated: e.whenSaturated == whenSaturatedReject,
+		RequestWeight:   e.requestW, KVUsageWeight: e.kvUsageW, LoRAMissWeight: e.loraMissW,
 		Health: selection.HealthConfig{EjectAfter: e.ejectAfter, Window: e.ejectWindow, Base: e.ejectBase, Max: e.ejectMax},
 	}
 }

@@ -91,6 +91,7 @@ func TestEngineFlagValidation(t *testing.T) {
 		{"--eject-base", "10s", "--eject-max", "5s"},
 		{"--queue-depth-threshold", "-7"},
 		{"--engine-metrics-concurrency", "0"},
+		{"--when-saturated", "drop"},
 	} {
 		var o options
 		fs := newFlagSet(&o)
@@ -99,6 +100,25 @@ func TestEngineFlagValidation(t *testing.T) {
 		}
 		if errs := o.engines.validate(); len(errs) == 0 {
 			t.Errorf("%v accepted", args)
+		}
+	}
+}
+
+func TestWhenSaturatedFlag(t *testing.T) {
+	for _, tt := range []struct {
+		args   []string
+		reject bool
+	}{{nil, false}, {[]string{"--when-saturated", "route"}, false}, {[]string{"--when-saturated", "reject"}, true}} {
+		var o options
+		fs := newFlagSet(&o)
+		if err := fs.Parse(tt.args); err != nil {
+			t.Fatal(err)
+		}
+		if errs := o.engines.validate(); len(errs) != 0 {
+			t.Fatalf("%v: %v", tt.args, errs)
+		}
+		if got := o.engines.config().RejectSaturated; got != tt.reject {
+			t.Errorf("%v: RejectSaturated = %v, want %v", tt.args, got, tt.reject)
 		}
 	}
 }

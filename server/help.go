@@ -42,7 +42,7 @@ var helpSections = []struct {
 	{"Endpoint picker (Envoy ext_proc, GIE protocol 004)", []string{"extproc-port", "extproc-fallbacks", "extproc-max-body-bytes", "extproc-test-pick-header", "extproc-default-model", "extproc-assume-request-body-mode", "extproc-assume-response-body-mode", "extproc-secure-serving", "extproc-cert-path", "extproc-cert-reload"}},
 	{"Text prompts (tokenized by the engines)", []string{"tokenize", "tokenize-endpoint", "tokenize-timeout", "tokenize-cache-tokens", "tokenize-forward-ids"}},
 	{"Engine metrics, saturation and health", []string{"engine-metrics-interval", "engine-metrics-timeout", "engine-metrics-concurrency", "engine-metrics-max-bytes", "engine-metrics-stale-after",
-		"queue-depth-threshold", "kv-cache-util-threshold", "engine-request-weight", "engine-kv-usage-weight", "engine-lora-miss-weight",
+		"queue-depth-threshold", "kv-cache-util-threshold", "when-saturated", "engine-request-weight", "engine-kv-usage-weight", "engine-lora-miss-weight",
 		"eject-after", "eject-window", "eject-base", "eject-max", "health-probe-interval", "health-probe-timeout"}},
 	{"Discovery (workers file, Kubernetes InferencePool)", []string{"workers-file", "pool-name", "pool-namespace", "kubeconfig"}},
 	{"Other", []string{"version"}},

@@ -1,6 +1,7 @@
 package scheduler
 
 import (
+	"errors"
 	"testing"
 
 	"github.com/kvselect/kvselect/selection/index"
@@ -52,5 +53,57 @@ func TestSaturatedIsBusy(t *testing.T) {
 	}
 	if _, err := DefaultPolicy().Select(seeded(1), req, cands, nil); err != ErrAllOverloaded {
 		t.Fatalf("every rank saturated: %v, want ErrAllOverloaded", err)
+	}
+}
+
+// With ServeSaturated a saturated pool still routes, to the cheapest
+// saturated rank, and never to a rank overloaded by the busy thresholds; a
+// rank with room always wins over a saturated one.
+func TestServeSaturated(t *testing.T) {
+	key := func(id uint64) index.WorkerKey { return index.WorkerKey{WorkerID: id} }
+	pin := key(2)
+	tests := []struct {
+		name    string
+		pinned  *index.WorkerKey
+		cands   []Candidate
+		want    uint64
+		wantErr error
+	}{
+		{"cheapest saturated rank", nil, []Candidate{
+			{Worker: key(1), Saturated: true, ActivePrefillTokens: 4096},
+			{Worker: key(2), Saturated: true}}, 2, nil},
+		{"a rank with room beats a cheaper saturated one", nil, []Candidate{
+			{Worker: key(1), Saturated: true},
+			{Worker: key(2), ActivePrefillTokens: 4096}}, 2, nil},
+		{"busy-overloaded ranks stay out", nil, []Candidate{
+			{Worker: key(1), Saturated: true, Overloaded: true},
+			{Worker: key(2), Saturated: true, ActivePrefillTokens: 4096}}, 2, nil},
+		{"saturated and overloaded everywhere", nil, []Candidate{
+			{Worker: key(1), Saturated: true, Overloaded: true}}, 0, ErrAllOverloaded},
+		{"pinned saturated rank", &pin, []Candidate{
+			{Worker: key(1)}, {Worker: key(2), Saturated: true}}, 2, nil},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			req := &Request{ISL: 64, BlockSize: 16, Weights: DefaultWeights(), ServeSaturated: true, Pinned: tt.pinned}
+			got, err := Policy{Scorer: CostScorer{}, Picker: ArgminPicker{}}.Select(seeded(1), req, tt.cands, nil)
+			if !errors.Is(err, tt.wantErr) {
+				t.Fatalf("err = %v, want %v", err, tt.wantErr)
+			}
+			if err == nil && got.Worker.WorkerID != tt.want {
+				t.Fatalf("picked worker %d, want %d", got.Worker.WorkerID, tt.want)
+			}
+			// Without the switch the same pool answers overloaded unless a
+			// rank has room.
+			req.ServeSaturated = false
+			_, err = DefaultPolicy().Select(seeded(1), req, tt.cands, nil)
+			room := false
+			for _, c := range tt.cands {
+				room = room || (!c.Saturated && !c.Overloaded && (tt.pinned == nil || c.Worker == *tt.pinned))
+			}
+			if room != (err == nil) {
+				t.Fatalf("without ServeSaturated: err = %v with room %v", err, room)
+			}
+		})
 	}
 }

@@ -116,14 +116,21 @@ func (p Policy) Select(rnd *rand.Rand, req *Request, cands []Candidate, s *Scrat
 	}
 
 	affinity := p.ExclusiveAffinity && req.AffinityTarget != nil && affinityEligible(req, cands)
-	eligible, filtered := false, false
+	inScope := func(c *Candidate) bool {
+		return Eligible(req, c) && (!affinity || matchesTarget(req.AffinityTarget, c))
+	}
+	eligible, filtered, saturated := false, false, false
 	for i := range cands {
 		c := &cands[i]
-		if !Eligible(req, c) || (affinity && !matchesTarget(req.AffinityTarget, c)) {
+		if !inScope(c) {
 			continue
 		}
 		eligible = true
-		if c.Overloaded || c.Saturated {
+		if c.Overloaded {
+			continue
+		}
+		if c.Saturated {
+			saturated = true
 			continue
 		}
 		if !p.keep(req, c) {
@@ -131,6 +138,19 @@ func (p Policy) Select(rnd *rand.Rand, req *Request, cands []Candidate, s *Scrat
 			continue
 		}
 		s.scored = append(s.scored, Scored{Candidate: *c})
+	}
+	if len(s.scored) == 0 && saturated && req.ServeSaturated {
+		// No rank has room: rank the saturated ones.
+		for i := range cands {
+			c := &cands[i]
+			if inScope(c) && c.Saturated && !c.Overloaded {
+				if !p.keep(req, c) {
+					filtered = true
+					continue
+				}
+				s.scored = append(s.scored, Scored{Candidate: *c})
+			}
+		}
 	}
 	if len(s.scored) == 0 {
 		switch {
@@ -184,7 +204,7 @@ func (p Policy) selectPinned(req *Request, cands []Candidate, s *Scratch) (Score
 	if c == nil || !Eligible(req, c) {
 		return Scored{}, fmt.Errorf("%w (pinned worker %s is not an eligible candidate)", ErrNoEndpoints, pin)
 	}
-	if c.Overloaded || c.Saturated {
+	if c.Overloaded || (c.Saturated && !req.ServeSaturated) {
 		return Scored{}, &PinnedError{WorkerID: pin.WorkerID, Err: ErrPinnedOverloaded}
 	}
 	if !p.keep(req, c) {

@@ -136,6 +136,13 @@ type Request struct {
 	TrackedBlocks int
 	// Pinned forces this rank (pinned_worker); ranking is skipped.
 	Pinned *index.WorkerKey
+	// ServeSaturated ranks the saturated candidates when every eligible one
+	// is saturated and none is overloaded by the busy thresholds, instead of
+	// answering ErrAllOverloaded: the request then queues on the cheapest
+	// engine, as GIE's picker schedules non-sheddable requests on a
+	// saturated pool. While any candidate has room, saturated ones are
+	// skipped either way.
+	ServeSaturated bool
 	// AffinityTarget steers to this worker (or rank) while it is eligible and
 	// not overloaded; the default policy then ranks only its ranks. Otherwise
 	// the request is ranked over all eligible candidates (Dynamo's default
