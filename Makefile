@@ -97,6 +97,18 @@ bench-rest:
 bench-extproc-pinned:
 	BENCHOUT=$(BENCHOUT) ./bench/extproc-pinned.sh
 
+# kvbench route's bypass scenario (docs/benchmarks.md, "Engine metrics:
+# traffic that bypasses kvselect"): 30 % of the trace straight to 2 of 8
+# workers, kv-cost with and without engine metrics, at 1x, 1.5x and 2x load.
+.PHONY: bench-route-bypass
+bench-route-bypass:
+	mkdir -p $(BENCHOUT)
+	for s in 1 1.5 2; do \
+		$(GO) run ./cmd/kvbench route -quiet -policies kv-cost -capacity 16384,4096 -speedup $$s \
+			-bypass 0,0.3 -bypass-workers 2 -engine-metrics off,on -engine-request-weight 0,2,4,8,16,32 \
+			-json $(BENCHOUT)/route-bypass-$$s.json | tee $(BENCHOUT)/route-bypass-$$s.txt || exit 1; \
+	done
+
 # Per-request overhead of the ext_proc picker (headers + 4 KB body + response
 # headers + 20 streamed chunks), 64 concurrent streams, and the same lifecycle
 # over REST (docs/extproc.md).

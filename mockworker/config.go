@@ -94,6 +94,12 @@ type Config struct {
 	// ReplayRing is the number of batches each rank keeps for replay (10,000).
 	ReplayRing int
 
+	// Faults are the failure modes the worker starts in (faults.go); POST
+	// /admin/faults changes them at run time.
+	Faults Faults
+	// FaultSeed seeds which requests FailRate fails (with WorkerID).
+	FaultSeed uint64
+
 	// VocabSize bounds token ids of tokenized text and generated tokens.
 	VocabSize int
 	// Clock paces the timing model; the wall clock when nil. A simulation can
@@ -185,6 +191,9 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if !(c.Speedup > 0) || math.IsInf(c.Speedup, 0) {
 		errs = append(errs, fmt.Errorf("speedup must be a positive number, got %v", c.Speedup))
+	}
+	if err := c.Faults.validate(); err != nil {
+		errs = append(errs, err)
 	}
 	if c.EventShape != kvpublish.ShapeMap && c.EventShape != kvpublish.ShapePositional {
 		errs = append(errs, fmt.Errorf("unknown event shape %d", c.EventShape))

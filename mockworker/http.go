@@ -35,14 +35,17 @@ const maxBody = 16 << 20
 
 // Handler serves the OpenAI-compatible API: POST /v1/completions and
 // /v1/chat/completions (streaming or not), POST /tokenize, GET /v1/models,
-// /health and /metrics, and POST /reset_prefix_cache.
+// /health and /metrics, and POST /reset_prefix_cache; GET and POST
+// /admin/faults read and switch the injected faults (faults.go).
 func (w *Worker) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/completions", w.serveCompletions)
 	mux.HandleFunc("POST /v1/chat/completions", w.serveChat)
 	mux.HandleFunc("GET /v1/models", w.serveModels)
 	mux.HandleFunc("POST /tokenize", w.serveTokenize)
-	mux.HandleFunc("GET /health", func(rw http.ResponseWriter, _ *http.Request) { rw.WriteHeader(http.StatusOK) })
+	mux.HandleFunc("GET /health", w.serveHealth)
+	mux.HandleFunc("GET /admin/faults", w.serveFaults)
+	mux.HandleFunc("POST /admin/faults", w.serveFaults)
 	mux.HandleFunc("POST /reset_prefix_cache", w.serveReset)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(w.metrics.reg, promhttp.HandlerOpts{}))
 	return mux
@@ -433,6 +436,9 @@ func newID(prefix string) string {
 // ---- handlers ----
 
 func (w *Worker) serveCompletions(rw http.ResponseWriter, req *http.Request) {
+	if w.injectFault(rw, req) {
+		return
+	}
 	var body completionRequest
 	if err := decodeBody(rw, req, &body); err != nil {
 		writeError(rw, err)
@@ -510,6 +516,9 @@ func (w *Worker) serveCompletions(rw http.ResponseWriter, req *http.Request) {
 }
 
 func (w *Worker) serveChat(rw http.ResponseWriter, req *http.Request) {
+	if w.injectFault(rw, req) {
+		return
+	}
 	var body chatRequest
 	if err := decodeBody(rw, req, &body); err != nil {
 		writeError(rw, err)

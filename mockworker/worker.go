@@ -68,6 +68,7 @@ type Worker struct {
 	log     *slog.Logger
 	ranks   []*rank
 	metrics *metrics
+	faults  *faultState
 
 	closeCtx context.Context
 	closeFn  context.CancelFunc
@@ -126,6 +127,7 @@ func New(cfg Config) (*Worker, error) {
 		w.ranks = append(w.ranks, r)
 	}
 	w.metrics = newMetrics(w)
+	w.faults = newFaultState(cfg.Faults, cfg.FaultSeed, cfg.WorkerID, cfg.Clock.Now)
 	return w, nil
 }
 

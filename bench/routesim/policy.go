@@ -78,8 +78,9 @@ func NewPolicy(ctx context.Context, w *World, name string) (*Service, error) {
 func newService(ctx context.Context, name string, w *World, rc routerconfig.Config, pol scheduler.Policy) (*Service, error) {
 	p := &Service{name: name, w: w, start: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
 	cfg := selection.Config{Router: rc, Policy: &pol,
-		Clock: func() time.Time { return p.start.Add(w.Now()) },
-		Rand:  rand.New(rand.NewPCG(w.cfg.Seed, 0x5e1ec7))}
+		Clock:  func() time.Time { return p.start.Add(w.Now()) },
+		Rand:   rand.New(rand.NewPCG(w.cfg.Seed, 0x5e1ec7)),
+		Engine: w.cfg.Engine}
 	if rc.UseKVEvents {
 		p.sink = &eventSink{ranks: map[index.WorkerKey]*index.Index{}}
 		cfg.Listeners = p.sink
@@ -167,6 +168,21 @@ func (p *Service) Admitted(_ context.Context, _ *Request, worker int, events []m
 	clear(evs)
 	p.evs = evs[:0]
 }
+
+// ReportEngine is one scrape of worker's engine, as engines/metrics reports
+// it: an engine without rank labels, so the figures sit under AllRanks,
+// taken at the current virtual time.
+func (p *Service) ReportEngine(worker int, st EngineState) {
+	p.svc.ReportEngineMetrics(uint64(worker), selection.EngineSnapshot{
+		At: p.start.Add(p.w.Now()),
+		Ranks: map[uint32]selection.EngineRank{selection.AllRanks: {
+			Waiting: float64(st.Waiting), Running: float64(st.Running), KVUsage: st.KVUsage, HasKVUsage: true}},
+	})
+}
+
+// Workers is the service's GET /workers view (engine metrics and health
+// included), for tests.
+func (p *Service) Workers() []*catalog.Record { return p.svc.Workers(nil, nil) }
 
 func (p *Service) FirstToken(ctx context.Context, r *Request) { _ = p.svc.PrefillComplete(ctx, r.ID) }
 func (p *Service) Done(ctx context.Context, r *Request)       { _ = p.svc.Free(ctx, r.ID) }

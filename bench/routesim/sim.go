@@ -26,10 +26,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"slices"
 	"time"
 
 	"github.com/kvselect/kvselect/bench/mooncake"
+	"github.com/kvselect/kvselect/selection"
 )
 
 // TraceBlockTokens is how many tokens one Mooncake hash id stands for.
@@ -54,12 +56,59 @@ type Config struct {
 	// Requests limits the trace to its first n requests (0: all).
 	Requests int
 	Seed     uint64 // seeds the services' random and tie-breaking choices
+
+	// Bypass is the fraction of requests (0..1) that skip kvselect and go
+	// straight to one of the first BypassWorkers workers (uniformly, seeded):
+	// direct traffic, a second gateway. They fill the engines' queues and
+	// caches (and their KV events reach the index, as a real engine publishes
+	// whatever it serves) but kvselect never books them.
+	Bypass float64 `json:"bypass,omitempty"`
+	// BypassWorkers is how many workers the bypass traffic lands on (0: 2,
+	// at most Workers).
+	BypassWorkers int `json:"bypass_workers,omitempty"`
+	// EngineMetrics reports every engine's true waiting and running counts
+	// and KV usage to the service (ReportEngineMetrics) every ScrapeInterval
+	// of virtual time, so that the service's view lags the engines as a
+	// Prometheus scrape's would.
+	EngineMetrics bool `json:"engine_metrics,omitempty"`
+	// ScrapeInterval is the virtual time between two scrapes (0: 200 ms).
+	ScrapeInterval time.Duration `json:"scrape_interval,omitempty"`
+	// Engine configures the engine terms of the service's cost (weights,
+	// saturation thresholds); nil uses selection.DefaultEngineConfig().
+	Engine *selection.EngineConfig `json:"engine,omitempty"`
+	// RetryAfter is the virtual delay before a request the service refused
+	// as overloaded (429: every worker saturated or busy) is offered again
+	// (0: 100 ms). A refused request keeps its original arrival time, so its
+	// TTFT includes the wait.
+	RetryAfter time.Duration `json:"retry_after,omitempty"`
+}
+
+// Defaults of the bypass and engine-metrics knobs.
+const (
+	DefaultBypassWorkers  = 2
+	DefaultScrapeInterval = 200 * time.Millisecond
+	DefaultRetryAfter     = 100 * time.Millisecond
+)
+
+// withDefaults fills the zero knobs that mean "default".
+func (c Config) withDefaults() Config {
+	if c.BypassWorkers == 0 {
+		c.BypassWorkers = min(DefaultBypassWorkers, max(c.Workers, 1))
+	}
+	if c.ScrapeInterval == 0 {
+		c.ScrapeInterval = DefaultScrapeInterval
+	}
+	if c.RetryAfter == 0 {
+		c.RetryAfter = DefaultRetryAfter
+	}
+	return c
 }
 
 // DefaultConfig is the configuration the documented figures use.
 func DefaultConfig() Config {
 	return Config{Workers: 8, Capacity: 16384, Speedup: 1, PrefillPerToken: 50 * time.Microsecond,
-		DecodePerToken: 20 * time.Millisecond, DecodeInterference: 0.005, Seed: 1}
+		DecodePerToken: 20 * time.Millisecond, DecodeInterference: 0.005, Seed: 1,
+		BypassWorkers: DefaultBypassWorkers, ScrapeInterval: DefaultScrapeInterval, RetryAfter: DefaultRetryAfter}
 }
 
 func (c Config) validate() error {
@@ -74,6 +123,12 @@ func (c Config) validate() error {
 		return errors.New("routesim: negative per-token time")
 	case c.DecodeInterference < 0:
 		return errors.New("routesim: negative decode interference")
+	case !(c.Bypass >= 0 && c.Bypass <= 1):
+		return fmt.Errorf("routesim: bypass is a fraction in [0, 1], not %g", c.Bypass)
+	case c.BypassWorkers < 0 || c.BypassWorkers > c.Workers:
+		return fmt.Errorf("routesim: bypass workers must be in [1, %d], not %d", c.Workers, c.BypassWorkers)
+	case c.ScrapeInterval < 0 || c.RetryAfter < 0:
+		return errors.New("routesim: negative scrape interval or retry delay")
 	}
 	return nil
 }
@@ -100,6 +155,41 @@ type Result struct {
 	// Selection latency of the policy's pick, wall clock, in microseconds.
 	SelectP50Us float64 `json:"select_p50_us"`
 	SelectP99Us float64 `json:"select_p99_us"`
+
+	// The bypass scenario. Requests, HitRate, the TTFT quantiles above and
+	// MaxShare count only the requests kvselect routed; Bypassed is how many
+	// went straight to a worker, and the All figures cover both.
+	Bypass        float64 `json:"bypass"`
+	BypassWorkers int     `json:"bypass_workers,omitempty"`
+	Bypassed      int     `json:"bypassed"`
+	EngineMetrics bool    `json:"engine_metrics"`
+	RequestWeight float64 `json:"engine_request_weight,omitempty"`
+	KVUsageWeight float64 `json:"engine_kv_usage_weight,omitempty"`
+	AllTTFTP50Ms  float64 `json:"all_ttft_p50_ms"`
+	AllTTFTP90Ms  float64 `json:"all_ttft_p90_ms"`
+	AllTTFTP99Ms  float64 `json:"all_ttft_p99_ms"`
+	// Refusals counts the picks the service refused as overloaded (every
+	// worker saturated or busy: 429); RefusedRequests the requests that were
+	// refused at least once. Each was offered again after RetryAfter.
+	Refusals        int `json:"refusals"`
+	RefusedRequests int `json:"refused_requests"`
+	// Scrapes is the number of engine-metrics rounds reported.
+	Scrapes int `json:"scrapes,omitempty"`
+}
+
+// EngineState is what a scrape of one simulated engine reads: requests
+// queued and not yet prefilling, requests prefilling or decoding, and the
+// share of the KV pool the active requests hold (vLLM's kv_cache_usage_perc
+// counts the blocks of running requests, not the cached-and-free ones).
+type EngineState struct {
+	Waiting, Running int
+	KVUsage          float64
+}
+
+// EngineMetricsSink is a Policy that takes engine metrics: Run hands it
+// every engine's state each ScrapeInterval when Config.EngineMetrics is on.
+type EngineMetricsSink interface {
+	ReportEngine(worker int, st EngineState)
 }
 
 // Policy picks a worker for each request and follows its lifecycle. *Service,
@@ -124,6 +214,9 @@ type Request struct {
 	Arrival time.Duration // simulated time since the start
 	Trace   mooncake.Request
 	Locals  []uint64 // content hashes of the trace blocks (mooncake.LocalHashes)
+	// Bypass marks a request that went straight to a worker: the policy
+	// never picked, booked or freed it.
+	Bypass bool
 }
 
 // World is the simulated fleet: the engines' caches and the workers' queues,
@@ -140,7 +233,23 @@ type workerState struct {
 	active      int           // admitted, not finished
 	decodeCtx   int           // context tokens of requests past their first token
 	queuedTok   int           // uncached prompt tokens admitted and not yet prefilled
-	assigned    int
+	assigned    int           // requests the policy routed here
+	waiting     int           // admitted, prefill not started
+	running     int           // prefilling or decoding
+	heldBlocks  int           // KV blocks of the admitted requests
+}
+
+// EngineState is worker i's engine as a scrape would read it now.
+func (w *World) EngineState(i int) EngineState {
+	ws := &w.workers[i]
+	return EngineState{Waiting: ws.waiting, Running: ws.running,
+		KVUsage: min(float64(ws.heldBlocks)/float64(w.engines[i].Capacity()), 1)}
+}
+
+// requestBlocks is how many KV blocks a request holds while it runs: its
+// prompt's and its output's.
+func requestBlocks(r *Request) int {
+	return len(r.Trace.HashIDs) + (r.Trace.OutputLength+TraceBlockTokens-1)/TraceBlockTokens
 }
 
 // Now is the current simulated time.
@@ -165,7 +274,7 @@ func (w *World) CachedPrefix(i int, ids []uint64) int {
 // event is a timed lifecycle step.
 type event struct {
 	at     time.Duration
-	kind   int // firstToken or done
+	kind   int // firstToken, done or prefillStart
 	req    *Request
 	worker int
 	tok    int
@@ -175,6 +284,7 @@ type event struct {
 const (
 	firstToken = iota
 	done
+	prefillStart
 )
 
 type eventHeap []event
@@ -197,6 +307,7 @@ func (h *eventHeap) Pop() any {
 
 // NewWorld builds the fleet for cfg.
 func NewWorld(cfg Config) (*World, error) {
+	cfg = cfg.withDefaults()
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
@@ -209,49 +320,161 @@ func NewWorld(cfg Config) (*World, error) {
 
 // Run replays trace through policy p over world w. progress, when set, is
 // called every few hundred requests.
+//
+// With cfg.Bypass a seeded share of the requests goes straight to one of the
+// first cfg.BypassWorkers engines; with cfg.EngineMetrics the engines' states
+// reach p (an EngineMetricsSink) every cfg.ScrapeInterval. A pick the service
+// refuses as overloaded is offered again cfg.RetryAfter later.
 func Run(ctx context.Context, w *World, trace []mooncake.Request, p Policy, progress func(done, total int)) (Result, error) {
 	cfg := w.cfg
 	if cfg.Requests > 0 && cfg.Requests < len(trace) {
 		trace = trace[:cfg.Requests]
 	}
-	res := Result{Policy: p.Name(), Workers: cfg.Workers, Capacity: cfg.Capacity, Requests: len(trace)}
+	res := Result{Policy: p.Name(), Workers: cfg.Workers, Capacity: cfg.Capacity, Bypass: cfg.Bypass,
+		EngineMetrics: cfg.EngineMetrics}
+	if cfg.Bypass > 0 {
+		res.BypassWorkers = cfg.BypassWorkers
+	}
 	if len(trace) == 0 {
 		return res, errors.New("routesim: empty trace")
 	}
+	sink, _ := p.(EngineMetricsSink)
+	if cfg.EngineMetrics {
+		if sink == nil {
+			return res, fmt.Errorf("routesim: %s takes no engine metrics", p.Name())
+		}
+		ec := selection.DefaultEngineConfig()
+		if cfg.Engine != nil {
+			ec = *cfg.Engine
+		}
+		res.RequestWeight, res.KVUsageWeight = ec.RequestWeight, ec.KVUsageWeight
+	}
 	var (
-		pending  eventHeap
-		seq      int
-		ttfts    = make([]time.Duration, 0, len(trace))
-		selects  = make([]time.Duration, 0, len(trace))
-		hit, all int
-		last     time.Duration
+		pending    eventHeap
+		retries    eventHeap // refused requests, by the time they are offered again
+		seq        int
+		ttfts      = make([]time.Duration, 0, len(trace))
+		allTTFTs   = make([]time.Duration, 0, len(trace))
+		selects    = make([]time.Duration, 0, len(trace))
+		hit, all   int
+		last       time.Duration
+		nextScrape time.Duration
+		refused    = map[int]bool{}
+		bypassRand = rand.New(rand.NewPCG(cfg.Seed, 0xb7a55))
 	)
-	push := func(e event) {
+	push := func(h *eventHeap, e event) {
 		e.seq = seq
 		seq++
-		heap.Push(&pending, e)
+		heap.Push(h, e)
+	}
+	scrape := func() {
+		for i := range w.workers {
+			sink.ReportEngine(i, w.EngineState(i))
+		}
+		res.Scrapes++
+	}
+	// step applies the next lifecycle event or scrape due by until and says
+	// whether there was one. Scrapes stop once no event is pending, so the
+	// final drain ends.
+	step := func(until time.Duration) bool {
+		evDue := pending.Len() > 0 && pending[0].at <= until
+		if cfg.EngineMetrics && nextScrape <= until && (!evDue || nextScrape < pending[0].at) &&
+			(pending.Len() > 0 || until < 1<<62-1) {
+			w.now = nextScrape
+			scrape()
+			nextScrape += cfg.ScrapeInterval
+			return true
+		}
+		if !evDue {
+			return false
+		}
+		e := heap.Pop(&pending).(event)
+		w.now = e.at
+		ws := &w.workers[e.worker]
+		switch e.kind {
+		case prefillStart:
+			ws.waiting--
+			ws.running++
+		case firstToken:
+			ws.queuedTok -= e.tok
+			ws.decodeCtx += e.req.Trace.InputLength
+			if !e.req.Bypass {
+				p.FirstToken(ctx, e.req)
+			}
+		case done:
+			ws.active--
+			ws.running--
+			ws.heldBlocks -= requestBlocks(e.req)
+			ws.decodeCtx -= e.req.Trace.InputLength
+			if !e.req.Bypass {
+				p.Done(ctx, e.req)
+			}
+			last = max(last, e.at)
+		}
+		return true
 	}
 	drain := func(until time.Duration) {
-		for pending.Len() > 0 && pending[0].at <= until {
-			e := heap.Pop(&pending).(event)
-			w.now = e.at
-			ws := &w.workers[e.worker]
-			switch e.kind {
-			case firstToken:
-				ws.queuedTok -= e.tok
-				ws.decodeCtx += e.req.Trace.InputLength
-				p.FirstToken(ctx, e.req)
-			case done:
-				ws.active--
-				ws.decodeCtx -= e.req.Trace.InputLength
-				p.Done(ctx, e.req)
-				last = max(last, e.at)
-			}
+		for step(until) {
 		}
 	}
+	// admit puts r on worker wi at the current time: cache, queue, events.
+	admit := func(r *Request, wi int) {
+		tr := r.Trace
+		now := w.now
+		cached := w.CachedPrefix(wi, tr.HashIDs)
+		events := w.engines[wi].Process(tr.HashIDs)
+		p.Admitted(ctx, r, wi, events)
+		uncached := max(tr.InputLength-cached*TraceBlockTokens, 1)
+		ws := &w.workers[wi]
+		begin := max(now, ws.prefillFree)
+		slow := 1 + cfg.DecodeInterference*float64(ws.decodeCtx)/1000
+		ft := begin + time.Duration(float64(time.Duration(uncached)*cfg.PrefillPerToken)*slow)
+		ws.prefillFree = ft
+		ws.active++
+		ws.queuedTok += uncached
+		ws.heldBlocks += requestBlocks(r)
+		if begin > now {
+			ws.waiting++
+			push(&pending, event{at: begin, kind: prefillStart, req: r, worker: wi})
+		} else {
+			ws.running++
+		}
+		allTTFTs = append(allTTFTs, ft-r.Arrival)
+		if r.Bypass {
+			res.Bypassed++
+		} else {
+			ws.assigned++
+			hit += cached
+			all += len(tr.HashIDs)
+			ttfts = append(ttfts, ft-r.Arrival)
+		}
+		push(&pending, event{at: ft, kind: firstToken, req: r, worker: wi, tok: uncached})
+		push(&pending, event{at: ft + time.Duration(max(tr.OutputLength-1, 0))*cfg.DecodePerToken, kind: done, req: r, worker: wi})
+	}
+	// route offers r to the policy at the current time; a refusal as
+	// overloaded schedules a retry.
+	route := func(r *Request) error {
+		start := time.Now()
+		wi, err := p.Pick(ctx, r)
+		selects = append(selects, time.Since(start))
+		if err != nil {
+			if selection.KindOf(err) == selection.KindOverloaded {
+				res.Refusals++
+				refused[r.Seq] = true
+				push(&retries, event{at: w.now + cfg.RetryAfter, req: r})
+				return nil
+			}
+			return fmt.Errorf("routesim: %s: request %d: %w", p.Name(), r.Seq, err)
+		}
+		if wi < 0 || wi >= cfg.Workers {
+			return fmt.Errorf("routesim: %s picked worker %d of %d", p.Name(), wi, cfg.Workers)
+		}
+		admit(r, wi)
+		return nil
+	}
 	t0 := trace[0].Timestamp
-	for i := range trace {
-		if i%256 == 0 {
+	for i := 0; i < len(trace) || retries.Len() > 0; {
+		if i%256 == 0 && i < len(trace) {
 			if err := ctx.Err(); err != nil {
 				return res, err
 			}
@@ -259,56 +482,57 @@ func Run(ctx context.Context, w *World, trace []mooncake.Request, p Policy, prog
 				progress(i, len(trace))
 			}
 		}
+		var arrival time.Duration
+		if i < len(trace) {
+			arrival = time.Duration(float64(time.Duration(trace[i].Timestamp-t0)*time.Millisecond) / cfg.Speedup)
+		}
+		// A retry due no later than the next arrival goes first.
+		if retries.Len() > 0 && (i == len(trace) || retries[0].at <= arrival) {
+			e := heap.Pop(&retries).(event)
+			drain(e.at)
+			w.now = e.at
+			if err := route(e.req); err != nil {
+				return res, err
+			}
+			continue
+		}
 		tr := trace[i]
-		arrival := time.Duration(float64(time.Duration(tr.Timestamp-t0)*time.Millisecond) / cfg.Speedup)
 		drain(arrival)
 		w.now = arrival
 		r := &Request{ID: fmt.Sprintf("r%d", i), Seq: i, Arrival: arrival, Trace: tr, Locals: mooncake.LocalHashes(tr.HashIDs)}
-		start := time.Now()
-		wi, err := p.Pick(ctx, r)
-		selects = append(selects, time.Since(start))
-		if err != nil {
-			return res, fmt.Errorf("routesim: %s: request %d: %w", p.Name(), i, err)
+		i++
+		if cfg.Bypass > 0 && bypassRand.Float64() < cfg.Bypass {
+			r.Bypass = true
+			admit(r, bypassRand.IntN(cfg.BypassWorkers))
+			continue
 		}
-		if wi < 0 || wi >= cfg.Workers {
-			return res, fmt.Errorf("routesim: %s picked worker %d of %d", p.Name(), wi, cfg.Workers)
+		if err := route(r); err != nil {
+			return res, err
 		}
-		cached := w.CachedPrefix(wi, tr.HashIDs)
-		events := w.engines[wi].Process(tr.HashIDs)
-		p.Admitted(ctx, r, wi, events)
-		hit += cached
-		all += len(tr.HashIDs)
-
-		uncached := max(tr.InputLength-cached*TraceBlockTokens, 1)
-		ws := &w.workers[wi]
-		begin := max(arrival, ws.prefillFree)
-		slow := 1 + cfg.DecodeInterference*float64(ws.decodeCtx)/1000
-		ft := begin + time.Duration(float64(time.Duration(uncached)*cfg.PrefillPerToken)*slow)
-		ws.prefillFree = ft
-		ws.active++
-		ws.queuedTok += uncached
-		ws.assigned++
-		ttfts = append(ttfts, ft-arrival)
-		push(event{at: ft, kind: firstToken, req: r, worker: wi, tok: uncached})
-		push(event{at: ft + time.Duration(max(tr.OutputLength-1, 0))*cfg.DecodePerToken, kind: done, req: r, worker: wi})
 	}
 	drain(1<<62 - 1)
 	if progress != nil {
 		progress(len(trace), len(trace))
 	}
+	res.Requests = len(ttfts)
+	res.RefusedRequests = len(refused)
 	res.HitRate = float64(hit) / float64(max(all, 1))
 	slices.Sort(ttfts)
+	slices.Sort(allTTFTs)
 	slices.Sort(selects)
 	res.TTFTP50Ms = ms(quantile(ttfts, 0.50))
 	res.TTFTP90Ms = ms(quantile(ttfts, 0.90))
 	res.TTFTP99Ms = ms(quantile(ttfts, 0.99))
+	res.AllTTFTP50Ms = ms(quantile(allTTFTs, 0.50))
+	res.AllTTFTP90Ms = ms(quantile(allTTFTs, 0.90))
+	res.AllTTFTP99Ms = ms(quantile(allTTFTs, 0.99))
 	res.SelectP50Us = us(quantile(selects, 0.50))
 	res.SelectP99Us = us(quantile(selects, 0.99))
 	if last > 0 {
 		res.Throughput = float64(len(trace)) / last.Seconds()
 	}
 	for _, ws := range w.workers {
-		res.MaxShare = max(res.MaxShare, float64(ws.assigned)/float64(len(trace)))
+		res.MaxShare = max(res.MaxShare, float64(ws.assigned)/float64(max(len(ttfts), 1)))
 	}
 	return res, nil
 }

@@ -208,3 +208,111 @@ func TestConfigValidation(t *testing.T) {
 		}
 	}
 }
+
+// Bypass traffic fills the engines but never the service's bookings; engine
+// metrics, when on, reach the service's workers view.
+func TestBypassAndEngineMetrics(t *testing.T) {
+	tr := loadTrace(t, 300)
+	tests := []struct {
+		name          string
+		bypass        float64
+		engineMetrics bool
+	}{
+		{"no bypass, no metrics", 0, false},
+		{"all bypass", 1, false},
+		{"bypass with metrics", 0.3, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg := DefaultConfig()
+			cfg.Bypass, cfg.EngineMetrics = tt.bypass, tt.engineMetrics
+			w, err := NewWorld(cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			p := newPolicy(t, w, "kv-cost")
+			res, err := Run(context.Background(), w, tr, p, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if res.Bypassed+res.Requests != len(tr) {
+				t.Fatalf("%d bypassed + %d routed != %d", res.Bypassed, res.Requests, len(tr))
+			}
+			switch {
+			case tt.bypass == 0 && res.Bypassed != 0:
+				t.Fatalf("%d bypassed without bypass", res.Bypassed)
+			case tt.bypass == 1 && res.Requests != 0:
+				t.Fatalf("%d routed with bypass 1", res.Requests)
+			}
+			// Every routed booking was freed; bypass ones were never booked.
+			for _, ml := range p.Loads() {
+				for _, l := range ml.Loads {
+					if l.ActiveRequests != 0 {
+						t.Fatalf("load left after the run: %+v", l)
+					}
+				}
+			}
+			// Only the first two workers took bypass traffic, and it went
+			// through their engines (caches).
+			for i := 2; i < cfg.Workers && tt.bypass == 1; i++ {
+				if w.engines[i].Len() != 0 {
+					t.Fatalf("worker %d cached %d blocks without routed traffic", i, w.engines[i].Len())
+				}
+			}
+			if tt.bypass == 1 && w.engines[0].Len() == 0 {
+				t.Fatal("bypass traffic left worker 0's cache empty")
+			}
+			metrics := 0
+			for _, r := range p.Workers() {
+				if r.EngineMetrics != nil {
+					metrics++
+				}
+			}
+			if want := map[bool]int{false: 0, true: cfg.Workers}[tt.engineMetrics]; metrics != want || (tt.engineMetrics && res.Scrapes == 0) {
+				t.Fatalf("%d workers with engine metrics (%d scrapes), want %d", metrics, res.Scrapes, want)
+			}
+		})
+	}
+}
+
+// Mid-run, a bypass request is visible in the engine's counts but not in
+// the service's bookings.
+func TestBypassNotBooked(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.Bypass = 1
+	w, err := NewWorld(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := newPolicy(t, w, "kv-cost")
+	spy := &loadSpy{Service: p, w: w}
+	if _, err := Run(context.Background(), w, loadTrace(t, 50), spy, nil); err != nil {
+		t.Fatal(err)
+	}
+	if spy.engineBusy == 0 {
+		t.Fatal("the engines never held a bypass request")
+	}
+	if spy.booked != 0 {
+		t.Fatalf("the service booked %d requests of bypass traffic", spy.booked)
+	}
+}
+
+// loadSpy samples the engines and the service's loads at every admission.
+type loadSpy struct {
+	*Service
+	w                  *World
+	engineBusy, booked int
+}
+
+func (s *loadSpy) Admitted(ctx context.Context, r *Request, worker int, events []mooncake.Event) {
+	s.Service.Admitted(ctx, r, worker, events)
+	for i := range s.w.Workers() {
+		st := s.w.EngineState(i)
+		s.engineBusy += st.Waiting + st.Running
+	}
+	for _, ml := range s.Loads() {
+		for _, l := range ml.Loads {
+			s.booked += int(l.ActiveRequests)
+		}
+	}
+}

@@ -37,6 +37,42 @@ func TestRouteTableJSONAndSVG(t *testing.T) {
 	checkSVG(t, svgOut, "kv-cost")
 }
 
+// The bypass scenario: every combination of bypass share, engine metrics
+// and weights is one row, with the bypass columns.
+func TestRouteBypassSweep(t *testing.T) {
+	dir := t.TempDir()
+	jsonOut := filepath.Join(dir, "route.json")
+	var stdout, stderr bytes.Buffer
+	err := run(context.Background(), []string{"route", "-trace", trace, "-requests", "300", "-capacity", "1024",
+		"-policies", "kv-cost", "-bypass", "0,0.3", "-engine-metrics", "off,on", "-engine-request-weight", "0,16",
+		"-quiet", "-json", jsonOut}, &stdout, &stderr)
+	if err != nil {
+		t.Fatalf("run: %v\n%s", err, stderr.String())
+	}
+	for _, want := range []string{"bypass", "engine metrics", "request w", "refusals", "all p90 ms"} {
+		if !strings.Contains(stdout.String(), want) {
+			t.Errorf("table lacks %q:\n%s", want, stdout.String())
+		}
+	}
+	b, err := os.ReadFile(jsonOut)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rep routeReport
+	if err := json.Unmarshal(b, &rep); err != nil {
+		t.Fatal(err)
+	}
+	// 2 bypass shares × (off + 2 weights) = 6 rows.
+	if len(rep.Results) != 6 {
+		t.Fatalf("%d results, want 6", len(rep.Results))
+	}
+	for _, r := range rep.Results {
+		if (r.Bypass > 0) != (r.Bypassed > 0) || r.Requests+r.Bypassed != 300 {
+			t.Errorf("row %+v: bypass share and bypassed count disagree", r)
+		}
+	}
+}
+
 func TestRouteFlagErrors(t *testing.T) {
 	for _, args := range [][]string{
 		{"route", "-policies", "kv-cost,best"},
@@ -48,6 +84,11 @@ func TestRouteFlagErrors(t *testing.T) {
 		{"route", "-trace", "/nonexistent.jsonl"},
 		{"route", "-workers", "0", "-trace", trace, "-requests", "10"},
 		{"route", "extra"},
+		{"route", "-bypass", "1.5"},
+		{"route", "-bypass", "x"},
+		{"route", "-engine-metrics", "maybe"},
+		{"route", "-engine-request-weight", "-1"},
+		{"route", "-bypass", "0.3", "-bypass-workers", "9", "-trace", trace, "-requests", "10"},
 	} {
 		var stdout, stderr bytes.Buffer
 		if err := run(context.Background(), args, &stdout, &stderr); err == nil {

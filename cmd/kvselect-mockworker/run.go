@@ -83,6 +83,11 @@ func newFlagSet(o *options) *flag.FlagSet {
 	fs.Float64Var(&c.DecodeBatchSlowdown, "decode-batch-slowdown", mockworker.DefaultDecodeBatchSlowdown, "decode time grows by this fraction per additional running sequence")
 	fs.Float64Var(&c.Speedup, "speedup", 1, "divide every simulated duration by this factor")
 	fs.IntVar(&c.PrefillSlots, "prefill-slots", 0, "prefills a rank computes at once, the rest wait (1: prefill throughput shared like one GPU's; 0: unlimited)")
+	fs.Float64Var(&c.Faults.FailRate, "fail-rate", 0, "fraction (0..1) of completions/chat requests answered 500 with an OpenAI error body (POST /admin/faults changes it at run time)")
+	fs.BoolVar(&c.Faults.Hang, "hang", false, "accept completions/chat requests and never answer them until the client goes away")
+	fs.DurationVar(&c.Faults.HangAfter, "hang-after", 0, "start hanging this long after start (implies --hang from then on)")
+	fs.BoolVar(&c.Faults.FailHealth, "fail-health", false, "answer GET /health with 503 (otherwise /health stays 200 under the other faults, as vLLM's does)")
+	fs.Uint64Var(&c.FaultSeed, "fault-seed", 0, "seeds which requests --fail-rate fails (with the worker id)")
 	fs.BoolVar(&o.kvEvents, "kv-events", true, "publish KV events on ZMQ")
 	fs.StringVar(&o.eventsEP, "kv-events-endpoint", "", "PUB endpoint of rank 0, vLLM style; rank i uses port+i, port 0 a free port per rank (default tcp://HOST:0)")
 	fs.StringVar(&o.collector, "kv-events-connect", "", "KV events collector every rank's PUB socket dials instead of binding one, tcp://HOST:PORT (llm-d's topology: kvselect --kv-events-bind, or llm-d's endpoint picker); excludes --kv-events-endpoint; the topic defaults to kv@<advertised host>:<http port>@<model>")
@@ -138,6 +143,9 @@ func parse(args []string) (*options, error) {
 		if f.v <= 0 {
 			return nil, &usageError{fmt.Errorf("--%s must be positive, got %d", f.name, f.v)}
 		}
+	}
+	if !(c.Faults.FailRate >= 0 && c.Faults.FailRate <= 1) {
+		return nil, &usageError{fmt.Errorf("--fail-rate must be in [0, 1], got %v", c.Faults.FailRate)}
 	}
 	if !(c.Speedup > 0) {
 		return nil, &usageError{fmt.Errorf("--speedup must be positive, got %v", c.Speedup)}
