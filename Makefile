@@ -169,6 +169,18 @@ bench-text:
 	bin/kvbench text -sessions 160 -concurrency 24 -pool-blocks 512 -prefill-time-per-token 1ms \
 		-phases tokens,pool,text,round-robin,pool-warm,pool-completions,pool-forward -out $(BENCHOUT)/text
 
+# Engine truth on real processes (docs/benchmarks.md, "Engine metrics and
+# health on real processes"): kvselect and 4 mock workers, one failing every
+# request mid-run (ejection, trials, restoration); then direct traffic that
+# bypasses kvselect, with engine metrics off and on.
+.PHONY: bench-health
+bench-health:
+	mkdir -p $(BENCHOUT)
+	$(GO) build -o bin/ ./cmd/kvselect ./cmd/kvselect-mockworker ./cmd/kvbench
+	bin/kvbench health -out $(BENCHOUT)/health -json $(BENCHOUT)/health-eject.json | tee $(BENCHOUT)/health-eject.txt
+	bin/kvbench health -fail-worker 0 -direct-rate 60 -healthy 15s -fault 5s -recover 5s -engine-metrics-interval 0,200ms \
+		-out $(BENCHOUT)/health -json $(BENCHOUT)/health-bypass.json | tee $(BENCHOUT)/health-bypass.txt
+
 # Every decoder of bytes from the network, as package:FuzzTarget. `make fuzz`
 # runs each for FUZZTIME (60s, or a count such as 100000x); `make test` runs
 # each briefly (fuzz-smoke).

@@ -67,6 +67,7 @@ type demoConfig struct {
 	prefillPerToken        time.Duration
 	decodePerToken         time.Duration
 	maxOutput              int
+	kvselectArgs           []string // more kvselect flags (mock engines)
 	out                    string
 	quiet                  bool
 }
@@ -291,8 +292,8 @@ func startFleet(ctx context.Context, c *demoConfig, stderr io.Writer) (*fleet, e
 	}
 	fl.rest = fmt.Sprintf("http://127.0.0.1:%d", restPort)
 	fl.extproc = fmt.Sprintf("127.0.0.1:%d", epPort)
-	if err := fl.start(c, "kvselect", c.kvselectBin, "--host", "127.0.0.1", "--port", strconv.Itoa(restPort),
-		"--extproc-port", strconv.Itoa(epPort), "--log-level", "warn"); err != nil {
+	if err := fl.start(c, "kvselect", c.kvselectBin, append([]string{"--host", "127.0.0.1", "--port", strconv.Itoa(restPort),
+		"--extproc-port", strconv.Itoa(epPort), "--log-level", "warn"}, c.kvselectArgs...)...); err != nil {
 		return nil, err
 	}
 	if err := waitHTTP(ctx, fl.hc, fl.rest+"/health", 30*time.Second); err != nil {

@@ -27,7 +27,7 @@ import (
 	"github.com/kvselect/kvselect/bench/report"
 )
 
-const usage = `usage: kvbench <index|rest|route|extproc|replicas|demo|vs-epp|text> [flags]
+const usage = `usage: kvbench <index|rest|route|extproc|replicas|demo|vs-epp|text|health> [flags]
 
 Subcommands:
   replicas two replicas selecting concurrently, with replica sync off and on: per-worker load spread
@@ -37,6 +37,7 @@ Subcommands:
   demo    kvselect + engine processes on loopback (mock workers or llm-d-inference-sim), a trace slice through ext_proc vs round-robin
   vs-epp  kvselect's picker and llm-d's endpoint picker side by side: same llm-d-inference-sim engines, same trace, through envoysim
   extproc per-request overhead of the ext_proc picker (or the same lifecycle over REST)
+  health  kvselect + mock worker processes: one worker fails mid-run (ejection, trials, restoration); optional direct traffic that bypasses kvselect, with and without engine metrics
   text    text chat sessions through the picker: --tokenize pool vs the approximate text index vs token ids vs round-robin, on mock workers
 
 Run 'kvbench <subcommand> -h' for the flags.
@@ -73,6 +74,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return runExtProc(ctx, args[1:], stdout, stderr)
 	case "text":
 		return runText(ctx, args[1:], stdout, stderr)
+	case "health":
+		return runHealth(ctx, args[1:], stdout, stderr)
 	case "vs-epp":
 		return runVsEPP(ctx, args[1:], stdout, stderr)
 	}
