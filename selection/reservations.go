@@ -8,6 +8,7 @@ import (
 
 	"github.com/kvselect/kvselect/selection/affinity"
 	"github.com/kvselect/kvselect/selection/index"
+	"github.com/kvselect/kvselect/selection/kvhash"
 	"github.com/kvselect/kvselect/selection/loads"
 	"github.com/kvselect/kvselect/selection/pending"
 )
@@ -140,7 +141,11 @@ func (s *Service) reserveReplay(ctx context.Context, key index.Partition, id str
 		s.pending.Consume(pk, gen)
 		return nil, err
 	}
-	s.recordRouting(p, e.Worker, prompt{locals: e.BlockHashes, hashed: e.BlockHashes != nil})
+	replayed := prompt{locals: e.BlockHashes, hashed: e.BlockHashes != nil}
+	if len(e.TextBlockHashes) > 0 {
+		replayed.alsoText = &prompt{locals: e.TextBlockHashes, tracking: kvhash.SequenceHashes(e.TextBlockHashes)}
+	}
+	s.recordRouting(p, e.Worker, replayed)
 	s.resv.install(id, p, e.Worker, lease)
 	s.replicateAdd(p, &b, e.LoraName)
 	booked = true

@@ -161,6 +161,12 @@ func (s *Service) Select(ctx context.Context, req *SelectRequest) (*SelectRespon
 		if (p.ix.Config().Approximate || p.ix.Config().PredictedTTL > 0) && !pr.text {
 			e.BlockHashes = pr.locals
 		}
+		switch {
+		case pr.text:
+			e.TextBlockHashes = pr.locals
+		case pr.alsoText != nil:
+			e.TextBlockHashes = pr.alsoText.locals
+		}
 		s.pending.Put(s.clock(), pending.Key{Partition: key, SelectionID: *req.SelectionID}, e)
 	}
 	return resp, nil

@@ -196,3 +196,57 @@ func TestTokenizedTextPromptAlsoTeachesTheTextIndex(t *testing.T) {
 		})
 	}
 }
+
+// A /select with a selection id followed by POST /reservations replaying it
+// teaches the text index as /select_and_reserve does, for a text prompt and
+// for ids that came with their text; the select alone teaches nothing.
+func TestReservationReplayTeachesTheTextIndex(t *testing.T) {
+	text := strings.Repeat("a system prompt shared by many sessions. ", 30)
+	tokens := make([]uint32, 300)
+	for i := range tokens {
+		tokens[i] = uint32(2000 + i)
+	}
+	for _, tc := range []struct {
+		name    string
+		ids     bool
+		reserve bool
+	}{
+		{"text, replayed", false, true},
+		{"ids with text, replayed", true, true},
+		{"text, selected only", false, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s, _ := newService(t, nil)
+			for id := uint64(1); id <= 4; id++ {
+				mustUpsert(t, s, workerRec(id))
+			}
+			id := "sel-1"
+			req := &SelectRequest{PartitionKey: PartitionKey{ModelName: "model"}, SelectionID: &id,
+				PromptRequest: PromptRequest{PromptText: text}, AllowedWorkerIDs: []uint64{3}}
+			if tc.ids {
+				req.TokenIDs = tokens
+			}
+			if _, err := s.Select(bg, req); err != nil {
+				t.Fatal(err)
+			}
+			if tc.reserve {
+				if _, err := s.Reserve(bg, &ReservationRequest{PartitionKey: req.PartitionKey, SelectionID: &id}); err != nil {
+					t.Fatal(err)
+				}
+				if err := s.Free(bg, id); err != nil {
+					t.Fatal(err)
+				}
+			}
+			probe, err := s.Select(bg, &SelectRequest{PartitionKey: PartitionKey{ModelName: "model"},
+				PromptRequest: PromptRequest{PromptText: text}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			learned := probe.WorkerID == 3 && probe.Overlap.GPU > 0
+			if learned != tc.reserve {
+				t.Fatalf("text probe went to worker %d with gpu overlap %d; learned=%v, want %v",
+					probe.WorkerID, probe.Overlap.GPU, learned, tc.reserve)
+			}
+		})
+	}
+}

@@ -69,13 +69,20 @@ type Entry struct {
 	// SessionID is the select's session: a query-only /select never binds
 	// a session, so the replay of POST /reservations binds it instead.
 	SessionID string
+	// TextBlockHashes are the character-block hashes of a prompt the select
+	// knew as text (kvselect's text index, not Dynamo's), kept so that the
+	// replay's booking teaches the text index as /select_and_reserve's
+	// does; nil for a prompt known only by ids or hashes.
+	TextBlockHashes []uint64
 }
 
 // EntryBytes is pending.rs's resident-size estimate: eight bytes per block
 // and tracking hash plus the id, scope and LoRA strings. The session id is not
-// counted, matching the read versions of pending.rs (entry_bytes).
+// counted, matching the read versions of pending.rs (entry_bytes). Text block
+// hashes, which Dynamo does not have, count like block hashes, so an entry
+// without them is sized exactly as pending.rs sizes it.
 func EntryBytes(k Key, e Entry) int64 {
-	return int64(8*len(e.BlockHashes)+8*len(e.TrackingHashes)) +
+	return int64(8*len(e.BlockHashes)+8*len(e.TrackingHashes)+8*len(e.TextBlockHashes)) +
 		int64(len(k.SelectionID)+len(k.Partition.Model)+len(k.Partition.RoutingGroup)+len(e.LoraName))
 }
 
