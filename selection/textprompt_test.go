@@ -149,71 +149,28 @@ func loadsByWorker(s *Service) map[uint64]PotentialLoad {
 	return out
 }
 
-// A prompt routed by token ids that the front also knew as text teaches the
-// text index too: when the next request of that text cannot be tokenized
-// (the front passes the text alone), it still goes where the first went.
-func TestTokenizedTextPromptAlsoTeachesTheTextIndex(t *testing.T) {
-	s, _ := newService(t, nil)
-	for id := uint64(1); id <= 4; id++ {
-		mustUpsert(t, s, workerRec(id))
-	}
-	text := strings.Repeat("a document quoted across sessions. ", 30)
-	tokens := make([]uint32, 300)
-	for i := range tokens {
-		tokens[i] = uint32(1000 + i)
-	}
-	for _, tc := range []struct {
-		name      string
-		withText  bool
-		wantLearn bool
-	}{
-		{"ids only leave the text index empty", false, false},
-		{"ids with text record the text chain", true, true},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			req := &SelectRequest{PartitionKey: PartitionKey{ModelName: "model"},
-				PromptRequest: PromptRequest{TokenIDs: tokens}, AllowedWorkerIDs: []uint64{3}}
-			if tc.withText {
-				req.PromptText = text
-			}
-			r, err := s.SelectAndReserve(bg, req)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := s.Free(bg, *r.SelectionID); err != nil {
-				t.Fatal(err)
-			}
-			probe, err := s.Select(bg, &SelectRequest{PartitionKey: PartitionKey{ModelName: "model"},
-				PromptRequest: PromptRequest{PromptText: text}})
-			if err != nil {
-				t.Fatal(err)
-			}
-			learned := probe.WorkerID == 3 && probe.Overlap.GPU > 0
-			if learned != tc.wantLearn {
-				t.Fatalf("text probe went to worker %d with gpu overlap %d; learned=%v, want %v",
-					probe.WorkerID, probe.Overlap.GPU, learned, tc.wantLearn)
-			}
-		})
-	}
-}
-
-// A /select with a selection id followed by POST /reservations replaying it
-// teaches the text index as /select_and_reserve does, for a text prompt and
-// for ids that came with their text; the select alone teaches nothing.
-func TestReservationReplayTeachesTheTextIndex(t *testing.T) {
+// Every way a booking is made teaches the text index the prompt's text
+// chain when the request came with its text: /select_and_reserve, and a
+// /select with a selection id followed by POST /reservations replaying it,
+// for a text prompt and for token ids that came with their text. Ids alone,
+// or a select that is never reserved, teach nothing.
+func TestBookingsTeachTheTextIndex(t *testing.T) {
 	text := strings.Repeat("a system prompt shared by many sessions. ", 30)
 	tokens := make([]uint32, 300)
 	for i := range tokens {
 		tokens[i] = uint32(2000 + i)
 	}
 	for _, tc := range []struct {
-		name    string
-		ids     bool
-		reserve bool
+		name      string
+		ids, text bool
+		how       string // select_and_reserve, replay, or select (never reserved)
+		wantLearn bool
 	}{
-		{"text, replayed", false, true},
-		{"ids with text, replayed", true, true},
-		{"text, selected only", false, false},
+		{"ids only, select_and_reserve", true, false, "select_and_reserve", false},
+		{"ids with text, select_and_reserve", true, true, "select_and_reserve", true},
+		{"text, replayed", false, true, "replay", true},
+		{"ids with text, replayed", true, true, "replay", true},
+		{"text, selected only", false, true, "select", false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s, _ := newService(t, nil)
@@ -221,18 +178,29 @@ func TestReservationReplayTeachesTheTextIndex(t *testing.T) {
 				mustUpsert(t, s, workerRec(id))
 			}
 			id := "sel-1"
-			req := &SelectRequest{PartitionKey: PartitionKey{ModelName: "model"}, SelectionID: &id,
-				PromptRequest: PromptRequest{PromptText: text}, AllowedWorkerIDs: []uint64{3}}
+			req := &SelectRequest{PartitionKey: PartitionKey{ModelName: "model"}, SelectionID: &id, AllowedWorkerIDs: []uint64{3}}
 			if tc.ids {
 				req.TokenIDs = tokens
 			}
-			if _, err := s.Select(bg, req); err != nil {
-				t.Fatal(err)
+			if tc.text {
+				req.PromptText = text
 			}
-			if tc.reserve {
-				if _, err := s.Reserve(bg, &ReservationRequest{PartitionKey: req.PartitionKey, SelectionID: &id}); err != nil {
+			switch tc.how {
+			case "select_and_reserve":
+				if _, err := s.SelectAndReserve(bg, req); err != nil {
 					t.Fatal(err)
 				}
+			default:
+				if _, err := s.Select(bg, req); err != nil {
+					t.Fatal(err)
+				}
+				if tc.how == "replay" {
+					if _, err := s.Reserve(bg, &ReservationRequest{PartitionKey: req.PartitionKey, SelectionID: &id}); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			if tc.how != "select" {
 				if err := s.Free(bg, id); err != nil {
 					t.Fatal(err)
 				}
@@ -243,9 +211,9 @@ func TestReservationReplayTeachesTheTextIndex(t *testing.T) {
 				t.Fatal(err)
 			}
 			learned := probe.WorkerID == 3 && probe.Overlap.GPU > 0
-			if learned != tc.reserve {
+			if learned != tc.wantLearn {
 				t.Fatalf("text probe went to worker %d with gpu overlap %d; learned=%v, want %v",
-					probe.WorkerID, probe.Overlap.GPU, learned, tc.reserve)
+					probe.WorkerID, probe.Overlap.GPU, learned, tc.wantLearn)
 			}
 		})
 	}

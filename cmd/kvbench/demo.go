@@ -104,8 +104,7 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	fs.SetOutput(stderr)
 	var c demoConfig
 	fs.StringVar(&c.engines, "engines", engineMock, "engine `family`: "+engineMock+" (kvselect's mock workers) or "+engineSim+" (llm-d-inference-sim processes)")
-	fs.StringVar(&c.kvselectBin, "kvselect", "bin/kvselect", "kvselect `binary`")
-	fs.StringVar(&c.workerBin, "mockworker", "bin/kvselect-mockworker", "mock worker `binary`")
+	binaryFlags(fs, &c.kvselectBin, &c.workerBin)
 	fs.StringVar(&c.simBin, "sim-bin", os.Getenv(peerproc.EnvSim), "llm-d-inference-sim `binary` for -engines "+engineSim+" (default $"+peerproc.EnvSim+")")
 	fs.IntVar(&c.maxNumSeqs, "max-num-seqs", 4, "llm-d-inference-sim's --max-num-seqs: requests an engine runs at once, the rest wait in its queue")
 	fs.StringVar(&c.trace, "trace", "bench/testdata/mooncake/conversation_trace.jsonl.gz", "Mooncake trace `path`")
@@ -260,6 +259,13 @@ type fleet struct {
 	workers []string // host:port of every mock worker, worker id i+1 at i
 	conn    *grpc.ClientConn
 	hc      *http.Client
+}
+
+// binaryFlags are the -kvselect and -mockworker flags of the subcommands that
+// start those processes, with `make build`'s paths as defaults.
+func binaryFlags(fs *flag.FlagSet, kvselect, mockworker *string) {
+	fs.StringVar(kvselect, "kvselect", "bin/kvselect", "kvselect `binary`")
+	fs.StringVar(mockworker, "mockworker", "bin/kvselect-mockworker", "mock worker `binary`")
 }
 
 func freePort() (int, error) {

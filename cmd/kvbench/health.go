@@ -119,8 +119,7 @@ func runHealth(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	fs := flag.NewFlagSet("kvbench health", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	var c healthConfig
-	fs.StringVar(&c.kvselectBin, "kvselect", "bin/kvselect", "kvselect `binary`")
-	fs.StringVar(&c.workerBin, "mockworker", "bin/kvselect-mockworker", "mock worker `binary`")
+	binaryFlags(fs, &c.kvselectBin, &c.workerBin)
 	fs.IntVar(&c.workers, "workers", 4, "mock `workers`")
 	fs.Float64Var(&c.rate, "rate", 40, "requests per second through the picker (open loop)")
 	fs.IntVar(&c.concurrency, "concurrency", 128, "most routed requests in flight")

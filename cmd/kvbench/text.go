@@ -90,8 +90,7 @@ func runText(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	fs.SetOutput(stderr)
 	c := textConfig{load: defaultTextWorkload()}
 	var phases string
-	fs.StringVar(&c.kvselectBin, "kvselect", "bin/kvselect", "kvselect `binary`")
-	fs.StringVar(&c.workerBin, "mockworker", "bin/kvselect-mockworker", "mock worker `binary`")
+	binaryFlags(fs, &c.kvselectBin, &c.workerBin)
 	fs.IntVar(&c.workers, "workers", 4, "mock `workers` (processes)")
 	fs.IntVar(&c.concurrency, "concurrency", 16, "`sessions` in flight; each sends its turns one after another")
 	fs.IntVar(&c.poolBlocks, "pool-blocks", 768, "KV `blocks` per worker: small enough that the sessions evict each other")
