@@ -254,12 +254,14 @@ func (c *healthConfig) runOnce(ctx context.Context, interval time.Duration, stde
 		if !at.Before(end) {
 			break
 		}
+		// The fault phase starts when the fault is asked for (no request
+		// can fail before) and the recover phase when the worker has
+		// answered that it is healed (no request after can fail).
 		if c.failWorker > 0 && !faultSet && !at.Before(faultOn) {
-			faultSet = true
+			faultSet, faultOn = true, time.Now()
 			if err := fl.setFaults(ctx, c.failWorker, 1); err != nil {
 				return run, err
 			}
-			faultOn = time.Now()
 		}
 		if c.failWorker > 0 && !faultCleared && !at.Before(faultOff) {
 			faultCleared = true
@@ -367,8 +369,9 @@ func (c *healthConfig) summarize(run *healthRun, recs []healthRec, events []heal
 			ph.ttfts = append(ph.ttfts, r.ttft)
 		}
 		// Only failed requests count: one that reached the worker after
-		// the fault was lifted was not routed to a failing worker.
-		if c.failWorker > 0 && r.worker == fw && r.status >= 500 && !r.begin.Before(faultOn) {
+		// the fault was lifted was not routed to a failing worker. Every
+		// failure there is the fault's, whichever phase it began in.
+		if c.failWorker > 0 && r.worker == fw && r.status >= 500 {
 			if ejectedAt.IsZero() || r.begin.Before(ejectedAt) {
 				run.FailuresBeforeEjection++
 			} else {
