@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"strings"
 	"testing"
 	"time"
 
@@ -113,27 +114,57 @@ type candidateView struct {
 	LoRAFit                                      int
 }
 
+// Both thresholds make a rank saturated (GET /workers says so); only the
+// waiting queue's keeps it out of selection while another rank has room.
 func TestSaturation(t *testing.T) {
 	tests := []struct {
-		name      string
-		rank      EngineRank
-		saturated bool
+		name           string
+		rank           EngineRank
+		saturated      bool
+		skipped        bool
+		cachedOnWorker bool // worker 1 holds the prompts' prefix (text index)
 	}{
-		{"idle", EngineRank{}, false},
-		{"four waiting", EngineRank{Waiting: 4, Running: 50}, false},
-		{"five waiting", EngineRank{Waiting: 5}, true},
-		{"kv usage 0.79", EngineRank{KVUsage: 0.79, HasKVUsage: true}, false},
-		{"kv usage 0.8", EngineRank{KVUsage: 0.8, HasKVUsage: true}, true},
+		{"idle", EngineRank{}, false, false, false},
+		{"four waiting", EngineRank{Waiting: 4, Running: 50}, false, false, false},
+		{"five waiting", EngineRank{Waiting: 5}, true, true, false},
+		{"five waiting, prefix cached there", EngineRank{Waiting: 5}, true, true, true},
+		{"kv usage 0.79", EngineRank{KVUsage: 0.79, HasKVUsage: true}, false, false, false},
+		{"kv usage 0.8", EngineRank{KVUsage: 0.8, HasKVUsage: true}, true, false, false},
+		{"kv usage 0.8, prefix cached there", EngineRank{KVUsage: 0.8, HasKVUsage: true}, true, false, true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			s, c := newService(t, nil)
 			mustUpsert(t, s, workerRec(1))
 			mustUpsert(t, s, workerRec(2))
+			prefix := strings.Repeat("a long shared system prompt. ", 40)
+			if tt.cachedOnWorker {
+				r, err := s.SelectAndReserve(bg, &SelectRequest{PartitionKey: PartitionKey{ModelName: "model"},
+					PromptRequest: PromptRequest{PromptText: prefix}, AllowedWorkerIDs: []uint64{1}})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := s.Free(bg, *r.SelectionID); err != nil {
+					t.Fatal(err)
+				}
+			}
 			report(t, s, c, 1, tt.rank)
 			got := picks(t, s, 20, nil)
-			if tt.saturated && got[1] != 0 {
-				t.Fatalf("saturated worker 1 picked: %v", got)
+			if tt.skipped && got[1] != 0 {
+				t.Fatalf("queue-saturated worker 1 picked: %v", got)
+			}
+			if tt.saturated && !tt.skipped && got[1] == 0 {
+				t.Fatalf("worker 1 with room in its queue never picked: %v", got)
+			}
+			if tt.cachedOnWorker {
+				r, err := s.Select(bg, &SelectRequest{PartitionKey: PartitionKey{ModelName: "model"},
+					PromptRequest: PromptRequest{PromptText: prefix + " and a question"}})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if want := map[bool]uint64{true: 2, false: 1}[tt.skipped]; r.WorkerID != want {
+					t.Fatalf("the cached prompt went to worker %d, want %d", r.WorkerID, want)
+				}
 			}
 			if w := s.Workers(nil, nil)[0].EngineMetrics; w == nil || w.Saturated != tt.saturated {
 				t.Fatalf("engine_metrics = %+v, want saturated %v", w, tt.saturated)

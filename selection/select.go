@@ -472,6 +472,7 @@ func (s *Service) candidates(out []scheduler.Candidate, ws *workerSet, projs []l
 	}
 	s.engines.mu.RLock()
 	scraped := len(s.engines.by) > 0
+	poolSat := true // every rank so far saturated by one threshold or the other
 	for _, pj := range projs {
 		rec, ok := ws.rank(pj.Worker)
 		if !ok {
@@ -497,12 +498,22 @@ func (s *Service) candidates(out []scheduler.Candidate, ws *workerSet, projs []l
 			if er.HasKVUsage {
 				c.EngineKVUsage = er.KVUsage
 			}
-			c.Saturated = cfg.saturated(er)
+			c.Saturated = cfg.queueSaturated(er)
+			poolSat = poolSat && (c.Saturated || cfg.kvFull(er))
 			c.LoRAFit = loraFit(er.LoRA, lora)
+		} else {
+			poolSat = false
 		}
 		out = append(out, c)
 	}
 	s.engines.mu.RUnlock()
+	if scraped && poolSat && len(out) > 0 {
+		// Every rank is saturated by one threshold or the other: the
+		// partition is, and every rank counts as saturated.
+		for i := range out {
+			out[i].Saturated = true
+		}
+	}
 	if !s.busyRejection() {
 		return out, ejected
 	}

@@ -53,6 +53,7 @@ type textConfig struct {
 	decodePerToken         time.Duration
 	maxOutput              int
 	tokenizeTimeout        time.Duration
+	kvselectArgs           []string // more kvselect flags, every phase
 	phases                 []string
 	out                    string
 	load                   textWorkloadConfig
@@ -103,6 +104,7 @@ func runText(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	fs.StringVar(&phases, "phases", "tokens,pool,text,round-robin", "comma-separated `phases`: tokens, pool, text, round-robin; pool-warm (the workload twice on one fleet, the second pass reported: a warm tokenize cache); pool-completions and pool-forward (the conversations as completions prompts, without and with --tokenize-forward-ids)")
 	fs.StringVar(&c.out, "out", "bench/out/text", "`directory` for text.json and the processes' logs")
 	fs.Uint64Var(&c.load.seed, "seed", c.load.seed, "workload `seed`")
+	extra := fs.String("kvselect-args", "", "more kvselect `flags` for every phase, space-separated")
 	fs.IntVar(&c.load.sessions, "sessions", c.load.sessions, "chat `sessions`")
 	fs.IntVar(&c.load.systemPrompts, "system-prompts", c.load.systemPrompts, "distinct long system `prompts`")
 	fs.IntVar(&c.load.documents, "documents", c.load.documents, "distinct `documents` quoted into user turns")
@@ -110,6 +112,7 @@ func runText(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		return err
 	}
 	c.phases = strings.Split(phases, ",")
+	c.kvselectArgs = strings.Fields(*extra)
 	for _, p := range c.phases {
 		if !slices.Contains([]string{"tokens", "pool", "pool-warm", "pool-forward", "pool-completions", "text", "round-robin"}, p) {
 			return fmt.Errorf("-phases: unknown phase %q", p)
@@ -222,6 +225,7 @@ func startTextFleet(ctx context.Context, c *textConfig, phase string) (*textFlee
 	case "round-robin":
 		args = append(args, "--policy", "round-robin")
 	}
+	args = append(args, c.kvselectArgs...)
 	if err := fl.start(c.out, phase+"-kvselect", c.kvselectBin, args...); err != nil {
 		return nil, err
 	}

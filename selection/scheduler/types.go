@@ -109,9 +109,10 @@ type Candidate struct {
 	// EngineWaiting, EngineRunning and EngineKVUsage are what the rank's
 	// engine reports: waiting and running requests, KV-cache usage (0..1).
 	EngineWaiting, EngineRunning, EngineKVUsage float64
-	// Saturated marks a rank whose engine is over a saturation threshold
-	// (waiting queue or KV usage). Select skips it as it skips an overloaded
-	// worker: saturated and busy are one concept with two sources.
+	// Saturated marks a rank whose engine is saturated: its waiting queue at
+	// the threshold, or the whole partition saturated (the caller decides).
+	// Select skips it as it skips an overloaded worker while another rank has
+	// room: saturated and busy are one concept with two sources.
 	Saturated bool
 	// LoRAFit is how the rank suits the request's LoRA adapter: 0 loaded
 	// there (or unknown, or no adapter), 1 a free adapter slot, 2 none free.
