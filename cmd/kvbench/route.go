@@ -55,6 +55,7 @@ func runRoute(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		"blocks charged per unit of KV usage; a comma-separated `list` runs each (engine metrics on)")
 	queueDepth := fs.Int("engine-queue-depth-threshold", engDef.QueueDepthThreshold, "waiting requests that saturate a rank (< 0: off)")
 	kvThreshold := fs.Float64("engine-kv-util-threshold", engDef.KVCacheUtilThreshold, "KV usage that saturates a rank (< 0: off)")
+	whenSaturated := fs.String("engine-when-saturated", "route", "kvselect's --when-saturated with engine metrics on: route (the cheapest saturated rank) or reject (429, retried after -retry-after)")
 	retryAfter := fs.Duration("retry-after", routesim.DefaultRetryAfter, "virtual delay before a request refused as overloaded (429) is offered again")
 	jsonOut := fs.String("json", "", "write the results as JSON to this `file`")
 	svgOut := fs.String("svg", "", "write a bar chart of the results to this SVG `file`")
@@ -84,6 +85,9 @@ func runRoute(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	kws, err := parseFloats(*kvWeights, 0)
 	if err != nil {
 		return fmt.Errorf("-engine-kv-usage-weight: %w", err)
+	}
+	if *whenSaturated != "route" && *whenSaturated != "reject" {
+		return fmt.Errorf("-engine-when-saturated %q: want route or reject", *whenSaturated)
 	}
 	var metricsModes []bool
 	for _, m := range strings.Split(*engineMetrics, ",") {
@@ -124,6 +128,7 @@ func runRoute(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 				ec := selection.DefaultEngineConfig()
 				ec.RequestWeight, ec.KVUsageWeight = rw, kw
 				ec.QueueDepthThreshold, ec.KVCacheUtilThreshold = *queueDepth, *kvThreshold
+				ec.RejectSaturated = *whenSaturated == "reject"
 				variants = append(variants, variant{metrics: true, engine: &ec})
 			}
 		}
