@@ -36,13 +36,13 @@ import (
 //     p90 TTFT 1.3 s → 2.5 s under eviction pressure). GIE uses KV usage the
 //     same way, to judge the pool, not to filter endpoints. The partition is
 //     saturated when every rank is, by either threshold; then every rank
-//     counts as saturated. When every eligible rank is saturated, the queue (when queueing
-//     is on) holds the request until one has room, as it does for busy
-//     ranks: saturated and busy are one concept with two sources. Without
-//     the queue the request is still routed, to the cheapest saturated rank,
-//     where the engine queues it: GIE's semantics for a saturated pool,
-//     which rejects only sheddable requests. RejectSaturated answers 429
-//     instead, like the busy thresholds do.
+//     counts as saturated. When every eligible rank is saturated, the queue
+//     (when queueing is on) holds the request until one has room, as it
+//     does for busy ranks: saturated and busy are one concept with two
+//     sources. Without the queue the request is still routed, to the
+//     cheapest saturated rank, where the engine queues it: GIE's semantics
+//     for a saturated pool, which rejects only sheddable requests.
+//     RejectSaturated answers 429 instead, like the busy thresholds do.
 //   - A request naming a LoRA adapter is charged LoRAMissWeight blocks on a
 //     rank that has not loaded it but has a free adapter slot, twice that on
 //     a rank with no free slot; a preference, never a filter.

@@ -353,6 +353,7 @@ func (s *Service) choose(ctx context.Context, rq *prepared, req *SelectRequest,
 		defer p.leave(ticket)
 	}
 	threshold := s.router.QueueThreshold.Or(0) // read only when queueing is on
+	refreshed := false                         // overlaps refreshed since the last sleep
 	for {
 		if err := s.gate.admit(); err != nil {
 			return nil, err
@@ -370,18 +371,24 @@ func (s *Service) choose(ctx context.Context, rq *prepared, req *SelectRequest,
 		p.projBuf = projs
 		if ticket != nil && !p.mayProceed(ticket, ws, projs, threshold, s.rankSaturated) {
 			p.schedMu.Unlock()
+			refreshed = false
 			select {
 			case <-changed:
-				if scheduler.OverlapRefreshDue(enqueued, s.clock(), s.router.OverlapRefreshAfter) {
-					// Dequeue-time refresh, as Dynamo's queue does: a long wait
-					// makes the enqueue-time overlap stale.
-					overlaps = p.match(pr)
-					enqueued = s.clock()
-				}
 				continue
 			case <-ctx.Done():
 				return nil, wrapError(KindNotReady, fmt.Errorf("queued selection for %s: %w", displayKey(p.key), ctx.Err()))
 			}
+		}
+		if ticket != nil && !refreshed && scheduler.OverlapRefreshDue(enqueued, s.clock(), s.router.OverlapRefreshAfter) {
+			// Dequeue-time refresh, as Dynamo's queue does: a long wait makes
+			// the enqueue-time overlap stale. Checked once the request may
+			// proceed, whether or not it slept, then the pass runs again
+			// with the fresh overlap (the index is read outside schedMu),
+			// once: a refresh bound shorter than a pass cannot loop.
+			p.schedMu.Unlock()
+			overlaps = p.match(pr)
+			enqueued, refreshed = s.clock(), true
+			continue
 		}
 		now := s.clock()
 		cands, ejected := s.candidates(p.candBuf[:0], ws, projs, overlaps, pr.lora, now)
