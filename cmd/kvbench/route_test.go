@@ -30,7 +30,7 @@ func TestRouteTableJSONAndSVG(t *testing.T) {
 	if !strings.Contains(stderr.String(), "100%") {
 		t.Errorf("no progress on stderr: %q", stderr.String())
 	}
-	rep := readRouteReport(t, jsonOut)
+	rep := readJSONFile[routeReport](t, jsonOut)
 	if len(rep.Results) != 2*len(routesim.Policies()) || rep.Requests != 400 || rep.InfiniteCacheHitRate <= 0 {
 		t.Fatalf("report: %d results, %d requests, infinite %v", len(rep.Results), rep.Requests, rep.InfiniteCacheHitRate)
 	}
@@ -54,14 +54,7 @@ func TestRouteBypassSweep(t *testing.T) {
 			t.Errorf("table lacks %q:\n%s", want, stdout.String())
 		}
 	}
-	b, err := os.ReadFile(jsonOut)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var rep routeReport
-	if err := json.Unmarshal(b, &rep); err != nil {
-		t.Fatal(err)
-	}
+	rep := readJSONFile[routeReport](t, jsonOut)
 	// 2 bypass shares × (off + 2 weights) = 6 rows.
 	if len(rep.Results) != 6 {
 		t.Fatalf("%d results, want 6", len(rep.Results))
@@ -122,7 +115,7 @@ func TestRouteRunsARegisteredPolicy(t *testing.T) {
 	if err != nil {
 		t.Fatalf("run: %v\n%s", err, stderr.String())
 	}
-	rep := readRouteReport(t, jsonOut)
+	rep := readJSONFile[routeReport](t, jsonOut)
 	if len(rep.Results) != 2 || rep.Results[1].Policy != lowestIDPolicy {
 		t.Fatalf("results %+v", rep.Results)
 	}
@@ -135,16 +128,16 @@ func TestRouteRunsARegisteredPolicy(t *testing.T) {
 	}
 }
 
-// readRouteReport reads what `kvbench route -json` wrote.
-func readRouteReport(t *testing.T, path string) routeReport {
+// readJSONFile reads the report a subcommand's -json flag wrote.
+func readJSONFile[T any](t *testing.T, path string) T {
 	t.Helper()
 	b, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var rep routeReport
-	if err := json.Unmarshal(b, &rep); err != nil {
+	var v T
+	if err := json.Unmarshal(b, &v); err != nil {
 		t.Fatal(err)
 	}
-	return rep
+	return v
 }
