@@ -120,13 +120,13 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	// cache is small next to one prompt: the default holds dozens of the
 	// longest prompts (older blocks still get evicted between requests).
 	fs.IntVar(&c.poolBlocks, "pool-blocks", 8192, "engines' KV pool, in KV blocks (the simulator's --kv-cache-size)")
-	fs.Float64Var(&c.speedup, "speedup", 40, "engines' timing speed-up: the per-token times below are divided by it (with -compress 20 and 4 workers, each worker sees the load one of 8 would see at the trace's own pace, scaled by the per-token times)")
+	fs.Float64Var(&c.speedup, "speedup", demoSpeedup, "engines' timing speed-up: the per-token times below are divided by it (with -compress 20 and 4 workers, each worker sees the load one of 8 would see at the trace's own pace, scaled by the per-token times)")
 	// A trace block is 512 tokens; with -block-tokens 64 each prompt token
 	// stands for 8, so the per-token times are 8x engine-like ones: 100 µs
 	// of prefill per real token (10k prefill tokens/s, a large model on one
 	// GPU) and 10 ms per output token.
-	fs.DurationVar(&c.prefillPerToken, "prefill-time-per-token", 800*time.Microsecond, "engines' prefill time per uncached prompt token (before -speedup; the simulator's --prefill-time-per-token)")
-	fs.DurationVar(&c.decodePerToken, "decode-time-per-token", 80*time.Millisecond, "engines' decode time per output token (before -speedup; the simulator's --inter-token-latency)")
+	fs.DurationVar(&c.prefillPerToken, "prefill-time-per-token", demoPrefillPerToken, "engines' prefill time per uncached prompt token (before -speedup; the simulator's --prefill-time-per-token)")
+	fs.DurationVar(&c.decodePerToken, "decode-time-per-token", demoDecodePerToken, "engines' decode time per output token (before -speedup; the simulator's --inter-token-latency)")
 	fs.IntVar(&c.maxOutput, "max-output", 16, "cap on output `tokens` per request (the trace's lengths scaled like the prompts, then capped: every streamed chunk is an ext_proc round trip)")
 	fs.StringVar(&c.out, "out", "bench/out/demo", "`directory` for demo.json, demo.svg and the processes' logs")
 	fs.BoolVar(&c.quiet, "quiet", false, "no progress bars")
@@ -221,6 +221,13 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	}
 	return nil
 }
+
+// The demo's engine timing (see its flags), which kvbench health reuses.
+const (
+	demoSpeedup         = 40
+	demoPrefillPerToken = 800 * time.Microsecond
+	demoDecodePerToken  = 80 * time.Millisecond
+)
 
 // Engine families of the demo.
 const (
@@ -799,18 +806,37 @@ type demoResult struct {
 // picker chooses the endpoint from the body, the request goes there with the
 // headers the picker set, and the response streams back through the filter.
 func (fl *fleet) viaPicker(ctx context.Context, client *envoysim.Client, body []byte, i int) (demoResult, error) {
-	begin := time.Now()
-	x, d, err := client.Start(ctx, &envoysim.Request{Path: "/v1/completions", Body: body, Modes: envoysim.GIE,
-		Headers: []envoysim.Header{{Key: "content-type", Value: "application/json"}, {Key: "x-request-id", Value: fmt.Sprintf("demo-%d-%d", time.Now().UnixNano(), i)}}})
+	res, _, err := fl.throughPicker(ctx, client, body, fmt.Sprintf("demo-%d-%d", time.Now().UnixNano(), i))
 	if err != nil {
 		return demoResult{}, err
 	}
-	if d.Immediate != nil {
-		return demoResult{}, fmt.Errorf("picker answered %d: %s", d.Immediate.Status, d.Immediate.Body)
+	return res, nil
+}
+
+// throughPicker is viaPicker's exchange, also for callers that need the
+// worker's status: status is the worker's answer (or the picker's immediate
+// one; 0 when nothing answered), res.worker the chosen worker's index (-1
+// when the picker answered itself). A worker's error answer passes back
+// through the picker and ends there, as Envoy passes a 5xx on, so the
+// picker sees its status; it is returned as an error too. res.ttft counts
+// from before the pick.
+func (fl *fleet) throughPicker(ctx context.Context, client *envoysim.Client, body []byte, id string) (res demoResult, status int, err error) {
+	begin := time.Now()
+	res.worker = -1
+	x, d, err := client.Start(ctx, &envoysim.Request{Path: "/v1/completions", Body: body, Modes: envoysim.GIE,
+		Headers: []envoysim.Header{{Key: "content-type", Value: "application/json"}, {Key: "x-request-id", Value: id}}})
+	if err != nil {
+		return res, 0, err
 	}
-	sel := time.Since(begin)
-	res, err := fl.direct(ctx, d.Endpoint, d.Body, func(resp *http.Response, chunk []byte, end bool) error {
+	if d.Immediate != nil {
+		x.Close()
+		return res, int(d.Immediate.Status), fmt.Errorf("picker answered %d: %s", d.Immediate.Status, d.Immediate.Body)
+	}
+	res.selection = time.Since(begin)
+	res.worker = slices.Index(fl.workers, d.Endpoint)
+	sent, err := fl.direct(ctx, d.Endpoint, d.Body, func(resp *http.Response, chunk []byte, end bool) error {
 		if resp != nil {
+			status = resp.StatusCode
 			hs := make([]envoysim.Header, 0, len(resp.Header))
 			for k, vs := range resp.Header {
 				hs = append(hs, envoysim.Header{Key: strings.ToLower(k), Value: vs[0]})
@@ -821,15 +847,17 @@ func (fl *fleet) viaPicker(ctx context.Context, client *envoysim.Client, body []
 		_, err := x.ResponseBody(chunk, end)
 		return err
 	}, d.SetHeaders)
-	if err != nil {
+	switch {
+	case err == nil:
+		x.Close()
+		res.ttft = sent.ttft + res.selection // the request waited for the pick before it was sent
+	case status != 0 && status != http.StatusOK:
+		_, _ = x.ResponseBody(nil, true)
+		x.Close()
+	default:
 		x.Abort()
-		return demoResult{}, err
 	}
-	x.Close()
-	res.ttft += sel // the request waited for the pick before it was sent
-	res.selection = sel
-	res.worker = slices.Index(fl.workers, d.Endpoint)
-	return res, nil
+	return res, status, err
 }
 
 // direct sends body to a worker, streams the SSE answer and measures the

@@ -11,7 +11,6 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -134,9 +133,9 @@ func runHealth(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	intervals := fs.String("engine-metrics-interval", "200ms", "kvselect's --engine-metrics-interval; a comma-separated `list` runs each on fresh processes (0 disables scraping)")
 	fs.DurationVar(&c.ejectBase, "eject-base", 5*time.Second, "kvselect's --eject-base (first ejection's length)")
 	extra := fs.String("kvselect-args", "", "more kvselect `flags`, space-separated")
-	fs.Float64Var(&c.speedup, "speedup", 40, "mock workers' --speedup")
-	fs.DurationVar(&c.prefillPerToken, "prefill-time-per-token", 800*time.Microsecond, "mock workers' prefill time per uncached token (before -speedup)")
-	fs.DurationVar(&c.decodePerToken, "decode-time-per-token", 80*time.Millisecond, "mock workers' decode time per output token (before -speedup)")
+	fs.Float64Var(&c.speedup, "speedup", demoSpeedup, "mock workers' --speedup (the demo's)")
+	fs.DurationVar(&c.prefillPerToken, "prefill-time-per-token", demoPrefillPerToken, "mock workers' prefill time per uncached token (before -speedup)")
+	fs.DurationVar(&c.decodePerToken, "decode-time-per-token", demoDecodePerToken, "mock workers' decode time per output token (before -speedup)")
 	fs.Uint64Var(&c.seed, "seed", 1, "seeds the prompts")
 	fs.StringVar(&c.out, "out", "bench/out/health", "`directory` for the processes' logs")
 	fs.StringVar(&c.jsonOut, "json", "", "write the report as JSON to this `file`")
@@ -190,7 +189,6 @@ func runHealth(ctx context.Context, args []string, stdout, stderr io.Writer) err
 // healthRec is one routed request.
 type healthRec struct {
 	begin  time.Time // when the request reached the picker
-	picked time.Time // when the picker's decision arrived
 	worker int       // index into the fleet's workers; -1 when refused
 	status int       // the worker's status, or the picker's immediate one
 	ttft   time.Duration
@@ -407,48 +405,13 @@ func randomPrompt(rng *rand.Rand, n int) []uint32 {
 	return p
 }
 
-// routedRequest is one request through the picker to the worker it chose;
-// the worker's status, whatever it is, goes back through the picker, as
-// Envoy passes a 5xx response through the ext_proc filter.
+// routedRequest is one request through the picker to the worker it chose,
+// with the worker's status whatever it is.
 func (fl *fleet) routedRequest(ctx context.Context, client *envoysim.Client, body []byte, i int) healthRec {
 	begin := time.Now()
-	rec := healthRec{begin: begin, worker: -1}
-	x, d, err := client.Start(ctx, &envoysim.Request{Path: "/v1/completions", Body: body, Modes: envoysim.GIE,
-		Headers: []envoysim.Header{{Key: "content-type", Value: "application/json"}, {Key: "x-request-id", Value: fmt.Sprintf("health-%d", i)}}})
-	if err != nil {
-		rec.err = err
-		return rec
-	}
-	rec.picked = time.Now()
-	if d.Immediate != nil {
-		x.Close()
-		rec.status = int(d.Immediate.Status)
-		return rec
-	}
-	rec.worker = slices.Index(fl.workers, d.Endpoint)
-	res, err := fl.direct(ctx, d.Endpoint, d.Body, func(resp *http.Response, chunk []byte, end bool) error {
-		if resp != nil {
-			rec.status = resp.StatusCode
-			hs := make([]envoysim.Header, 0, len(resp.Header))
-			for k, vs := range resp.Header {
-				hs = append(hs, envoysim.Header{Key: strings.ToLower(k), Value: vs[0]})
-			}
-			_, err := x.ResponseHeaders(envoysim.Response{Status: resp.StatusCode, Headers: hs, Served: d.Endpoint}, false)
-			return err
-		}
-		_, err := x.ResponseBody(chunk, end)
-		return err
-	}, d.SetHeaders)
-	switch {
-	case err == nil:
-		x.Close()
-		rec.ttft = res.ttft + rec.picked.Sub(begin)
-	case rec.status != 0 && rec.status != http.StatusOK:
-		// The error answer ends: the picker frees the booking.
-		_, _ = x.ResponseBody(nil, true)
-		x.Close()
-	default:
-		x.Abort()
+	res, status, err := fl.throughPicker(ctx, client, body, fmt.Sprintf("health-%d", i))
+	rec := healthRec{begin: begin, worker: res.worker, status: status, ttft: res.ttft}
+	if err != nil && status == 0 {
 		rec.err = err
 	}
 	return rec
