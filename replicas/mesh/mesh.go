@@ -16,6 +16,18 @@
 // acknowledgement, ordering across peers, replay or resync; events for unknown
 // workers, partitions, ranks or block sizes are dropped and counted (Stats).
 // Output-block growth never leaves the replica.
+//
+// A mesh without a key trusts every message, as Dynamo's does: anyone who can
+// reach the sync port, or get a replica to subscribe to them, can book load,
+// free bookings and bind sessions on every replica. Options.Key closes that
+// without a transport security go-zeromq lacks (it has no CURVE): each message
+// gains a third frame, an HMAC-SHA256 tag over the topic, the payload and a
+// (sender, epoch, sequence) header, checked before anything is decoded, and a
+// per-stream replay window drops repeats (auth.go has the framing and the
+// rules). Rejections are counted by reason, never applied, and logged at most
+// once per reason every 10 s, so a flood costs one HMAC per message and no log
+// volume. A keyed mesh does not interoperate with unkeyed replicas or Dynamo
+// peers in either direction: they drop each other's messages.
 package mesh
 
 import (
@@ -89,6 +101,16 @@ type Options struct {
 	ResolveEvery time.Duration
 	// Resolver looks host names up; net.DefaultResolver when nil.
 	Resolver *net.Resolver
+	// Key authenticates the mesh (LoadKey reads one; at least MinKeyBytes
+	// bytes). Every replica must hold it: messages are signed with it, and
+	// messages without a valid tag, or replayed, are dropped before decoding.
+	// Nil leaves the mesh unauthenticated and wire-compatible with Dynamo; a
+	// non-nil key shorter than MinKeyBytes fails Start.
+	Key []byte
+	// Keys are further keys accepted when verifying, for rolling key
+	// rotation: add the new key here everywhere, then make it Key everywhere,
+	// then drop the old one. When Key is nil, Keys[0] signs.
+	Keys [][]byte
 }
 
 // Mesh is one replica's side of the replica mesh. It implements
@@ -112,6 +134,9 @@ type Mesh struct {
 	selfPort string   // the bound PUB port
 	selfIPs  []net.IP // this host's addresses (ResolvePeers skips our own socket)
 
+	auth      *authenticator // nil: unauthenticated mesh
+	rejectLog [numRejectReasons]logLimiter
+
 	mu     sync.Mutex
 	closed bool
 	peers  map[string]*peer
@@ -127,7 +152,8 @@ type counters struct {
 	bindingsPublished, bindingsDropped atomic.Uint64
 	sendErrors                         atomic.Uint64
 	received, malformed                atomic.Uint64
-	bookingOutcomes                    [16]atomic.Uint64 // by selection.RemoteOutcome
+	rejected                           [numRejectReasons]atomic.Uint64 // by rejectReason
+	bookingOutcomes                    [16]atomic.Uint64               // by selection.RemoteOutcome
 	bindingOutcomes                    [16]atomic.Uint64
 }
 
@@ -145,7 +171,11 @@ type Stats struct {
 	BindingsDropped   uint64
 	SendErrors        uint64 // PUB sends that failed (the event is lost)
 	Received          uint64 // messages received from all peers
-	Malformed         uint64 // messages dropped undecoded: frames, topic or payload
+	Malformed         uint64 // messages dropped undecoded: frames, topic or payload (with a key: authenticated ones)
+	// Rejected counts, with a key, the messages dropped before decoding by
+	// reason (RejectedUnauthenticated, RejectedReplayed, RejectedMalformed);
+	// they are not in Malformed. Zero counts are left out.
+	Rejected map[string]uint64
 	// Bookings and Bindings count what the service did with each decoded
 	// event, by selection.RemoteOutcome name ("applied", "unknown_worker",
 	// "block_size_mismatch", …).
@@ -198,6 +228,18 @@ func Start(ctx context.Context, r Replica, opts Options) (*Mesh, error) {
 	if opts.Resolver == nil {
 		opts.Resolver = net.DefaultResolver
 	}
+	var keys [][]byte
+	if opts.Key != nil {
+		keys = append(keys, opts.Key)
+	}
+	keys = append(keys, opts.Keys...)
+	var auth *authenticator
+	if len(keys) > 0 {
+		var err error
+		if auth, err = newAuthenticator(keys, r.ReplicaID()); err != nil {
+			return nil, fmt.Errorf("replica sync key: %w", err)
+		}
+	}
 	ctx, cancel := context.WithCancel(ctx)
 	m := &Mesh{
 		r: r, opts: opts, log: opts.Logger.With("component", "replica-sync"),
@@ -207,6 +249,7 @@ func Start(ctx context.Context, r Replica, opts Options) (*Mesh, error) {
 		bindings: make(chan selection.SessionBinding, opts.BindingQueue),
 		pubDone:  make(chan struct{}),
 		peers:    make(map[string]*peer),
+		auth:     auth,
 	}
 	if opts.Affinity {
 		m.topics = append(m.topics, TopicSessionAffinity)
@@ -236,7 +279,7 @@ func Start(ctx context.Context, r Replica, opts Options) (*Mesh, error) {
 	r.ObserveReplicas(m)
 	context.AfterFunc(ctx, func() { _ = m.Close() })
 	m.log.Info("replica sync started", "bind", m.Addr().String(), "peers", opts.Peers,
-		"replica_id", r.ReplicaID(), "topics", m.topics)
+		"replica_id", r.ReplicaID(), "topics", m.topics, "authenticated", auth != nil, "keys", len(keys))
 	return m, nil
 }
 
@@ -295,6 +338,7 @@ func (m *Mesh) SessionBound(b selection.SessionBinding) {
 func (m *Mesh) publish() {
 	defer close(m.pubDone)
 	topicBooking, topicBinding := []byte(TopicSlotTracker), []byte(TopicSessionAffinity)
+	var seq uint64
 	for {
 		var topic, payload []byte
 		select {
@@ -307,7 +351,13 @@ func (m *Mesh) publish() {
 			topic, payload = topicBinding, AppendBinding(nil, &b)
 			m.c.bindingsPublished.Add(1)
 		}
-		if err := m.pub.Send(zmq4.NewMsgFrom(topic, payload)); err != nil {
+		msg := zmq4.NewMsgFrom(topic, payload)
+		if m.auth != nil {
+			// The socket queues the message: each needs its own frame.
+			seq++
+			msg.Frames = append(msg.Frames, m.auth.seal(make([]byte, 0, authFrameLen), seq, topic, payload))
+		}
+		if err := m.pub.Send(msg); err != nil {
 			m.c.sendErrors.Add(1)
 			if m.ctx.Err() == nil {
 				m.log.Warn("replica publish failed", "err", err)
@@ -378,7 +428,12 @@ func (m *Mesh) Stats() Stats {
 		BookingsPublished: m.c.bookingsPublished.Load(), BookingsDropped: m.c.bookingsDropped.Load(),
 		BindingsPublished: m.c.bindingsPublished.Load(), BindingsDropped: m.c.bindingsDropped.Load(),
 		SendErrors: m.c.sendErrors.Load(), Received: m.c.received.Load(), Malformed: m.c.malformed.Load(),
-		Bookings: map[string]uint64{}, Bindings: map[string]uint64{},
+		Bookings: map[string]uint64{}, Bindings: map[string]uint64{}, Rejected: map[string]uint64{},
+	}
+	for r := rejectUnauthenticated; r < numRejectReasons; r++ {
+		if n := m.c.rejected[r].Load(); n > 0 {
+			st.Rejected[r.String()] = n
+		}
 	}
 	for _, o := range selection.RemoteOutcomes {
 		if n := m.c.bookingOutcomes[o].Load(); n > 0 {
@@ -399,9 +454,18 @@ func (m *Mesh) Stats() Stats {
 	return st
 }
 
-// handle decodes one message and applies it to the local service.
+// handle decodes one message and applies it to the local service. With a
+// key, the message is authenticated first and nothing of it is decoded unless
+// it passes.
 func (m *Mesh) handle(from string, frames [][]byte) {
 	m.c.received.Add(1)
+	if m.auth != nil {
+		if r := m.auth.open(frames); r != accepted {
+			m.reject(from, r)
+			return
+		}
+		frames = frames[:2]
+	}
 	if len(frames) != 2 {
 		m.c.malformed.Add(1)
 		m.log.Debug("dropping malformed replica message", "peer", from, "frames", len(frames))
@@ -443,6 +507,25 @@ func (m *Mesh) handle(from string, frames [][]byte) {
 		m.c.malformed.Add(1)
 		m.log.Debug("dropping replica message with unexpected topic", "peer", from)
 	}
+}
+
+// reject counts a message the authentication dropped, and warns at most once
+// per reason every rejectLogEvery.
+func (m *Mesh) reject(from string, r rejectReason) {
+	n := m.c.rejected[r].Add(1)
+	if !m.rejectLog[r].allow(time.Now(), rejectLogEvery) {
+		return
+	}
+	var msg string
+	switch r {
+	case rejectUnauthenticated:
+		msg = "dropping unauthenticated replica messages: no or invalid HMAC tag (is the peer running without the replica sync key, or with another one? every replica must share it)"
+	case rejectReplayed:
+		msg = "dropping replayed replica messages: a sequence already accepted from the same sender (a replay, or a second subscription to the same peer)"
+	default:
+		msg = "dropping replica messages with an unreadable authentication frame"
+	}
+	m.log.Warn(msg, "peer", from, "reason", r.String(), "rejected_total", n, "next_report_in", rejectLogEvery.String())
 }
 
 // maxSubscriberFrame caps what a peer that dials the publisher may send in one

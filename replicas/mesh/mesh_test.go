@@ -53,6 +53,12 @@ func (r *replica) endpoint() string { return "tcp://" + r.mesh.Addr().String() }
 // "model" with block size 4) and starts its mesh on a free loopback port.
 func newReplica(t *testing.T, name string, seed uint64, clk *clock, workers int, edit func(*routerconfig.Config)) *replica {
 	t.Helper()
+	return newReplicaWith(t, name, seed, clk, workers, edit, nil)
+}
+
+// newReplicaWith is newReplica with the mesh options edited by opt.
+func newReplicaWith(t *testing.T, name string, seed uint64, clk *clock, workers int, edit func(*routerconfig.Config), opt func(*Options)) *replica {
+	t.Helper()
 	rc := routerconfig.Default()
 	rc.UseKVEvents = false
 	if edit != nil {
@@ -69,8 +75,12 @@ func newReplica(t *testing.T, name string, seed uint64, clk *clock, workers int,
 		}
 	}
 	_, affinityOn := rc.SessionAffinityTTL.Get()
-	m, err := Start(bg, svc, Options{Bind: "tcp://127.0.0.1:0", Affinity: affinityOn, ReconnectMax: 500 * time.Millisecond,
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	o := Options{Bind: "tcp://127.0.0.1:0", Affinity: affinityOn, ReconnectMax: 500 * time.Millisecond,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	if opt != nil {
+		opt(&o)
+	}
+	m, err := Start(bg, svc, o)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -17,7 +17,10 @@ var (
 	descReceived = prometheus.NewDesc("kvselect_replica_sync_received_total",
 		"Messages received from peers.", nil, nil)
 	descMalformed = prometheus.NewDesc("kvselect_replica_sync_malformed_total",
-		"Messages dropped undecoded (frames, topic or payload).", nil, nil)
+		"Messages dropped undecoded (frames, topic or payload); with a key, only messages that passed authentication.", nil, nil)
+	descRejected = prometheus.NewDesc("kvselect_replica_sync_rejected_envelopes_total",
+		"Messages dropped before decoding by the replica sync authentication (a key is set), by reason: unauthenticated (no or invalid HMAC tag), replayed (sequence already seen), malformed (unreadable authentication frame).",
+		[]string{"reason"}, nil)
 	descInbound = prometheus.NewDesc("kvselect_replica_sync_inbound_events_total",
 		"Decoded peer events by topic and outcome (applied, own, unknown_worker, unknown_rank, unknown_partition, block_size_mismatch, duplicate, unknown_request, ...).",
 		[]string{"topic", "outcome"}, nil)
@@ -30,7 +33,7 @@ var (
 // Describe implements prometheus.Collector.
 func (m *Mesh) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descPublished, descDropped, descSendErrors, descReceived, descMalformed,
-		descInbound, descPeerConnected, descPeerReconnects} {
+		descRejected, descInbound, descPeerConnected, descPeerReconnects} {
 		ch <- d
 	}
 }
@@ -48,6 +51,9 @@ func (m *Mesh) Collect(ch chan<- prometheus.Metric) {
 	counter(descSendErrors, st.SendErrors)
 	counter(descReceived, st.Received)
 	counter(descMalformed, st.Malformed)
+	for r := rejectUnauthenticated; r < numRejectReasons; r++ {
+		counter(descRejected, st.Rejected[r.String()], r.String())
+	}
 	for _, o := range selection.RemoteOutcomes {
 		counter(descInbound, st.Bookings[o.String()], TopicSlotTracker, o.String())
 		if m.opts.Affinity {

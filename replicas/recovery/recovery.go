@@ -13,6 +13,13 @@
 // from failing a Kubernetes liveness probe. Like Dynamo's, it waits for the
 // events to be submitted to the index, not for live KV events to catch up, and
 // a replica whose peers all fail starts empty with a warning.
+//
+// A peer's /dump reveals what every worker holds in its KV cache, so a peer
+// whose REST API requires authentication answers it only to a bearer token
+// with the read scope. Options.TokenFile names that token; it is read again
+// for every request rather than once, because the usual source is a
+// Kubernetes projected ServiceAccount token, which the kubelet rotates in
+// place while the replica runs.
 package recovery
 
 import (
@@ -22,6 +29,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"os"
 	"strings"
 	"time"
 
@@ -58,6 +66,12 @@ type Options struct {
 	// Client sends the requests; a client without a timeout of its own when nil.
 	Client *http.Client
 	Logger *slog.Logger
+	// TokenFile, when set, holds a bearer token sent as "Authorization:
+	// Bearer <token>" with every GET /dump (the peer's REST API needs the
+	// read scope). The file is read before each request, surrounding
+	// whitespace trimmed; an unreadable or empty file fails that peer's
+	// attempt like any other fetch error.
+	TokenFile string
 }
 
 // Attempt is one peer's failure.
@@ -82,6 +96,14 @@ type Result struct {
 // status, a body that does not parse, or a partition that reports an error
 // (an EPP peer's {"error": …} entry).
 var ErrIncompatible = errors.New("incompatible dump")
+
+// ErrUnauthorized marks a peer that answered GET /dump with 401 or 403: the
+// token is missing, wrong, expired or lacks the read scope.
+var ErrUnauthorized = errors.New("peer refused the credentials")
+
+// maxTokenBytes bounds a token file (a projected ServiceAccount token is
+// about 1 KB; the REST API refuses tokens over 8 KiB).
+const maxTokenBytes = 8 << 10
 
 // Run recovers t's index from the first peer with a usable dump. It marks
 // recovery pending at once, and recovered or failed when done, so readiness
@@ -129,10 +151,14 @@ func run(ctx context.Context, t Target, opts Options) Result {
 	}
 	for _, peer := range opts.Peers {
 		start := time.Now()
-		d, err := fetch(ctx, client, peer, opts.Timeout, opts.MaxBytes)
+		d, err := fetch(ctx, client, peer, opts)
 		if err != nil {
 			res.Failed = append(res.Failed, Attempt{Peer: peer, Err: err})
-			log.Warn("index recovery peer failed", "peer", peer, "err", err)
+			if errors.Is(err, ErrUnauthorized) {
+				log.Warn("index recovery peer refused the credentials: "+authHint(opts.TokenFile), "peer", peer, "err", err)
+			} else {
+				log.Warn("index recovery peer failed", "peer", peer, "err", err)
+			}
 			if ctx.Err() != nil {
 				return res
 			}
@@ -157,15 +183,31 @@ func run(ctx context.Context, t Target, opts Options) Result {
 	return res
 }
 
+// authHint says what to check when a peer refused the request.
+func authHint(tokenFile string) string {
+	if tokenFile == "" {
+		return "the peer requires a bearer token; give recovery a token file holding a token with the read scope"
+	}
+	return "check that the token in " + tokenFile + " is current, is accepted by the peer and grants the read scope"
+}
+
 // fetch GETs <peer>/dump and decodes it.
-func fetch(ctx context.Context, client *http.Client, peer string, timeout time.Duration, maxBytes int64) (index.Dump, error) {
-	ctx, cancel := context.WithTimeout(ctx, timeout)
+func fetch(ctx context.Context, client *http.Client, peer string, opts Options) (index.Dump, error) {
+	ctx, cancel := context.WithTimeout(ctx, opts.Timeout)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimRight(peer, "/")+"/dump", nil)
 	if err != nil {
 		return nil, err
 	}
 	req.Header.Set("Accept", "application/json")
+	if opts.TokenFile != "" {
+		token, err := readToken(opts.TokenFile)
+		if err != nil {
+			return nil, err
+		}
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	maxBytes := opts.MaxBytes
 	resp, err := client.Do(req)
 	if err != nil {
 		return nil, err
@@ -174,6 +216,9 @@ func fetch(ctx context.Context, client *http.Client, peer string, timeout time.D
 	body, err := io.ReadAll(io.LimitReader(resp.Body, maxBytes+1))
 	if err != nil {
 		return nil, fmt.Errorf("read dump: %w", err)
+	}
+	if resp.StatusCode == http.StatusUnauthorized || resp.StatusCode == http.StatusForbidden {
+		return nil, fmt.Errorf("%w: GET /dump answered %s: %s", ErrUnauthorized, resp.Status, snippet(body))
 	}
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
 		return nil, fmt.Errorf("%w: GET /dump answered %s: %s", ErrIncompatible, resp.Status, snippet(body))
@@ -186,6 +231,33 @@ func fetch(ctx context.Context, client *http.Client, peer string, timeout time.D
 		return nil, fmt.Errorf("%w: %w", ErrIncompatible, err)
 	}
 	return d, nil
+}
+
+// readToken reads the bearer token from path. The token goes into a header
+// verbatim, so anything but one run of visible ASCII is refused.
+func readToken(path string) (string, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return "", fmt.Errorf("token file: %w", err)
+	}
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, maxTokenBytes+1))
+	if err != nil {
+		return "", fmt.Errorf("token file %s: %w", path, err)
+	}
+	if len(b) > maxTokenBytes {
+		return "", fmt.Errorf("token file %s: larger than %d bytes", path, maxTokenBytes)
+	}
+	token := strings.TrimSpace(string(b))
+	if token == "" {
+		return "", fmt.Errorf("token file %s is empty", path)
+	}
+	for i := 0; i < len(token); i++ {
+		if c := token[i]; c <= ' ' || c >= 0x7f {
+			return "", fmt.Errorf("token file %s: the token has a space, control or non-ASCII byte at offset %d (one token, nothing else)", path, i)
+		}
+	}
+	return token, nil
 }
 
 func snippet(b []byte) string {

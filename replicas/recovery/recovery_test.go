@@ -1,6 +1,7 @@
 package recovery
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -10,7 +11,13 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"reflect"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -191,5 +198,154 @@ func TestLimitsAndCancellation(t *testing.T) {
 	}
 	if res := Run(bg, b, Options{}); !reflect.DeepEqual(res, Result{}) {
 		t.Fatalf("no peers: %+v", res)
+	}
+}
+
+// guarded serves h only to requests carrying "Authorization: Bearer <want()>",
+// and answers 401 to the others; it records the headers it saw.
+func guarded(t *testing.T, want func() string, h http.Handler) (string, func() []string) {
+	t.Helper()
+	var mu sync.Mutex
+	var seen []string
+	url := serve(t, func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		seen = append(seen, r.Header.Get("Authorization"))
+		mu.Unlock()
+		if r.Header.Get("Authorization") != "Bearer "+want() {
+			http.Error(w, `{"error":"unauthorized"}`, http.StatusUnauthorized)
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
+	return url, func() []string {
+		mu.Lock()
+		defer mu.Unlock()
+		return slices.Clone(seen)
+	}
+}
+
+// The token file is sent as a bearer token, and read again for each request,
+// so a token rotated in place (a projected ServiceAccount token) is used.
+func TestTokenFileIsSentAndReReadEachFetch(t *testing.T) {
+	a := newService(t, 1, 3)
+	for i := range 3 {
+		if _, err := a.SelectAndReserve(bg, &selection.SelectRequest{PartitionKey: selection.PartitionKey{ModelName: "model", RoutingGroup: "g:1"},
+			PromptRequest: selection.PromptRequest{TokenIDs: []uint32{uint32(i), 1, 2, 3}}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var current atomic.Value
+	current.Store("first-token")
+	peer, seen := guarded(t, func() string { return current.Load().(string) }, httpadmin.New(a, httpadmin.Options{Logger: quiet}))
+	path := filepath.Join(t.TempDir(), "token")
+	if err := os.WriteFile(path, []byte("first-token\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	b := newService(t, 2, 3)
+	if res := Run(bg, b, Options{Peers: []string{peer}, Delay: -1, TokenFile: path, Logger: quiet}); res.State != selection.RecoveryRecovered {
+		t.Fatalf("result %+v", res)
+	}
+	if got, want := dumpJSON(t, b), dumpJSON(t, a); got != want {
+		t.Fatalf("recovered dump differs")
+	}
+	// Rotated in place: the peer now wants the new token only.
+	current.Store("second.token-_~+/==")
+	if err := os.WriteFile(path, []byte("  second.token-_~+/==\r\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c := newService(t, 3, 3)
+	if res := Run(bg, c, Options{Peers: []string{peer}, Delay: -1, TokenFile: path, Logger: quiet}); res.State != selection.RecoveryRecovered {
+		t.Fatalf("after rotation: %+v", res)
+	}
+	if want := []string{"Bearer first-token", "Bearer second.token-_~+/=="}; !reflect.DeepEqual(seen(), want) {
+		t.Fatalf("peer saw %q, want %q", seen(), want)
+	}
+	// Without a token file no Authorization header is sent.
+	d := newService(t, 4, 3)
+	if res := Run(bg, d, Options{Peers: []string{peer}, Delay: -1, Logger: quiet}); res.State != selection.RecoveryFailed {
+		t.Fatalf("without a token: %+v", res)
+	}
+	if got := seen(); len(got) != 3 || got[2] != "" {
+		t.Fatalf("peer saw %q: an Authorization header without a token file", got)
+	}
+}
+
+// A token file that cannot be used fails the attempt before anything is
+// sent, and the next peer is tried, as for any fetch error; a 401 or 403 is
+// ErrUnauthorized and logged with the peer and what to check.
+func TestTokenFileErrorsAndRefusals(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, content string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	var requests atomic.Int64
+	_, good := peerWithIndex(t)
+	counting := serve(t, func(w http.ResponseWriter, r *http.Request) {
+		requests.Add(1)
+		http.Error(w, "unreachable", http.StatusInternalServerError)
+	})
+	for _, tc := range []struct{ name, path, err string }{
+		{"missing", filepath.Join(dir, "absent"), "no such file"},
+		{"empty", write("empty", " \n"), "is empty"},
+		{"two tokens", write("two", "one\ntwo\n"), "offset 3"},
+		{"too large", write("large", strings.Repeat("a", 9<<10)), "larger than"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var logs bytes.Buffer
+			log := slog.New(slog.NewTextHandler(&logs, nil))
+			b := newService(t, 2, 3)
+			res := Run(bg, b, Options{Peers: []string{counting, counting}, Delay: -1, TokenFile: tc.path, Logger: log})
+			if res.State != selection.RecoveryFailed || len(res.Failed) != 2 {
+				t.Fatalf("result %+v", res)
+			}
+			for _, f := range res.Failed {
+				if !strings.Contains(f.Err.Error(), tc.err) || !strings.Contains(f.Err.Error(), tc.path) {
+					t.Fatalf("err %v, want %q naming %s", f.Err, tc.err, tc.path)
+				}
+			}
+			if n := requests.Load(); n != 0 {
+				t.Fatalf("%d requests sent without a token", n)
+			}
+			if strings.Count(logs.String(), "index recovery peer failed") != 2 {
+				t.Fatalf("logs:\n%s", logs.String())
+			}
+		})
+	}
+
+	token := write("token", "wrong-token")
+	refusing := []string{
+		serve(t, func(w http.ResponseWriter, r *http.Request) { http.Error(w, "no", http.StatusUnauthorized) }),
+		serve(t, func(w http.ResponseWriter, r *http.Request) { http.Error(w, "no scope", http.StatusForbidden) }),
+	}
+	for _, tokenFile := range []string{token, ""} {
+		var logs bytes.Buffer
+		b := newService(t, 2, 3)
+		res := Run(bg, b, Options{Peers: append(slices.Clone(refusing), good), Delay: -1, TokenFile: tokenFile,
+			Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+		if res.State != selection.RecoveryRecovered || res.Peer != good || len(res.Failed) != 2 {
+			t.Fatalf("result %+v", res)
+		}
+		for _, f := range res.Failed {
+			if !errors.Is(f.Err, ErrUnauthorized) || errors.Is(f.Err, ErrIncompatible) {
+				t.Fatalf("%s: %v, want ErrUnauthorized", f.Peer, f.Err)
+			}
+		}
+		out := logs.String()
+		for _, p := range refusing {
+			if !strings.Contains(out, "peer="+p) {
+				t.Fatalf("log does not name %s:\n%s", p, out)
+			}
+		}
+		hint := "read scope"
+		if tokenFile != "" {
+			hint = "check that the token in " + tokenFile
+		}
+		if strings.Count(out, "index recovery peer refused the credentials") != 2 || !strings.Contains(out, hint) {
+			t.Fatalf("token file %q, logs:\n%s", tokenFile, out)
+		}
 	}
 }
