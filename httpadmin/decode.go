@@ -17,7 +17,8 @@ import (
 )
 
 // maxBodyBytes is Dynamo's REQUEST_BODY_LIMIT_BYTES (8 MiB), applied to every
-// route that reads a body; a larger body is a 413.
+// route that reads a body; a larger body is a 413, sent so that a client still
+// writing its body reads it rather than a reset (tooLarge, oversize.go).
 const maxBodyBytes = 8 << 20
 
 // The rejection texts are axum's JsonRejection body texts, which Dynamo wraps in
@@ -59,7 +60,7 @@ func (s *server) readJSON(w http.ResponseWriter, r *http.Request, dst any, check
 		return false
 	}
 	if r.ContentLength > maxBodyBytes {
-		writeError(w, http.StatusRequestEntityTooLarge, msgTooLarge, nil)
+		tooLarge(w, r, 0) // oversize.go: answered, not reset
 		return false
 	}
 	buf := bodyPool.Get().(*bytes.Buffer)
@@ -74,7 +75,7 @@ func (s *server) readJSON(w http.ResponseWriter, r *http.Request, dst any, check
 		return false
 	}
 	if buf.Len() > maxBodyBytes {
-		writeError(w, http.StatusRequestEntityTooLarge, msgTooLarge, nil)
+		tooLarge(w, r, int64(buf.Len()))
 		return false
 	}
 	body := buf.Bytes()
