@@ -85,6 +85,13 @@ bench-peer:
 
 # Closed-loop HTTP load on the REST API (select_and_reserve + delete) against an
 # in-process server on 127.0.0.1, for both prompt forms.
+# What REST authentication and TLS cost, side by side in one run
+# (docs/benchmarks.md "Authentication and TLS").
+.PHONY: bench-rest-auth
+bench-rest-auth:
+	mkdir -p $(BENCHOUT)
+	$(GO) run ./cmd/kvbench rest -auth off,token,tls,tls+token -rounds 5 -duration 10s -warmup 2s -json $(BENCHOUT)/rest-auth.json | tee $(BENCHOUT)/rest-auth.txt
+
 .PHONY: bench-rest
 bench-rest:
 	mkdir -p $(BENCHOUT)
@@ -198,6 +205,9 @@ FUZZ_TARGETS := \
 	./engines/metrics:FuzzParse \
 	./internal/vtcodec:FuzzBodyDecoders \
 	./replicas/mesh:FuzzDecode \
+	./replicas/mesh:FuzzAuthenticate \
+	./internal/access:FuzzParseTokens \
+	./internal/access:FuzzBearerToken \
 	./mockworker/kvpublish:FuzzParseReplayRequest \
 	./discovery/workersfile:FuzzParse \
 	./mockworker:FuzzCompletionsBody

@@ -11,6 +11,11 @@
 // A client written for Dynamo's `python -m dynamo.select_service` (Ray, custom
 // routers, the conformance suite) works against it unchanged. The deliberate
 // differences are listed in decode.go (JSON decoding) and on parseWorkerID.
+//
+// Dynamo's service has no authentication. With Options.Auth set, every
+// route but the probes (/health, /ready) needs a scope (auth.go): the route
+// table names it, and a request without one is answered 401 or 403 before
+// its handler runs.
 package httpadmin
 
 import (
@@ -20,6 +25,7 @@ import (
 	"path"
 	"strings"
 
+	"github.com/kvselect/kvselect/internal/access"
 	"github.com/kvselect/kvselect/selection"
 )
 
@@ -36,8 +42,11 @@ type Options struct {
 	Metrics http.Handler
 	// Pprof serves Go's runtime profiles under /debug/pprof/ (net/http/pprof),
 	// as GIE's endpoint picker does with --enable-pprof. Off by default: a CPU
-	// profile costs the server while it runs, and the port is unauthenticated.
+	// profile costs the server while it runs. It needs the admin scope.
 	Pprof bool
+	// Auth, when set, authorizes every request but the probes against the
+	// scope its route needs (auth.go). nil: no authentication, as in Dynamo.
+	Auth access.Authorizer
 	// Tokenizer, when set, lets /select and /select_and_reserve bodies give
 	// the prompt as text ("prompt" or "messages"), tokenized by the engine
 	// (text.go). nil: those fields are ignored, as Dynamo ignores them.
@@ -63,6 +72,8 @@ type server struct {
 	log       *slog.Logger
 	mux       *http.ServeMux
 	tokenizer selection.Tokenizer
+	auth      access.Authorizer
+	scopes    map[string]access.Scope // route pattern → the scope it needs; 0: open
 }
 
 // route is one registered route. The table below is the single source of the
@@ -70,58 +81,65 @@ type server struct {
 type route struct {
 	method, pattern string
 	handle          func(*server, http.ResponseWriter, *http.Request)
+	scope           access.Scope // needed when authentication is on; 0: open (the probes)
 }
 
 // routes is Dynamo's route table (server.rs), in its registration order, plus
 // kvselect's worker health reports, KV events collector status and the OpenAPI document. Go's "GET" patterns also answer HEAD, as axum's get()
 // does.
 var routes = []route{
-	{"POST", "/select", (*server).selectOnly},
-	{"POST", "/select_and_reserve", (*server).selectAndReserve},
-	{"POST", "/reservations", (*server).reserve},
-	{"POST", "/reservations/{reservation_id}/prefill_complete", (*server).prefillComplete},
-	{"POST", "/reservations/{reservation_id}/output_block", (*server).outputBlock},
-	{"DELETE", "/reservations/{reservation_id}", (*server).free},
-	{"POST", "/workers", (*server).upsertWorker},
-	{"GET", "/workers", (*server).listWorkers},
-	{"PATCH", "/workers/{worker_id}", (*server).patchWorker},
-	{"DELETE", "/workers/{worker_id}", (*server).deleteWorker},
-	{"POST", "/workers/{worker_id}/health_report", (*server).reportHealth},
-	{"GET", "/health", (*server).health},
-	{"GET", "/ready", (*server).ready},
-	{"GET", "/loads", (*server).loads},
-	{"POST", "/potential_loads", (*server).potentialLoads},
-	{"POST", "/overlap_scores", (*server).overlapScores},
-	{"GET", "/dump", (*server).dump},
-	{"POST", "/replica_sync/register_peer", (*server).registerPeer},
-	{"POST", "/replica_sync/deregister_peer", (*server).deregisterPeer},
-	{"GET", "/replica_sync/peers", (*server).listPeers},
-	{"GET", "/kv_events/collector", (*server).kvEventsCollector},
-	{"GET", "/openapi.json", (*server).openAPI},
+	{"POST", "/select", (*server).selectOnly, access.Select},
+	{"POST", "/select_and_reserve", (*server).selectAndReserve, access.Select},
+	{"POST", "/reservations", (*server).reserve, access.Select},
+	{"POST", "/reservations/{reservation_id}/prefill_complete", (*server).prefillComplete, access.Select},
+	{"POST", "/reservations/{reservation_id}/output_block", (*server).outputBlock, access.Select},
+	{"DELETE", "/reservations/{reservation_id}", (*server).free, access.Select},
+	{"POST", "/workers", (*server).upsertWorker, access.Admin},
+	{"GET", "/workers", (*server).listWorkers, access.Read},
+	{"PATCH", "/workers/{worker_id}", (*server).patchWorker, access.Admin},
+	{"DELETE", "/workers/{worker_id}", (*server).deleteWorker, access.Admin},
+	{"POST", "/workers/{worker_id}/health_report", (*server).reportHealth, access.Admin},
+	{"GET", "/health", (*server).health, 0},
+	{"GET", "/ready", (*server).ready, 0},
+	{"GET", "/loads", (*server).loads, access.Read},
+	{"POST", "/potential_loads", (*server).potentialLoads, access.Read},
+	{"POST", "/overlap_scores", (*server).overlapScores, access.Read},
+	{"GET", "/dump", (*server).dump, access.Read},
+	{"POST", "/replica_sync/register_peer", (*server).registerPeer, access.Admin},
+	{"POST", "/replica_sync/deregister_peer", (*server).deregisterPeer, access.Admin},
+	{"GET", "/replica_sync/peers", (*server).listPeers, access.Read},
+	{"GET", "/kv_events/collector", (*server).kvEventsCollector, access.Read},
+	{"GET", "/openapi.json", (*server).openAPI, access.Read},
 }
 
 // New returns the REST API over svc.
 func New(svc *selection.Service, opts Options) http.Handler {
-	s := &server{svc: svc, peers: opts.Peers, log: opts.Logger, mux: http.NewServeMux(), tokenizer: opts.Tokenizer}
+	s := &server{svc: svc, peers: opts.Peers, log: opts.Logger, mux: http.NewServeMux(), tokenizer: opts.Tokenizer,
+		auth: opts.Auth, scopes: make(map[string]access.Scope)}
 	if s.log == nil {
 		s.log = slog.Default()
 	}
+	handle := func(pattern string, scope access.Scope, h http.HandlerFunc) {
+		s.mux.HandleFunc(pattern, h)
+		s.scopes[pattern] = scope
+	}
 	for _, rt := range routes {
 		h := rt.handle
-		s.mux.HandleFunc(rt.method+" "+rt.pattern, func(w http.ResponseWriter, r *http.Request) { h(s, w, r) })
+		handle(rt.method+" "+rt.pattern, rt.scope, func(w http.ResponseWriter, r *http.Request) { h(s, w, r) })
 	}
 	if opts.Metrics != nil {
-		s.mux.Handle("GET /metrics", opts.Metrics)
+		handle("GET /metrics", access.Read, opts.Metrics.ServeHTTP)
 	}
 	if opts.Pprof {
 		// The index without its trailing slash: ServeHTTP treats paths
-		// that are not in canonical form as unknown routes.
-		s.mux.HandleFunc("GET /debug/pprof", pprof.Index)
-		s.mux.HandleFunc("GET /debug/pprof/", pprof.Index) // named profiles: heap, goroutine, ...
-		s.mux.HandleFunc("GET /debug/pprof/cmdline", pprof.Cmdline)
-		s.mux.HandleFunc("GET /debug/pprof/profile", pprof.Profile)
-		s.mux.HandleFunc("GET /debug/pprof/symbol", pprof.Symbol)
-		s.mux.HandleFunc("GET /debug/pprof/trace", pprof.Trace)
+		// that are not in canonical form as unknown routes. Profiles show
+		// the process's memory and arguments: admin only.
+		handle("GET /debug/pprof", access.Admin, pprof.Index)
+		handle("GET /debug/pprof/", access.Admin, pprof.Index) // named profiles: heap, goroutine, ...
+		handle("GET /debug/pprof/cmdline", access.Admin, pprof.Cmdline)
+		handle("GET /debug/pprof/profile", access.Admin, pprof.Profile)
+		handle("GET /debug/pprof/symbol", access.Admin, pprof.Symbol)
+		handle("GET /debug/pprof/trace", access.Admin, pprof.Trace)
 	}
 	return s
 }
@@ -159,6 +177,8 @@ func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		writeError(w, http.StatusNotFound, "route not found", nil)
+		return
+	} else if s.auth != nil && !s.authorize(w, r, s.scopes[pattern]) {
 		return
 	}
 	s.mux.ServeHTTP(w, r)

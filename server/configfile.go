@@ -10,6 +10,7 @@ import (
 
 	"sigs.k8s.io/yaml"
 
+	"github.com/kvselect/kvselect/internal/access"
 	"github.com/kvselect/kvselect/selection/routerconfig"
 	"github.com/kvselect/kvselect/selection/scheduler"
 )
@@ -25,13 +26,23 @@ const envPolicy = "KVSELECT_POLICY"
 //	    router_temperature: 0.1
 //	router:                       # Dynamo's router knobs by KvRouterConfig name
 //	  router_queue_threshold: 2
+//	auth:                         # REST mTLS identities (with --tls-client-ca); reloaded on SIGHUP
+//	  client_certificates:
+//	    - ou: kvselect-operators
+//	      scopes: [read, admin]
 //
 // Unknown keys at any level are errors naming the key and the file.
 type configFile struct {
 	Policy *filePolicy    `json:"policy,omitempty"`
 	Router map[string]any `json:"router,omitempty"`
+	Auth   *fileAuth      `json:"auth,omitempty"`
 
 	path string // where it was read from, for messages
+}
+
+// fileAuth is the auth section: the scopes of verified client certificates.
+type fileAuth struct {
+	ClientCertificates []access.CertRule `json:"client_certificates,omitempty"`
 }
 
 type filePolicy struct {

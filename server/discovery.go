@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"log/slog"
@@ -33,7 +34,7 @@ func (d *discoveryFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&d.workersFile, "workers-file", "", "YAML or JSON `file` of worker records (the POST /workers shape) to keep in the catalog; re-read when it changes, and a malformed version keeps the last good catalog")
 	fs.StringVar(&d.poolName, "pool-name", "", "`name` of the InferencePool (inference.networking.k8s.io/v1) whose ready pods become workers, one per pod and target port (GIE's flag)")
 	fs.StringVar(&d.poolNamespace, "pool-namespace", "default", "`namespace` of --pool-name and its pods")
-	fs.StringVar(&d.kubeconfig, "kubeconfig", "", "kubeconfig `file` for --pool-name; default: the pod's service account, else $KUBECONFIG")
+	fs.StringVar(&d.kubeconfig, "kubeconfig", "", "kubeconfig `file` for --pool-name and --auth-kubernetes; default: the pod's service account, else $KUBECONFIG")
 }
 
 func (d *discoveryFlags) validate(set map[string]bool) []error {
@@ -52,10 +53,12 @@ func (d *discoveryFlags) validate(set map[string]bool) []error {
 			errs = append(errs, fmt.Errorf("--pool-namespace %q: %s", d.poolNamespace, m))
 		}
 	}
-	for _, f := range []string{"pool-namespace", "kubeconfig"} {
-		if set[f] && d.poolName == "" {
-			errs = append(errs, fmt.Errorf("--%s requires --pool-name", f))
-		}
+	if set["pool-namespace"] && d.poolName == "" {
+		errs = append(errs, errors.New("--pool-namespace requires --pool-name"))
+	}
+	// --auth-kubernetes reaches the API server through --kubeconfig too.
+	if set["kubeconfig"] && d.poolName == "" && !set["auth-kubernetes"] {
+		errs = append(errs, errors.New("--kubeconfig requires --pool-name or --auth-kubernetes"))
 	}
 	return errs
 }

@@ -31,6 +31,7 @@ type extprocFlags struct {
 	secure     bool   // --extproc-secure-serving
 	certPath   string // --extproc-cert-path
 	certReload bool   // --extproc-cert-reload
+	clientCA   string // --extproc-client-ca
 
 	// --extproc-assume-request-body-mode / -response-: for Envoy releases
 	// that send no protocol_config; set says whether either was given.
@@ -52,9 +53,10 @@ func (e *extprocFlags) register(fs *flag.FlagSet) {
 	fs.BoolVar(&e.testPick, "extproc-test-pick-header", false, "honour GIE conformance's test-epp-endpoint-selection request header and report x-conformance-test-served-endpoint (testing only)")
 	fs.StringVar(&e.defaultModel, "extproc-default-model", "", "model (partition) of requests that name none in a header or body, e.g. bodiless requests; empty = \"default\"")
 	// TLS as GIE's reference picker serves it (internal/servingtls has what
-	// was read in GIE's source), but off by default: deploy/envoy/envoy.yaml
-	// and the manifests under deploy/ dial the picker in plaintext.
-	fs.BoolVar(&e.secure, "extproc-secure-serving", false, "serve the picker's gRPC (ext_proc and gRPC health) over TLS 1.2+ with ALPN h2. GIE's reference endpoint picker serves TLS by default (its --secure-serving), so gateways configured for it dial TLS and need this on; plain Envoy setups such as deploy/envoy/envoy.yaml dial plaintext (deploy/envoy/envoy-tls.yaml dials TLS). Without --extproc-cert-path the certificate is self-signed, generated at startup. Kubernetes gRPC probes speak no TLS: probe GET /health on --port instead")
+	// was read in GIE's source), but off by default so that a local Envoy
+	// (deploy/envoy/envoy.yaml) and the demo dial plaintext; the Helm chart
+	// and the kustomize base turn it on.
+	fs.BoolVar(&e.secure, "extproc-secure-serving", false, "serve the picker's gRPC (ext_proc and gRPC health) over TLS 1.2+ with ALPN h2. GIE's reference endpoint picker serves TLS by default (its --secure-serving), so gateways configured for it dial TLS and need this on; the Helm chart and the kustomize base turn it on; a local Envoy such as deploy/envoy/envoy.yaml dials plaintext (deploy/envoy/envoy-tls.yaml dials TLS, envoy-mtls.yaml with a client certificate for --extproc-client-ca). Without --extproc-cert-path the certificate is self-signed, generated at startup. Kubernetes gRPC probes speak no TLS: probe GET /health on --port instead")
 	fs.StringVar(&e.certPath, "extproc-cert-path", "", "`directory` holding tls.crt and tls.key (PEM; a mounted Kubernetes TLS Secret) for --extproc-secure-serving, which it requires; empty = a self-signed ECDSA P-256 certificate for localhost, 127.0.0.1, ::1 and the host name, valid one year")
 	e.assumedRequest, e.assumedResponse = filterv3.ProcessingMode_FULL_DUPLEX_STREAMED, filterv3.ProcessingMode_FULL_DUPLEX_STREAMED
 	for _, m := range []struct {
@@ -67,6 +69,7 @@ func (e *extprocFlags) register(fs *flag.FlagSet) {
 			return err
 		})
 	}
+	fs.StringVar(&e.clientCA, "extproc-client-ca", "", "PEM `file` of the CAs that sign the gateway's client certificates: with it the picker requires and verifies one at every TLS handshake (mTLS), so only the gateway can book loads. Requires --extproc-secure-serving; read at startup")
 	fs.BoolVar(&e.certReload, "extproc-cert-reload", false, "re-read tls.crt and tls.key when their size or modification time changes (checked at new TLS connections, at most once a second); a pair that fails to load is logged and the previous one kept. Requires --extproc-cert-path")
 }
 
@@ -87,6 +90,9 @@ func (e *extprocFlags) validate() []error {
 	if e.certPath != "" && !e.secure {
 		errs = append(errs, errors.New("--extproc-cert-path requires --extproc-secure-serving"))
 	}
+	if e.clientCA != "" && !e.secure {
+		errs = append(errs, errors.New("--extproc-client-ca requires --extproc-secure-serving (client certificates are part of TLS)"))
+	}
 	if e.certReload && e.certPath == "" {
 		errs = append(errs, errors.New("--extproc-cert-reload requires --extproc-cert-path (a self-signed certificate has no files to reload)"))
 	}
@@ -100,11 +106,18 @@ func (e *extprocFlags) tlsOption(host string, log *slog.Logger) (grpc.ServerOpti
 	if !e.secure {
 		return nil, nil // "ext_proc listening" says tls=false
 	}
+	if e.clientCA != "" {
+		// Read here too, so that a bad bundle is a usage error naming the flag.
+		if _, err := servingtls.LoadCAs(e.clientCA); err != nil {
+			return nil, &UsageError{fmt.Errorf("--extproc-client-ca: %w", err)}
+		}
+	}
 	var extra []string
 	if host != "" && host != "0.0.0.0" && host != "::" {
 		extra = append(extra, host)
 	}
-	cfg, leaf, err := servingtls.ServerConfig(servingtls.Options{CertDir: e.certPath, Reload: e.certReload, Hosts: extra, Logger: log})
+	cfg, leaf, err := servingtls.ServerConfig(servingtls.Options{CertDir: e.certPath, Reload: e.certReload, Hosts: extra, Logger: log,
+		ClientCAFile: e.clientCA, RequireClientCert: e.clientCA != ""})
 	switch {
 	case err != nil && e.certPath != "":
 		return nil, &UsageError{fmt.Errorf("--extproc-cert-path %s: %w", e.certPath, err)}
@@ -117,6 +130,7 @@ func (e *extprocFlags) tlsOption(host string, log *slog.Logger) (grpc.ServerOpti
 	if e.certPath != "" {
 		source = []any{"cert", "--extproc-cert-path", "dir", e.certPath, "reload", e.certReload}
 	}
+	source = append(source, "client_certificates", map[bool]string{true: "required, verified against --extproc-client-ca", false: "not asked for"}[e.clientCA != ""])
 	log.Info("ext_proc TLS on", append(source, "subject", leaf.Subject.String(), "dns_names", leaf.DNSNames,
 		"ip_addresses", leaf.IPAddresses, "not_after", leaf.NotAfter)...)
 	return grpc.Creds(credentials.NewTLS(cfg)), nil
@@ -163,7 +177,7 @@ func startExtProc(o *options, svc *selection.Service, tokenizer selection.Tokeni
 		// Before the listener serves, so that no early text prompt misses it.
 		picker.SetTokenizer(tokenizer, o.tokenize.forwardIDs)
 	}
-	opts := extproc.ServerOptions()
+	opts := append(extproc.ServerOptions(), o.limits.streamOption())
 	if creds != nil {
 		opts = append(opts, creds)
 	}

@@ -23,6 +23,7 @@ import (
 
 	"github.com/kvselect/kvselect/envoysim"
 	"github.com/kvselect/kvselect/internal/servingtls"
+	"github.com/kvselect/kvselect/internal/testpki"
 )
 
 // startPicker runs kvselect on loopback with args and one registered worker
@@ -188,5 +189,40 @@ func TestExtProcMissingCertificateIsAUsageError(t *testing.T) {
 	status, _, stderr := runArgs(t, "--host", "127.0.0.1", "--port", "0", "--extproc-secure-serving", "--extproc-cert-path", dir)
 	if status != 2 || !strings.Contains(stderr, filepath.Join(dir, "tls.crt")) || !strings.Contains(stderr, "no such file or directory") {
 		t.Errorf("status %d, stderr %q", status, stderr)
+	}
+}
+
+// With --extproc-client-ca the picker requires a client certificate its CA
+// signed (mTLS): the gateway's certificate gets through, a client without
+// one or with another CA's gets no stream.
+func TestExtProcRequiresClientCertificates(t *testing.T) {
+	dir := t.TempDir()
+	serverCA, clientCA, rogueCA := testpki.NewCA(t, "server CA"), testpki.NewCA(t, "gateway CA"), testpki.NewCA(t, "rogue CA")
+	testpki.WriteCertDir(t, dir, serverCA.ServerCert(t))
+	caFile := filepath.Join(t.TempDir(), "gateway-ca.pem")
+	clientCA.WritePEM(t, caFile)
+	_, addr, logs := startPicker(t, "--extproc-secure-serving", "--extproc-cert-path", dir, "--extproc-client-ca", caFile)
+	if !strings.Contains(logs.String(), "required, verified against --extproc-client-ca") {
+		t.Errorf("the startup log does not say client certificates are required:\n%s", logs)
+	}
+	creds := func(cert *tls.Certificate) credentials.TransportCredentials {
+		cfg := &tls.Config{RootCAs: serverCA.Pool()}
+		if cert != nil {
+			cfg.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return cert, nil }
+		}
+		return credentials.NewTLS(cfg)
+	}
+	gateway := clientCA.Issue(t, testpki.Leaf{CommonName: "envoy", Client: true})
+	conn := dialPicker(t, addr, creds(&gateway))
+	if err := healthCheck(t.Context(), conn); err != nil {
+		t.Fatalf("the gateway's certificate: %v", err)
+	}
+	exchange(t, conn)
+
+	rogue := rogueCA.Issue(t, testpki.Leaf{CommonName: "envoy", Client: true})
+	for name, c := range map[string]credentials.TransportCredentials{"no certificate": creds(nil), "another CA's certificate": creds(&rogue)} {
+		if err := healthCheck(t.Context(), dialPicker(t, addr, c)); status.Code(err) != codes.Unavailable {
+			t.Errorf("%s: health check %v, want Unavailable (no TLS session)", name, err)
+		}
 	}
 }

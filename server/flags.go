@@ -49,12 +49,16 @@ type options struct {
 	replicaSyncPort    uint64
 	replicaSyncPeers   []string
 	replicaSyncResolve bool
+	replicaSyncKeys    []string // --replica-sync-key-file, repeatable: the first signs
+	indexerPeersToken  string   // --indexer-peers-token-file
 
 	extproc  extprocFlags
 	tokenize tokenizeFlags
 	engines  engineFlags // engine metrics, saturation, health (engines.go)
 
 	discovery discoveryFlags // --workers-file, --pool-name (discovery.go)
+	auth      authFlags      // REST authentication and TLS (auth.go)
+	limits    limitFlags     // per-client limits, HTTP timeouts, ext_proc streams (limits.go)
 
 	enablePprof bool
 
@@ -82,7 +86,7 @@ func newFlagSet(o *options) *flag.FlagSet {
 	fs.SetOutput(io.Discard) // parse errors are returned; help goes to stdout
 	fs.Usage = func() {}
 
-	fs.StringVar(&o.host, "host", "0.0.0.0", "`address` the REST API binds to; 0.0.0.0 (Dynamo's) is IPv4 only, \"::\" listens on IPv6 and IPv4")
+	fs.StringVar(&o.host, "host", "0.0.0.0", "`address` the REST API and the picker bind to; 0.0.0.0 (Dynamo's) is IPv4 only, \"::\" listens on IPv6 and IPv4. When the REST API authenticates nobody (no --auth-token-file, --auth-kubernetes or --tls-client-ca) and --host is not given, the REST API binds 127.0.0.1 only")
 	fs.Uint64Var(&o.port, "port", 8092, "HTTP server `port` (0 picks a free port; the startup log names it)")
 	fs.DurationVar(&o.shutdownTimeout, "shutdown-timeout", 10*time.Second, "how long SIGINT/SIGTERM waits for in-flight requests before closing them (`duration`, > 0)")
 	fs.StringVar(&o.logFormat, "log-format", "text", "log `format`: text or json (log/slog, on stderr)")
@@ -124,14 +128,24 @@ func newFlagSet(o *options) *flag.FlagSet {
 	})
 	fs.BoolVar(&o.replicaSyncResolve, "replica-sync-resolve-peers", false, "subscribe to every address a peer host name resolves to, re-resolved every 10 s, skipping this replica (a Kubernetes headless Service names all replicas); requires --replica-sync-port. Not a Dynamo flag")
 
+	fs.Func("replica-sync-key-file", "`file` of the shared key (>= 32 bytes, hex as `openssl rand -hex 32` writes, or raw) that authenticates every replica-sync message with HMAC-SHA256; unauthenticated, malformed and replayed messages are dropped and counted. Every replica needs the same key. Repeat the flag to rotate without a split: the first key signs, all verify (docs/replicas.md). Requires --replica-sync-port", func(s string) error {
+		if s == "" {
+			return errors.New("empty path")
+		}
+		o.replicaSyncKeys = append(o.replicaSyncKeys, s)
+		return nil
+	})
+	fs.StringVar(&o.indexerPeersToken, "indexer-peers-token-file", "", "`file` holding the bearer token sent with each --indexer-peers GET /dump (re-read at every fetch, so a rotated Kubernetes ServiceAccount token works); the peer must grant it the read scope")
 	o.extproc.register(fs)
 	o.tokenize.register(fs)
 	o.engines.register(fs)
 	o.discovery.register(fs)
+	o.auth.register(fs)
+	o.limits.register(fs)
 
 	fs.StringVar(&o.policy, "policy", scheduler.DefaultPolicyName, "selection `policy` by registered name: "+strings.Join(scheduler.Names(), ", ")+" (a program embedding the server can register more). Overrides KVSELECT_POLICY and the config file's policy.name")
 	fs.StringVar(&o.configFile, "config", "", "YAML or JSON `file` with a policy section (name, parameters) and a router section (Dynamo's router knobs by their KvRouterConfig names; docs/configuration.md). The environment and flags win over it. SIGHUP re-reads it and applies the policy parameters; other changes need a restart")
-	fs.BoolVar(&o.enablePprof, "enable-pprof", false, "serve Go's runtime profiles (net/http/pprof) under /debug/pprof/ on the REST port, as GIE's endpoint picker does; unauthenticated, for debugging")
+	fs.BoolVar(&o.enablePprof, "enable-pprof", false, "serve Go's runtime profiles (net/http/pprof) under /debug/pprof/ on the REST port, as GIE's endpoint picker does; the admin scope when authentication is on")
 	fs.BoolVar(&o.version, "version", false, "print the version and exit")
 	return fs
 }
@@ -215,6 +229,12 @@ func (o *options) validate() error {
 	if o.set["replica-sync-peers"] && !o.set["replica-sync-port"] {
 		add("--replica-sync-peers requires --replica-sync-port")
 	}
+	if len(o.replicaSyncKeys) > 0 && !o.set["replica-sync-port"] {
+		add("--replica-sync-key-file requires --replica-sync-port")
+	}
+	if o.indexerPeersToken != "" && len(o.indexerPeers) == 0 {
+		add("--indexer-peers-token-file requires --indexer-peers")
+	}
 	if o.replicaSyncResolve && !o.set["replica-sync-port"] {
 		add("--replica-sync-resolve-peers requires --replica-sync-port")
 	}
@@ -227,6 +247,8 @@ func (o *options) validate() error {
 	errs = append(errs, o.extproc.validate()...)
 	errs = append(errs, o.tokenize.validate(o.set)...)
 	errs = append(errs, o.engines.validate()...)
+	errs = append(errs, o.auth.validate()...)
+	errs = append(errs, o.limits.validate()...)
 	errs = append(errs, o.discovery.validate(o.set)...)
 	if err := errors.Join(errs...); err != nil {
 		return &UsageError{err}

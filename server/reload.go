@@ -2,11 +2,13 @@ package server
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"os"
 	"reflect"
 	"slices"
 
+	"github.com/kvselect/kvselect/internal/access"
 	"github.com/kvselect/kvselect/selection"
 	"github.com/kvselect/kvselect/selection/routerconfig"
 	"github.com/kvselect/kvselect/selection/scheduler"
@@ -25,7 +27,8 @@ type reloader struct {
 	embedded *scheduler.Policy
 	svc      *selection.Service
 	log      *slog.Logger
-	cur      resolved // the configuration in force
+	cur      resolved      // the configuration in force
+	auth     *access.Chain // the REST authorizer whose client-certificate rules a reload replaces; nil: none
 }
 
 // run reloads on every signal until ctx ends; either channel may be nil.
@@ -59,6 +62,9 @@ func (r *reloader) reload() bool {
 		r.log.Error("config reload failed; the running configuration stays", "file", path, "err", err)
 		return false
 	}
+	if !r.reloadCertRules(file) {
+		return false
+	}
 	restart := routerChanges(r.cur.cfg.Router, next.cfg.Router)
 	samePolicy := next.policy.name == r.cur.policy.name
 	if !samePolicy {
@@ -83,6 +89,25 @@ func (r *reloader) reload() bool {
 	}
 	r.cur = next
 	r.log.Info("config reloaded", append([]any{"file", path}, policyAttrs(next)...)...)
+	return true
+}
+
+// reloadCertRules puts the file's auth.client_certificates in force when
+// the REST API verifies client certificates; invalid rules fail the reload.
+func (r *reloader) reloadCertRules(file *configFile) bool {
+	if r.auth == nil || r.o.auth.tlsClientCA == "" {
+		return true
+	}
+	rules, err := certRules(file)
+	if err == nil && (rules == nil || rules.Len() == 0) {
+		err = errors.New("auth.client_certificates is empty: no client certificate would be granted a scope")
+	}
+	if err != nil {
+		r.log.Error("config reload failed; the running configuration stays", "file", file.path, "err", err)
+		return false
+	}
+	r.auth.SetCertRules(rules)
+	r.log.Info("config reload: client certificate rules in force", "rules", rules.Len())
 	return true
 }
 

@@ -27,6 +27,7 @@ import (
 	"github.com/kvselect/kvselect/engines/kvlisten"
 	"github.com/kvselect/kvselect/engines/tokenize"
 	"github.com/kvselect/kvselect/httpadmin"
+	"github.com/kvselect/kvselect/internal/access"
 	"github.com/kvselect/kvselect/replicas/mesh"
 	"github.com/kvselect/kvselect/replicas/recovery"
 	"github.com/kvselect/kvselect/selection"
@@ -36,8 +37,9 @@ import (
 const envKVEventsBind = "KVSELECT_KV_EVENTS_BIND"
 
 // readHeaderTimeout bounds how long a client may take to send request headers
-// (slowloris). There is no whole-request timeout: a selection may wait in the
-// scheduler queue for as long as its client allows.
+// (slowloris). --http-read-timeout bounds the whole request, body included;
+// there is no write timeout by default: a selection may wait in the scheduler
+// queue for as long as its client allows (limits.go).
 const readHeaderTimeout = 10 * time.Second
 
 // idleTimeout closes keep-alive connections a client forgot; without it they
@@ -73,6 +75,11 @@ func run(ctx context.Context, args []string, set *settings) error {
 		return err
 	}
 	cfg := initial.cfg
+	// Who may call the REST API (auth.go); nil when nobody is authenticated.
+	authz, authMetrics, err := o.auth.authorizer(file, o.discovery.poolNamespace, o.discovery.kubeconfig, log)
+	if err != nil {
+		return err
+	}
 	log.Debug("router configuration", routerAttrs(cfg.Router, false)...)
 	// GET /metrics on the REST port: process and Go runtime metrics plus what
 	// each component registers.
@@ -123,6 +130,18 @@ func run(ctx context.Context, args []string, set *settings) error {
 	// Dynamo.
 	var peers httpadmin.PeerManager
 	if o.set["replica-sync-port"] {
+		keys := make([][]byte, 0, len(o.replicaSyncKeys))
+		for _, path := range o.replicaSyncKeys {
+			key, err := mesh.LoadKey(path)
+			if err != nil {
+				return &UsageError{fmt.Errorf("--replica-sync-key-file: %w", err)}
+			}
+			keys = append(keys, key)
+		}
+		var signKey []byte
+		if len(keys) > 0 {
+			signKey, keys = keys[0], keys[1:]
+		}
 		// Not stopped by the signal: frees made while in-flight requests drain
 		// still reach the peers; the deferred Close ends the mesh after that.
 		m, err := mesh.Start(context.WithoutCancel(ctx), svc, mesh.Options{
@@ -131,12 +150,19 @@ func run(ctx context.Context, args []string, set *settings) error {
 			Affinity:     cfg.Router.SessionAffinityTTL.IsSet(),
 			ResolvePeers: o.replicaSyncResolve,
 			Logger:       log,
+			Key:          signKey,
+			Keys:         keys,
 		})
 		if err != nil {
 			return err
 		}
 		defer m.Close()
 		metrics.MustRegister(m)
+		if signKey == nil {
+			log.Warn("replica sync runs without --replica-sync-key-file: anyone who reaches the port can inject bookings and session bindings (docs/replicas.md)", "port", o.replicaSyncPort)
+		} else {
+			log.Info("replica sync messages authenticated (HMAC-SHA256)", "verify_keys", 1+len(keys))
+		}
 		peers = m
 	}
 	// Index recovery runs while the server already answers /health; /ready
@@ -166,22 +192,44 @@ func run(ctx context.Context, args []string, set *settings) error {
 			"timeout", tk.timeout.String(), "cache_tokens", tk.cacheTokens, "forward_ids", tk.forwardIDs)
 	}
 
-	ln, err := net.Listen(listenNetwork(o.host), net.JoinHostPort(o.host, strconv.FormatUint(o.port, 10)))
+	host := restHost(o)
+	ln, err := net.Listen(listenNetwork(host), net.JoinHostPort(host, strconv.FormatUint(o.port, 10)))
 	if err != nil {
 		return err
 	}
+	// Refused connections are closed before they cost a TLS handshake.
+	ln = o.limits.listener(ln)
+	if tlsLn, err := o.auth.listen(ln, host, log); err != nil {
+		_ = ln.Close()
+		return err
+	} else {
+		ln = tlsLn
+	}
+	var auth access.Authorizer
+	switch {
+	case authz != nil:
+		metrics.MustRegister(authz)
+		metrics.MustRegister(authMetrics...)
+		auth = authz
+	case !isLoopback(host) && !o.auth.allowOpenAdmin:
+		log.Warn("the REST API serves worker registration, reservations and replica peers WITHOUT AUTHENTICATION on a non-loopback address: anyone who reaches it can reroute prompts. Set --auth-token-file or --auth-kubernetes (docs/security.md), or --auth-allow-unauthenticated on a trusted network",
+			"addr", ln.Addr().String())
+	}
 	srv := &http.Server{
-		Handler: httpadmin.New(svc, httpadmin.Options{
+		Handler: o.limits.middleware(httpadmin.New(svc, httpadmin.Options{
 			Logger:    log,
 			Peers:     peers,
 			Metrics:   promhttp.HandlerFor(metrics, promhttp.HandlerOpts{ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}),
 			Pprof:     o.enablePprof,
 			Tokenizer: tokenizer,
-		}),
+			Auth:      auth,
+		})),
 		ReadHeaderTimeout: readHeaderTimeout,
 		IdleTimeout:       idleTimeout,
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
+	o.limits.applyHTTP(srv)
+	metrics.MustRegister(o.limits.collector())
 	log.Info("kvselect listening", append([]any{
 		slog.String("addr", ln.Addr().String()),
 		slog.String("version", versionString(set.version)),
@@ -214,7 +262,9 @@ func run(ctx context.Context, args []string, set *settings) error {
 	waitEngines := o.engines.startEngines(upkeep, svc, metrics, log)
 	wg.Go(waitEngines)
 	if len(o.indexerPeers) > 0 {
-		wg.Go(func() { recovery.Run(upkeep, svc, recovery.Options{Peers: o.indexerPeers, Logger: log}) })
+		wg.Go(func() {
+			recovery.Run(upkeep, svc, recovery.Options{Peers: o.indexerPeers, Logger: log, TokenFile: o.indexerPeersToken})
+		})
 	}
 	// SIGHUP re-reads the config file (the policy parameters), unless the
 	// program gave its own trigger.
@@ -225,7 +275,7 @@ func run(ctx context.Context, args []string, set *settings) error {
 			signal.Notify(hup, syscall.SIGHUP)
 			defer signal.Stop(hup)
 		}
-		r := &reloader{o: o, lookup: set.lookup, embedded: set.policy, svc: svc, log: log, cur: initial}
+		r := &reloader{o: o, lookup: set.lookup, embedded: set.policy, svc: svc, log: log, cur: initial, auth: authz}
 		wg.Go(func() { r.run(upkeep, hup, set.reload) })
 	}
 	defer func() {

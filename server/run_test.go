@@ -54,13 +54,19 @@ type background struct {
 // have returned nil.
 func runInBackground(t *testing.T, env func(string) (string, bool), args []string, opts ...Option) *background {
 	t.Helper()
+	return runArgsInBackground(t, env, append([]string{"--host", "127.0.0.1", "--port", "0", "--log-format", "json"}, args...), opts...)
+}
+
+// runArgsInBackground is runInBackground with exactly the arguments given.
+func runArgsInBackground(t *testing.T, env func(string) (string, bool), args []string, opts ...Option) *background {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	b := &background{logs: &logBuffer{}, cancel: cancel, done: make(chan error, 1)}
 	listening := make(chan Listening, 1)
 	opts = append([]Option{WithEnv(env), WithStdout(io.Discard), WithStderr(b.logs),
 		WithListening(func(l Listening) { listening <- l })}, opts...)
 	go func() {
-		b.done <- Run(ctx, append([]string{"--host", "127.0.0.1", "--port", "0", "--log-format", "json"}, args...), opts...)
+		b.done <- Run(ctx, args, opts...)
 	}()
 	t.Cleanup(func() {
 		if !b.ended {

@@ -27,7 +27,6 @@ import (
 	"time"
 
 	"github.com/kvselect/kvselect/bench/report"
-	"github.com/kvselect/kvselect/httpadmin"
 	"github.com/kvselect/kvselect/selection"
 	"github.com/kvselect/kvselect/selection/index"
 	"github.com/kvselect/kvselect/selection/kvhash"
@@ -57,6 +56,9 @@ type restConfig struct {
 	blocks   int
 	jsonOut  string
 	svgOut   string
+	auth     []string // -auth: the server setups to measure, in turn
+	rounds   int      // -rounds: how many times the -auth list is run
+	token    string   // -token: bearer token for -url
 }
 
 // latencyStats is one request kind over the measured window. Latencies in ns.
@@ -73,28 +75,30 @@ type latencyStats struct {
 }
 
 type restResult struct {
-	Server         string       `json:"server"` // "in-process" or the -url
-	Workers        int          `json:"workers"`
-	Clients        int          `json:"clients"`
-	Prompt         string       `json:"prompt"`
-	Blocks         int          `json:"blocks"`
-	ISLTokens      int          `json:"isl_tokens"`
-	PoolPrompts    int          `json:"pool_prompts"`
-	SeededPrompts  int          `json:"seeded_prompts"` // prompts cached on some worker before the run (in-process only)
-	UseKVEvents    *bool        `json:"use_kv_events"`  // the in-process service's setting; null (unknown) with -url
-	GOMAXPROCS     int          `json:"gomaxprocs"`
-	NumCPU         int          `json:"num_cpu"`
-	WarmupSec      float64      `json:"warmup_s"`
-	DurationSec    float64      `json:"duration_s"` // requested
-	ElapsedSec     float64      `json:"elapsed_s"`  // measured window: warmup end to the last client's stop
-	Requests       int          `json:"requests"`   // both kinds, measured window
-	RequestsPerSec float64      `json:"requests_per_sec"`
-	Pairs          int          `json:"pairs"` // select_and_reserve + delete both 200
-	PairsPerSec    float64      `json:"pairs_per_sec"`
-	Select         latencyStats `json:"select_and_reserve"`
-	Delete         latencyStats `json:"delete"`
-	WarmupRequests int          `json:"warmup_requests"`
-	WarmupErrors   int          `json:"warmup_errors"`
+	Server          string       `json:"server"`                         // "in-process" or the -url
+	Auth            string       `json:"auth"`                           // the -auth mode: off, token, tls, tls+token
+	TLSHandshakeP50 int64        `json:"tls_handshake_p50_ns,omitempty"` // a full handshake on a new connection (tls modes)
+	Workers         int          `json:"workers"`
+	Clients         int          `json:"clients"`
+	Prompt          string       `json:"prompt"`
+	Blocks          int          `json:"blocks"`
+	ISLTokens       int          `json:"isl_tokens"`
+	PoolPrompts     int          `json:"pool_prompts"`
+	SeededPrompts   int          `json:"seeded_prompts"` // prompts cached on some worker before the run (in-process only)
+	UseKVEvents     *bool        `json:"use_kv_events"`  // the in-process service's setting; null (unknown) with -url
+	GOMAXPROCS      int          `json:"gomaxprocs"`
+	NumCPU          int          `json:"num_cpu"`
+	WarmupSec       float64      `json:"warmup_s"`
+	DurationSec     float64      `json:"duration_s"` // requested
+	ElapsedSec      float64      `json:"elapsed_s"`  // measured window: warmup end to the last client's stop
+	Requests        int          `json:"requests"`   // both kinds, measured window
+	RequestsPerSec  float64      `json:"requests_per_sec"`
+	Pairs           int          `json:"pairs"` // select_and_reserve + delete both 200
+	PairsPerSec     float64      `json:"pairs_per_sec"`
+	Select          latencyStats `json:"select_and_reserve"`
+	Delete          latencyStats `json:"delete"`
+	WarmupRequests  int          `json:"warmup_requests"`
+	WarmupErrors    int          `json:"warmup_errors"`
 }
 
 // restClient is one connection's state. Everything but the two counters is
@@ -110,6 +114,7 @@ type restClient struct {
 	sel, del       []time.Duration // measured window only
 	selErr, delErr map[string]int  // measured window only
 	errSample      [2]string
+	token          string // sent as a bearer token when set
 	warmReqs       int
 	warmErrs       int
 	pairs          int
@@ -129,6 +134,19 @@ func runRest(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	fs.IntVar(&c.blocks, "blocks", 32, "prompt size in 16-token blocks")
 	fs.StringVar(&c.jsonOut, "json", "", "also write the results as JSON to this file")
 	fs.StringVar(&c.svgOut, "svg", "", "also write a latency and throughput chart to this SVG `file`")
+	c.auth = []string{"off"}
+	fs.Func("auth", "comma-separated server `modes` measured in turn in one run (in-process server only): off (no authentication), token (a bearer token checked against a token file), tls (HTTPS, a self-signed certificate, keep-alive), tls+token (default off)", func(v string) error {
+		c.auth = nil
+		for m := range strings.SplitSeq(v, ",") {
+			if !slices.Contains(restAuthModes, m) {
+				return fmt.Errorf("unknown mode %q (want %s)", m, strings.Join(restAuthModes, ", "))
+			}
+			c.auth = append(c.auth, m)
+		}
+		return nil
+	})
+	fs.IntVar(&c.rounds, "rounds", 1, "times the -auth list is run, alternating modes so that drift on a shared machine hits each alike")
+	fs.StringVar(&c.token, "token", "", "bearer `token` sent to a -url server")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -142,72 +160,104 @@ func runRest(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		return errors.New("-duration must be positive and -warmup not negative")
 	case c.prompt != "tokens" && c.prompt != "hashes":
 		return fmt.Errorf("-prompt %q: want tokens or hashes", c.prompt)
+	case c.rounds < 1:
+		return errors.New("-rounds must be positive")
+	case c.url != "" && (len(c.auth) > 1 || c.auth[0] != "off"):
+		return errors.New("-auth measures in-process servers; with -url give the server's token with -token")
 	}
+	if len(c.auth) == 1 && c.rounds == 1 {
+		res, err := runRestOnce(ctx, c, c.auth[0], stdout, stderr)
+		if err != nil {
+			return err
+		}
+		if err := writeOutputs(c.jsonOut, res, c.svgOut, fmt.Sprintf("kvbench rest: %d clients, %s prompt", res.Clients, res.Prompt),
+			func() []report.Chart {
+				return report.LatencyChart("REST", []string{"select_and_reserve", "delete"},
+					[]int64{res.Select.P50, res.Delete.P50}, []int64{res.Select.P90, res.Delete.P90}, []int64{res.Select.P99, res.Delete.P99},
+					[]float64{res.Select.PerSec, res.Delete.PerSec})
+			}); err != nil {
+			return err
+		}
+		return failRate(&res)
+	}
+	var all []restResult
+	for range c.rounds {
+		for _, mode := range c.auth {
+			res, err := runRestOnce(ctx, c, mode, stdout, stderr)
+			if err != nil {
+				return fmt.Errorf("-auth %s: %w", mode, err)
+			}
+			if err := failRate(&res); err != nil {
+				return fmt.Errorf("-auth %s: %w", mode, err)
+			}
+			all = append(all, res)
+		}
+	}
+	if err := restAuthTable(stdout, c.auth, all); err != nil {
+		return err
+	}
+	return writeOutputs(c.jsonOut, all, "", "", nil)
+}
 
+// runRestOnce starts the server of mode (or targets -url), registers the
+// workers, drives the clients and prints the table.
+func runRestOnce(ctx context.Context, c restConfig, mode string, stdout, stderr io.Writer) (restResult, error) {
 	res := restResult{Workers: c.workers, Clients: c.clients, Prompt: c.prompt, Blocks: c.blocks,
 		ISLTokens: c.blocks * restBlockSize, PoolPrompts: restPool, GOMAXPROCS: runtime.GOMAXPROCS(0),
 		NumCPU: runtime.NumCPU(), WarmupSec: c.warmup.Seconds(), DurationSec: c.duration.Seconds()}
 	prompts := restPrompts(c.blocks)
+	res.Auth = mode
 
-	base := strings.TrimSuffix(c.url, "/")
+	tg := restTarget{base: strings.TrimSuffix(c.url, "/"), token: c.token}
 	var svc *selection.Service
-	if base == "" {
+	if tg.base == "" {
 		rc := routerconfig.Default() // UseKVEvents stays true: Dynamo's and kvselect's default
 		var err error
 		if svc, err = selection.New(selection.Config{Router: rc}); err != nil {
-			return err
+			return res, err
 		}
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return err
-		}
-		srv := &http.Server{Handler: httpadmin.New(svc, httpadmin.Options{}), ReadHeaderTimeout: 10 * time.Second}
-		go func() { _ = srv.Serve(ln) }()
-		defer srv.Close()
 		upkeep, stop := context.WithCancel(ctx)
 		defer stop()
 		go server.Upkeep(upkeep, svc, 5*time.Second) // the host's job, as server.Run does it
-		base = "http://" + ln.Addr().String()
-		res.Server, res.UseKVEvents = "in-process", &rc.UseKVEvents
-	} else {
-		if err := checkLoopback(base); err != nil {
-			return err
+		var closeServer func()
+		if tg, closeServer, err = startRestServer(svc, mode); err != nil {
+			return res, err
 		}
-		res.Server = base
+		defer closeServer()
+		res.Server, res.UseKVEvents = "in-process", &rc.UseKVEvents
+		if tg.tls != nil {
+			if res.TLSHandshakeP50, err = handshakeP50(ctx, tg, 200); err != nil {
+				return res, err
+			}
+		}
+	} else {
+		if err := checkLoopback(tg.base); err != nil {
+			return res, err
+		}
+		res.Server = tg.base
 	}
 
-	if err := registerWorkers(ctx, base, c.workers); err != nil {
-		return err
+	if err := registerWorkers(ctx, tg, c.workers); err != nil {
+		return res, err
 	}
 	if svc != nil {
 		n, err := seedIndex(svc, prompts, c.workers)
 		if err != nil {
-			return err
+			return res, err
 		}
 		res.SeededPrompts = n
 	}
 	bodies, err := restBodies(prompts, c.prompt == "hashes")
 	if err != nil {
-		return err
+		return res, err
 	}
-	fmt.Fprintf(stderr, "kvbench rest: target %s (%s), %d workers, %d clients, %s prompts of %d blocks, warmup %s + %s\n",
-		base, res.Server, c.workers, c.clients, c.prompt, c.blocks, c.warmup, c.duration)
+	fmt.Fprintf(stderr, "kvbench rest: target %s (%s, auth %s), %d workers, %d clients, %s prompts of %d blocks, warmup %s + %s\n",
+		tg.base, res.Server, mode, c.workers, c.clients, c.prompt, c.blocks, c.warmup, c.duration)
 
-	if err := drive(ctx, c, base, bodies, &res, stderr); err != nil {
-		return err
+	if err := drive(ctx, c, tg, bodies, &res, stderr); err != nil {
+		return res, err
 	}
-	if err := restTable(stdout, &res); err != nil {
-		return err
-	}
-	if err := writeOutputs(c.jsonOut, res, c.svgOut, fmt.Sprintf("kvbench rest: %d clients, %s prompt", res.Clients, res.Prompt),
-		func() []report.Chart {
-			return report.LatencyChart("REST", []string{"select_and_reserve", "delete"},
-				[]int64{res.Select.P50, res.Delete.P50}, []int64{res.Select.P90, res.Delete.P90}, []int64{res.Select.P99, res.Delete.P99},
-				[]float64{res.Select.PerSec, res.Delete.PerSec})
-		}); err != nil {
-		return err
-	}
-	return failRate(&res)
+	return res, restTable(stdout, &res)
 }
 
 // failRate is the final verdict: more than 1 % failed requests is an error.
@@ -299,9 +349,10 @@ func restBodies(prompts [][]uint32, hashes bool) ([][]byte, error) {
 // each is schedulable. kv_events_endpoint is required when the server uses KV
 // events (the default); no socket is opened for it by the in-process service,
 // which has no event listener connected.
-func registerWorkers(ctx context.Context, base string, n int) error {
-	c := &http.Client{Timeout: 10 * time.Second}
+func registerWorkers(ctx context.Context, tg restTarget, n int) error {
+	c := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: tg.tls}}
 	defer c.CloseIdleConnections()
+	base := tg.base
 	for id := range n {
 		body, _ := json.Marshal(map[string]any{
 			"worker_id": id, "model_name": restModel, "block_size": restBlockSize, "total_kv_blocks": restKVBlocks,
@@ -313,6 +364,7 @@ func registerWorkers(ctx context.Context, base string, n int) error {
 			return err
 		}
 		req.Header.Set("Content-Type", "application/json")
+		tg.authorize(req)
 		res, err := c.Do(req)
 		if err != nil {
 			return fmt.Errorf("register worker %d: %w", id, err)
@@ -353,7 +405,7 @@ func seedIndex(svc *selection.Service, prompts [][]uint32, workers int) (int, er
 }
 
 // drive runs the clients through warmup and measurement and fills res.
-func drive(ctx context.Context, c restConfig, base string, bodies [][]byte, res *restResult, stderr io.Writer) error {
+func drive(ctx context.Context, c restConfig, tg restTarget, bodies [][]byte, res *restResult, stderr io.Writer) error {
 	runCtx, abort := context.WithCancelCause(ctx)
 	defer abort(nil)
 	var stop atomic.Bool
@@ -370,7 +422,7 @@ func drive(ctx context.Context, c restConfig, base string, bodies [][]byte, res 
 
 	var wg sync.WaitGroup
 	for i, cl := range clients {
-		wg.Go(func() { cl.loop(runCtx, &stop, base, fmt.Sprintf("b%s-c%d-", nonce, i), bodies, i, measure, end) })
+		wg.Go(func() { cl.loop(runCtx, &stop, tg, fmt.Sprintf("b%s-c%d-", nonce, i), bodies, i, measure, end) })
 	}
 	done := make(chan struct{})
 	go func() { wg.Wait(); close(done) }()
@@ -444,8 +496,11 @@ progress:
 // loop is one client: a closed loop of select_and_reserve + delete on one
 // keep-alive connection until end. Requests that start before measure are
 // warmup and only counted; the others are recorded.
-func (cl *restClient) loop(ctx context.Context, stop *atomic.Bool, base, idPrefix string, bodies [][]byte, idx int, measure, end time.Time) {
+func (cl *restClient) loop(ctx context.Context, stop *atomic.Bool, tg restTarget, idPrefix string, bodies [][]byte, idx int, measure, end time.Time) {
+	base := tg.base
+	cl.token = tg.token
 	tr := &http.Transport{
+		TLSClientConfig:     tg.tls,
 		Proxy:               nil,
 		DialContext:         (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
 		MaxIdleConns:        4,
@@ -515,6 +570,9 @@ func (cl *restClient) do(ctx context.Context, hc *http.Client, method, u string,
 	}
 	if body != nil {
 		req.Header.Set("Content-Type", "application/json")
+	}
+	if cl.token != "" {
+		req.Header.Set("Authorization", "Bearer "+cl.token)
 	}
 	res, err := hc.Do(req)
 	if err != nil {

@@ -37,6 +37,7 @@ echo "test-kube: $("$KVSELECT_ETCD" --version | head -1)"
 
 go test -count=1 ./discovery/...
 go test -count=1 -run AgainstARealAPIServer ./server
+go test -count=1 ./internal/access/kubeauth/
 (cd conformance/kube && go vet ./... && go test -count=1 ./...)
 (cd conformance/kind && go vet ./... && go test -count=1 ./... && go test -c -o /dev/null .)
 t2=$(date +%s)

@@ -83,6 +83,18 @@ type Options struct {
 	Hosts []string
 	// Logger receives reload messages; nil discards them.
 	Logger *slog.Logger
+	// NextProtos are the ALPN protocols offered; empty means h2 only (gRPC).
+	// An HTTP server that also speaks HTTP/1.1 lists both: a client that
+	// offers only http/1.1 is refused by a server that offers only h2.
+	NextProtos []string
+	// ClientCAFile is a PEM bundle of the CAs that sign client certificates.
+	// Empty: client certificates are neither asked for nor verified.
+	ClientCAFile string
+	// RequireClientCert refuses the handshake of a client without a
+	// certificate the bundle verifies. Without it a certificate is verified
+	// when given (so bearer tokens still work over the same port). Needs
+	// ClientCAFile.
+	RequireClientCert bool
 }
 
 // ServerConfig returns the TLS configuration for a gRPC server (TLS 1.2 or
@@ -90,6 +102,22 @@ type Options struct {
 // the caller's startup log. Every error names the file or step that failed.
 func ServerConfig(o Options) (*tls.Config, *x509.Certificate, error) {
 	cfg := &tls.Config{MinVersion: tls.VersionTLS12, NextProtos: []string{"h2"}}
+	if len(o.NextProtos) > 0 {
+		cfg.NextProtos = slices.Clone(o.NextProtos)
+	}
+	switch {
+	case o.RequireClientCert && o.ClientCAFile == "":
+		return nil, nil, errors.New("requiring client certificates needs a client CA bundle")
+	case o.ClientCAFile != "":
+		pool, err := LoadCAs(o.ClientCAFile)
+		if err != nil {
+			return nil, nil, err
+		}
+		cfg.ClientCAs, cfg.ClientAuth = pool, tls.VerifyClientCertIfGiven
+		if o.RequireClientCert {
+			cfg.ClientAuth = tls.RequireAndVerifyClientCert
+		}
+	}
 	switch {
 	case o.CertDir == "" && o.Reload:
 		return nil, nil, errors.New("certificate reload needs a certificate directory")
@@ -115,6 +143,20 @@ func ServerConfig(o Options) (*tls.Config, *x509.Certificate, error) {
 		cfg.Certificates = []tls.Certificate{cert}
 		return cfg, cert.Leaf, nil
 	}
+}
+
+// LoadCAs reads a PEM bundle of CA certificates; a file without one is an
+// error.
+func LoadCAs(path string) (*x509.CertPool, error) {
+	pem, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("client CA bundle: %w", err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(pem) {
+		return nil, fmt.Errorf("client CA bundle %s: no PEM certificate in it", path)
+	}
+	return pool, nil
 }
 
 // LoadPair reads dir/tls.crt and dir/tls.key. Its errors say which file could

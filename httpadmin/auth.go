@@ -1,0 +1,61 @@
+package httpadmin
+
+import (
+	"errors"
+	"net/http"
+
+	"github.com/kvselect/kvselect/internal/access"
+)
+
+// authRealm names the protection space in challenges (RFC 7235 section 2.2).
+const authRealm = "kvselect"
+
+// authorize runs the Authorizer for a route that needs scope and, when it
+// refuses, answers: 401 with a Bearer challenge when the request has no
+// usable credentials, 403 with error="insufficient_scope" when it has but
+// they lack the scope (RFC 6750 section 3.1), both in the {"error"}
+// envelope. Open routes (scope 0) pass. Admin requests that pass are logged
+// with who made them: they change where prompts go.
+func (s *server) authorize(w http.ResponseWriter, r *http.Request, scope access.Scope) bool {
+	if scope == 0 {
+		return true
+	}
+	id, err := s.auth.Authorize(r.Context(), r, scope)
+	if err == nil {
+		if scope == access.Admin {
+			s.log.Info("httpadmin: admin request", "method", r.Method, "path", r.URL.Path, "identity", id.String(), "remote", r.RemoteAddr)
+		}
+		return true
+	}
+	challenge := `Bearer realm="` + authRealm + `"`
+	status := http.StatusUnauthorized
+	switch {
+	case errors.Is(err, access.ErrForbidden):
+		status = http.StatusForbidden
+		challenge += `, error="insufficient_scope", scope="` + scope.String() + `"`
+	case errors.Is(err, access.ErrInvalidCredentials):
+		challenge += `, error="invalid_token"`
+	}
+	w.Header().Set("WWW-Authenticate", challenge)
+	if unreadBody(r) {
+		// Answered before the body is read: a client still writing it
+		// would otherwise see a reset instead of the 401 (oversize.go).
+		answerAndDrain(w, r, status, err.Error(), 0)
+		return false
+	}
+	writeError(w, status, err.Error(), nil)
+	return false
+}
+
+// netHTTPDrains is how much of an unread body net/http reads by itself after
+// a handler returns, to keep the connection (its maxPostHandlerReadBytes).
+const netHTTPDrains = 256 << 10
+
+// unreadBody reports whether r may carry more body than net/http drains on
+// its own: a larger Content-Length, or a chunked body.
+func unreadBody(r *http.Request) bool {
+	if r.Body == nil || r.Body == http.NoBody {
+		return false
+	}
+	return r.ContentLength < 0 || r.ContentLength > netHTTPDrains
+}
