@@ -119,12 +119,20 @@ func rewriteDeployment(obj map[string]any, o Options) (bool, error) {
 		// The suite's echo servers publish no KV events: kvselect learns
 		// from its own bookings instead (the approximate index).
 		c["env"] = append(asList(c["env"]), map[string]any{"name": "DYN_ROUTER_USE_KV_EVENTS", "value": "false"})
-		// kvselect serves gRPC health on the ext_proc port, with the
-		// names lwepp's probes ask for.
+		// lwepp's probes are gRPC health on its plaintext health port 9003.
+		// kvselect serves gRPC health on the ext_proc port only, which is
+		// TLS here (pickerArgs), and the kubelet's gRPC probes speak no
+		// TLS: probe GET /health on the REST port instead, which like the
+		// gRPC health names reports serving from the start. Not /ready:
+		// it follows the pool's workers, which some of the suite's tests
+		// take away, and an unready picker is no picker to the gateway.
 		for _, probe := range []string{"livenessProbe", "readinessProbe", "startupProbe"} {
-			if g, ok := dig(c, probe, "grpc").(map[string]any); ok {
-				g["port"] = 9002
+			p, ok := dig(c, probe).(map[string]any)
+			if !ok {
+				continue
 			}
+			delete(p, "grpc")
+			p["httpGet"] = map[string]any{"path": "/health", "port": 8092}
 		}
 		c["ports"] = []any{
 			map[string]any{"name": "grpc", "containerPort": 9002},
@@ -149,6 +157,20 @@ func rewriteDeployment(obj map[string]any, o Options) (bool, error) {
 
 // pickerArgs maps lwepp's flags to kvselect's: the pool stays, the rest is
 // kvselect's ext_proc on 9002 with the conformance hooks on.
+//
+// TLS on the picker, as lwepp serves it: its --secure-serving defaults to
+// true (GIE v1.6.0 pkg/lwepp/server/options.go) and base.yaml does not turn
+// it off, so the gateways that pass the suite dial their endpoint pickers
+// with TLS (kgateway, for one, dials nothing else:
+// kgateway-dev/kgateway#11429).
+//
+// The REST API: the suite never calls it; only the kubelet's HTTP probes
+// (above) need to reach it on the pod IP. kvselect without authentication
+// binds it to 127.0.0.1 unless --host is given, and lwepp's ServiceAccount
+// in base.yaml has no system:auth-delegator for --auth-kubernetes. So this
+// throwaway conformance cluster binds it on all addresses unauthenticated,
+// explicitly: --host=0.0.0.0 --auth-allow-unauthenticated. Not a setup to
+// copy: deploy/ authenticates.
 func pickerArgs(raw any, o Options) ([]any, error) {
 	in := asList(raw)
 	var pool, ns string
@@ -172,6 +194,8 @@ func pickerArgs(raw any, o Options) ([]any, error) {
 		"--pool-name=" + pool, "--pool-namespace=" + ns,
 		"--extproc-port=9002", "--port=8092", "--log-format=json",
 		"--extproc-test-pick-header", "--extproc-default-model=" + Model,
+		"--extproc-secure-serving",
+		"--host=0.0.0.0", "--auth-allow-unauthenticated",
 	}
 	for _, a := range o.ExtraArgs {
 		out = append(out, a)

@@ -179,6 +179,9 @@ EOF
 run docker build -f "${TMPDIR:-/tmp}/kvselect-mockworker.Dockerfile" -t "$mockworker_image" "$repo"
 run kind load docker-image "$mockworker_image" --name "$cluster"
 run kubectl create namespace kvselect-smoke
+# The chart's secure defaults: the gateway dials the picker with TLS (as it
+# dials GIE's picker), and the REST API wants a bearer token (the chart
+# generates one; /ready needs none).
 run helm upgrade --install kvselect "$repo/deploy/helm/kvselect" -n kvselect-smoke \
   --set image.repository="${image%%:*}" --set image.tag="${image##*:}" \
   --set httpRoute.enabled=true --set httpRoute.gatewayName=smoke --set-string 'extraArgs[0]=--extproc-default-model=mock-model'
@@ -225,7 +228,8 @@ if [ "$dry_run" = false ]; then
   kubectl -n kvselect-smoke port-forward svc/kvselect 18092:8092 >/dev/null 2>&1 &
   pf=$!
   sleep 3
-  curl -s localhost:18092/workers | tee "${report%.yaml}-smoke-workers.json"
+  token="$(kubectl -n kvselect-smoke get secret kvselect-auth-tokens -o jsonpath='{.data.token}' | base64 -d)"
+  curl -s -H "Authorization: Bearer $token" localhost:18092/workers | tee "${report%.yaml}-smoke-workers.json"
   echo
   curl -sf localhost:18092/ready >/dev/null && echo "smoke: kvselect ready with the mock workers"
   kill "$pf"

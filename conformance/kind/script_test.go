@@ -9,7 +9,7 @@ import (
 )
 
 // scripts are the shell scripts of the Kubernetes work.
-var scripts = []string{"run.sh", "../kube/run.sh", "../kube/build-apiserver.sh"}
+var scripts = []string{"run.sh", "../kube/run.sh", "../kube/build-apiserver.sh", "../../deploy/replicas/register-workers.sh"}
 
 // TestScriptsPassShellcheck lints the scripts (Debian's shellcheck; make
 // test-kube installs it). Without it the test skips, unless

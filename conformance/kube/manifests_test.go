@@ -50,6 +50,32 @@ func sets() []manifestSet {
 	}
 	return []manifestSet{
 		{"helm-defaults", "llm", helm(nil)},
+		// The opt-out for a trusted network still renders, and says so.
+		{"helm-auth-disabled", "llm", helm(map[string]any{"auth": map[string]any{"enabled": false}})},
+		// Static tokens only, in HA mode: index recovery sends the generated token.
+		{"helm-ha-tokens-only", "llm", helm(map[string]any{
+			"ha":   map[string]any{"enabled": true},
+			"auth": map[string]any{"kubernetes": false},
+		})},
+		// Every TLS and credential Secret brought by the user, grants, a config file.
+		{"helm-bring-your-own-secrets", "llm", helm(map[string]any{
+			"ha": map[string]any{"enabled": true, "meshKey": map[string]any{"existingSecret": "my-mesh-key"}},
+			"auth": map[string]any{
+				"tokens": map[string]any{"existingSecret": "my-tokens"},
+				"grants": []any{
+					map[string]any{"name": "prometheus", "scopes": []any{"read"},
+						"subjects": []any{map[string]any{"kind": "ServiceAccount", "name": "prometheus-k8s", "namespace": "monitoring"}}},
+					map[string]any{"name": "ray", "scopes": []any{"read", "select"},
+						"subjects": []any{map[string]any{"kind": "ServiceAccount", "name": "ray-head", "namespace": "ray"}}},
+				},
+			},
+			"extproc": map[string]any{"certSecretName": "picker-tls", "certReload": true, "clientCASecretName": "gateway-ca"},
+			"rest":    map[string]any{"tls": map[string]any{"certSecretName": "rest-tls", "certReload": true, "clientCASecretName": "operators-ca"}},
+			"config": map[string]any{"auth": map[string]any{"client_certificates": []any{
+				map[string]any{"ou": "kvselect-operators", "scopes": []any{"read", "admin"}}}}},
+		})},
+		// GIE's plaintext-picker setups (a gateway configured for plaintext).
+		{"helm-picker-plaintext", "llm", helm(map[string]any{"extproc": map[string]any{"secureServing": false}})},
 		{"helm-ha-route-vllm", "llm", helm(map[string]any{
 			"ha":          map[string]any{"enabled": true},
 			"httpRoute":   map[string]any{"enabled": true},
@@ -65,6 +91,26 @@ func sets() []manifestSet {
 		})},
 		{"kustomize-base", "llm", kust("deploy/kustomize/base")},
 		{"kustomize-ha", "llm", kust("deploy/kustomize/overlays/ha")},
+		// The ha overlay with the token-file component, in another
+		// namespace: the way deploy/README.md composes them.
+		{"kustomize-ha-token-file", "inference", func() ([]*unstructured.Unstructured, error) {
+			return KustomizeOverlay(root, map[string]string{"kustomization.yaml": `apiVersion: kustomize.config.k8s.io/v1beta1
+kind: Kustomization
+namespace: inference
+resources:
+  - $REPO/deploy/kustomize/overlays/ha
+components:
+  - $REPO/deploy/kustomize/components/auth-token-file
+patches:
+  - target:
+      kind: ClusterRoleBinding
+      name: kvselect-auth-delegator
+    patch: |-
+      - op: replace
+        path: /metadata/name
+        value: kvselect-auth-delegator-inference
+`})
+		}},
 		{"kustomize-example", "llm", kust("deploy/kustomize/overlays/example")},
 		{"kustomize-examples-only", "llm", kust("deploy/examples")},
 		{"replicas", "llm", kust("deploy/replicas")},
@@ -123,7 +169,24 @@ func TestManifestsWireThePicker(t *testing.T) {
 		t.Run(s.name, func(t *testing.T) {
 			objs := render(t, s)
 			for _, r := range find(objs, "Role") {
-				roles = append(roles, into[rbacv1.Role](t, r).Rules)
+				role := into[rbacv1.Role](t, r)
+				if scopeRole(role.Rules) {
+					checkScopeRole(t, role)
+					continue
+				}
+				roles = append(roles, role.Rules)
+			}
+			for _, u := range find(objs, "ClusterRoleBinding") {
+				b := into[rbacv1.ClusterRoleBinding](t, u)
+				// The only cluster-wide grant: the two reviews of
+				// --auth-kubernetes, to kvselect's ServiceAccount alone.
+				if b.RoleRef.Kind != "ClusterRole" || b.RoleRef.Name != "system:auth-delegator" || len(b.Subjects) != 1 ||
+					b.Subjects[0].Kind != "ServiceAccount" || b.Subjects[0].Namespace != s.namespace {
+					t.Errorf("ClusterRoleBinding %s: %+v %+v, want system:auth-delegator for one ServiceAccount of %s", b.Name, b.RoleRef, b.Subjects, s.namespace)
+				}
+			}
+			if len(find(objs, "ClusterRole")) > 0 {
+				t.Error("a ClusterRole: kvselect needs none of its own")
 			}
 			for _, u := range find(objs, "Deployment") {
 				if !strings.HasPrefix(u.GetName(), "kvselect") || strings.HasSuffix(u.GetName(), "vllm") {
@@ -174,12 +237,22 @@ func TestManifestsWireThePicker(t *testing.T) {
 
 func checkPicker(t *testing.T, s manifestSet, objs []*unstructured.Unstructured, u *unstructured.Unstructured, bin string) {
 	t.Helper()
-	if s.name == "replicas" {
-		return // deploy/replicas registers workers over REST: no pool, checked by its own test
-	}
 	d := into[appsv1.Deployment](t, u)
 	pod := d.Spec.Template.Spec
 	c := pod.Containers[0]
+	checkReachable(t, c)
+	checkMounts(t, objs, pod, c)
+	// Replica planes: the mesh is keyed, and recovery from a peer that
+	// authenticates sends a token.
+	if hasFlag(c.Args, "--replica-sync-port") && !hasFlag(c.Args, "--replica-sync-key-file") {
+		t.Errorf("args %q: replica sync without --replica-sync-key-file", c.Args)
+	}
+	if hasFlag(c.Args, "--indexer-peers") && !hasFlag(c.Args, "--auth-allow-unauthenticated") && !hasFlag(c.Args, "--indexer-peers-token-file") {
+		t.Errorf("args %q: the peers authenticate, but recovery sends no token", c.Args)
+	}
+	if s.name == "replicas" {
+		return // deploy/replicas registers workers over REST: no pool, checked by its own test
+	}
 	pool := ""
 	for _, a := range c.Args {
 		if v, ok := strings.CutPrefix(a, "--pool-name="); ok {
@@ -192,7 +265,12 @@ func checkPicker(t *testing.T, s manifestSet, objs []*unstructured.Unstructured,
 	if pools := find(objs, "InferencePool"); len(pools) > 0 && pools[0].GetName() != pool {
 		t.Errorf("--pool-name=%s but the set's InferencePool is %s", pool, pools[0].GetName())
 	}
-	if c.LivenessProbe == nil || c.LivenessProbe.GRPC == nil || c.LivenessProbe.GRPC.Port != 9002 {
+	// kubelet's gRPC probes speak no TLS: a TLS picker is probed over REST.
+	if slices.Contains(c.Args, "--extproc-secure-serving") {
+		if p := c.LivenessProbe; p == nil || p.HTTPGet == nil || p.HTTPGet.Path != "/health" || p.HTTPGet.Port.String() != "http" {
+			t.Errorf("liveness probe of a TLS picker: want GET /health on the REST port, got %+v", p)
+		}
+	} else if c.LivenessProbe == nil || c.LivenessProbe.GRPC == nil || c.LivenessProbe.GRPC.Port != 9002 {
 		t.Errorf("liveness probe: want gRPC health on 9002, got %+v", c.LivenessProbe)
 	}
 	if c.ReadinessProbe == nil || c.ReadinessProbe.HTTPGet == nil || c.ReadinessProbe.HTTPGet.Path != "/ready" {
@@ -233,6 +311,118 @@ func checkPicker(t *testing.T, s manifestSet, objs []*unstructured.Unstructured,
 	}
 }
 
+// authFlags are the flags that make kvselect's REST API authenticate, and
+// with it bind all addresses by default.
+var authFlags = []string{"--auth-kubernetes", "--auth-token-file", "--tls-client-ca"}
+
+func hasFlag(args []string, name string) bool {
+	return slices.ContainsFunc(args, func(a string) bool { return a == name || strings.HasPrefix(a, name+"=") })
+}
+
+func flagValue(args []string, name string) string {
+	for _, a := range args {
+		if v, ok := strings.CutPrefix(a, name+"="); ok {
+			return v
+		}
+	}
+	return ""
+}
+
+// checkReachable: without authentication and without --host, kvselect's REST
+// API binds 127.0.0.1, where the kubelet's HTTP probes, Prometheus and peers
+// never reach it. Every manifest turns authentication on, or opts out
+// explicitly with --host and --auth-allow-unauthenticated together.
+func checkReachable(t *testing.T, c corev1.Container) {
+	t.Helper()
+	auth := slices.ContainsFunc(authFlags, func(f string) bool { return hasFlag(c.Args, f) })
+	open := hasFlag(c.Args, "--auth-allow-unauthenticated")
+	switch {
+	case auth && (open || hasFlag(c.Args, "--host")):
+		t.Errorf("args %q: authentication on, yet --host or --auth-allow-unauthenticated", c.Args)
+	case !auth && !(open && hasFlag(c.Args, "--host")):
+		t.Errorf("args %q: the REST API authenticates nobody and binds 127.0.0.1: probes and peers cannot reach it", c.Args)
+	}
+	if open {
+		t.Logf("REST API unauthenticated by choice: %q", c.Args)
+	}
+}
+
+// fileFlags are the flags naming files that must come from a volume.
+var fileFlags = []string{"--auth-token-file", "--replica-sync-key-file", "--indexer-peers-token-file", "--extproc-cert-path",
+	"--extproc-client-ca", "--tls-cert-path", "--tls-client-ca", "--config"}
+
+// saToken is where the kubelet mounts the pod's ServiceAccount token.
+const saToken = "/var/run/secrets/kubernetes.io/serviceaccount/token"
+
+// checkMounts: every file a flag names is under a volume mount (never
+// subPath: a Secret's update must reach the file), whose Secret or ConfigMap
+// is either in the set or one the user is told to create.
+func checkMounts(t *testing.T, objs []*unstructured.Unstructured, pod corev1.PodSpec, c corev1.Container) {
+	t.Helper()
+	for _, m := range c.VolumeMounts {
+		if m.SubPath != "" {
+			t.Errorf("volume mount %s uses subPath: Secret updates never reach it", m.Name)
+		}
+	}
+	for _, f := range fileFlags {
+		path := flagValue(c.Args, f)
+		if path == "" {
+			continue
+		}
+		if path == saToken {
+			if pod.AutomountServiceAccountToken != nil && !*pod.AutomountServiceAccountToken {
+				t.Errorf("%s=%s but the ServiceAccount token is not mounted", f, path)
+			}
+			continue
+		}
+		i := slices.IndexFunc(c.VolumeMounts, func(m corev1.VolumeMount) bool {
+			return path == m.MountPath || strings.HasPrefix(path, strings.TrimSuffix(m.MountPath, "/")+"/")
+		})
+		if i < 0 {
+			t.Errorf("%s=%s is under no volume mount", f, path)
+			continue
+		}
+		j := slices.IndexFunc(pod.Volumes, func(v corev1.Volume) bool { return v.Name == c.VolumeMounts[i].Name })
+		if j < 0 {
+			t.Errorf("%s: volume %s missing", f, c.VolumeMounts[i].Name)
+			continue
+		}
+		v := pod.Volumes[j]
+		switch {
+		case v.Secret != nil:
+			if v.Secret.Optional != nil && *v.Secret.Optional {
+				t.Errorf("%s: Secret %s is optional", f, v.Secret.SecretName)
+			}
+			if m := v.Secret.DefaultMode; m != nil && *m&0o007 != 0 {
+				t.Errorf("%s: Secret %s mounted world-readable (mode %o)", f, v.Secret.SecretName, *m)
+			}
+		case v.ConfigMap != nil:
+			if !slices.ContainsFunc(find(objs, "ConfigMap"), func(o *unstructured.Unstructured) bool { return o.GetName() == v.ConfigMap.Name }) {
+				t.Errorf("%s: ConfigMap %s is not in the set", f, v.ConfigMap.Name)
+			}
+		default:
+			t.Errorf("%s: volume %s is neither a Secret nor a ConfigMap", f, v.Name)
+		}
+	}
+}
+
+// scopeRole reports whether rules are about kvselect's scopes.
+func scopeRole(rules []rbacv1.PolicyRule) bool {
+	return slices.ContainsFunc(rules, func(r rbacv1.PolicyRule) bool { return slices.Contains(r.APIGroups, "kvselect.io") })
+}
+
+// checkScopeRole: a scope Role grants "use" on named kvselect.io scopes and
+// nothing else (an empty resourceNames list would grant every scope).
+func checkScopeRole(t *testing.T, role *rbacv1.Role) {
+	t.Helper()
+	for _, r := range role.Rules {
+		if !slices.Equal(r.APIGroups, []string{"kvselect.io"}) || !slices.Equal(r.Resources, []string{"scopes"}) || !slices.Equal(r.Verbs, []string{"use"}) ||
+			len(r.ResourceNames) == 0 || slices.ContainsFunc(r.ResourceNames, func(n string) bool { return !slices.Contains([]string{"read", "select", "admin"}, n) }) {
+			t.Errorf("Role %s: rule %+v, want use on named kvselect.io scopes only", role.Name, r)
+		}
+	}
+}
+
 func buildKVSelect(t *testing.T) string {
 	t.Helper()
 	bin := filepath.Join(t.TempDir(), "kvselect")
@@ -268,7 +458,9 @@ func TestManifestsServerSideDryRun(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	ensureNamespace(t, c, "llm")
+	for _, s := range sets() {
+		ensureNamespace(t, c, s.namespace)
+	}
 	for _, s := range sets() {
 		t.Run(s.name, func(t *testing.T) {
 			for _, o := range render(t, s) {

@@ -2,6 +2,7 @@ package kube
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"os"
 	"slices"
@@ -9,13 +10,16 @@ import (
 	"testing"
 	"time"
 
+	authnv1 "k8s.io/api/authentication/v1"
 	authv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 	giev1 "sigs.k8s.io/gateway-api-inference-extension/api/v1"
@@ -25,6 +29,8 @@ import (
 	"github.com/kvselect/kvselect/discovery"
 	"github.com/kvselect/kvselect/discovery/inferencepool"
 	"github.com/kvselect/kvselect/discovery/kubetest"
+	"github.com/kvselect/kvselect/internal/access"
+	"github.com/kvselect/kvselect/internal/access/kubeauth"
 	"github.com/kvselect/kvselect/selection"
 	"github.com/kvselect/kvselect/selection/catalog"
 	"github.com/kvselect/kvselect/selection/routerconfig"
@@ -32,10 +38,19 @@ import (
 
 func init() { ctrllog.SetLogger(logr.Discard()) }
 
-// TestRoleIsEnoughAndNoMore creates the base kustomization's ServiceAccount,
-// Role and RoleBinding for real, then acts as that service account: pool
-// discovery works end to end with its permissions, and everything outside
-// them is denied.
+// rbacSource is a rendering whose ServiceAccount and RBAC the test creates
+// for real, in its own namespace.
+type rbacSource struct {
+	name, namespace string
+	objects         func() ([]*unstructured.Unstructured, error)
+}
+
+// TestRoleIsEnoughAndNoMore creates the ServiceAccount and RBAC of the
+// kustomize base and of the Helm chart's defaults for real, then acts as that
+// service account: pool discovery works end to end with its permissions,
+// ServiceAccount tokens are authenticated and their scopes decided as
+// --auth-kubernetes does it (TokenReview, SubjectAccessReview), and
+// everything outside that is denied.
 func TestRoleIsEnoughAndNoMore(t *testing.T) {
 	env := kubetest.Start(t, kubetest.GIECRDs(t))
 	scheme := runtime.NewScheme()
@@ -48,12 +63,23 @@ func TestRoleIsEnoughAndNoMore(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx := context.Background()
-	const ns = "llm"
-	ensureNamespace(t, admin, ns)
 	ensureNamespace(t, admin, "other")
+	for _, src := range []rbacSource{
+		{"kustomize-base", "llm", func() ([]*unstructured.Unstructured, error) { return Kustomize(root + "/deploy/kustomize/base") }},
+		{"helm-defaults", "llm-helm", func() ([]*unstructured.Unstructured, error) {
+			return RenderChart(chartDir, "kvselect", "llm-helm", nil)
+		}},
+	} {
+		t.Run(src.name, func(t *testing.T) { checkRBAC(t, env.Config, admin, scheme, src) })
+	}
+}
 
-	objs, err := Kustomize(root + "/deploy/kustomize/base")
+func checkRBAC(t *testing.T, cfg *rest.Config, admin client.Client, scheme *runtime.Scheme, src rbacSource) {
+	ctx := context.Background()
+	ns := src.namespace
+	ensureNamespace(t, admin, ns)
+
+	objs, err := src.objects()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -62,15 +88,18 @@ func TestRoleIsEnoughAndNoMore(t *testing.T) {
 		switch o.GetKind() {
 		case "ServiceAccount", "Role", "RoleBinding":
 			o.SetNamespace(ns)
-			if err := admin.Create(ctx, o); err != nil {
-				t.Fatalf("create %s: %v", o.GetKind(), err)
-			}
-			if o.GetKind() == "ServiceAccount" {
-				sa = o.GetName()
-			}
+		case "ClusterRoleBinding":
+		default:
+			continue
+		}
+		if err := admin.Create(ctx, o); err != nil {
+			t.Fatalf("create %s %s: %v", o.GetKind(), o.GetName(), err)
+		}
+		if o.GetKind() == "ServiceAccount" {
+			sa = o.GetName()
 		}
 	}
-	asSA := kubetest.Impersonate(env.Config, ns, sa)
+	asSA := kubetest.Impersonate(cfg, ns, sa)
 
 	// Enough: discovery as the service account sees the pool and its pod.
 	pod := &corev1.Pod{
@@ -104,7 +133,7 @@ func TestRoleIsEnoughAndNoMore(t *testing.T) {
 	if os.Getenv("KVSELECT_TEST_LOG") == "1" {
 		quiet = slog.New(slog.NewTextHandler(os.Stderr, nil))
 	}
-	src, err := inferencepool.New(inferencepool.Options{Config: asSA, Namespace: ns, Name: "vllm-pool", Logger: quiet, RestartDelay: 200 * time.Millisecond})
+	src2, err := inferencepool.New(inferencepool.Options{Config: asSA, Namespace: ns, Name: "vllm-pool", Logger: quiet, RestartDelay: 200 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -112,7 +141,7 @@ func TestRoleIsEnoughAndNoMore(t *testing.T) {
 	runCtx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	wg.Go(func() { rec.Run(runCtx) })
-	wg.Go(func() { src.Run(runCtx, rec.Update) })
+	wg.Go(func() { src2.Run(runCtx, rec.Update) })
 	defer func() { cancel(); wg.Wait() }()
 	deadline := time.Now().Add(90 * time.Second)
 	for {
@@ -126,25 +155,90 @@ func TestRoleIsEnoughAndNoMore(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 	}
 
-	// No more: the account's rules in its namespace are exactly the Role's
-	// plus what every authenticated user gets, and everything else is denied.
+	// Enough for --auth-kubernetes: kvselect, as its service account, has
+	// ServiceAccount tokens reviewed and their scopes decided, exactly as
+	// the server does it (kubeauth, caches off). Its own token has read —
+	// what HA replicas send each other for /dump — and nothing more; a
+	// client has what a Role of deploy/README.md's shape grants it.
 	cs, err := kubernetes.NewForConfig(asSA)
 	if err != nil {
 		t.Fatal(err)
 	}
+	adminCS, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	checker, err := kubeauth.New(kubeauth.Config{Client: cs, Namespace: ns, CacheTTL: -1, NegativeCacheTTL: -1, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	token := func(name string) string {
+		t.Helper()
+		tr, err := adminCS.CoreV1().ServiceAccounts(ns).CreateToken(ctx, name, &authnv1.TokenRequest{}, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatalf("token for %s: %v", name, err)
+		}
+		return tr.Status.Token
+	}
+	if err := admin.Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "client"}}); err != nil {
+		t.Fatal(err)
+	}
+	self, clientToken := token(sa), token("client")
+	expect := func(what, tok string, need access.Scope, want error) {
+		t.Helper()
+		id, err := checker.CheckToken(ctx, tok, need)
+		switch {
+		case want == nil && err != nil:
+			t.Errorf("%s, scope %s: %v (identity %s)", what, need, err, id)
+		case want != nil && !errors.Is(err, want):
+			t.Errorf("%s, scope %s: err = %v, want %v", what, need, err, want)
+		}
+	}
+	expect("kvselect's own token", self, access.Read, nil)
+	expect("kvselect's own token", self, access.Select, access.ErrForbidden)
+	expect("kvselect's own token", self, access.Admin, access.ErrForbidden)
+	expect("a client without a grant", clientToken, access.Read, access.ErrForbidden)
+	expect("not a token", "not-a-kubernetes-token-0123456789", access.Read, access.ErrInvalidCredentials)
+	grant := []client.Object{
+		&rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "kvselect-select"},
+			Rules: []rbacv1.PolicyRule{{APIGroups: []string{"kvselect.io"}, Resources: []string{"scopes"}, ResourceNames: []string{"select"}, Verbs: []string{"use"}}}},
+		&rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "client-may-select"},
+			RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: "kvselect-select"},
+			Subjects: []rbacv1.Subject{{Kind: "ServiceAccount", Name: "client", Namespace: ns}}},
+	}
+	for _, o := range grant {
+		if err := admin.Create(ctx, o); err != nil {
+			t.Fatal(err)
+		}
+	}
+	expect("a client granted select", clientToken, access.Select, nil)
+	expect("a client granted select", clientToken, access.Read, access.ErrForbidden)
+
+	// No more: the account's rules in its namespace are exactly the Roles'
+	// and system:auth-delegator's, plus what every authenticated user gets,
+	// and everything else is denied.
 	review, err := cs.AuthorizationV1().SelfSubjectRulesReviews().Create(ctx, &authv1.SelfSubjectRulesReview{Spec: authv1.SelfSubjectRulesReviewSpec{Namespace: ns}}, metav1.CreateOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Per API group, the resources the account may create (reviews only).
+	creates := map[string][]string{
+		// system:auth-delegator (--auth-kubernetes).
+		"authentication.k8s.io": {"tokenreviews", "selfsubjectreviews"},
+		// system:auth-delegator, and the self reviews every authenticated
+		// user gets from system:basic-user.
+		"authorization.k8s.io": {"subjectaccessreviews", "selfsubjectaccessreviews", "selfsubjectrulesreviews"},
+	}
 	for _, r := range review.Status.ResourceRules {
-		if slices.Contains(r.APIGroups, "authorization.k8s.io") || slices.Contains(r.APIGroups, "authentication.k8s.io") {
-			continue // self reviews: granted to every authenticated user by system:basic-user
-		}
 		readOnly := slices.Equal(r.Verbs, []string{"get", "list", "watch"})
 		pods := slices.Equal(r.APIGroups, []string{""}) && slices.Equal(r.Resources, []string{"pods"})
 		pools := slices.Equal(r.APIGroups, []string{"inference.networking.k8s.io"}) && slices.Equal(r.Resources, []string{"inferencepools"})
-		if !readOnly || !(pods || pools) {
-			t.Errorf("the service account may %v %v in %v: more than the Role should grant", r.Verbs, r.Resources, r.APIGroups)
+		readScope := slices.Equal(r.APIGroups, []string{"kvselect.io"}) && slices.Equal(r.Resources, []string{"scopes"}) &&
+			slices.Equal(r.ResourceNames, []string{"read"}) && slices.Equal(r.Verbs, []string{"use"})
+		review := len(r.APIGroups) == 1 && slices.Equal(r.Verbs, []string{"create"}) && len(r.ResourceNames) == 0 &&
+			!slices.ContainsFunc(r.Resources, func(res string) bool { return !slices.Contains(creates[r.APIGroups[0]], res) })
+		if !(readOnly && (pods || pools)) && !readScope && !review {
+			t.Errorf("the service account may %v %v %v in %v: more than its Roles and system:auth-delegator should grant", r.Verbs, r.Resources, r.ResourceNames, r.APIGroups)
 		}
 	}
 	denied := []struct {
@@ -178,10 +272,46 @@ func TestRoleIsEnoughAndNoMore(t *testing.T) {
 			p.Labels = map[string]string{"touched": "yes"}
 			return c.Update(ctx, p, client.DryRunAll)
 		}},
+		// Minting tokens would let kvselect act as another account.
+		{"create a token for another service account", func() error {
+			_, err := cs.CoreV1().ServiceAccounts(ns).CreateToken(ctx, "client", &authnv1.TokenRequest{}, metav1.CreateOptions{})
+			return err
+		}},
+		{"grant itself a scope", func() error {
+			_, err := cs.RbacV1().RoleBindings(ns).Create(ctx, &rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Name: "self"},
+				RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: "kvselect-select"},
+				Subjects: []rbacv1.Subject{{Kind: "ServiceAccount", Name: sa, Namespace: ns}}}, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+			return err
+		}},
+		{"list cluster role bindings", func() error {
+			_, err := cs.RbacV1().ClusterRoleBindings().List(ctx, metav1.ListOptions{})
+			return err
+		}},
 	}
 	for _, d := range denied {
 		if err := d.call(); !apierrors.IsForbidden(err) {
 			t.Errorf("%s: err = %v, want Forbidden", d.what, err)
+		}
+	}
+	// What the account may not do, asked of the authorizer directly: the
+	// scopes beyond read, read elsewhere, impersonation.
+	user := "system:serviceaccount:" + ns + ":" + sa
+	for _, ra := range []authv1.ResourceAttributes{
+		{Namespace: ns, Group: "kvselect.io", Resource: "scopes", Name: "select", Verb: "use"},
+		{Namespace: ns, Group: "kvselect.io", Resource: "scopes", Name: "admin", Verb: "use"},
+		{Namespace: "other", Group: "kvselect.io", Resource: "scopes", Name: "read", Verb: "use"},
+		{Group: "", Resource: "users", Verb: "impersonate"},
+		{Group: "", Resource: "serviceaccounts", Namespace: ns, Verb: "impersonate"},
+		{Group: "authorization.k8s.io", Resource: "localsubjectaccessreviews", Namespace: ns, Verb: "create"},
+		{Group: "certificates.k8s.io", Resource: "certificatesigningrequests", Verb: "create"},
+	} {
+		sar, err := adminCS.AuthorizationV1().SubjectAccessReviews().Create(ctx, &authv1.SubjectAccessReview{Spec: authv1.SubjectAccessReviewSpec{
+			User: user, Groups: []string{"system:serviceaccounts", "system:serviceaccounts:" + ns, "system:authenticated"}, ResourceAttributes: &ra}}, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if sar.Status.Allowed {
+			t.Errorf("the service account may %s %s/%s %q in %q", ra.Verb, ra.Group, ra.Resource, ra.Name, ra.Namespace)
 		}
 	}
 }

@@ -12,14 +12,17 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"path/filepath"
 	"sort"
+	"strings"
 
 	"helm.sh/helm/v3/pkg/chart/loader"
 	"helm.sh/helm/v3/pkg/chartutil"
 	"helm.sh/helm/v3/pkg/engine"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"k8s.io/client-go/rest"
 	"sigs.k8s.io/kustomize/api/krusty"
 	"sigs.k8s.io/kustomize/kyaml/filesys"
 )
@@ -28,6 +31,18 @@ import (
 // name and namespace, with vals merged over values.yaml, and returns the
 // objects in template-file order.
 func RenderChart(dir, release, namespace string, vals map[string]any) ([]*unstructured.Unstructured, error) {
+	files, err := RenderChartFiles(dir, release, namespace, vals, nil)
+	if err != nil {
+		return nil, err
+	}
+	return ChartObjects(files)
+}
+
+// RenderChartFiles renders the chart's templates, NOTES.txt included, keyed
+// by template path. With cfg, the templates' lookup function reads that API
+// server, as `helm install` and `helm upgrade` do; without, lookup finds
+// nothing, as in `helm template`.
+func RenderChartFiles(dir, release, namespace string, vals map[string]any, cfg *rest.Config) (map[string]string, error) {
 	ch, err := loader.Load(dir)
 	if err != nil {
 		return nil, fmt.Errorf("load chart: %w", err)
@@ -39,10 +54,20 @@ func RenderChart(dir, release, namespace string, vals map[string]any) ([]*unstru
 	if err != nil {
 		return nil, fmt.Errorf("values: %w", err)
 	}
-	files, err := engine.Render(ch, rv)
+	var files map[string]string
+	if cfg != nil {
+		files, err = engine.RenderWithClient(ch, rv, cfg)
+	} else {
+		files, err = engine.Render(ch, rv)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("render: %w", err)
 	}
+	return files, nil
+}
+
+// ChartObjects decodes the rendered YAML templates, in template-file order.
+func ChartObjects(files map[string]string) ([]*unstructured.Unstructured, error) {
 	names := make([]string, 0, len(files))
 	for n := range files {
 		if filepath.Ext(n) == ".yaml" {
@@ -73,6 +98,32 @@ func Kustomize(dir string) ([]*unstructured.Unstructured, error) {
 		return nil, err
 	}
 	return Decode(y)
+}
+
+// KustomizeOverlay builds a kustomization made of files (name → content),
+// written to a temporary directory: a user's overlay of deploy/. Kustomize
+// refuses absolute paths, so "$REPO" in the files is replaced by the relative
+// path from that directory to repo, the repository's root.
+func KustomizeOverlay(repo string, files map[string]string) ([]*unstructured.Unstructured, error) {
+	dir, err := os.MkdirTemp("", "kvselect-overlay-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(dir)
+	abs, err := filepath.Abs(repo)
+	if err != nil {
+		return nil, err
+	}
+	rel, err := filepath.Rel(dir, abs)
+	if err != nil {
+		return nil, err
+	}
+	for name, content := range files {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(strings.ReplaceAll(content, "$REPO", rel)), 0o644); err != nil {
+			return nil, err
+		}
+	}
+	return Kustomize(dir)
 }
 
 // Decode splits a multi-document YAML stream into objects, skipping empty

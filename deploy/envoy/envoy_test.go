@@ -1,7 +1,9 @@
 // Package envoy holds the reference Envoy configurations for running kvselect
-// as an endpoint picker (envoy.yaml, and envoy-tls.yaml for a picker that
-// serves TLS); its test parses the files with go-control-plane's bootstrap
-// proto, so a field Envoy would reject fails here.
+// as an endpoint picker: envoy-tls.yaml for a picker that serves TLS (the
+// recommended one, matching the deploy/ manifests), envoy-mtls.yaml for one
+// that also requires Envoy's client certificate, envoy.yaml for a plaintext
+// picker next to Envoy. Its test parses the files with go-control-plane's
+// bootstrap proto, so a field Envoy would reject fails here.
 package envoy
 
 import (
@@ -53,15 +55,7 @@ func TestEnvoyConfigIsTheEndpointPickerSetup(t *testing.T) {
 // it) and no verification of the self-signed certificate.
 func TestEnvoyTLSConfigDialsThePickerOverTLS(t *testing.T) {
 	pk := checkPickerSetup(t, load(t, "envoy-tls.yaml"))
-	ts := pk.GetTransportSocket()
-	if ts.GetName() != "envoy.transport_sockets.tls" {
-		t.Fatalf("picker transport socket %v", ts)
-	}
-	var up tlsv3.UpstreamTlsContext
-	if err := ts.GetTypedConfig().UnmarshalTo(&up); err != nil {
-		t.Fatal(err)
-	}
-	ctx := up.GetCommonTlsContext()
+	ctx := upstreamTLS(t, pk).GetCommonTlsContext()
 	if !slices.Equal(ctx.GetAlpnProtocols(), []string{"h2"}) {
 		t.Fatalf("picker ALPN %v, want h2", ctx.GetAlpnProtocols())
 	}
@@ -73,7 +67,52 @@ func TestEnvoyTLSConfigDialsThePickerOverTLS(t *testing.T) {
 	}
 }
 
-// checkPickerSetup checks what both configurations share and returns the
+// envoy-mtls.yaml is envoy-tls.yaml with both ends authenticated: Envoy
+// presents a certificate and key (what --extproc-client-ca requires at every
+// handshake, health checks included, as they share the transport socket) and
+// verifies the picker's certificate against a CA and the Service's name.
+func TestEnvoyMTLSConfigAuthenticatesBothEnds(t *testing.T) {
+	pk := checkPickerSetup(t, load(t, "envoy-mtls.yaml"))
+	up := upstreamTLS(t, pk)
+	ctx := up.GetCommonTlsContext()
+	if !slices.Equal(ctx.GetAlpnProtocols(), []string{"h2"}) {
+		t.Fatalf("picker ALPN %v, want h2", ctx.GetAlpnProtocols())
+	}
+	certs := ctx.GetTlsCertificates()
+	if len(certs) != 1 || certs[0].GetCertificateChain().GetFilename() == "" || certs[0].GetPrivateKey().GetFilename() == "" {
+		t.Fatalf("client certificate %v: want one chain and key from files", certs)
+	}
+	vc := ctx.GetValidationContext()
+	if vc.GetTrustedCa().GetFilename() == "" {
+		t.Fatalf("validation context %v: the picker's certificate must be verified against a CA", vc)
+	}
+	sans := vc.GetMatchTypedSubjectAltNames()
+	if len(sans) != 1 || sans[0].GetMatcher().GetExact() == "" || sans[0].GetMatcher().GetExact() != up.GetSni() {
+		t.Fatalf("SAN matchers %v with SNI %q: want the picker's DNS name, sent as SNI too", sans, up.GetSni())
+	}
+	if vc.GetAllowExpiredCertificate() || vc.GetTrustChainVerification() != tlsv3.CertificateValidationContext_VERIFY_TRUST_CHAIN {
+		t.Fatalf("validation context %v: verification must not be relaxed", vc)
+	}
+	if hc := pk.GetHealthChecks()[0]; !slices.Equal(hc.GetTlsOptions().GetAlpnProtocols(), []string{"h2"}) || hc.GetTransportSocketMatchCriteria() != nil {
+		t.Fatalf("health check %v: want ALPN h2 over the cluster's (client-certificate) transport socket", hc)
+	}
+}
+
+// upstreamTLS returns the picker cluster's UpstreamTlsContext.
+func upstreamTLS(t *testing.T, pk *clusterv3.Cluster) *tlsv3.UpstreamTlsContext {
+	t.Helper()
+	ts := pk.GetTransportSocket()
+	if ts.GetName() != "envoy.transport_sockets.tls" {
+		t.Fatalf("picker transport socket %v", ts)
+	}
+	var up tlsv3.UpstreamTlsContext
+	if err := ts.GetTypedConfig().UnmarshalTo(&up); err != nil {
+		t.Fatal(err)
+	}
+	return &up
+}
+
+// checkPickerSetup checks what the configurations share and returns the
 // picker's cluster.
 func checkPickerSetup(t *testing.T, b *bootstrapv3.Bootstrap) *clusterv3.Cluster {
 	t.Helper()
