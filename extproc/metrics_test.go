@@ -2,50 +2,11 @@ package extproc_test
 
 import (
 	"fmt"
-	"sort"
-	"strings"
 	"testing"
 
-	"github.com/prometheus/client_golang/prometheus"
-	dto "github.com/prometheus/client_model/go"
-
 	"github.com/kvselect/kvselect/envoysim"
+	"github.com/kvselect/kvselect/internal/metricstest"
 )
-
-// series gathers the picker's metrics as "name{label=value,...}" → value;
-// histograms give their sample count.
-func series(t testing.TB, c prometheus.Collector) map[string]float64 {
-	t.Helper()
-	reg := prometheus.NewPedanticRegistry() // also checks Describe against Collect
-	reg.MustRegister(c)
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	out := map[string]float64{}
-	for _, mf := range mfs {
-		for _, m := range mf.GetMetric() {
-			var ls []string
-			for _, l := range m.GetLabel() {
-				ls = append(ls, l.GetName()+"="+l.GetValue())
-			}
-			sort.Strings(ls)
-			key := mf.GetName()
-			if len(ls) > 0 {
-				key += "{" + strings.Join(ls, ",") + "}"
-			}
-			switch mf.GetType() {
-			case dto.MetricType_COUNTER:
-				out[key] = m.GetCounter().GetValue()
-			case dto.MetricType_GAUGE:
-				out[key] = m.GetGauge().GetValue()
-			case dto.MetricType_HISTOGRAM:
-				out[key+"_count"] = float64(m.GetHistogram().GetSampleCount())
-			}
-		}
-	}
-	return out
-}
 
 // TestMetrics: each way a request goes through the picker moves its
 // counters: routed and freed at the response end, routed and freed when the
@@ -75,7 +36,7 @@ func TestMetrics(t *testing.T) {
 	}
 	h.idle(t)
 
-	got := series(t, h.srv)
+	got := metricstest.Series(t, h.srv)
 	for k, want := range map[string]float64{
 		"kvselect_extproc_streams_total":                         4,
 		"kvselect_extproc_streams_active":                        0,

@@ -20,6 +20,7 @@ import (
 
 	"github.com/kvselect/kvselect/envoysim"
 	"github.com/kvselect/kvselect/extproc"
+	"github.com/kvselect/kvselect/internal/metricstest"
 	"github.com/kvselect/kvselect/selection"
 	"github.com/kvselect/kvselect/selection/catalog"
 	"github.com/kvselect/kvselect/selection/routerconfig"
@@ -366,7 +367,7 @@ func TestFallbacksAndServedEndpointMovesTheBooking(t *testing.T) {
 	if l[primary].ActiveRequests != 0 || l[fbID].ActiveRequests != 1 || l[fbID].PotentialPrefillTokens != 8 {
 		t.Fatalf("booking did not move from %d to %d: %+v", primary, fbID, l)
 	}
-	if n := series(t, h.srv)["kvselect_extproc_rebooked_total"]; n != 1 {
+	if n := metricstest.Series(t, h.srv)["kvselect_extproc_rebooked_total"]; n != 1 {
 		t.Fatalf("kvselect_extproc_rebooked_total = %v, want 1", n)
 	}
 	if _, err := x.ResponseBody([]byte("{}"), true); err != nil {
@@ -400,7 +401,7 @@ func TestServedAddressOfADataParallelWorkerLeavesTheBooking(t *testing.T) {
 	if after := h.svc.Loads(nil, nil); !reflect.DeepEqual(after, before) {
 		t.Fatalf("loads changed when the served address named two ranks:\nbefore %+v\nafter  %+v", before, after)
 	}
-	if n := series(t, h.srv)["kvselect_extproc_rebooked_total"]; n != 0 {
+	if n := metricstest.Series(t, h.srv)["kvselect_extproc_rebooked_total"]; n != 0 {
 		t.Fatalf("kvselect_extproc_rebooked_total = %v, want 0", n)
 	}
 	// The booking is still the stream's: the response's end frees it.
@@ -412,7 +413,7 @@ func TestServedAddressOfADataParallelWorkerLeavesTheBooking(t *testing.T) {
 	if h.activeRequests() != 0 {
 		t.Fatal("the response end did not free the booking that stayed")
 	}
-	if n := series(t, h.srv)["kvselect_extproc_bookings_freed_total{at=response_end}"]; n != 1 {
+	if n := metricstest.Series(t, h.srv)["kvselect_extproc_bookings_freed_total{at=response_end}"]; n != 1 {
 		t.Fatalf("freed at response end %v, want 1", n)
 	}
 	x.Close()

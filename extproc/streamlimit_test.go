@@ -16,6 +16,7 @@ import (
 
 	"github.com/kvselect/kvselect/envoysim"
 	"github.com/kvselect/kvselect/extproc"
+	"github.com/kvselect/kvselect/internal/metricstest"
 )
 
 // TestStreamLimit holds the limit's worth of real picker streams open on a
@@ -107,7 +108,7 @@ func TestStreamLimit(t *testing.T) {
 			eventually(t, "every place to be freed", func() bool { return lim.Active() == 0 })
 			h.idle(t)
 
-			m := series(t, lim)
+			m := metricstest.Series(t, lim)
 			if m["kvselect_extproc_streams_rejected_total"] != 1 || m["kvselect_extproc_streams_limit"] != float64(tc.max) {
 				t.Errorf("metrics %v", m)
 			}

@@ -9,48 +9,13 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
-	"sort"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-	dto "github.com/prometheus/client_model/go"
+	"github.com/kvselect/kvselect/internal/metricstest"
 )
-
-// series gathers a collector's metrics as "name{label=value,...}" → value,
-// through a pedantic registry (which also checks Describe against Collect).
-func series(t *testing.T, c prometheus.Collector) map[string]float64 {
-	t.Helper()
-	reg := prometheus.NewPedanticRegistry()
-	reg.MustRegister(c)
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	out := map[string]float64{}
-	for _, mf := range mfs {
-		for _, m := range mf.GetMetric() {
-			var ls []string
-			for _, l := range m.GetLabel() {
-				ls = append(ls, l.GetName()+"="+l.GetValue())
-			}
-			sort.Strings(ls)
-			key := mf.GetName()
-			if len(ls) > 0 {
-				key += "{" + strings.Join(ls, ",") + "}"
-			}
-			switch mf.GetType() {
-			case dto.MetricType_COUNTER:
-				out[key] = m.GetCounter().GetValue()
-			case dto.MetricType_GAUGE:
-				out[key] = m.GetGauge().GetValue()
-			}
-		}
-	}
-	return out
-}
 
 // eventually polls cond generously: the machine may be slow and shared, so
 // only the outcome is asserted, never how soon it came.
@@ -203,7 +168,7 @@ func TestConnLimiterRefusesOverLimit(t *testing.T) {
 			if st != want {
 				t.Errorf("stats %+v, want %+v", st, want)
 			}
-			m := series(t, s.lim)
+			m := metricstest.Series(t, s.lim)
 			for k, v := range map[string]float64{
 				"kvselect_http_connections_active":                            float64(admitted),
 				"kvselect_http_connection_clients":                            float64(len(clients)),
@@ -445,7 +410,7 @@ func TestRateLimiterTableIsBounded(t *testing.T) {
 	if st := l.Stats(); st.Clients != 1 {
 		t.Fatalf("idle clients kept: %+v", st)
 	}
-	m := series(t, l)
+	m := metricstest.Series(t, l)
 	if m["kvselect_http_rate_limit_evictions_total"] != 10_000-64+1 || m["kvselect_http_rate_limited_requests_total"] != 1 || m["kvselect_http_rate_limit_clients"] != 1 {
 		t.Errorf("metrics %v", m)
 	}

@@ -13,8 +13,8 @@ import (
 	"time"
 
 	"github.com/go-zeromq/zmq4"
-	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/kvselect/kvselect/internal/metricstest"
 	"github.com/kvselect/kvselect/selection"
 	"github.com/kvselect/kvselect/selection/index"
 )
@@ -30,30 +30,14 @@ func withKey(key []byte, more ...[]byte) func(*Options) {
 }
 
 // rejectedMetric reads kvselect_replica_sync_rejected_envelopes_total{reason}
-// from the mesh's collector (through a pedantic registry, which also checks
-// Describe against Collect).
+// from the mesh's collector.
 func rejectedMetric(t *testing.T, m *Mesh, reason string) float64 {
 	t.Helper()
-	reg := prometheus.NewPedanticRegistry()
-	reg.MustRegister(m)
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
+	v, ok := metricstest.Series(t, m)["kvselect_replica_sync_rejected_envelopes_total{reason="+reason+"}"]
+	if !ok {
+		t.Fatalf("no rejected series for reason %q", reason)
 	}
-	for _, mf := range mfs {
-		if mf.GetName() != "kvselect_replica_sync_rejected_envelopes_total" {
-			continue
-		}
-		for _, mt := range mf.GetMetric() {
-			for _, l := range mt.GetLabel() {
-				if l.GetName() == "reason" && l.GetValue() == reason {
-					return mt.GetCounter().GetValue()
-				}
-			}
-		}
-	}
-	t.Fatalf("no rejected series for reason %q", reason)
-	return 0
+	return v
 }
 
 // roguePub is a raw ZMQ publisher on loopback that a victim can be made to

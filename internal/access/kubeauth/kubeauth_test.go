@@ -16,7 +16,6 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	dto "github.com/prometheus/client_model/go"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	authorizationv1 "k8s.io/api/authorization/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -26,6 +25,7 @@ import (
 	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/kvselect/kvselect/internal/access"
+	"github.com/kvselect/kvselect/internal/metricstest"
 )
 
 // fakeAPI answers TokenReviews and SubjectAccessReviews from maps, counting
@@ -143,42 +143,24 @@ func newChecker(t *testing.T, api *fakeAPI, clock *testClock, edit func(*Config)
 	return c
 }
 
-// metric reads a counter of a Checker through a registry, as /metrics would.
+// metric reads a counter of a Checker through a registry, as /metrics would;
+// labels are name, value pairs.
 func metric(t *testing.T, c prometheus.Collector, name string, labels ...string) float64 {
 	t.Helper()
-	reg := prometheus.NewPedanticRegistry()
-	if err := reg.Register(c); err != nil {
-		t.Fatal(err)
+	var ls []string
+	for i := 0; i+1 < len(labels); i += 2 {
+		ls = append(ls, labels[i]+"="+labels[i+1])
 	}
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
+	slices.Sort(ls)
+	key := name
+	if len(ls) > 0 {
+		key += "{" + strings.Join(ls, ",") + "}"
 	}
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-	metrics:
-		for _, m := range mf.GetMetric() {
-			for i := 0; i+1 < len(labels); i += 2 {
-				if !hasLabel(m, labels[i], labels[i+1]) {
-					continue metrics
-				}
-			}
-			return m.GetCounter().GetValue()
-		}
+	v, ok := metricstest.Series(t, c)[key]
+	if !ok {
+		t.Fatalf("no metric %s", key)
 	}
-	t.Fatalf("no metric %s%v", name, labels)
-	return 0
-}
-
-func hasLabel(m *dto.Metric, name, value string) bool {
-	for _, lp := range m.GetLabel() {
-		if lp.GetName() == name {
-			return lp.GetValue() == value
-		}
-	}
-	return false
+	return v
 }
 
 // wantAllowed, wantForbidden and wantInvalid check one CheckToken outcome.
