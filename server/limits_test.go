@@ -206,6 +206,7 @@ func slowloris(t *testing.T, perClient int) {
 	drain()
 	admitted = 0
 	before := runtime.NumGoroutine()
+	heapBefore := heapInUse()
 
 	open := make([]net.Conn, 0, conns)
 	for range conns {
@@ -223,6 +224,7 @@ func slowloris(t *testing.T, perClient int) {
 	// writing fails: the server closed it (EPIPE or a reset; the first write
 	// after the server's close may still be accepted by the kernel).
 	peakGoroutines, peakActive := 0, 0
+	peakHeap := heapBefore
 	deadline := time.Now().Add(60 * time.Second)
 	for len(open) > 0 {
 		if time.Now().After(deadline) {
@@ -230,6 +232,7 @@ func slowloris(t *testing.T, perClient int) {
 		}
 		peakGoroutines = max(peakGoroutines, runtime.NumGoroutine())
 		peakActive = max(peakActive, l.state().conns.Stats().Active)
+		peakHeap = max(peakHeap, heapInUse())
 		still := open[:0]
 		for _, c := range open {
 			if _, err := c.Write([]byte{'x'}); err != nil {
@@ -250,8 +253,8 @@ func slowloris(t *testing.T, perClient int) {
 	drain()
 	st := l.state().conns.Stats()
 	t.Logf("%d slow connections, --max-conns-per-client %d: %d admitted and closed at the header timeout, %d refused at accept; "+
-		"open at most %d; goroutines %d before, peak %d, %d after",
-		conns, perClient, admitted, st.RejectedPerClient, peakActive, before, peakGoroutines, after)
+		"open at most %d; goroutines %d before, peak %d, %d after; heap in use %d KiB before, peak +%d KiB",
+		conns, perClient, admitted, st.RejectedPerClient, peakActive, before, peakGoroutines, after, heapBefore>>10, (peakHeap-heapBefore)>>10)
 	if peakActive > bound {
 		t.Errorf("%d connections open at once, over the limit of %d", peakActive, bound)
 	}
@@ -267,9 +270,25 @@ func slowloris(t *testing.T, perClient int) {
 	if most := before + 2*bound + 16; peakGoroutines > most {
 		t.Errorf("goroutines peaked at %d, over %d (%d before)", peakGoroutines, most, before)
 	}
+	// Memory the same way: a connection waiting for its headers holds its
+	// buffers (4 KiB each way) and net/http's connection state, well under
+	// 64 KiB; the client side of this test is in the same heap, and
+	// the race detector adds its own.
+	if most := uint64(2*bound)*64<<10 + 16<<20; peakHeap-heapBefore > most {
+		t.Errorf("heap in use grew by %d KiB, over %d KiB for %d connections", (peakHeap-heapBefore)>>10, most>>10, bound)
+	}
 	if code := getFresh(t, addr, "/health"); code != 200 {
 		t.Fatalf("GET /health after: %d", code)
 	}
+}
+
+// heapInUse is the live heap's size now (after a collection, so that garbage
+// does not count).
+func heapInUse() uint64 {
+	runtime.GC()
+	var m runtime.MemStats
+	runtime.ReadMemStats(&m)
+	return m.HeapInuse
 }
 
 // TestLimitHeaderBytes: request headers over --max-header-bytes get 431 and
