@@ -78,6 +78,7 @@ type restResult struct {
 	Server          string       `json:"server"`                         // "in-process" or the -url
 	Auth            string       `json:"auth"`                           // the -auth mode: off, token, tls, tls+token
 	TLSHandshakeP50 int64        `json:"tls_handshake_p50_ns,omitempty"` // a full handshake on a new connection (tls modes)
+	CPUPerRequest   int64        `json:"cpu_per_request_ns"`             // this process's CPU (clients and, in-process, the server) per request, warmup included
 	Workers         int          `json:"workers"`
 	Clients         int          `json:"clients"`
 	Prompt          string       `json:"prompt"`
@@ -254,8 +255,12 @@ func runRestOnce(ctx context.Context, c restConfig, mode string, stdout, stderr 
 	fmt.Fprintf(stderr, "kvbench rest: target %s (%s, auth %s), %d workers, %d clients, %s prompts of %d blocks, warmup %s + %s\n",
 		tg.base, res.Server, mode, c.workers, c.clients, c.prompt, c.blocks, c.warmup, c.duration)
 
+	cpu0 := cpuTime()
 	if err := drive(ctx, c, tg, bodies, &res, stderr); err != nil {
 		return res, err
+	}
+	if n := res.Requests + res.WarmupRequests; n > 0 {
+		res.CPUPerRequest = int64(cpuTime()-cpu0) / int64(n)
 	}
 	return res, restTable(stdout, &res)
 }

@@ -102,3 +102,49 @@ func TestRestUsageErrors(t *testing.T) {
 		}
 	}
 }
+
+// -auth measures every server setup in one run: each serves its pairs
+// without an error (so the token reaches the server, and TLS works), the TLS
+// modes time a handshake, and the comparison table names every mode.
+func TestRestAuthModes(t *testing.T) {
+	out := filepath.Join(t.TempDir(), "rest-auth.json")
+	var stdout, stderr bytes.Buffer
+	err := run(context.Background(), []string{"rest", "-auth", "off,token,tls,tls+token", "-rounds", "1", "-clients", "2", "-workers", "4",
+		"-duration", "400ms", "-warmup", "100ms", "-blocks", "4", "-json", out}, &stdout, &stderr)
+	if err != nil {
+		t.Fatalf("run: %v\n%s", err, stderr.String())
+	}
+	if !strings.Contains(stdout.String(), "REST authentication and TLS cost") {
+		t.Errorf("no comparison table:\n%s", stdout.String())
+	}
+	b, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var results []struct {
+		Auth      string `json:"auth"`
+		Pairs     int    `json:"pairs"`
+		Handshake int64  `json:"tls_handshake_p50_ns"`
+		CPU       int64  `json:"cpu_per_request_ns"`
+	}
+	if err := json.Unmarshal(b, &results); err != nil {
+		t.Fatal(err)
+	}
+	var modes []string
+	for _, r := range results {
+		modes = append(modes, r.Auth)
+		if r.Pairs == 0 || r.CPU <= 0 {
+			t.Errorf("%s: %d pairs, %d ns CPU per request", r.Auth, r.Pairs, r.CPU)
+		}
+		if tls := strings.HasPrefix(r.Auth, "tls"); tls != (r.Handshake > 0) {
+			t.Errorf("%s: handshake %d ns", r.Auth, r.Handshake)
+		}
+	}
+	if got := strings.Join(modes, ","); got != "off,token,tls,tls+token" {
+		t.Errorf("modes %s", got)
+	}
+	// An unknown mode is refused.
+	if err := run(context.Background(), []string{"rest", "-auth", "bogus"}, &stdout, &stderr); err == nil {
+		t.Error("-auth bogus accepted")
+	}
+}

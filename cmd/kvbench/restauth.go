@@ -121,20 +121,23 @@ func handshakeP50(ctx context.Context, tg restTarget, n int) (int64, error) {
 }
 
 // restAuthTable compares the modes: each mode's mean over the rounds, and
-// its throughput against the first mode's, round by round (the rounds
+// its throughput and CPU per request (which CPU stolen by other tenants of
+// the machine does not inflate) against the first mode's, round by round (the rounds
 // alternate the modes, so drift on a shared machine hits a round's modes
 // alike): the median of the per-round ratios and their range.
 func restAuthTable(w io.Writer, modes []string, all []restResult) error {
 	rounds := len(all) / len(modes)
 	fmt.Fprintf(w, "\nREST authentication and TLS cost, %d round(s) of %v alternating; means over rounds, ratios per round\n", rounds, modes)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintf(tw, "auth\tpairs/s\tvs %s (median)\t(range)\tselect p50 µs\tselect p99 µs\tdelete p50 µs\tTLS handshake p50 µs\t\n", modes[0])
+	fmt.Fprintf(tw, "auth\tpairs/s\tvs %s (median)\t(range)\tCPU µs/request\tvs %s (median)\tselect p50 µs\tselect p99 µs\tdelete p50 µs\tTLS handshake p50 µs\t\n", modes[0], modes[0])
 	for i, m := range modes {
-		var pairs, sp50, sp99, dp50, hs float64
-		ratios := make([]float64, 0, rounds)
+		var pairs, cpu, sp50, sp99, dp50, hs float64
+		ratios, cpuRatios := make([]float64, 0, rounds), make([]float64, 0, rounds)
 		for r := range rounds {
 			res, first := all[r*len(modes)+i], all[r*len(modes)]
 			pairs += res.PairsPerSec
+			cpu += float64(res.CPUPerRequest) / 1e3
+			cpuRatios = append(cpuRatios, 100*(float64(res.CPUPerRequest)/float64(first.CPUPerRequest)-1))
 			sp50 += float64(res.Select.P50) / 1e3
 			sp99 += float64(res.Select.P99) / 1e3
 			dp50 += float64(res.Delete.P50) / 1e3
@@ -143,12 +146,13 @@ func restAuthTable(w io.Writer, modes []string, all []restResult) error {
 		}
 		f := float64(rounds)
 		slices.Sort(ratios)
+		slices.Sort(cpuRatios)
 		handshake := "-"
 		if hs > 0 {
 			handshake = fmt.Sprintf("%.0f", hs/f)
 		}
-		fmt.Fprintf(tw, "%s\t%.0f\t%+.1f%%\t%+.1f..%+.1f%%\t%.1f\t%.1f\t%.1f\t%s\t\n", m, pairs/f, ratios[len(ratios)/2], ratios[0], ratios[len(ratios)-1],
-			sp50/f, sp99/f, dp50/f, handshake)
+		fmt.Fprintf(tw, "%s\t%.0f\t%+.1f%%\t%+.1f..%+.1f%%\t%.1f\t%+.1f%%\t%.1f\t%.1f\t%.1f\t%s\t\n", m, pairs/f, ratios[len(ratios)/2], ratios[0], ratios[len(ratios)-1],
+			cpu/f, cpuRatios[len(cpuRatios)/2], sp50/f, sp99/f, dp50/f, handshake)
 	}
 	return tw.Flush()
 }
