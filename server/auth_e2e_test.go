@@ -593,3 +593,66 @@ func activeRequests(t *testing.T, base string) int {
 	}
 	return n
 }
+
+// The config file's client-certificate rules are reloaded with it (SIGHUP):
+// a rule that goes takes its certificates' scopes with it; a broken file
+// changes nothing.
+func TestClientCertificateRulesReload(t *testing.T) {
+	dir := t.TempDir()
+	serverCA, clientCA := testpki.NewCA(t, "server CA"), testpki.NewCA(t, "client CA")
+	certDir := filepath.Join(dir, "tls")
+	if err := os.Mkdir(certDir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	testpki.WriteCertDir(t, certDir, serverCA.ServerCert(t))
+	caFile := filepath.Join(dir, "ca.pem")
+	clientCA.WritePEM(t, caFile)
+	config := filepath.Join(dir, "kvselect.yaml")
+	write := func(body string) {
+		t.Helper()
+		if err := os.WriteFile(config+".tmp", []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(config+".tmp", config); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("auth:\n  client_certificates:\n    - ou: team-a\n      scopes: [read]\n")
+	reload := make(chan struct{})
+	b := runInBackground(t, withoutKVEvents, []string{"--tls-cert-path", certDir, "--tls-client-ca", caFile, "--config", config,
+		"--extproc-port", "0"}, WithReload(reload))
+	client := func(ou string) *http.Client {
+		cert := clientCA.Issue(t, testpki.Leaf{CommonName: ou, OUs: []string{ou}, Client: true})
+		tr := &http.Transport{TLSClientConfig: &tls.Config{RootCAs: serverCA.Pool(),
+			GetClientCertificate: func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return &cert, nil }}}
+		t.Cleanup(tr.CloseIdleConnections)
+		return &http.Client{Transport: tr, Timeout: 30 * time.Second}
+	}
+	a, bb := client("team-a"), client("team-b")
+	status := func(c *http.Client) int {
+		t.Helper()
+		res, err := c.Get("https://" + b.addrs.REST.String() + "/workers")
+		if err != nil {
+			t.Fatal(err)
+		}
+		res.Body.Close()
+		return res.StatusCode
+	}
+	if sa, sb := status(a), status(bb); sa != http.StatusOK || sb != http.StatusUnauthorized {
+		t.Fatalf("before the reload: team-a %d, team-b %d", sa, sb)
+	}
+	write("auth:\n  client_certificates:\n    - ou: team-b\n      scopes: [read]\n")
+	reload <- struct{}{}
+	waitFor(t, "team-b's rule in force", 20*time.Second, func() bool { return status(bb) == http.StatusOK })
+	if sa := status(a); sa != http.StatusUnauthorized {
+		t.Fatalf("after the reload team-a's certificate still gets %d", sa)
+	}
+	write("auth:\n  client_certificates:\n    - ou: team-c\n      scopes: [superuser]\n")
+	reload <- struct{}{}
+	waitFor(t, "the broken file's reload failure logged", 20*time.Second, func() bool {
+		return strings.Contains(b.logs.String(), `unknown scope \"superuser\"`)
+	})
+	if sb := status(bb); sb != http.StatusOK {
+		t.Fatalf("a broken file changed the rules: team-b %d", sb)
+	}
+}
