@@ -49,7 +49,7 @@ func (a *authFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&a.tokenFile, "auth-token-file", "", "`file` of REST API bearer tokens, one \"<token> <scope>[,<scope>...] [name=<name>] [expires=<RFC 3339>]\" per line; scopes: read (GET routes, /metrics, /dump), select (selections, reservations), admin (workers, replica peers, pprof). Re-read when it changes (a bad version is logged and the previous one kept); only SHA-256 digests are kept in memory. /health and /ready stay open")
 	fs.BoolVar(&a.kubernetes, "auth-kubernetes", false, "also accept Kubernetes ServiceAccount bearer tokens: checked with a TokenReview, each scope with a SubjectAccessReview of verb \"use\" on resource \"scopes\" of API group kvselect.io, resource name = the scope, in --auth-kubernetes-namespace (docs/security.md has the RBAC). kvselect's own ServiceAccount needs system:auth-delegator")
 	fs.StringVar(&a.kubeNamespace, "auth-kubernetes-namespace", "", "`namespace` of the SubjectAccessReviews (RoleBindings there grant scopes); default: the pod's own namespace, else --pool-namespace")
-	fs.DurationVar(&a.kubeCacheTTL, "auth-kubernetes-cache-ttl", 30*time.Second, "how long an allowed Kubernetes review is cached (`duration`; denials are cached 5 s); a revoked binding or deleted ServiceAccount takes effect within it")
+	fs.DurationVar(&a.kubeCacheTTL, "auth-kubernetes-cache-ttl", 30*time.Second, "how long an allowed Kubernetes review is cached (`duration`; denials 5 s at most; 0 = no cache, every request asks the API server); a revoked binding or deleted ServiceAccount takes effect within it (plus the API server's own token cache, about 10 s)")
 	fs.Func("auth-kubernetes-audiences", "comma-separated `audiences` a ServiceAccount token must be issued for (TokenReview spec.audiences); default: the API server's", func(s string) error {
 		for aud := range strings.SplitSeq(s, ",") {
 			if aud = strings.TrimSpace(aud); aud != "" {
@@ -113,9 +113,9 @@ func isLoopback(host string) bool {
 }
 
 // authorizer builds the REST API's Authorizer from the flags and the config
-// file's auth section; nil when authentication is off. Its errors are usage
-// errors naming the flag or file.
-// The collectors are the metrics of the sources beside the chain's own.
+// file's auth section, and the metrics of its sources beside the chain's
+// own; nil when authentication is off. Its errors are usage errors naming
+// the flag or file.
 func (a *authFlags) authorizer(file *configFile, discoveryNamespace, kubeconfig string, log *slog.Logger) (*access.Chain, []prometheus.Collector, error) {
 	rules, err := certRules(file)
 	if err != nil {
@@ -162,7 +162,11 @@ func (a *authFlags) authorizer(file *configFile, discoveryNamespace, kubeconfig 
 				ns = strings.TrimSpace(string(b))
 			}
 		}
-		k, err := kubeauth.New(kubeauth.Config{Client: client, Namespace: ns, Audiences: a.kubeAudiences, CacheTTL: a.kubeCacheTTL, Logger: log})
+		ttl := a.kubeCacheTTL
+		if ttl == 0 {
+			ttl = -1 // kubeauth's "no cache"; its zero is the default
+		}
+		k, err := kubeauth.New(kubeauth.Config{Client: client, Namespace: ns, Audiences: a.kubeAudiences, CacheTTL: ttl, Logger: log})
 		if err != nil {
 			return nil, nil, &UsageError{fmt.Errorf("--auth-kubernetes: %w", err)}
 		}
