@@ -60,7 +60,7 @@ func (a *authFlags) register(fs *flag.FlagSet) {
 	})
 	fs.StringVar(&a.tlsCertPath, "tls-cert-path", "", "`directory` holding tls.crt and tls.key (PEM; a mounted Kubernetes TLS Secret): serve the REST API over TLS 1.2+ (HTTP/2 and HTTP/1.1). Default: plaintext")
 	fs.BoolVar(&a.tlsCertReload, "tls-cert-reload", false, "re-read --tls-cert-path's tls.crt and tls.key when their size or modification time changes (checked at new TLS connections, at most once a second); a pair that fails to load is logged and the previous one kept")
-	fs.StringVar(&a.tlsClientCA, "tls-client-ca", "", "PEM `file` of the CAs that sign REST clients' certificates: a verified certificate is an identity, granted the scopes of the config file's auth.client_certificates rules that match its SAN, OU or CN (mTLS). A client without one may still use a bearer token. Requires --tls-cert-path; read at startup")
+	fs.StringVar(&a.tlsClientCA, "tls-client-ca", "", "PEM `file` of the CAs that sign REST clients' certificates: a verified certificate is an identity, granted the scopes of the config file's auth.client_certificates rules that match its SAN, OU or CN (mTLS). A client without one may still use a bearer token. Requires --tls-cert-path; re-read with the pair under --tls-cert-reload, else read at startup")
 	fs.BoolVar(&a.allowOpenAdmin, "auth-allow-unauthenticated", false, "serve the REST API without authentication on the --host given, without the startup warning (a trusted network, as Dynamo's service assumes)")
 }
 

@@ -69,7 +69,7 @@ func (e *extprocFlags) register(fs *flag.FlagSet) {
 			return err
 		})
 	}
-	fs.StringVar(&e.clientCA, "extproc-client-ca", "", "PEM `file` of the CAs that sign the gateway's client certificates: with it the picker requires and verifies one at every TLS handshake (mTLS), so only the gateway can book loads. Requires --extproc-secure-serving; read at startup")
+	fs.StringVar(&e.clientCA, "extproc-client-ca", "", "PEM `file` of the CAs that sign the gateway's client certificates: with it the picker requires and verifies one at every TLS handshake (mTLS), so only the gateway can book loads. Requires --extproc-secure-serving; re-read with the pair under --extproc-cert-reload, else read at startup")
 	fs.BoolVar(&e.certReload, "extproc-cert-reload", false, "re-read tls.crt and tls.key when their size or modification time changes (checked at new TLS connections, at most once a second); a pair that fails to load is logged and the previous one kept. Requires --extproc-cert-path")
 }
 

@@ -88,19 +88,27 @@ type Options struct {
 	// offers only http/1.1 is refused by a server that offers only h2.
 	NextProtos []string
 	// ClientCAFile is a PEM bundle of the CAs that sign client certificates.
-	// Empty: client certificates are neither asked for nor verified.
+	// Empty: client certificates are neither asked for nor verified. With
+	// Reload it is re-read when it changes, like the pair; a bundle that
+	// fails to load is logged and the previous one kept.
 	ClientCAFile string
 	// RequireClientCert refuses the handshake of a client without a
 	// certificate the bundle verifies. Without it a certificate is verified
 	// when given (so bearer tokens still work over the same port). Needs
 	// ClientCAFile.
 	RequireClientCert bool
+
+	now func() time.Time // the reload checks' clock; nil: time.Now (tests set it)
 }
 
 // ServerConfig returns the TLS configuration for a gRPC server (TLS 1.2 or
 // later, ALPN h2 as gRPC requires) and the certificate it starts with, for
 // the caller's startup log. Every error names the file or step that failed.
 func ServerConfig(o Options) (*tls.Config, *x509.Certificate, error) {
+	now := o.now
+	if now == nil {
+		now = time.Now
+	}
 	cfg := &tls.Config{MinVersion: tls.VersionTLS12, NextProtos: []string{"h2"}}
 	if len(o.NextProtos) > 0 {
 		cfg.NextProtos = slices.Clone(o.NextProtos)
@@ -129,11 +137,16 @@ func ServerConfig(o Options) (*tls.Config, *x509.Certificate, error) {
 		cfg.Certificates = []tls.Certificate{cert}
 		return cfg, cert.Leaf, nil
 	case o.Reload:
-		r, err := newReloader(o.CertDir, reloadCheckEvery, time.Now, o.Logger)
+		r, err := newReloader(o.CertDir, reloadCheckEvery, now, o.Logger)
 		if err != nil {
 			return nil, nil, err
 		}
 		cfg.GetCertificate = r.getCertificate
+		if o.ClientCAFile != "" {
+			// The bundle is reloaded with the pair: a CA rotation is the
+			// same operation as a certificate rotation.
+			cfg.GetConfigForClient = newCAReloader(o.ClientCAFile, cfg, reloadCheckEvery, now, o.Logger).configFor
+		}
 		return cfg, r.cert.Leaf, nil
 	default:
 		cert, err := LoadPair(o.CertDir)
@@ -311,4 +324,55 @@ func (r *reloader) getCertificate(*tls.ClientHelloInfo) (*tls.Certificate, error
 	r.cert = &cert
 	r.log.Info("TLS certificate reloaded", "dir", r.dir, "subject", cert.Leaf.Subject.String(), "not_after", cert.Leaf.NotAfter)
 	return r.cert, nil
+}
+
+// caReloader serves handshakes a configuration whose ClientCAs is the last
+// good version of a CA bundle, re-read when the file's stamp changes (checked
+// at most once per interval, at a handshake).
+type caReloader struct {
+	path  string
+	every time.Duration
+	now   func() time.Time
+	log   *slog.Logger
+
+	mu      sync.Mutex
+	base    *tls.Config // the server's configuration, ClientCAs the bundle read at start
+	cur     *tls.Config // nil: base as it is
+	seen    fileStamp
+	checked time.Time
+}
+
+func newCAReloader(path string, base *tls.Config, every time.Duration, now func() time.Time, log *slog.Logger) *caReloader {
+	if log == nil {
+		log = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	return &caReloader{path: path, every: every, now: now, log: log, base: base, seen: stampOf(path), checked: now()}
+}
+
+// configFor is tls.Config.GetConfigForClient: nil (the server's own
+// configuration) until the bundle changes, then a copy with the new pool.
+func (c *caReloader) configFor(*tls.ClientHelloInfo) (*tls.Config, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	now := c.now()
+	if now.Sub(c.checked) < c.every {
+		return c.cur, nil
+	}
+	c.checked = now
+	st := stampOf(c.path)
+	if st == c.seen {
+		return c.cur, nil
+	}
+	c.seen = st
+	pool, err := LoadCAs(c.path)
+	if err != nil {
+		c.log.Warn("client CA bundle reload failed; verifying against the previous one", "path", c.path, "err", err.Error())
+		return c.cur, nil
+	}
+	next := c.base.Clone()
+	next.ClientCAs = pool
+	next.GetConfigForClient = nil
+	c.cur = next
+	c.log.Info("client CA bundle reloaded", "path", c.path)
+	return c.cur, nil
 }

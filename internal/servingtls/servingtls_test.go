@@ -16,6 +16,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kvselect/kvselect/internal/testpki"
 )
 
 // pemOf encodes cert as the contents of tls.crt and tls.key (PKCS #8).
@@ -271,6 +273,84 @@ func TestReloadFollowsTheFilesAndKeepsTheLastGoodPair(t *testing.T) {
 	}
 	if !strings.Contains(logs.String(), "TLS certificate reload failed; serving the previous certificate") ||
 		!strings.Contains(logs.String(), "TLS certificate reloaded") {
+		t.Errorf("logs:\n%s", logs.String())
+	}
+}
+
+// serverHandshake runs one handshake against cfg presenting cert (nil: none)
+// and returns the server side's verdict: with TLS 1.3 the client finishes
+// before the server has checked its certificate.
+func serverHandshake(t *testing.T, cfg *tls.Config, cert *tls.Certificate) error {
+	t.Helper()
+	ln, err := tls.Listen("tcp", "127.0.0.1:0", cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	verdict := make(chan error, 1)
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			verdict <- err
+			return
+		}
+		defer c.Close()
+		verdict <- c.(*tls.Conn).Handshake()
+	}()
+	client := &tls.Config{InsecureSkipVerify: true, NextProtos: []string{"h2"}}
+	if cert != nil {
+		client.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return cert, nil }
+	}
+	c, err := tls.DialWithDialer(&net.Dialer{Timeout: 5 * time.Second}, "tcp", ln.Addr().String(), client)
+	if err == nil {
+		_ = c.Handshake()
+		defer c.Close()
+	}
+	return <-verdict
+}
+
+// With Reload the client CA bundle follows its file like the pair: a
+// certificate of the new CA is accepted once the change is seen, the old
+// CA's refused; a broken bundle keeps the previous one.
+func TestClientCAReload(t *testing.T) {
+	dir := t.TempDir()
+	writePair(t, dir, newCert(t, "localhost"), time.Now().Add(-time.Hour))
+	oldCA, newCA := testpki.NewCA(t, "old"), testpki.NewCA(t, "new")
+	bundle := filepath.Join(dir, "ca.pem")
+	oldCA.WritePEM(t, bundle)
+	if err := os.Chtimes(bundle, time.Now().Add(-time.Hour), time.Now().Add(-time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	var logs bytes.Buffer
+	clock := &fakeClock{t: time.Now()}
+	cfg, _, err := ServerConfig(Options{CertDir: dir, Reload: true, ClientCAFile: bundle, RequireClientCert: true,
+		Logger: slog.New(slog.NewTextHandler(&logs, nil)), now: clock.now})
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	oldCert := oldCA.Issue(t, testpki.Leaf{CommonName: "old", Client: true})
+	newCert := newCA.Issue(t, testpki.Leaf{CommonName: "new", Client: true})
+	if err := serverHandshake(t, cfg, &oldCert); err != nil {
+		t.Fatalf("old CA's certificate before the change: %v", err)
+	}
+	if err := serverHandshake(t, cfg, &newCert); err == nil {
+		t.Fatal("new CA's certificate accepted before the change")
+	}
+	newCA.WritePEM(t, bundle)
+	clock.t = clock.t.Add(2 * reloadCheckEvery)
+	if err := serverHandshake(t, cfg, &newCert); err != nil {
+		t.Fatalf("new CA's certificate after the change: %v", err)
+	}
+	if err := serverHandshake(t, cfg, &oldCert); err == nil {
+		t.Fatal("old CA's certificate accepted after the change")
+	}
+	writeFile(t, bundle, []byte("not PEM"), time.Now().Add(time.Hour))
+	clock.t = clock.t.Add(2 * reloadCheckEvery)
+	if err := serverHandshake(t, cfg, &newCert); err != nil {
+		t.Fatalf("a broken bundle replaced the good one: %v", err)
+	}
+	if !strings.Contains(logs.String(), "client CA bundle reloaded") || !strings.Contains(logs.String(), "client CA bundle reload failed") {
 		t.Errorf("logs:\n%s", logs.String())
 	}
 }
