@@ -265,36 +265,67 @@ func stampOf(path string) fileStamp {
 // reloader serves the last good pair of dir, re-read when the files' stamps
 // change.
 type reloader struct {
-	dir   string
-	every time.Duration
-	now   func() time.Time
-	log   *slog.Logger
+	dir string
+	now func() time.Time
+	log *slog.Logger
 
-	mu      sync.Mutex
-	cert    *tls.Certificate // last good pair
-	seen    [2]fileStamp     // the stamps at the last load attempt, good or not
+	mu    sync.Mutex
+	cert  *tls.Certificate // last good pair
+	watch fileWatch
+}
+
+// fileWatch says, at most once per interval, whether files changed since the
+// last look: their stamps at the last load attempt, good or not.
+type fileWatch struct {
+	paths   []string
+	every   time.Duration
+	seen    []fileStamp
 	checked time.Time
+}
+
+// newFileWatch takes the files' stamps now. Take them before reading the
+// files: a change racing the read shows as a new stamp at the next check.
+func newFileWatch(every time.Duration, now time.Time, paths ...string) fileWatch {
+	w := fileWatch{paths: paths, every: every, checked: now}
+	w.seen = w.stamps()
+	return w
+}
+
+func (w *fileWatch) stamps() []fileStamp {
+	st := make([]fileStamp, len(w.paths))
+	for i, p := range w.paths {
+		st[i] = stampOf(p)
+	}
+	return st
+}
+
+// changed reports whether the interval is over and the stamps differ from
+// the last look's, which it then remembers.
+func (w *fileWatch) changed(now time.Time) bool {
+	if now.Sub(w.checked) < w.every {
+		return false
+	}
+	w.checked = now
+	st := w.stamps()
+	if slices.Equal(st, w.seen) {
+		return false
+	}
+	w.seen = st
+	return true
 }
 
 func newReloader(dir string, every time.Duration, now func() time.Time, log *slog.Logger) (*reloader, error) {
 	if log == nil {
 		log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
-	r := &reloader{dir: dir, every: every, now: now, log: log}
-	// Stamps before the read: a change racing the read shows as a new stamp
-	// at the next check and is read again.
-	r.seen = r.stamps()
+	r := &reloader{dir: dir, now: now, log: log,
+		watch: newFileWatch(every, now(), filepath.Join(dir, CertFile), filepath.Join(dir, KeyFile))}
 	cert, err := LoadPair(dir)
 	if err != nil {
 		return nil, err
 	}
 	r.cert = &cert
-	r.checked = now()
 	return r, nil
-}
-
-func (r *reloader) stamps() [2]fileStamp {
-	return [2]fileStamp{stampOf(filepath.Join(r.dir, CertFile)), stampOf(filepath.Join(r.dir, KeyFile))}
 }
 
 // getCertificate is tls.Config.GetCertificate. It never fails: a pair that
@@ -303,16 +334,9 @@ func (r *reloader) stamps() [2]fileStamp {
 func (r *reloader) getCertificate(*tls.ClientHelloInfo) (*tls.Certificate, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	now := r.now()
-	if now.Sub(r.checked) < r.every {
+	if !r.watch.changed(r.now()) {
 		return r.cert, nil
 	}
-	r.checked = now
-	st := r.stamps()
-	if st == r.seen {
-		return r.cert, nil
-	}
-	r.seen = st
 	cert, err := LoadPair(r.dir)
 	if err != nil {
 		// A writer that replaces the two files one at a time passes through
@@ -330,23 +354,21 @@ func (r *reloader) getCertificate(*tls.ClientHelloInfo) (*tls.Certificate, error
 // good version of a CA bundle, re-read when the file's stamp changes (checked
 // at most once per interval, at a handshake).
 type caReloader struct {
-	path  string
-	every time.Duration
-	now   func() time.Time
-	log   *slog.Logger
+	path string
+	now  func() time.Time
+	log  *slog.Logger
 
-	mu      sync.Mutex
-	base    *tls.Config // the server's configuration, ClientCAs the bundle read at start
-	cur     *tls.Config // nil: base as it is
-	seen    fileStamp
-	checked time.Time
+	mu    sync.Mutex
+	base  *tls.Config // the server's configuration, ClientCAs the bundle read at start
+	cur   *tls.Config // nil: base as it is
+	watch fileWatch
 }
 
 func newCAReloader(path string, base *tls.Config, every time.Duration, now func() time.Time, log *slog.Logger) *caReloader {
 	if log == nil {
 		log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
-	return &caReloader{path: path, every: every, now: now, log: log, base: base, seen: stampOf(path), checked: now()}
+	return &caReloader{path: path, now: now, log: log, base: base, watch: newFileWatch(every, now(), path)}
 }
 
 // configFor is tls.Config.GetConfigForClient: nil (the server's own
@@ -354,16 +376,9 @@ func newCAReloader(path string, base *tls.Config, every time.Duration, now func(
 func (c *caReloader) configFor(*tls.ClientHelloInfo) (*tls.Config, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	now := c.now()
-	if now.Sub(c.checked) < c.every {
+	if !c.watch.changed(c.now()) {
 		return c.cur, nil
 	}
-	c.checked = now
-	st := stampOf(c.path)
-	if st == c.seen {
-		return c.cur, nil
-	}
-	c.seen = st
 	pool, err := LoadCAs(c.path)
 	if err != nil {
 		c.log.Warn("client CA bundle reload failed; verifying against the previous one", "path", c.path, "err", err.Error())
