@@ -198,18 +198,12 @@ func (a *authFlags) listen(ln net.Listener, host string, log *slog.Logger) (net.
 	if a.tlsCertPath == "" {
 		return ln, nil
 	}
-	if a.tlsClientCA != "" {
-		if _, err := servingtls.LoadCAs(a.tlsClientCA); err != nil {
-			return nil, &UsageError{fmt.Errorf("--tls-client-ca: %w", err)}
-		}
-	}
-	var extra []string
-	if host != "" && host != "0.0.0.0" && host != "::" {
-		extra = append(extra, host)
-	}
-	cfg, leaf, err := servingtls.ServerConfig(servingtls.Options{CertDir: a.tlsCertPath, Reload: a.tlsCertReload, Hosts: extra,
+	cfg, leaf, err := servingtls.ServerConfig(servingtls.Options{CertDir: a.tlsCertPath, Reload: a.tlsCertReload, Hosts: servingtls.ExtraHosts(host),
 		Logger: log, NextProtos: []string{"h2", "http/1.1"}, ClientCAFile: a.tlsClientCA})
-	if err != nil {
+	switch {
+	case errors.Is(err, servingtls.ErrClientCA):
+		return nil, &UsageError{fmt.Errorf("--tls-client-ca: %w", err)}
+	case err != nil:
 		return nil, &UsageError{fmt.Errorf("--tls-cert-path %s: %w", a.tlsCertPath, err)}
 	}
 	log.Info("REST TLS on", "dir", a.tlsCertPath, "reload", a.tlsCertReload, "client_ca", a.tlsClientCA,

@@ -452,6 +452,10 @@ func TestAuthConfigurationErrors(t *testing.T) {
 	if err := os.WriteFile(badRules, []byte("auth:\n  client_certificates:\n    - ou: x\n      scopes: [root]\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
+	goodRules := filepath.Join(dir, "good-rules.yaml")
+	if err := os.WriteFile(goodRules, []byte("auth:\n  client_certificates:\n    - ou: x\n      scopes: [read]\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	ca := testpki.NewCA(t, "ca")
 	caFile := filepath.Join(dir, "ca.pem")
 	ca.WritePEM(t, caFile)
@@ -475,6 +479,8 @@ func TestAuthConfigurationErrors(t *testing.T) {
 		{[]string{"--auth-kubernetes-namespace", "x"}, "requires --auth-kubernetes"},
 		{[]string{"--auth-allow-unauthenticated", "--auth-token-file", badTokens}, "contradicts"},
 		{[]string{"--extproc-client-ca", caFile}, "--extproc-client-ca requires --extproc-secure-serving"},
+		{[]string{"--tls-cert-path", certDir, "--tls-client-ca", badTokens, "--config", goodRules}, "--tls-client-ca: client CA bundle " + badTokens + ": no PEM certificate"},
+		{[]string{"--extproc-port", strconv.Itoa(freePort(t)), "--extproc-secure-serving", "--extproc-client-ca", filepath.Join(dir, "missing.pem")}, "--extproc-client-ca: client CA bundle: open"},
 	}
 	for _, tt := range tests {
 		t.Run(strings.Join(tt.args, " "), func(t *testing.T) {

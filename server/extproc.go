@@ -106,19 +106,11 @@ func (e *extprocFlags) tlsOption(host string, log *slog.Logger) (grpc.ServerOpti
 	if !e.secure {
 		return nil, nil // "ext_proc listening" says tls=false
 	}
-	if e.clientCA != "" {
-		// Read here too, so that a bad bundle is a usage error naming the flag.
-		if _, err := servingtls.LoadCAs(e.clientCA); err != nil {
-			return nil, &UsageError{fmt.Errorf("--extproc-client-ca: %w", err)}
-		}
-	}
-	var extra []string
-	if host != "" && host != "0.0.0.0" && host != "::" {
-		extra = append(extra, host)
-	}
-	cfg, leaf, err := servingtls.ServerConfig(servingtls.Options{CertDir: e.certPath, Reload: e.certReload, Hosts: extra, Logger: log,
-		ClientCAFile: e.clientCA, RequireClientCert: e.clientCA != ""})
+	cfg, leaf, err := servingtls.ServerConfig(servingtls.Options{CertDir: e.certPath, Reload: e.certReload, Hosts: servingtls.ExtraHosts(host),
+		Logger: log, ClientCAFile: e.clientCA, RequireClientCert: e.clientCA != ""})
 	switch {
+	case errors.Is(err, servingtls.ErrClientCA):
+		return nil, &UsageError{fmt.Errorf("--extproc-client-ca: %w", err)}
 	case err != nil && e.certPath != "":
 		return nil, &UsageError{fmt.Errorf("--extproc-cert-path %s: %w", e.certPath, err)}
 	case err != nil:

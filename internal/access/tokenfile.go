@@ -17,6 +17,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvselect/kvselect/internal/filewatch"
 )
 
 // MinTokenBytes is the shortest token the file accepts: 128 bits of a
@@ -115,12 +117,6 @@ func parseTokenLine(line string) (tokenEntry, error) {
 	return e, nil
 }
 
-// fileStamp is what says a file changed.
-type fileStamp struct {
-	size    int64
-	modTime time.Time
-}
-
 // TokenFile is a token file in force: the last good version read, re-read
 // when its size or modification time changes (a Kubernetes Secret volume
 // swaps a symlink, which changes both). A version that fails to read or parse
@@ -132,11 +128,8 @@ type TokenFile struct {
 
 	entries atomic.Pointer[[]tokenEntry]
 
-	mu        sync.Mutex // held by the request that checks the file
-	stamp     fileStamp
-	nextCheck time.Time
-	failing   bool      // the file changed to a version that failed
-	badStamp  fileStamp // that version (zero: missing), logged once
+	mu    sync.Mutex // held by the request that checks the file
+	watch *filewatch.Watch
 
 	reloads, reloadErrors prometheus.Counter
 }
@@ -156,74 +149,57 @@ func OpenTokenFile(path string, log *slog.Logger, now func() time.Time) (*TokenF
 		reloadErrors: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvselect_auth_token_file_reload_errors_total",
 			Help: "Changed versions of the --auth-token-file that could not be read or parsed; the previous version stayed in force."}),
 	}
-	entries, stamp, err := f.read()
+	f.watch = filewatch.New(tokenFileCheckEvery, now(), path)
+	entries, err := f.read()
 	if err != nil {
 		return nil, err
 	}
 	f.entries.Store(&entries)
-	f.stamp, f.nextCheck = stamp, now().Add(tokenFileCheckEvery)
 	return f, nil
 }
 
 // Len is the number of tokens in force.
 func (f *TokenFile) Len() int { return len(*f.entries.Load()) }
 
-func (f *TokenFile) read() ([]tokenEntry, fileStamp, error) {
+func (f *TokenFile) read() ([]tokenEntry, error) {
 	fh, err := os.Open(f.path)
 	if err != nil {
-		return nil, fileStamp{}, fmt.Errorf("token file: %w", err)
+		return nil, fmt.Errorf("token file: %w", err)
 	}
 	defer fh.Close()
-	st, err := fh.Stat()
+	data, err := io.ReadAll(io.LimitReader(fh, maxTokenFileBytes+1))
 	if err != nil {
-		return nil, fileStamp{}, fmt.Errorf("token file: %w", err)
+		return nil, fmt.Errorf("token file: %w", err)
 	}
-	if st.Size() > maxTokenFileBytes {
-		return nil, fileStamp{}, fmt.Errorf("token file %s: larger than %d bytes", f.path, maxTokenFileBytes)
-	}
-	data, err := io.ReadAll(fh)
-	if err != nil {
-		return nil, fileStamp{}, fmt.Errorf("token file: %w", err)
+	if len(data) > maxTokenFileBytes {
+		return nil, fmt.Errorf("token file %s: larger than %d bytes", f.path, maxTokenFileBytes)
 	}
 	entries, err := ParseTokens(data)
 	if err != nil {
-		return nil, fileStamp{}, fmt.Errorf("token file %s: %w", f.path, err)
+		return nil, fmt.Errorf("token file %s: %w", f.path, err)
 	}
-	return entries, fileStamp{st.Size(), st.ModTime()}, nil
+	return entries, nil
 }
 
 // refresh re-reads the file if it changed and the check interval is over.
-// Only one request checks; the others go on with the version in force.
+// Only one request checks; the others go on with the version in force. A
+// version that fails is counted and logged once: the watch reports each
+// version once.
 func (f *TokenFile) refresh() {
 	if !f.mu.TryLock() {
 		return
 	}
 	defer f.mu.Unlock()
-	now := f.now()
-	if now.Before(f.nextCheck) {
+	if !f.watch.Changed(f.now()) {
 		return
 	}
-	f.nextCheck = now.Add(tokenFileCheckEvery)
-	st, err := os.Stat(f.path)
-	var stamp fileStamp
-	if err == nil {
-		stamp = fileStamp{st.Size(), st.ModTime()}
-		if stamp == f.stamp {
-			return
-		}
-	}
-	entries, stamp2, err := f.read()
+	entries, err := f.read()
 	if err != nil {
-		// Counted and logged once per failed version, not at every check.
-		if !f.failing || stamp != f.badStamp {
-			f.reloadErrors.Inc()
-			f.log.Error("auth token file: the new version is not used; the previous one stays in force", "err", err)
-		}
-		f.failing, f.badStamp = true, stamp
+		f.reloadErrors.Inc()
+		f.log.Error("auth token file: the new version is not used; the previous one stays in force", "err", err)
 		return
 	}
 	f.entries.Store(&entries)
-	f.stamp, f.failing = stamp2, false
 	f.reloads.Inc()
 	f.log.Info("auth token file reloaded", "path", f.path, "tokens", len(entries))
 }

@@ -53,6 +53,8 @@ import (
 	"slices"
 	"sync"
 	"time"
+
+	"github.com/kvselect/kvselect/internal/filewatch"
 )
 
 // The file names inside the certificate directory: a Kubernetes TLS Secret's
@@ -158,18 +160,31 @@ func ServerConfig(o Options) (*tls.Config, *x509.Certificate, error) {
 	}
 }
 
+// ErrClientCA is in every error about the client CA bundle (errors.Is), so
+// that a caller can name the setting that gave the file.
+var ErrClientCA = errors.New("client CA bundle")
+
 // LoadCAs reads a PEM bundle of CA certificates; a file without one is an
 // error.
 func LoadCAs(path string) (*x509.CertPool, error) {
 	pem, err := os.ReadFile(path)
 	if err != nil {
-		return nil, fmt.Errorf("client CA bundle: %w", err)
+		return nil, fmt.Errorf("%w: %w", ErrClientCA, err)
 	}
 	pool := x509.NewCertPool()
 	if !pool.AppendCertsFromPEM(pem) {
-		return nil, fmt.Errorf("client CA bundle %s: no PEM certificate in it", path)
+		return nil, fmt.Errorf("%w %s: no PEM certificate in it", ErrClientCA, path)
 	}
 	return pool, nil
+}
+
+// ExtraHosts is what a server bound to host adds to a self-signed
+// certificate's names: the host itself, unless it is a wildcard address.
+func ExtraHosts(host string) []string {
+	if host == "" || host == "0.0.0.0" || host == "::" {
+		return nil
+	}
+	return []string{host}
 }
 
 // LoadPair reads dir/tls.crt and dir/tls.key. Its errors say which file could
@@ -245,23 +260,6 @@ func defaultHosts(extra []string) []string {
 	return hosts
 }
 
-// fileStamp identifies a version of a file without reading it. A Kubernetes
-// Secret volume swaps a symlink to a new directory on update; os.Stat follows
-// it, so the stamp changes with the content.
-type fileStamp struct {
-	mod  time.Time
-	size int64
-	err  string // a missing file is a state too: its return is a change
-}
-
-func stampOf(path string) fileStamp {
-	fi, err := os.Stat(path)
-	if err != nil {
-		return fileStamp{err: err.Error()}
-	}
-	return fileStamp{mod: fi.ModTime(), size: fi.Size()}
-}
-
 // reloader serves the last good pair of dir, re-read when the files' stamps
 // change.
 type reloader struct {
@@ -271,47 +269,7 @@ type reloader struct {
 
 	mu    sync.Mutex
 	cert  *tls.Certificate // last good pair
-	watch fileWatch
-}
-
-// fileWatch says, at most once per interval, whether files changed since the
-// last look: their stamps at the last load attempt, good or not.
-type fileWatch struct {
-	paths   []string
-	every   time.Duration
-	seen    []fileStamp
-	checked time.Time
-}
-
-// newFileWatch takes the files' stamps now. Take them before reading the
-// files: a change racing the read shows as a new stamp at the next check.
-func newFileWatch(every time.Duration, now time.Time, paths ...string) fileWatch {
-	w := fileWatch{paths: paths, every: every, checked: now}
-	w.seen = w.stamps()
-	return w
-}
-
-func (w *fileWatch) stamps() []fileStamp {
-	st := make([]fileStamp, len(w.paths))
-	for i, p := range w.paths {
-		st[i] = stampOf(p)
-	}
-	return st
-}
-
-// changed reports whether the interval is over and the stamps differ from
-// the last look's, which it then remembers.
-func (w *fileWatch) changed(now time.Time) bool {
-	if now.Sub(w.checked) < w.every {
-		return false
-	}
-	w.checked = now
-	st := w.stamps()
-	if slices.Equal(st, w.seen) {
-		return false
-	}
-	w.seen = st
-	return true
+	watch *filewatch.Watch
 }
 
 func newReloader(dir string, every time.Duration, now func() time.Time, log *slog.Logger) (*reloader, error) {
@@ -319,7 +277,7 @@ func newReloader(dir string, every time.Duration, now func() time.Time, log *slo
 		log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
 	r := &reloader{dir: dir, now: now, log: log,
-		watch: newFileWatch(every, now(), filepath.Join(dir, CertFile), filepath.Join(dir, KeyFile))}
+		watch: filewatch.New(every, now(), filepath.Join(dir, CertFile), filepath.Join(dir, KeyFile))}
 	cert, err := LoadPair(dir)
 	if err != nil {
 		return nil, err
@@ -334,7 +292,7 @@ func newReloader(dir string, every time.Duration, now func() time.Time, log *slo
 func (r *reloader) getCertificate(*tls.ClientHelloInfo) (*tls.Certificate, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if !r.watch.changed(r.now()) {
+	if !r.watch.Changed(r.now()) {
 		return r.cert, nil
 	}
 	cert, err := LoadPair(r.dir)
@@ -361,14 +319,14 @@ type caReloader struct {
 	mu    sync.Mutex
 	base  *tls.Config // the server's configuration, ClientCAs the bundle read at start
 	cur   *tls.Config // nil: base as it is
-	watch fileWatch
+	watch *filewatch.Watch
 }
 
 func newCAReloader(path string, base *tls.Config, every time.Duration, now func() time.Time, log *slog.Logger) *caReloader {
 	if log == nil {
 		log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
-	return &caReloader{path: path, now: now, log: log, base: base, watch: newFileWatch(every, now(), path)}
+	return &caReloader{path: path, now: now, log: log, base: base, watch: filewatch.New(every, now(), path)}
 }
 
 // configFor is tls.Config.GetConfigForClient: nil (the server's own
@@ -376,7 +334,7 @@ func newCAReloader(path string, base *tls.Config, every time.Duration, now func(
 func (c *caReloader) configFor(*tls.ClientHelloInfo) (*tls.Config, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if !c.watch.changed(c.now()) {
+	if !c.watch.Changed(c.now()) {
 		return c.cur, nil
 	}
 	pool, err := LoadCAs(c.path)
