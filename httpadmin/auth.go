@@ -37,25 +37,6 @@ func (s *server) authorize(w http.ResponseWriter, r *http.Request, scope access.
 		challenge += `, error="invalid_token"`
 	}
 	w.Header().Set("WWW-Authenticate", challenge)
-	if unreadBody(r) {
-		// Answered before the body is read: a client still writing it
-		// would otherwise see a reset instead of the 401 (oversize.go).
-		answerAndDrain(w, r, status, err.Error(), 0)
-		return false
-	}
-	writeError(w, status, err.Error(), nil)
+	refuseUnread(w, r, status, err.Error())
 	return false
-}
-
-// netHTTPDrains is how much of an unread body net/http reads by itself after
-// a handler returns, to keep the connection (its maxPostHandlerReadBytes).
-const netHTTPDrains = 256 << 10
-
-// unreadBody reports whether r may carry more body than net/http drains on
-// its own: a larger Content-Length, or a chunked body.
-func unreadBody(r *http.Request) bool {
-	if r.Body == nil || r.Body == http.NoBody {
-		return false
-	}
-	return r.ContentLength < 0 || r.ContentLength > netHTTPDrains
 }

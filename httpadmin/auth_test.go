@@ -39,36 +39,59 @@ func startAuthServer(t *testing.T) (*httptest.Server, int) {
 	return srv, runtime.NumGoroutine()
 }
 
-// A request refused for its credentials is refused before its body is read;
-// a client writing a large body first must still read the 401, not a reset
-// (the same drain as the 413's).
-func TestUnauthorizedLargeBodyIsAnsweredNotReset(t *testing.T) {
-	srv, baseline := startAuthServer(t)
-	body := oversizeBody(9)
-	conn, err := net.Dial("tcp", srv.Listener.Addr().String())
-	if err != nil {
-		t.Fatal(err)
+// A request refused before its body is read — for its credentials, its
+// route, its method, its content type — is answered, not reset: a client
+// still writing a large body reads the refusal (the same drain as the 413's).
+func TestRefusedLargeBodyIsAnsweredNotReset(t *testing.T) {
+	for _, tc := range []struct {
+		name, path, contentType string
+		auth                    bool
+		status                  int
+		body                    string
+	}{
+		{"no credentials", "/select", "application/json", true, http.StatusUnauthorized, `{"error":"authentication required"}`},
+		{"no such route", "/nope", "application/json", false, http.StatusNotFound, `{"error":"route not found"}`},
+		{"wrong method", "/loads", "application/json", false, http.StatusMethodNotAllowed, `{"error":"method not allowed"}`},
+		{"wrong content type", "/select", "text/plain", false, http.StatusUnsupportedMediaType, `{"error":"` + msgContentType + `"}`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			start := func(t *testing.T) (*httptest.Server, int) { return startOversizeServer(t, false) }
+			if tc.auth {
+				start = startAuthServer
+			}
+			srv, baseline := start(t)
+			body := oversizeBody(9)
+			conn, err := net.Dial("tcp", srv.Listener.Addr().String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close()
+			_ = conn.SetDeadline(time.Now().Add(60 * time.Second))
+			head := fmt.Sprintf("POST %s HTTP/1.1\r\nHost: kvselect\r\nContent-Type: %s\r\nContent-Length: %d\r\n\r\n", tc.path, tc.contentType, len(body))
+			if _, err := io.WriteString(conn, head); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := conn.Write(body); err != nil {
+				t.Fatalf("writing the body: %v (the server reset the connection)", err)
+			}
+			res, err := http.ReadResponse(bufio.NewReader(conn), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, _ := io.ReadAll(res.Body)
+			if res.StatusCode != tc.status || string(got) != tc.body || !res.Close {
+				t.Fatalf("%d close=%v %s, want %d %s", res.StatusCode, res.Close, got, tc.status, tc.body)
+			}
+			if tc.auth && res.Header.Get("WWW-Authenticate") != `Bearer realm="kvselect"` {
+				t.Errorf("challenge %q", res.Header.Get("WWW-Authenticate"))
+			}
+			if tc.status == http.StatusMethodNotAllowed && res.Header.Get("Allow") == "" {
+				t.Errorf("no Allow header: %v", res.Header)
+			}
+			conn.Close()
+			checkHealthyAfter(t, srv, baseline)
+		})
 	}
-	defer conn.Close()
-	_ = conn.SetDeadline(time.Now().Add(60 * time.Second))
-	head := fmt.Sprintf("POST /select HTTP/1.1\r\nHost: kvselect\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n", len(body))
-	if _, err := io.WriteString(conn, head); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := conn.Write(body); err != nil {
-		t.Fatalf("writing the body: %v (the server reset the connection)", err)
-	}
-	res, err := http.ReadResponse(bufio.NewReader(conn), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	got, _ := io.ReadAll(res.Body)
-	if res.StatusCode != http.StatusUnauthorized || res.Header.Get("WWW-Authenticate") != `Bearer realm="kvselect"` ||
-		string(got) != `{"error":"authentication required"}` {
-		t.Fatalf("%d %v %s", res.StatusCode, res.Header, got)
-	}
-	conn.Close()
-	checkHealthyAfter(t, srv, baseline)
 }
 
 // The same with Python's urllib, as Ray's tooling would send it.

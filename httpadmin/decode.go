@@ -56,7 +56,7 @@ var bodyPool = sync.Pool{New: func() any { return new(bytes.Buffer) }}
 // block infos are not enforced.
 func (s *server) readJSON(w http.ResponseWriter, r *http.Request, dst any, check func(body []byte) error) bool {
 	if !isJSONContentType(r.Header.Get("Content-Type")) {
-		writeError(w, http.StatusUnsupportedMediaType, msgContentType, nil)
+		refuseUnread(w, r, http.StatusUnsupportedMediaType, msgContentType)
 		return false
 	}
 	if r.ContentLength > maxBodyBytes {

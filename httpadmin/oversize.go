@@ -12,8 +12,8 @@ import (
 	"time"
 )
 
-// Bounds of the drain after a 413 on an HTTP/1.x connection (tooLarge), or a
-// 401/403 to a request with a large body (auth.go). A
+// Bounds of the drain after a 413 on an HTTP/1.x connection (tooLarge), or
+// another refusal of a large body left unread (refuseUnread). A
 // client that does not wait for 100 Continue — Python's urllib, requests,
 // most scripts — writes its whole body before it reads anything. If the
 // server closes the socket with some of that body still unread, the kernel
@@ -29,6 +29,23 @@ const (
 	oversizeDrainBytes = 64 << 20
 	oversizeDrainTime  = 10 * time.Second
 )
+
+// netHTTPDrains is how much of an unread body net/http reads by itself after
+// a handler returns, to keep the connection (its maxPostHandlerReadBytes).
+const netHTTPDrains = 256 << 10
+
+// refuseUnread answers status {"error": msg} to a request whose body is
+// refused unread (no route, wrong method, credentials, content type). A body
+// net/http would not drain by itself — a larger Content-Length, or a chunked
+// one — goes through answerAndDrain: a client still writing it would
+// otherwise see a reset instead of the answer.
+func refuseUnread(w http.ResponseWriter, r *http.Request, status int, msg string) {
+	if r.Body != nil && r.Body != http.NoBody && (r.ContentLength < 0 || r.ContentLength > netHTTPDrains) {
+		answerAndDrain(w, r, status, msg, 0)
+		return
+	}
+	writeError(w, status, msg, nil)
+}
 
 // tooLarge answers 413 {"error": msgTooLarge} (answerAndDrain).
 func tooLarge(w http.ResponseWriter, r *http.Request, consumed int64) {

@@ -161,7 +161,7 @@ func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}()
 	p := r.URL.EscapedPath()
 	if p == "" || p[0] != '/' || path.Clean(p) != p {
-		writeError(w, http.StatusNotFound, "route not found", nil)
+		refuseUnread(w, r, http.StatusNotFound, "route not found")
 		return
 	}
 	if h, pattern := s.mux.Handler(r); pattern == "" {
@@ -173,10 +173,10 @@ func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			if allow := rec.header.Get("Allow"); allow != "" {
 				w.Header().Set("Allow", allow)
 			}
-			writeError(w, http.StatusMethodNotAllowed, "method not allowed", nil)
+			refuseUnread(w, r, http.StatusMethodNotAllowed, "method not allowed")
 			return
 		}
-		writeError(w, http.StatusNotFound, "route not found", nil)
+		refuseUnread(w, r, http.StatusNotFound, "route not found")
 		return
 	} else if s.auth != nil && !s.authorize(w, r, s.scopes[pattern]) {
 		return
