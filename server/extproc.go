@@ -138,8 +138,8 @@ type extprocServer struct {
 
 // startExtProc serves the picker on --host:--extproc-port beside the REST
 // API, over the same selection.Service; nil when disabled. Serve errors go to
-// served.
-func startExtProc(o *options, svc *selection.Service, tokenizer selection.Tokenizer, log *slog.Logger, served chan<- error) (*extprocServer, error) {
+// served; streamLimit is --extproc-max-streams' interceptor (limits.go).
+func startExtProc(o *options, svc *selection.Service, tokenizer selection.Tokenizer, streamLimit grpc.ServerOption, log *slog.Logger, served chan<- error) (*extprocServer, error) {
 	e := o.extproc
 	port := e.port
 	switch {
@@ -169,7 +169,7 @@ func startExtProc(o *options, svc *selection.Service, tokenizer selection.Tokeni
 		// Before the listener serves, so that no early text prompt misses it.
 		picker.SetTokenizer(tokenizer, o.tokenize.forwardIDs)
 	}
-	opts := append(extproc.ServerOptions(), o.limits.streamOption())
+	opts := append(extproc.ServerOptions(), streamLimit)
 	if creds != nil {
 		opts = append(opts, creds)
 	}

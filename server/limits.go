@@ -20,10 +20,9 @@ import (
 // limitFlags are the per-client and per-connection limits of both ports: what
 // one client may hold of the REST port (connections, request rate, header
 // size, time to send a request, time to take an answer) and how many ext_proc
-// streams the picker serves at once. The limiters themselves
-// (internal/netlimit, extproc.StreamLimiter) are built on first use and shared
-// by the helpers below, so the listener, the middleware and the collector
-// count the same connections and requests.
+// streams the picker serves at once. build makes the limiters themselves
+// (internal/netlimit, extproc.StreamLimiter), once, so that the listener, the
+// middleware and the metrics count the same connections and requests.
 type limitFlags struct {
 	maxConnsPerClient int
 	ratePerClient     float64
@@ -36,13 +35,10 @@ type limitFlags struct {
 	// headerTimeout replaces run.go's readHeaderTimeout when set; not a flag,
 	// it lets a test watch a slowloris be cut off in a fraction of a second.
 	headerTimeout time.Duration
-
-	built *limiters // nil until the first helper call
 }
 
-// limiters are what limitFlags build. Built once, from the single goroutine
-// that wires the server (run), and never changed after: the collector reads
-// them from the metrics handler's goroutines.
+// limiters are what limitFlags build, never changed after: the metrics
+// handler's goroutines read them.
 type limiters struct {
 	conns   *netlimit.ConnLimiter
 	rate    *netlimit.RateLimiter // nil: rate limiting off
@@ -115,27 +111,26 @@ func (l *limitFlags) burst() int {
 	return max(1, int(math.Ceil(2*l.ratePerClient)))
 }
 
-// state builds the limiters on first use.
-func (l *limitFlags) state() *limiters {
-	if l.built == nil {
-		b := &limiters{
-			conns:   netlimit.NewConnLimiter(netlimit.ConnLimits{PerClient: l.maxConnsPerClient}),
-			streams: extproc.NewStreamLimiter(l.extprocMaxStreams),
-		}
-		if l.ratePerClient > 0 {
-			b.rate = netlimit.NewRateLimiter(netlimit.RateLimits{Rate: l.ratePerClient, Burst: l.burst(), Exempt: rateExempt})
-		}
-		l.built = b
+// build makes the limiters; they are also the Prometheus collector of
+// kvselect_http_connections_*, kvselect_http_rate_limit* (when rate limiting
+// is on) and kvselect_extproc_streams_rejected_total / _limit.
+func (l *limitFlags) build() *limiters {
+	b := &limiters{
+		conns:   netlimit.NewConnLimiter(netlimit.ConnLimits{PerClient: l.maxConnsPerClient}),
+		streams: extproc.NewStreamLimiter(l.extprocMaxStreams),
 	}
-	return l.built
+	if l.ratePerClient > 0 {
+		b.rate = netlimit.NewRateLimiter(netlimit.RateLimits{Rate: l.ratePerClient, Burst: l.burst(), Exempt: rateExempt})
+	}
+	return b
 }
 
 // listener wraps the REST listener with the per-client connection limit.
 // Wrap it inside any TLS listener, so that a refused connection costs no
 // handshake. It always wraps, even unlimited: kvselect_http_connections_active
 // is worth having either way.
-func (l *limitFlags) listener(ln net.Listener) net.Listener {
-	return l.state().conns.Listener(ln)
+func (b *limiters) listener(ln net.Listener) net.Listener {
+	return b.conns.Listener(ln)
 }
 
 // applyHTTP sets the REST server's header size and timeouts. The header
@@ -154,23 +149,18 @@ func (l *limitFlags) applyHTTP(srv *http.Server) {
 // middleware applies the per-client request rate to h; h itself when rate
 // limiting is off. It does not wrap the ResponseWriter, so the REST front can
 // still hijack the connection to answer an oversized body.
-func (l *limitFlags) middleware(h http.Handler) http.Handler {
-	if rl := l.state().rate; rl != nil {
-		return rl.Middleware(h)
+func (b *limiters) middleware(h http.Handler) http.Handler {
+	if b.rate != nil {
+		return b.rate.Middleware(h)
 	}
 	return h
 }
 
 // streamOption is the picker's stream limit, for grpc.NewServer beside
 // extproc.ServerOptions(); it adds nothing with --extproc-max-streams 0.
-func (l *limitFlags) streamOption() grpc.ServerOption {
-	return l.state().streams.ServerOption()
+func (b *limiters) streamOption() grpc.ServerOption {
+	return b.streams.ServerOption()
 }
-
-// collector exposes the limits' metrics: kvselect_http_connections_*,
-// kvselect_http_rate_limit* (when rate limiting is on) and
-// kvselect_extproc_streams_rejected_total / _limit.
-func (l *limitFlags) collector() prometheus.Collector { return l.state() }
 
 // Describe implements prometheus.Collector.
 func (b *limiters) Describe(ch chan<- *prometheus.Desc) {

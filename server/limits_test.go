@@ -107,18 +107,19 @@ func TestLimitApplyHTTP(t *testing.T) {
 // limitedServer serves handler on loopback as run.go will: the limits'
 // listener, middleware and server settings. connState, when set, is the
 // server's ConnState hook.
-func limitedServer(t *testing.T, l *limitFlags, handler http.Handler, connState func(net.Conn, http.ConnState)) (addr string) {
+func limitedServer(t *testing.T, l *limitFlags, handler http.Handler, connState func(net.Conn, http.ConnState)) (addr string, lim *limiters) {
 	t.Helper()
+	lim = l.build()
 	inner, err := net.Listen("tcp4", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := &http.Server{Handler: l.middleware(handler), IdleTimeout: idleTimeout, ConnState: connState}
+	srv := &http.Server{Handler: lim.middleware(handler), IdleTimeout: idleTimeout, ConnState: connState}
 	l.applyHTTP(srv)
 	done := make(chan struct{})
-	go func() { defer close(done); _ = srv.Serve(l.listener(inner)) }()
+	go func() { defer close(done); _ = srv.Serve(lim.listener(inner)) }()
 	t.Cleanup(func() { srv.Close(); <-done })
-	return inner.Addr().String()
+	return inner.Addr().String(), lim
 }
 
 var okHandler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -181,7 +182,7 @@ func slowloris(t *testing.T, perClient int) {
 	var admitted int64 // connections the server admitted, from its ConnState reports
 	var served atomic.Int64
 	states := make(chan http.ConnState, conns*4)
-	addr := limitedServer(t, l, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	addr, lim := limitedServer(t, l, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path != "/health" {
 			served.Add(1)
 		}
@@ -190,7 +191,7 @@ func slowloris(t *testing.T, perClient int) {
 	if code := getFresh(t, addr, "/health"); code != 200 {
 		t.Fatalf("GET /health before: %d", code)
 	}
-	pollUntil(t, "the warm-up connection to close", func() bool { return l.state().conns.Stats().Active == 0 })
+	pollUntil(t, "the warm-up connection to close", func() bool { return lim.conns.Stats().Active == 0 })
 	drain := func() {
 		for {
 			select {
@@ -231,7 +232,7 @@ func slowloris(t *testing.T, perClient int) {
 			t.Fatalf("%d slow connections still open: the server does not close them", len(open))
 		}
 		peakGoroutines = max(peakGoroutines, runtime.NumGoroutine())
-		peakActive = max(peakActive, l.state().conns.Stats().Active)
+		peakActive = max(peakActive, lim.conns.Stats().Active)
 		peakHeap = max(peakHeap, heapInUse())
 		still := open[:0]
 		for _, c := range open {
@@ -244,14 +245,14 @@ func slowloris(t *testing.T, perClient int) {
 		open = still
 		time.Sleep(20 * time.Millisecond)
 	}
-	pollUntil(t, "the server to forget every connection", func() bool { return l.state().conns.Stats().Active == 0 })
+	pollUntil(t, "the server to forget every connection", func() bool { return lim.conns.Stats().Active == 0 })
 	after := before + 1000
 	pollUntil(t, "goroutines to return to their count before", func() bool {
 		after = runtime.NumGoroutine()
 		return after <= before+2
 	})
 	drain()
-	st := l.state().conns.Stats()
+	st := lim.conns.Stats()
 	t.Logf("%d slow connections, --max-conns-per-client %d: %d admitted and closed at the header timeout, %d refused at accept; "+
 		"open at most %d; goroutines %d before, peak %d, %d after; heap in use %d KiB before, peak +%d KiB",
 		conns, perClient, admitted, st.RejectedPerClient, peakActive, before, peakGoroutines, after, heapBefore>>10, (peakHeap-heapBefore)>>10)
@@ -298,7 +299,7 @@ func TestLimitHeaderBytes(t *testing.T) {
 	if len(errs) > 0 {
 		t.Fatal(errs)
 	}
-	addr := limitedServer(t, l, okHandler, nil)
+	addr, _ := limitedServer(t, l, okHandler, nil)
 	for _, tc := range []struct {
 		header int // bytes of one header's value
 		status int
@@ -342,7 +343,7 @@ func TestLimitReadTimeoutSparesQueuedRequests(t *testing.T) {
 	if len(errs) > 0 {
 		t.Fatal(errs)
 	}
-	addr := limitedServer(t, l, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	addr, _ := limitedServer(t, l, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.Copy(io.Discard, r.Body)
 		time.Sleep(600 * time.Millisecond) // three read timeouts: the "queue"
 		if err := r.Context().Err(); err != nil {
@@ -371,7 +372,7 @@ func TestLimitRateMiddleware(t *testing.T) {
 	if len(errs) > 0 {
 		t.Fatal(errs)
 	}
-	addr := limitedServer(t, l, okHandler, nil)
+	addr, lim := limitedServer(t, l, okHandler, nil)
 	var got []int
 	for _, p := range []string{"/loads", "/loads", "/loads", "/health", "/ready", "/loads"} {
 		got = append(got, getFresh(t, addr, p))
@@ -379,7 +380,7 @@ func TestLimitRateMiddleware(t *testing.T) {
 	if want := "[200 200 429 200 200 429]"; fmt.Sprint(got) != want {
 		t.Fatalf("statuses %v, want %s", got, want)
 	}
-	if st := l.state().rate.Stats(); st.Limited != 2 {
+	if st := lim.rate.Stats(); st.Limited != 2 {
 		t.Fatalf("limited %d, want 2", st.Limited)
 	}
 }
@@ -408,12 +409,13 @@ func TestLimitCollector(t *testing.T) {
 		if len(errs) > 0 {
 			t.Fatal(errs)
 		}
-		_, empty := l.streamOption().(grpc.EmptyServerOption)
+		lim := l.build()
+		_, empty := lim.streamOption().(grpc.EmptyServerOption)
 		if empty != (l.extprocMaxStreams == 0) {
-			t.Errorf("%v: stream option %T", tc.args, l.streamOption())
+			t.Errorf("%v: stream option %T", tc.args, lim.streamOption())
 		}
 		reg := prometheus.NewPedanticRegistry()
-		reg.MustRegister(l.collector(), extproc.New(nil, extproc.Options{}))
+		reg.MustRegister(lim, extproc.New(nil, extproc.Options{}))
 		mfs, err := reg.Gather()
 		if err != nil {
 			t.Fatal(err)
@@ -450,7 +452,7 @@ func TestLimitOversizeBodyThroughLimits(t *testing.T) {
 	if len(errs) > 0 {
 		t.Fatal(errs)
 	}
-	addr := limitedServer(t, l, httpadmin.New(svc, httpadmin.Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}), nil)
+	addr, lim := limitedServer(t, l, httpadmin.New(svc, httpadmin.Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}), nil)
 	c, err := net.Dial("tcp4", addr)
 	if err != nil {
 		t.Fatal(err)
@@ -471,7 +473,7 @@ func TestLimitOversizeBodyThroughLimits(t *testing.T) {
 		t.Fatalf("answer %q", raw)
 	}
 	c.Close()
-	pollUntil(t, "the hijacked connection's place to be freed", func() bool { return l.state().conns.Stats().Active == 0 })
+	pollUntil(t, "the hijacked connection's place to be freed", func() bool { return lim.conns.Stats().Active == 0 })
 	if code := getFresh(t, addr, "/health"); code != 200 {
 		t.Fatalf("GET /health after: %d", code)
 	}

@@ -198,7 +198,9 @@ func run(ctx context.Context, args []string, set *settings) error {
 		return err
 	}
 	// Refused connections are closed before they cost a TLS handshake.
-	ln = o.limits.listener(ln)
+	limits := o.limits.build()
+	metrics.MustRegister(limits)
+	ln = limits.listener(ln)
 	if tlsLn, err := o.auth.listen(ln, host, log); err != nil {
 		_ = ln.Close()
 		return err
@@ -216,7 +218,7 @@ func run(ctx context.Context, args []string, set *settings) error {
 			"addr", ln.Addr().String())
 	}
 	srv := &http.Server{
-		Handler: o.limits.middleware(httpadmin.New(svc, httpadmin.Options{
+		Handler: limits.middleware(httpadmin.New(svc, httpadmin.Options{
 			Logger:    log,
 			Peers:     peers,
 			Metrics:   promhttp.HandlerFor(metrics, promhttp.HandlerOpts{ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}),
@@ -229,7 +231,6 @@ func run(ctx context.Context, args []string, set *settings) error {
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
 	o.limits.applyHTTP(srv)
-	metrics.MustRegister(o.limits.collector())
 	log.Info("kvselect listening", append([]any{
 		slog.String("addr", ln.Addr().String()),
 		slog.String("version", versionString(set.version)),
@@ -239,7 +240,7 @@ func run(ctx context.Context, args []string, set *settings) error {
 	go func() { served <- srv.Serve(ln) }()
 	// The endpoint picker (Envoy ext_proc) beside the REST port, over the same
 	// service.
-	picker, err := startExtProc(o, svc, tokenizer, log, served)
+	picker, err := startExtProc(o, svc, tokenizer, limits.streamOption(), log, served)
 	if err != nil {
 		_ = srv.Close()
 		return err
