@@ -46,6 +46,9 @@ type Catalog interface {
 	DeleteWorker(ctx context.Context, workerID uint64) (*catalog.Record, error)
 	Workers(model, group *string) []*catalog.Record
 	SetCondition(c selection.Condition)
+	// PrefillRoutingGroup is where prefill workers without a routing
+	// group go (catalog.Record.ResolveRole).
+	PrefillRoutingGroup() string
 }
 
 var _ Catalog = (*selection.Service)(nil)
@@ -218,6 +221,7 @@ func (r *Reconciler) apply(ctx context.Context, s Snapshot) (Result, error) {
 	for _, id := range slices.Sorted(maps.Keys(want)) {
 		w := want[id]
 		rec := w.Clone()
+		rec.ResolveRole(r.cat.PrefillRoutingGroup())
 		if err := rec.Normalize(); err != nil {
 			errs = append(errs, fmt.Errorf("worker %d: %w", id, err))
 			continue

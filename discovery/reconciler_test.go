@@ -225,3 +225,25 @@ func TestRunNewerSnapshotSupersedesTheRetry(t *testing.T) {
 	r.Update(Snapshot{Workers: []catalog.Record{rec(2, "http://b:8000")}, State: State{Ready: true}})
 	eventually(t, "the newer snapshot to land", func() bool { return slices.Equal(ids(svc), []uint64{2}) })
 }
+
+// A prefill worker discovered without a routing group lands in the service's
+// prefill group, and the next identical snapshot finds it converged rather
+// than upserting it again (the group it was given is the service's doing).
+func TestApplyPlacesPrefillWorkersOnce(t *testing.T) {
+	svc := newService(t)
+	r := NewReconciler(svc, Options{Logger: quiet})
+	ctx := context.Background()
+	p := rec(1, "http://a:8000")
+	p.Role = ptr(catalog.RolePrefill)
+	snap := Snapshot{Workers: []catalog.Record{p, rec(2, "http://b:8000")}, State: State{Ready: true}}
+	for i, want := range []Result{{Upserted: 2}, {Unchanged: 2}} {
+		got, err := r.Apply(ctx, snap)
+		if err != nil || got != want {
+			t.Fatalf("apply %d: %+v %v, want %+v", i, got, err, want)
+		}
+	}
+	w := svc.Workers(nil, ptr(selection.DefaultPrefillRoutingGroup))
+	if len(w) != 1 || w[0].WorkerID != 1 || w[0].Lifecycle != catalog.Schedulable {
+		t.Fatalf("prefill group = %+v", w)
+	}
+}

@@ -202,3 +202,11 @@ func join(bs [][]byte) string {
 	}
 	return sb.String()
 }
+
+// prefillWorker registers a prefill worker (role prefill: it joins the
+// prefill routing group) at ip:port.
+func prefillWorker(id uint64, hostport string) catalog.Record {
+	w := worker(id, hostport)
+	w.Role = ptr(catalog.RolePrefill)
+	return w
+}

@@ -41,6 +41,13 @@ const (
 	// HeaderEngineDPRank is the data-parallel rank header vLLM and SGLang
 	// servers honour.
 	HeaderEngineDPRank = "x-data-parallel-rank"
+	// HeaderPrefiller names the prefill worker (host:port) of a remote
+	// prefill decision: the header llm-d's P/D routing sidecar on the decode
+	// pod reads (llm-d-inference-scheduler's pd-sidecar), so it prefills
+	// there before decoding locally. Options.PrefillHeader renames it.
+	HeaderPrefiller = "x-prefiller-host-port"
+	// HeaderPrefillEndpoint is kvselect's own name for the same host:port.
+	HeaderPrefillEndpoint = "x-kvselect-prefill-endpoint"
 )
 
 // Protocol 004 metadata and the GIE conformance hooks.

@@ -29,12 +29,28 @@ const (
 
 // Thousands of concurrent streams end at every stage, by half-close+reset or
 // by reset alone, in every mode; afterwards no load and no reservation is left.
+// Disaggregated, every stream also books a remote prefill on one of two
+// prefill workers: it too is freed exactly once, at the first response byte
+// or with the decode booking.
 func TestNoBookingOutlivesItsStream(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		disagg bool
+	}{{"aggregated", false}, {"disaggregated", true}} {
+		t.Run(tc.name, func(t *testing.T) { testNoBookingOutlivesItsStream(t, tc.disagg) })
+	}
+}
+
+func testNoBookingOutlivesItsStream(t *testing.T, disagg bool) {
 	n := 2000
 	if testing.Short() {
 		n = 300
 	}
-	h := start(t, setup{opts: extproc.Options{Fallbacks: 1, DefaultModel: model}})
+	s := setup{opts: extproc.Options{Fallbacks: 1, DefaultModel: model, Disaggregate: disagg}}
+	if disagg {
+		s.workers = append(fourWorkers(), prefillWorker(11, "10.0.1.1:8000"), prefillWorker(12, "10.0.1.2:8000"))
+	}
+	h := start(t, s)
 	modes := []envoysim.Modes{envoysim.GIE, {Request: envoysim.Buffered, Response: envoysim.Streamed},
 		{Request: envoysim.Streamed, Response: envoysim.Buffered}, {Request: envoysim.FullDuplexStreamed, Response: envoysim.None}}
 	ids := make([]string, n)
@@ -61,10 +77,31 @@ func TestNoBookingOutlivesItsStream(t *testing.T) {
 	}
 	h.idle(t)
 	for _, id := range ids {
-		if err := h.svc.Free(context.Background(), id); selection.KindOf(err) != selection.KindNotFound {
-			t.Fatalf("reservation %s survived its stream (free: %v)", id, err)
+		for _, id := range []string{id, id + selection.PrefillBookingSuffix} {
+			if err := h.svc.Free(context.Background(), id); selection.KindOf(err) != selection.KindNotFound {
+				t.Fatalf("reservation %s survived its stream (free: %v)", id, err)
+			}
 		}
 	}
+	if disagg {
+		// Every stream that got its decision prefilled remotely; those
+		// aborted while sending the request may or may not have got one.
+		remote := h.svc.DisaggStats()["conditional_disagg_disabled"]
+		if least := uint64(n) - countStage(n, abortBeforeBody); remote < least || remote > uint64(n) {
+			t.Fatalf("%d remote prefills, want %d to %d", remote, least, n)
+		}
+	}
+}
+
+// countStage is how many of n leak-test streams end at st.
+func countStage(n int, st stage) uint64 {
+	c := uint64(0)
+	for i := range n {
+		if stage(rand.New(rand.NewPCG(uint64(i), 99)).IntN(int(numStages))) == st {
+			c++
+		}
+	}
+	return c
 }
 
 func leakOne(h *harness, id string, modes envoysim.Modes, st stage, rnd *rand.Rand) error {

@@ -1,6 +1,7 @@
 package extproc
 
 import (
+	"cmp"
 	"fmt"
 	"strconv"
 	"strings"
@@ -164,7 +165,7 @@ func (st *stream) pick(withBody bool) (*extprocv3.HeaderMutation, *structpb.Stru
 			return nil, nil, st.immediate(typev3.StatusCode_BadRequest, err.Error())
 		}
 	}
-	req := &selection.SelectRequest{Fallbacks: st.s.opts.Fallbacks}
+	req := &selection.SelectRequest{Fallbacks: st.s.opts.Fallbacks, Disaggregated: st.s.opts.Disaggregate}
 	req.ModelName = firstNonEmpty(firstNonEmpty(id.model, pb.model), st.s.opts.DefaultModel)
 	req.RoutingGroup = id.group
 	if id.lora != "" {
@@ -250,6 +251,7 @@ func (st *stream) pick(withBody bool) (*extprocv3.HeaderMutation, *structpb.Stru
 		// Control headers never reach the worker (GIE strips the same).
 		RemoveHeaders: []string{KeySubset, KeyServed},
 	}
+	st.prefillHeaders(mut, resp)
 	if id.requestID == "" {
 		mut.SetHeaders = append(mut.SetHeaders, setHeader(HeaderRequestID, st.bk.id))
 	}
@@ -264,6 +266,20 @@ func (st *stream) pick(withBody bool) (*extprocv3.HeaderMutation, *structpb.Stru
 	st.s.log.Debug("extproc: routed", "selection_id", st.bk.id, "model", resp.ModelName, "worker_id", resp.WorkerID,
 		"dp_rank", resp.DPRank, "destination", dest)
 	return mut, md, nil
+}
+
+// prefillHeaders names a remote prefill's worker to the decode worker; the
+// same headers sent by the client are removed otherwise, since they tell the
+// decode pod's sidecar where to send the prompt.
+func (st *stream) prefillHeaders(mut *extprocv3.HeaderMutation, resp *selection.SelectResponse) {
+	name := cmp.Or(st.s.opts.PrefillHeader, HeaderPrefiller)
+	if pf := resp.Prefill.Selection; pf != nil {
+		addr := st.s.addrs.addr(pf.Endpoint)
+		mut.SetHeaders = append(mut.SetHeaders, setHeader(name, addr), setHeader(HeaderPrefillEndpoint, addr))
+		st.s.log.Debug("extproc: remote prefill", "selection_id", st.bk.id, "prefill_worker_id", pf.WorkerID, "prefill", addr)
+		return
+	}
+	mut.RemoveHeaders = append(mut.RemoveHeaders, name, HeaderPrefillEndpoint)
 }
 
 // restrict limits the candidates to the workers whose endpoint matches one

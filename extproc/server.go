@@ -97,6 +97,17 @@ type Options struct {
 	// listed endpoints (over the subset hint), and responses carry
 	// x-conformance-test-served-endpoint. Off in production.
 	TestPickHeader bool
+	// Disaggregate asks for a prefill/decode decision on every request
+	// (selection.SelectRequest.Disaggregated): a model with a prefill pool
+	// has its prompt prefilled remotely or locally by Dynamo's conditional
+	// rules, and a remote prefill's worker goes to the decode worker in
+	// PrefillHeader and HeaderPrefillEndpoint. Models without a prefill pool
+	// are routed as before.
+	Disaggregate bool
+	// PrefillHeader is the request header that names the prefill worker's
+	// host:port; HeaderPrefiller (llm-d's) when empty. A client's own copy
+	// of it, or of HeaderPrefillEndpoint, never reaches the worker.
+	PrefillHeader string
 }
 
 // BodyModes are the request and response body send modes of Envoy's ext_proc

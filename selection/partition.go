@@ -25,6 +25,8 @@ type settings struct {
 	indexConfig index.Config
 	affinityTTL time.Duration // 0 = session affinity off
 	affinity    routerconfig.SessionAffinityMode
+	// prefillGroup is the routing group of every model's prefill pool.
+	prefillGroup string
 }
 
 func settingsFrom(c routerconfig.Config) (settings, error) {

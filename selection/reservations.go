@@ -167,6 +167,7 @@ func (s *Service) PrefillComplete(ctx context.Context, id string) error {
 	r.part.wake()
 	// Re-published on a repeated call, as Dynamo does.
 	s.replicate(BookingPrefillCompleted, r.part, id, r.worker)
+	s.freeRemotePrefill(ctx, r)
 	return nil
 }
 
@@ -218,6 +219,7 @@ func (s *Service) Free(ctx context.Context, id string) error {
 	ferr := r.part.loads.Free(id)
 	s.dropReservation(id, s.clock())
 	r.part.wake()
+	s.freeRemotePrefill(ctx, r)
 	if ferr != nil {
 		return newError(KindNotFound, "reservation %s not found", id)
 	}

@@ -16,6 +16,10 @@ type reservation struct {
 	worker index.WorkerKey
 	booked bool
 	lease  *affinity.Lease
+	// prefill is the id of the remote-prefill booking made with this one
+	// (disagg.go), "" for none: it is freed at this booking's prefill
+	// completion or free, whichever comes first.
+	prefill string
 }
 
 // reservationTable maps selection ids to their reservation rows, across every
@@ -59,12 +63,18 @@ func (t *reservationTable) unclaim(id string) {
 // install records id's booking on rank w of p, with the session lease the
 // booking holds (nil when none).
 func (t *reservationTable) install(id string, p *partition, w index.WorkerKey, lease *affinity.Lease) {
+	t.installWithPrefill(id, p, w, lease, "")
+}
+
+// installWithPrefill is install for a decode booking whose prompt a separate
+// booking, prefillID, prefills remotely.
+func (t *reservationTable) installWithPrefill(id string, p *partition, w index.WorkerKey, lease *affinity.Lease, prefillID string) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.rows == nil {
 		t.rows = make(map[string]*reservation)
 	}
-	t.rows[id] = &reservation{part: p, worker: w, booked: true, lease: lease}
+	t.rows[id] = &reservation{part: p, worker: w, booked: true, lease: lease, prefill: prefillID}
 }
 
 // booked returns id's booked row. An id that is only claimed (its booking

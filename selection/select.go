@@ -76,6 +76,9 @@ type prepared struct {
 	// request computes from weights reads them here.
 	eff    routerconfig.Config
 	prompt prompt
+	// overlaps, when set, is the prompt's index lookup from an earlier pass
+	// of the same request (a disaggregated request's peek), reused by choose.
+	overlaps []index.Overlap
 }
 
 // promptFor resolves the ready partition, the policy, the effective router
@@ -123,6 +126,12 @@ func checkSessionID(p *partition, sid string) error {
 // Select picks a worker without booking load (POST /select). With a
 // selection_id it caches the booking inputs for a later replay reservation.
 func (s *Service) Select(ctx context.Context, req *SelectRequest) (*SelectResponse, error) {
+	if req.Disaggregated {
+		if err := s.checkDisaggregated(req); err != nil {
+			return nil, err
+		}
+		return s.selectDisaggregated(ctx, req)
+	}
 	key := partitionOf(req.PartitionKey)
 	rq, err := s.promptFor(key, req.RouterConfigOverride, &req.PromptRequest, forSelection)
 	if err != nil {
@@ -186,6 +195,9 @@ func explicitTarget(req *SelectRequest) *affinity.Target {
 
 // SelectAndReserve selects and atomically books load (POST /select_and_reserve).
 func (s *Service) SelectAndReserve(ctx context.Context, req *SelectRequest) (*SelectResponse, error) {
+	if err := s.checkDisaggregated(req); err != nil {
+		return nil, err
+	}
 	rq, err := s.promptFor(partitionOf(req.PartitionKey), req.RouterConfigOverride, &req.PromptRequest, forSelection)
 	if err != nil {
 		return nil, err
@@ -220,7 +232,13 @@ func (s *Service) SelectAndReserve(ctx context.Context, req *SelectRequest) (*Se
 	}
 	booking := &loads.Booking{RequestID: id, TrackingHashes: pr.tracking, ISL: pr.isl,
 		TrackPrefill: eff.TrackPrefillTokens, ExpectedOutputTokens: req.ExpectedOutputTokens}
-	d, err := s.choose(ctx, &rq, req, target, booking, true)
+	var d *decision
+	var dis *disaggOutcome
+	if req.Disaggregated {
+		d, dis, err = s.chooseDisaggregated(ctx, &rq, req, target, booking, id)
+	} else {
+		d, err = s.choose(ctx, &rq, req, target, booking, true)
+	}
 	if err != nil {
 		if hold != nil {
 			hold.Abort(s.clock())
@@ -229,20 +247,45 @@ func (s *Service) SelectAndReserve(ctx context.Context, req *SelectRequest) (*Se
 	}
 	lease, err := s.commitSession(p, hold, d.worker, id)
 	if err != nil {
+		if dis != nil {
+			s.undoPrefill(dis)
+		}
 		return nil, err
 	}
 	s.recordRouting(p, d.worker, pr)
-	s.resv.install(id, p, d.worker, lease)
+	prefillID := ""
+	if dis != nil && dis.prefill != nil {
+		s.installPrefill(dis)
+		prefillID = dis.prefillID
+	}
+	s.resv.installWithPrefill(id, p, d.worker, lease, prefillID)
 	s.replicateAdd(p, booking, pr.lora)
 	ok = true
 	resp := s.response(d, &id)
 	resp.SequenceHashes = toI64(pr.tracking)
 	isl := uint64(pr.isl)
 	resp.ISLTokens = &isl
-	track := eff.TrackPrefillTokens
+	track := booking.TrackPrefill
 	resp.TrackPrefillTokens = &track
 	resp.KVHint = s.kvHint(d, id)
+	if dis != nil {
+		s.noteDisagg(dis)
+		var pid *string
+		if prefillID != "" {
+			pid = &prefillID
+		}
+		s.disaggView(dis, resp, pid)
+	}
 	return resp, nil
+}
+
+// checkDisaggregated refuses a disaggregated request aimed at the prefill
+// group itself: the request names the decode side.
+func (s *Service) checkDisaggregated(req *SelectRequest) error {
+	if req.Disaggregated && partitionOf(req.PartitionKey).RoutingGroup == s.set.prefillGroup {
+		return newError(KindBadRequest, "a disaggregated request names the decode routing group, not the prefill routing group %q", s.set.prefillGroup)
+	}
+	return nil
 }
 
 // holdSession acquires the session's binding before booking; a concurrent
@@ -323,7 +366,10 @@ func (s *Service) recordRouting(p *partition, w index.WorkerKey, pr prompt) {
 func (s *Service) choose(ctx context.Context, rq *prepared, req *SelectRequest,
 	target *affinity.Target, booking *loads.Booking, admit bool) (*decision, error) {
 	p, pr, eff := rq.part, rq.prompt, rq.eff
-	overlaps := p.match(pr)
+	overlaps := rq.overlaps
+	if overlaps == nil {
+		overlaps = p.match(pr)
+	}
 	enqueued := s.clock()
 	sreq := &scheduler.Request{ISL: pr.isl, BlockSize: p.blockSize, Weights: weightsOf(eff), ServeSaturated: !s.engineCfg.RejectSaturated}
 	sreq.Weights.EngineWeights = s.engineWeights()

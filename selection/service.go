@@ -14,6 +14,7 @@
 package selection
 
 import (
+	"cmp"
 	"context"
 	crand "crypto/rand"
 	"fmt"
@@ -61,6 +62,17 @@ type Config struct {
 	// Engine configures how engine metrics (ReportEngineMetrics) and health
 	// outcomes (ReportOutcome) enter selection; DefaultEngineConfig when nil.
 	Engine *EngineConfig
+	// PrefillRoutingGroup is the routing group of a model's prefill workers
+	// (--prefill-routing-group); DefaultPrefillRoutingGroup when empty. A
+	// worker registered with role "prefill" and no routing group joins it,
+	// and a disaggregated request (SelectRequest.Disaggregated) chooses its
+	// prefill worker there.
+	PrefillRoutingGroup string
+	// OnPrefillPool, when set, is told each time a model's prefill pool
+	// changes between usable and not for disaggregated requests (the last
+	// prefill worker left, every one is ejected or overloaded, or one is back),
+	// with the reason; called with no service lock held. The server logs it.
+	OnPrefillPool func(model string, usable bool, reason string)
 }
 
 // Service is the embedded selection service. It is safe for concurrent use.
@@ -127,6 +139,9 @@ type Service struct {
 	engines   engineTable // engine metrics per worker (engine.go)
 	health    healthTable // ejection state per worker (health.go)
 
+	disagg        disaggState // decisions and prefill pool transitions (disagg.go)
+	onPrefillPool func(model string, usable bool, reason string)
+
 	writerOnce sync.Once
 	writer     uint64
 }
@@ -145,10 +160,11 @@ func New(cfg Config) (*Service, error) {
 		return nil, err
 	}
 	set, err := settingsFrom(cfg.Router)
-	set.collector = cfg.EventsCollector
 	if err != nil {
 		return nil, err
 	}
+	set.collector = cfg.EventsCollector
+	set.prefillGroup = cmp.Or(cfg.PrefillRoutingGroup, DefaultPrefillRoutingGroup)
 	pc, err := pending.New(cfg.SelectionCache)
 	if err != nil {
 		return nil, fmt.Errorf("selection cache: %w", err)
@@ -182,6 +198,7 @@ func New(cfg Config) (*Service, error) {
 		attachedRanks: make(map[uint64]attached),
 		catalog:       make(map[uint64]*catalog.Record),
 		parts:         make(map[index.Partition]*partition),
+		onPrefillPool: cfg.OnPrefillPool,
 	}
 	s.policy.Store(clonePolicy(policy))
 	return s, nil

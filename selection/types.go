@@ -1,6 +1,8 @@
 package selection
 
 import (
+	"encoding/json"
+
 	"github.com/kvselect/kvselect/selection/catalog"
 	"github.com/kvselect/kvselect/selection/routerconfig"
 )
@@ -103,6 +105,13 @@ type SelectRequest struct {
 	// rank in SelectResponse.Fallbacks (ext_proc's fallback endpoints; not a
 	// wire field).
 	Fallbacks int `json:"-"`
+	// Disaggregated asks for a prefill/decode decision (not a Dynamo field):
+	// the selection is the decode worker, and the response says whether the
+	// prompt is prefilled remotely on a worker of the model's prefill routing
+	// group (SelectResponse.Prefill) or locally on the decode worker, and why
+	// (disagg.go). Without it a request is answered exactly as Dynamo's
+	// service answers it, whatever groups the model has.
+	Disaggregated bool `json:"disaggregated,omitempty"`
 }
 
 // OverlapSummary is the chosen worker's cached prefix in tokens: per tier the
@@ -145,6 +154,53 @@ type SelectResponse struct {
 	// Fallbacks are the next-cheapest eligible ranks in cost order when the
 	// request asked for them (not a wire field; see RankEndpoint).
 	Fallbacks []RankEndpoint `json:"-"`
+	// Prefill and PrefillDecision answer a disaggregated request (not Dynamo
+	// fields; absent from every other response): the prefill worker, or
+	// null when the decode worker prefills locally, and why.
+	Prefill         PrefillField     `json:"prefill,omitzero"`
+	PrefillDecision *PrefillDecision `json:"prefill_decision,omitempty"`
+}
+
+// PrefillSelection is the prefill worker of a remote-prefill decision.
+type PrefillSelection struct {
+	// SelectionID is the prefill booking's own reservation id
+	// (select_and_reserve: "<selection_id>.prefill", freed with the decode
+	// booking or at its prefill_complete), or the id its pending selection
+	// is cached under in the prefill routing group (select with a
+	// selection_id); omitted otherwise.
+	SelectionID            *string        `json:"selection_id,omitempty"`
+	RoutingGroup           string         `json:"routing_group"`
+	WorkerID               uint64         `json:"worker_id"`
+	DPRank                 uint32         `json:"dp_rank"`
+	Endpoint               string         `json:"endpoint"`
+	Overlap                OverlapSummary `json:"overlap"`
+	EffectivePrefillTokens uint64         `json:"effective_prefill_tokens"`
+}
+
+// PrefillField is SelectResponse.prefill: absent when Set is false, null when
+// Set and Selection is nil (local prefill), else the prefill worker.
+type PrefillField struct {
+	Set       bool
+	Selection *PrefillSelection
+}
+
+// IsZero reports an absent field (json omitzero).
+func (f PrefillField) IsZero() bool { return !f.Set }
+
+// MarshalJSON writes the selection, or null.
+func (f PrefillField) MarshalJSON() ([]byte, error) { return json.Marshal(f.Selection) }
+
+// UnmarshalJSON reads the selection, or null.
+func (f *PrefillField) UnmarshalJSON(b []byte) error {
+	f.Set, f.Selection = true, nil
+	return json.Unmarshal(b, &f.Selection)
+}
+
+// PrefillDecision says where a disaggregated request's prompt is prefilled
+// and why; Reason is one of the Reason* constants (disagg.go).
+type PrefillDecision struct {
+	Remote bool   `json:"remote"`
+	Reason string `json:"reason"`
 }
 
 // KVHint is the versioned action envelope telling the chosen worker to pull a

@@ -90,6 +90,7 @@ type attached map[uint32]catalog.RankEndpoints
 // record is accepted even when it cannot be scheduled; its lifecycle and
 // not_schedulable_reasons say why.
 func (s *Service) UpsertWorker(ctx context.Context, rec catalog.Record) (*catalog.Record, error) {
+	rec.ResolveRole(s.set.prefillGroup)
 	if err := rec.Normalize(); err != nil {
 		return nil, newError(KindBadRequest, "%v", err)
 	}
@@ -194,7 +195,7 @@ func (s *Service) record(id uint64) (*catalog.Record, bool) {
 // record.
 func (s *Service) applyRecord(rec *catalog.Record) *catalog.Record {
 	key := index.Partition{Model: rec.ModelName, RoutingGroup: rec.RoutingGroup}
-	reasons := rec.Reasons(catalog.Checks{Queueing: s.set.queueing, ConsumesEvents: s.set.useKVEvents, Collector: s.set.collector})
+	reasons := rec.Reasons(catalog.Checks{Queueing: s.set.queueing, ConsumesEvents: s.set.useKVEvents, Collector: s.set.collector, PrefillGroup: s.set.prefillGroup})
 	var part *partition
 	if len(reasons) == 0 {
 		var err error

@@ -164,7 +164,8 @@ func startExtProc(o *options, svc *selection.Service, tokenizer selection.Tokeni
 		assumed = &extproc.BodyModes{Request: e.assumedRequest, Response: e.assumedResponse}
 	}
 	picker := extproc.New(svc, extproc.Options{Logger: log, Fallbacks: e.fallbacks, MaxBodyBytes: e.maxBodyBytes,
-		TestPickHeader: e.testPick, DefaultModel: e.defaultModel, AssumedModes: assumed})
+		TestPickHeader: e.testPick, DefaultModel: e.defaultModel, AssumedModes: assumed,
+		Disaggregate: o.disagg.mode == disaggAuto, PrefillHeader: o.disagg.prefillHeader})
 	if tokenizer != nil {
 		// Before the listener serves, so that no early text prompt misses it.
 		picker.SetTokenizer(tokenizer, o.tokenize.forwardIDs)

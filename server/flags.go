@@ -57,6 +57,7 @@ type options struct {
 	engines  engineFlags // engine metrics, saturation, health (engines.go)
 
 	discovery discoveryFlags // --workers-file, --pool-name (discovery.go)
+	disagg    disaggFlags    // prefill/decode disaggregation (disagg.go)
 	auth      authFlags      // REST authentication and TLS (auth.go)
 	limits    limitFlags     // per-client limits, HTTP timeouts, ext_proc streams (limits.go)
 
@@ -140,6 +141,7 @@ func newFlagSet(o *options) *flag.FlagSet {
 	o.tokenize.register(fs)
 	o.engines.register(fs)
 	o.discovery.register(fs)
+	o.disagg.register(fs)
 	o.auth.register(fs)
 	o.limits.register(fs)
 
@@ -250,6 +252,7 @@ func (o *options) validate() error {
 	errs = append(errs, o.auth.validate()...)
 	errs = append(errs, o.limits.validate()...)
 	errs = append(errs, o.discovery.validate(o.set)...)
+	errs = append(errs, o.disagg.validate()...)
 	if err := errors.Join(errs...); err != nil {
 		return &UsageError{err}
 	}

@@ -47,6 +47,7 @@ var helpSections = []struct {
 		"queue-depth-threshold", "kv-cache-util-threshold", "when-saturated", "engine-request-weight", "engine-kv-usage-weight", "engine-lora-miss-weight",
 		"eject-after", "eject-window", "eject-base", "eject-max", "health-probe-interval", "health-probe-timeout"}},
 	{"Discovery (workers file, Kubernetes InferencePool)", []string{"workers-file", "pool-name", "pool-namespace", "kubeconfig"}},
+	{"Disaggregated prefill/decode (docs/disaggregation.md)", []string{"prefill-routing-group", "disaggregation", "prefill-header"}},
 	{"Other", []string{"version"}},
 }
 

@@ -116,6 +116,7 @@ func run(ctx context.Context, args []string, set *settings) error {
 		return err
 	}
 	cfg.Engine = o.engines.config()
+	o.disagg.apply(&cfg, log)
 	svc, err := selection.New(cfg)
 	if err != nil {
 		// Only configuration reaches New (a key of the wrong size, say).
@@ -124,6 +125,7 @@ func run(ctx context.Context, args []string, set *settings) error {
 		}
 		return &UsageError{err}
 	}
+	metrics.MustRegister(disaggMetrics{svc: svc}) // kvselect_prefill_decisions_total
 	// Replica sync: admissions, prefill completions, frees and session
 	// bindings go out on a PUB socket and come in from every peer's (Dynamo's
 	// "Peer Planes"). A port that cannot be bound stops the server, as in

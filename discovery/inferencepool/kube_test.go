@@ -194,6 +194,20 @@ func annotate(t *testing.T, c client.Client, ns, name, key, value string) {
 	}
 }
 
+func label(t *testing.T, c client.Client, ns, name, key, value string) {
+	t.Helper()
+	ctx := context.Background()
+	var p corev1.Pod
+	if err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, &p); err != nil {
+		t.Fatal(err)
+	}
+	patch := client.MergeFrom(p.DeepCopy())
+	p.Labels[key] = value
+	if err := c.Patch(ctx, &p, patch); err != nil {
+		t.Fatal(err)
+	}
+}
+
 func TestMain(m *testing.M) {
 	// controller-runtime warns on stderr when its process-wide logger is
 	// never set; kvselect sets it in main.
@@ -262,6 +276,18 @@ func TestPoolDiscoveryAgainstARealAPIServer(t *testing.T) {
 	eventually(t, "the new capacity", func() bool {
 		w, ok := p.workers(t)["llm/vllm-0:8000"]
 		return ok && w.TotalKVBlocks != nil && *w.TotalKVBlocks == 40000 && w.WorkerID == w0.WorkerID && w.Lifecycle == catalog.Schedulable
+	})
+
+	// llm-d's role label moves a worker into the prefill group and back.
+	label(t, c, ns, "vllm-0", LabelRole, "prefill")
+	eventually(t, "vllm-0 in the prefill group", func() bool {
+		w, ok := p.workers(t)["llm/vllm-0:8000"]
+		return ok && w.RoutingGroup == "prefill" && w.Role != nil && *w.Role == "prefill" && w.Lifecycle == catalog.Schedulable
+	})
+	label(t, c, ns, "vllm-0", LabelRole, "prefill-decode")
+	eventually(t, "vllm-0 aggregated again", func() bool {
+		w, ok := p.workers(t)["llm/vllm-0:8000"]
+		return ok && w.RoutingGroup == "default" && w.Role != nil && *w.Role == "both" && w.Lifecycle == catalog.Schedulable
 	})
 
 	// A malformed annotation: the worker stays, incomplete, with the reason.

@@ -69,6 +69,20 @@ const (
 	// the i-th port gets id + i. Optional: ids are derived otherwise (WorkerID).
 	AnnotationWorkerID = Prefix + "worker-id"
 
+	// AnnotationRole is the worker's part in disaggregated prefill/decode
+	// serving, in kvselect's words: prefill, decode or both (the default).
+	// LabelRole, llm-d's label, says the same; when both are set they must
+	// agree. A prefill pod joins the prefill routing group unless
+	// kvselect.io/routing-group names another (which is a conflict: the
+	// worker is incomplete).
+	AnnotationRole = Prefix + "role"
+
+	// LabelRole is llm-d's role label (the value set its P/D guides put on
+	// vLLM pods and its scheduler's by-label role filters read):
+	// prefill, decode, prefill-decode, both (deprecated), and the encode
+	// stages encode, encode-prefill and encode-prefill-decode.
+	LabelRole = "llm-d.ai/role"
+
 	// AnnotationActivePorts is GIE's: a comma-separated subset of the pool's
 	// target ports that this pod serves on. Absent means all of them.
 	AnnotationActivePorts = "inference.networking.k8s.io/active-ports"
@@ -197,6 +211,10 @@ func podWorkers(pod *corev1.Pod, poolPorts []int32, m Mapping) []catalog.Record 
 		bad("annotation %s is missing: set it to the model name the engine serves (vLLM --served-model-name)", AnnotationModel)
 	}
 	group, _ := get(AnnotationRoutingGroup)
+	role, roleProblem := podRole(pod, get)
+	if roleProblem != "" {
+		bad("%s", roleProblem)
+	}
 	blockSize, _ := num(AnnotationBlockSize, DefaultBlockSize, 1, 1<<31)
 	dpSize, _ := num(AnnotationDPSize, 1, 1, 1024)
 	dpStart, _ := num(AnnotationDPStartRank, 0, 0, 1<<20)
@@ -240,6 +258,11 @@ func podWorkers(pod *corev1.Pod, poolPorts []int32, m Mapping) []catalog.Record 
 			BlockSize:       ptr(uint32(blockSize)),
 			StableRoutingID: ptr(fmt.Sprintf("%s/%s:%d", pod.Namespace, pod.Name, port)),
 			SourceReasons:   slices.Clone(reasons),
+		}
+		if role != "" {
+			// A prefill pod without a routing-group annotation joins the
+			// service's prefill group (catalog.Record.ResolveRole).
+			r.Role = ptr(role)
 		}
 		if hasID {
 			r.WorkerID = (baseID + uint64(idx)) & (1<<63 - 1)
@@ -290,6 +313,40 @@ func podWorkers(pod *corev1.Pod, poolPorts []int32, m Mapping) []catalog.Record 
 		out = append(out, r)
 	}
 	return out
+}
+
+// llmdRoles maps llm-d's role label values to kvselect's roles. An encode
+// stage before prefill changes nothing for text routing; an encode-only pod
+// serves no text and is not mapped.
+var llmdRoles = map[string]string{
+	"prefill": catalog.RolePrefill, "encode-prefill": catalog.RolePrefill,
+	"decode":         catalog.RoleDecode,
+	"prefill-decode": catalog.RoleBoth, "both": catalog.RoleBoth, "encode-prefill-decode": catalog.RoleBoth,
+}
+
+// podRole is the pod's role from kvselect's annotation and llm-d's label
+// ("" when neither is set), or a problem that makes the worker incomplete.
+func podRole(pod *corev1.Pod, get func(string) (string, bool)) (role, problem string) {
+	own, hasOwn := get(AnnotationRole)
+	if hasOwn && !slices.Contains(catalog.Roles, own) {
+		return "", fmt.Sprintf("annotation %s %q: want one of %s", AnnotationRole, own, strings.Join(catalog.Roles, ", "))
+	}
+	label, hasLabel := pod.Labels[LabelRole]
+	label = strings.TrimSpace(label)
+	mapped, known := llmdRoles[label]
+	switch {
+	case hasLabel && label == "encode":
+		return "", fmt.Sprintf("label %s=encode: an encode-only pod serves no text prompts", LabelRole)
+	case hasLabel && !known:
+		return "", fmt.Sprintf("label %s %q: want prefill, decode, prefill-decode or both (or an encode- stage)", LabelRole, label)
+	case hasOwn && hasLabel && own != mapped:
+		return "", fmt.Sprintf("annotation %s %q conflicts with label %s %q", AnnotationRole, own, LabelRole, label)
+	case hasOwn:
+		return own, ""
+	case hasLabel:
+		return mapped, ""
+	}
+	return "", ""
 }
 
 // parseActivePorts reads GIE's active-ports annotation: target ports the pod

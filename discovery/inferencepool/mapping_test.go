@@ -337,3 +337,59 @@ func TestWorkersEngineAnnotations(t *testing.T) {
 		t.Fatalf("an unknown engine is not a visible reason: %v", r)
 	}
 }
+
+// llm-d's role label (and kvselect's own annotation) set the worker's role;
+// unknown and conflicting values make the worker incomplete with the reason.
+func TestWorkersRoles(t *testing.T) {
+	for _, tc := range []struct {
+		name          string
+		label, annot  string // "" = unset
+		want, problem string
+	}{
+		{name: "no role", want: ""},
+		{name: "llm-d prefill", label: "prefill", want: "prefill"},
+		{name: "llm-d decode", label: "decode", want: "decode"},
+		{name: "llm-d prefill-decode is aggregated", label: "prefill-decode", want: "both"},
+		{name: "llm-d's deprecated both", label: "both", want: "both"},
+		{name: "encode before prefill", label: "encode-prefill", want: "prefill"},
+		{name: "encode-only pod", label: "encode", problem: "encode-only pod"},
+		{name: "unknown label value", label: "prefiller", problem: `label llm-d.ai/role "prefiller"`},
+		{name: "kvselect annotation", annot: "decode", want: "decode"},
+		{name: "agreeing label and annotation", label: "prefill-decode", annot: "both", want: "both"},
+		{name: "conflicting label and annotation", label: "prefill", annot: "decode", problem: "conflicts with label"},
+		{name: "bad annotation", annot: "p", problem: `annotation kvselect.io/role "p"`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ann := model()
+			if tc.annot != "" {
+				ann[AnnotationRole] = tc.annot
+			}
+			p := pod("vllm-0", "10.1.2.3", ann)
+			if tc.label != "" {
+				p.Labels[LabelRole] = tc.label
+			}
+			ws := Workers(pool(8000), []corev1.Pod{p})
+			if len(ws) != 1 {
+				t.Fatalf("%d workers", len(ws))
+			}
+			w := ws[0]
+			reasons := strings.Join(w.Reasons(catalog.Checks{}), "; ")
+			if tc.problem != "" {
+				if !strings.Contains(reasons, tc.problem) {
+					t.Fatalf("reasons %q, want %q", reasons, tc.problem)
+				}
+				return
+			}
+			got := ""
+			if w.Role != nil {
+				got = *w.Role
+			}
+			if got != tc.want || reasons != "" {
+				t.Fatalf("role %q reasons %q, want %q", got, reasons, tc.want)
+			}
+			if w.RoutingGroup != "" {
+				t.Fatalf("routing group %q: the service decides a role's group", w.RoutingGroup)
+			}
+		})
+	}
+}

@@ -348,3 +348,17 @@ func TestCheckReportsOnlyChanges(t *testing.T) {
 }
 
 func ptr[T any](v T) *T { return &v }
+
+func TestParseRoles(t *testing.T) {
+	recs, err := Parse([]byte("workers:\n- {worker_id: 1, endpoint: 'http://a:8000', block_size: 16, role: prefill}\n- {worker_id: 2, endpoint: 'http://b:8000', block_size: 16, role: decode}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if *recs[0].Role != "prefill" || recs[0].RoutingGroup != "" || *recs[1].Role != "decode" || recs[1].RoutingGroup != "default" {
+		t.Fatalf("records = %+v", recs)
+	}
+	_, err = Parse([]byte("workers:\n- {worker_id: 1, endpoint: 'http://a:8000', role: prefiller}\n"))
+	if err == nil || !strings.Contains(err.Error(), "workers[0] (worker_id 1): role must be one of prefill, decode, both") {
+		t.Fatalf("err = %v", err)
+	}
+}

@@ -72,6 +72,14 @@ type Record struct {
 	// the engine's Prometheus metrics; without it, <endpoint>/metrics.
 	MetricsEndpoint *string `json:"metrics_endpoint,omitempty"`
 
+	// Role (not in Dynamo's record; omitted when unset) is the worker's part
+	// in disaggregated prefill/decode serving: "prefill", "decode" or "both"
+	// (aggregated, the same as unset). A prefill worker serves the prefill
+	// stage of disaggregated requests and belongs to the prefill routing
+	// group (registered without a routing group, it joins it); decode and
+	// aggregated workers may not sit in that group.
+	Role *string `json:"role,omitempty"`
+
 	KVTransferDomain          *string  `json:"kv_transfer_domain"`
 	KVTransferEnforcement     *string  `json:"kv_transfer_enforcement"`
 	KVTransferPreferredWeight *float32 `json:"kv_transfer_preferred_weight"`
@@ -137,7 +145,9 @@ func (r *Record) Normalize() error {
 	if r.ModelName == "" {
 		r.ModelName = DefaultPartitionName
 	}
-	if r.RoutingGroup == "" {
+	if r.RoutingGroup == "" && !r.IsPrefill() {
+		// A prefill worker's group is the service's prefill group
+		// (ResolveRole), which only the service knows.
 		r.RoutingGroup = DefaultPartitionName
 	}
 	if r.Taints == nil {
@@ -148,6 +158,9 @@ func (r *Record) Normalize() error {
 	}
 	if e := r.KVTransferEnforcement; e != nil && !slices.Contains(KVTransferEnforcements, *e) {
 		return fmt.Errorf("kv_transfer_enforcement must be \"required\" or \"preferred\", not %q", *e)
+	}
+	if ro := r.Role; ro != nil && !slices.Contains(Roles, *ro) {
+		return fmt.Errorf("role must be one of %s, not %q", strings.Join(Roles, ", "), *ro)
 	}
 	if e := r.Engine; e != nil && !slices.Contains(Engines, *e) {
 		return fmt.Errorf("engine must be one of %s, not %q", strings.Join(Engines, ", "), *e)
@@ -259,6 +272,9 @@ type Checks struct {
 	// endpoint is fed through it and needs only a topic to be recognised by:
 	// kv_events_topic, or an endpoint with a host and port.
 	Collector bool
+	// PrefillGroup is the service's prefill routing group: a worker's role
+	// must agree with whether it is in it.
+	PrefillGroup string
 }
 
 // Reasons computes why r cannot be scheduled, in Dynamo's order and words
@@ -294,8 +310,39 @@ func (r *Record) Reasons(c Checks) []string {
 			out = append(out, "replay_endpoint is supported only for data_parallel_size 1")
 		}
 	}
+	// A worker without a role is whatever its group makes it, as in
+	// Dynamo, where the prefill pool is simply a routing group.
+	if c.PrefillGroup != "" && r.Role != nil {
+		switch role := *r.Role; {
+		case role == RolePrefill && r.RoutingGroup != c.PrefillGroup:
+			out = append(out, fmt.Sprintf("role prefill conflicts with routing_group %q: prefill workers belong to the prefill routing group %q", r.RoutingGroup, c.PrefillGroup))
+		case role != RolePrefill && r.RoutingGroup == c.PrefillGroup:
+			out = append(out, fmt.Sprintf("role %s conflicts with routing_group %q, the prefill routing group (set role prefill, or another group)", role, r.RoutingGroup))
+		}
+	}
 	return out
 }
+
+// IsPrefill reports whether the record says role prefill.
+func (r *Record) IsPrefill() bool { return r.Role != nil && *r.Role == RolePrefill }
+
+// ResolveRole puts a prefill worker registered without a routing group into
+// prefillGroup, the service's prefill routing group.
+func (r *Record) ResolveRole(prefillGroup string) {
+	if r.IsPrefill() && r.RoutingGroup == "" {
+		r.RoutingGroup = prefillGroup
+	}
+}
+
+// Worker roles in disaggregated prefill/decode serving (Record.Role).
+const (
+	RolePrefill = "prefill"
+	RoleDecode  = "decode"
+	RoleBoth    = "both"
+)
+
+// Roles are the values Record.Role accepts.
+var Roles = []string{RolePrefill, RoleDecode, RoleBoth}
 
 // Patch is a PATCH /workers/{id} body: present scalar fields replace, absent or
 // null ones leave the record alone; present maps and lists replace wholesale.

@@ -111,7 +111,7 @@ var knobs = []knob{
 		stringKnob(func(c *Config, v string) { c.PrefillPolicy = Some(v) })},
 	{EnvVar{"DYN_ROUTER_DECODE_POLICY", "DecodePolicy", "unset", "Custom worker-selection instance for decode workers. Accepted but ignored unless \"default\".", ""},
 		stringKnob(func(c *Config, v string) { c.DecodePolicy = Some(v) })},
-	{EnvVar{"DYN_ROUTER_CONDITIONAL_DISAGG", "ConditionalDisagg", "false", "Let a decode worker prefill locally instead of a remote prefill worker. Accepted but ignored: the selection service runs every worker as aggregated.", "conditional_disagg_enabled"},
+	{EnvVar{"DYN_ROUTER_CONDITIONAL_DISAGG", "ConditionalDisagg", "false", "For disaggregated requests (docs/disaggregation.md): let the decode worker prefill locally when the policy allows; false prefills every request of a model with a prefill pool remotely.", "conditional_disagg_enabled"},
 		boolKnob(func(c *Config, v bool) { c.ConditionalDisagg = v })},
 	{EnvVar{"DYN_ROUTER_CONDITIONAL_DISAGG_POLICY", "ConditionalDisaggPolicy", "isl_bounding", "isl_bounding, prefill_load (needs a prefill busy threshold or the queue threshold) or isl_or_load.", "conditional_disagg_policy"},
 		choiceKnob([]string{string(DisaggISLBounding), string(DisaggPrefillLoad), string(DisaggISLOrLoad)}, func(c *Config, v string) { c.ConditionalDisaggPolicy = ConditionalDisaggPolicy(v) })},
@@ -540,9 +540,6 @@ func (r *reader) ignored(c Config) {
 	}
 	if c.UseRemoteIndexer {
 		r.warn("%s=true %s a remote indexer; the local index is used", r.label("DYN_USE_REMOTE_INDEXER"), notYet)
-	}
-	if c.ConditionalDisagg {
-		r.warn("%s=true is accepted but ignored: the selection service runs every worker as aggregated, as Dynamo's does", r.label("DYN_ROUTER_CONDITIONAL_DISAGG"))
 	}
 	if c.ReplicaSync {
 		r.warn("%s=true is a Dynamo frontend setting; the selection service enables replica sync with --replica-sync-port and --replica-sync-peers", r.label("DYN_ROUTER_REPLICA_SYNC"))

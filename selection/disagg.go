@@ -1,0 +1,364 @@
+package selection
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+
+	"github.com/kvselect/kvselect/selection/affinity"
+	"github.com/kvselect/kvselect/selection/index"
+	"github.com/kvselect/kvselect/selection/loads"
+	"github.com/kvselect/kvselect/selection/routerconfig"
+	"github.com/kvselect/kvselect/selection/scheduler"
+)
+
+// Disaggregated prefill/decode. A model's prefill pool is a routing group of
+// its own (Config.PrefillRoutingGroup), as in Dynamo's selection service,
+// where a disaggregation coordinator selects against the prefill pool. A
+// disaggregated request (SelectRequest.Disaggregated) names the decode group;
+// the service chooses its decode worker as usual, decides with Dynamo's
+// conditional disaggregation rules (scheduler.DisaggPolicy) whether the
+// prompt is prefilled remotely, and if so chooses the prefill worker with the
+// same KV- and load-aware selection over the prefill group.
+//
+// Bookings. A remote prefill is booked under "<selection id>.prefill" in the
+// prefill group — prefill tokens and the prompt's blocks, one expected output
+// token — and the decode booking carries no prefill tokens: the prompt is
+// computed elsewhere and its KV arrives by transfer. The prefill booking is
+// freed when the decode booking's prefill completes (the first response byte,
+// or the caller's prefill_complete: the decode side has the KV, so the
+// prefill worker is done with the request) or when the decode booking is
+// freed, whichever is first. Both bookings are made or neither: the prefill
+// booking is made first and undone if the decode booking then fails. A local
+// prefill is an ordinary booking.
+//
+// A prefill pool that cannot take a request (no schedulable worker left,
+// every worker ejected or overloaded) never fails it: the decode worker
+// prefills locally, the decision says why, and Config.OnPrefillPool hears of
+// each change between usable and not.
+
+// DefaultPrefillRoutingGroup is the routing group of prefill workers unless
+// Config.PrefillRoutingGroup names another.
+const DefaultPrefillRoutingGroup = "prefill"
+
+// PrefillBookingSuffix makes a remote prefill's booking id from its decode
+// booking's selection id.
+const PrefillBookingSuffix = ".prefill"
+
+// disaggState counts decisions and remembers, per model, whether the prefill
+// pool was usable at the last disaggregated request. Its mutex is a leaf.
+type disaggState struct {
+	counts [8]atomic.Uint64 // by scheduler.DisaggReasons index
+
+	mu     sync.Mutex
+	usable map[string]bool
+}
+
+// count records one decision and reports a change of the model's pool
+// usability (changed), which the caller hands to OnPrefillPool with no lock
+// held.
+func (st *disaggState) count(model, reason string) (usable, changed bool) {
+	for i, r := range scheduler.DisaggReasons {
+		if r == reason {
+			st.counts[i].Add(1)
+		}
+	}
+	usable = reason != scheduler.ReasonNoPrefillWorkers && reason != scheduler.ReasonPrefillUnavailable
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if st.usable == nil {
+		st.usable = make(map[string]bool)
+	}
+	prev, seen := st.usable[model]
+	st.usable[model] = usable
+	return usable, (seen && prev != usable) || (!seen && !usable)
+}
+
+// DisaggStats are the disaggregated decisions made so far, by reason (every
+// scheduler.DisaggReasons entry present). Requests to models that never had
+// a prefill pool are not counted: nothing was decided for them.
+func (s *Service) DisaggStats() map[string]uint64 {
+	out := make(map[string]uint64, len(scheduler.DisaggReasons))
+	for i, r := range scheduler.DisaggReasons {
+		out[r] = s.disagg.counts[i].Load()
+	}
+	return out
+}
+
+// PrefillRoutingGroup is the routing group of every model's prefill pool.
+func (s *Service) PrefillRoutingGroup() string { return s.set.prefillGroup }
+
+// disaggPolicyOf is the conditional disaggregation configuration in c.
+func disaggPolicyOf(c routerconfig.Config) scheduler.DisaggPolicy {
+	return scheduler.DisaggPolicy{
+		Conditional: c.ConditionalDisagg, Kind: c.ConditionalDisaggPolicy,
+		EffISLThreshold: c.ConditionalDisaggEffISLThreshold, EffISLRatioThreshold: c.ConditionalDisaggEffISLRatioThreshold,
+		DecodeGate: c.ConditionalDisaggDecodeBusyThreshold.IsSet(),
+	}
+}
+
+// prefillBusyThreshold is the prefill-busy line of prefill_load: its own
+// threshold, else the queue threshold (Dynamo's ConditionalDisaggThresholds).
+func prefillBusyThreshold(c routerconfig.Config) *float64 {
+	if v, ok := c.ConditionalDisaggPrefillBusyThreshold.Get(); ok {
+		return &v
+	}
+	return optPtr(c.QueueThreshold)
+}
+
+// disaggOutcome is a disaggregated request's prefill decision and, for a
+// remote prefill, the prefill worker's decision and booking.
+type disaggOutcome struct {
+	model   string
+	counted bool // the model has a prefill pool (or had one)
+	reason  string
+	prefill *decision // nil: local prefill
+	// Set when the prefill is booked: its id, and what recordRouting and the
+	// replica observer need.
+	prefillID string
+	booking   *loads.Booking
+}
+
+// view is the response's prefill fields; selectionID is the prefill's id to
+// report (its booking, or its cached pending selection), nil for none.
+func (s *Service) disaggView(out *disaggOutcome, resp *SelectResponse, selectionID *string) {
+	resp.PrefillDecision = &PrefillDecision{Remote: out.prefill != nil, Reason: out.reason}
+	resp.Prefill = PrefillField{Set: true}
+	if d := out.prefill; d != nil {
+		pv := s.response(d, nil)
+		resp.Prefill.Selection = &PrefillSelection{
+			SelectionID: selectionID, RoutingGroup: pv.RoutingGroup, WorkerID: pv.WorkerID, DPRank: pv.DPRank,
+			Endpoint: pv.Endpoint, Overlap: pv.Overlap, EffectivePrefillTokens: pv.EffectivePrefillTokens,
+		}
+	}
+}
+
+// note counts the decision and reports a pool usability change.
+func (s *Service) noteDisagg(out *disaggOutcome) {
+	if !out.counted {
+		return
+	}
+	usable, changed := s.disagg.count(out.model, out.reason)
+	if changed && s.onPrefillPool != nil {
+		s.onPrefillPool(out.model, usable, out.reason)
+	}
+}
+
+// prefillPool returns the model's prefill partition (nil when the model never
+// had one) and whether it has schedulable workers now.
+func (s *Service) prefillPool(model string) (*partition, bool) {
+	p := s.partition(index.Partition{Model: model, RoutingGroup: s.set.prefillGroup})
+	return p, p != nil && len(p.workers.Load().ranks) > 0
+}
+
+// prefillRequest is the selection request of a disaggregated request's
+// prefill stage: the prompt and its priority; the decode side's worker
+// constraints (allowed workers, pins, taints, affinity) are not the prefill
+// pool's.
+func (s *Service) prefillRequest(req *SelectRequest) *SelectRequest {
+	return &SelectRequest{
+		PartitionKey:  PartitionKey{ModelName: req.ModelName, RoutingGroup: s.set.prefillGroup},
+		PromptRequest: req.PromptRequest, RouterConfigOverride: req.RouterConfigOverride,
+		PriorityJump: req.PriorityJump, StrictPriority: req.StrictPriority, PolicyClass: req.PolicyClass,
+	}
+}
+
+// decideDisagg runs Dynamo's conditional rules for a request whose decode
+// selection is peek: it probes the prefill pool when the policy reads its
+// load (returning the probe's prepared prompt, which the caller reuses).
+func (s *Service) decideDisagg(ctx context.Context, rq *prepared, req *SelectRequest, peek *decision) (remote bool, reason string, prq *prepared) {
+	pol := disaggPolicyOf(rq.eff)
+	in := scheduler.DisaggInput{
+		PromptTokens: rq.prompt.isl,
+		CachedTokens: rq.prompt.isl - peek.scored.EffectivePrefillTokens,
+		DecodeBusy: scheduler.DecodeBusy(peek.scored.PotentialDecodeBlocks, peek.rec.TotalKVBlocks,
+			optPtr(rq.eff.ConditionalDisaggDecodeBusyThreshold)),
+	}
+	preq := s.prefillRequest(req)
+	if pol.NeedsPrefillBusy() {
+		if p, err := s.promptFor(partitionOf(preq.PartitionKey), preq.RouterConfigOverride, &preq.PromptRequest, forSelection); err == nil {
+			prq = &p
+			if pd, err := s.choose(ctx, prq, preq, nil, nil, false); err == nil {
+				in.PrefillBusy = scheduler.PrefillBusy(pd.load.ActivePrefillTokens, pd.rec.MaxNumBatchedTokens, prefillBusyThreshold(rq.eff))
+			}
+		}
+	}
+	remote, reason = pol.Decide(in)
+	return remote, reason, prq
+}
+
+// chooseDisaggregated is choose for a disaggregated select_and_reserve: the
+// decode worker, booked, and the outcome, whose remote prefill (if any) is
+// booked too under id+PrefillBookingSuffix — claimed in the reservation table
+// but not installed, which the caller does once the decode booking is sure.
+// booking is the decode booking; a remote prefill takes its prefill tokens
+// away.
+func (s *Service) chooseDisaggregated(ctx context.Context, rq *prepared, req *SelectRequest,
+	target *affinity.Target, booking *loads.Booking, id string) (*decision, *disaggOutcome, error) {
+	out := &disaggOutcome{model: rq.part.key.Model}
+	pool, ok := s.prefillPool(out.model)
+	out.counted = pool != nil
+	if !ok {
+		out.reason = scheduler.ReasonNoPrefillWorkers
+		d, err := s.choose(ctx, rq, req, target, booking, true)
+		return d, out, err
+	}
+	peek, err := s.choose(ctx, rq, req, target, nil, false)
+	if err != nil {
+		return nil, nil, err
+	}
+	remote, reason, prq := s.decideDisagg(ctx, rq, req, peek)
+	out.reason = reason
+	if remote {
+		if err := s.bookPrefill(ctx, out, req, prq, id); err != nil {
+			return nil, nil, err
+		}
+	}
+	// The decode booking goes to the worker the decision was made for.
+	pinned := *req
+	pinned.PinnedWorker = &WorkerRank{WorkerID: peek.worker.WorkerID, DPRank: peek.worker.DPRank}
+	pinned.AffinityTarget, pinned.Fallbacks = nil, 0
+	if out.prefill != nil {
+		booking.TrackPrefill = false
+	}
+	drq := *rq
+	drq.overlaps = peek.overlaps
+	d, err := s.choose(ctx, &drq, &pinned, nil, booking, true)
+	if err != nil {
+		s.undoPrefill(out)
+		return nil, nil, err
+	}
+	d.alts = peek.alts
+	return d, out, nil
+}
+
+// bookPrefill books the remote prefill; a prefill pool that cannot take it
+// turns the decision into a local prefill (ReasonPrefillUnavailable) rather
+// than an error, unless the request itself is gone.
+func (s *Service) bookPrefill(ctx context.Context, out *disaggOutcome, req *SelectRequest, prq *prepared, id string) error {
+	preq := s.prefillRequest(req)
+	if prq == nil {
+		p, err := s.promptFor(partitionOf(preq.PartitionKey), preq.RouterConfigOverride, &preq.PromptRequest, forSelection)
+		if err != nil {
+			out.reason = scheduler.ReasonPrefillUnavailable
+			return nil
+		}
+		prq = &p
+	}
+	pid := id + PrefillBookingSuffix
+	if err := s.resv.claim(pid); err != nil {
+		return err
+	}
+	one := uint32(1)
+	b := &loads.Booking{RequestID: pid, TrackingHashes: prq.prompt.tracking, ISL: prq.prompt.isl,
+		TrackPrefill: prq.eff.TrackPrefillTokens, ExpectedOutputTokens: &one}
+	d, err := s.choose(ctx, prq, preq, nil, b, true)
+	if err != nil {
+		s.resv.unclaim(pid)
+		if ctx.Err() != nil {
+			return err
+		}
+		out.reason = scheduler.ReasonPrefillUnavailable
+		return nil
+	}
+	d.prompt = prq.prompt
+	out.prefill, out.prefillID, out.booking = d, pid, b
+	return nil
+}
+
+// undoPrefill frees a remote prefill booked for a request that then failed.
+func (s *Service) undoPrefill(out *disaggOutcome) {
+	if out.prefill == nil {
+		return
+	}
+	_ = out.prefill.part.loads.Free(out.prefillID)
+	out.prefill.part.wake()
+	s.resv.unclaim(out.prefillID)
+	out.prefill = nil
+}
+
+// installPrefill makes the booked remote prefill a reservation of its own,
+// fed to the index and the replicas like any booking.
+func (s *Service) installPrefill(out *disaggOutcome) {
+	d := out.prefill
+	s.recordRouting(d.part, d.worker, d.prompt)
+	s.resv.install(out.prefillID, d.part, d.worker, nil)
+	s.replicateAdd(d.part, out.booking, d.prompt.lora)
+}
+
+// freeRemotePrefill frees the remote prefill booked with reservation r, if it
+// is still booked: its decode side has the KV (prefill complete) or is gone.
+func (s *Service) freeRemotePrefill(ctx context.Context, r *reservation) {
+	if r.prefill != "" {
+		_ = s.Free(ctx, r.prefill) // not found: freed already, or expired
+	}
+}
+
+// selectDisaggregated is Select for a disaggregated request: the decode
+// selection, the decision, and for a remote prefill the prefill worker's
+// selection — cached under the selection id + PrefillBookingSuffix in the
+// prefill group when the request has an id, for a replay reservation there.
+// Nothing is booked.
+func (s *Service) selectDisaggregated(ctx context.Context, req *SelectRequest) (*SelectResponse, error) {
+	plain := *req
+	plain.Disaggregated = false
+	resp, err := s.Select(ctx, &plain)
+	if err != nil {
+		return nil, err
+	}
+	out := &disaggOutcome{model: resp.ModelName}
+	pool, ok := s.prefillPool(out.model)
+	out.counted = pool != nil
+	var prefillID *string
+	if !ok {
+		out.reason = scheduler.ReasonNoPrefillWorkers
+	} else if out.reason, prefillID, err = s.peekPrefill(ctx, req, resp, out); err != nil {
+		return nil, err
+	}
+	s.noteDisagg(out)
+	s.disaggView(out, resp, prefillID)
+	return resp, nil
+}
+
+// peekPrefill decides for an unbooked disaggregated selection and, when the
+// prefill is remote, selects (and caches, with an id) its prefill worker.
+func (s *Service) peekPrefill(ctx context.Context, req *SelectRequest, resp *SelectResponse, out *disaggOutcome) (string, *string, error) {
+	preq := s.prefillRequest(req)
+	prq, err := s.promptFor(partitionOf(preq.PartitionKey), preq.RouterConfigOverride, &preq.PromptRequest, forSelection)
+	if err != nil {
+		return scheduler.ReasonPrefillUnavailable, nil, nil
+	}
+	eff, err := s.effective(s.policy.Load(), req.RouterConfigOverride)
+	if err != nil {
+		return "", nil, err
+	}
+	pol := disaggPolicyOf(eff)
+	in := scheduler.DisaggInput{PromptTokens: prq.prompt.isl,
+		CachedTokens: prq.prompt.isl - int(resp.EffectivePrefillTokens), DecodeBusy: resp.DecodeBusy}
+	var pd *decision
+	if pd, err = s.choose(ctx, &prq, preq, nil, nil, false); err != nil && ctx.Err() != nil {
+		return "", nil, err
+	}
+	if err == nil && pol.NeedsPrefillBusy() {
+		in.PrefillBusy = scheduler.PrefillBusy(pd.load.ActivePrefillTokens, pd.rec.MaxNumBatchedTokens, prefillBusyThreshold(eff))
+	}
+	remote, reason := pol.Decide(in)
+	if !remote {
+		return reason, nil, nil
+	}
+	if err != nil {
+		return scheduler.ReasonPrefillUnavailable, nil, nil
+	}
+	out.prefill = pd
+	if req.SelectionID == nil {
+		return reason, nil, nil
+	}
+	// Cached exactly as a /select against the prefill group would cache it.
+	id := *req.SelectionID + PrefillBookingSuffix
+	preq.SelectionID = &id
+	preq.PinnedWorker = &WorkerRank{WorkerID: pd.worker.WorkerID, DPRank: pd.worker.DPRank}
+	if _, err := s.Select(ctx, preq); err != nil {
+		return scheduler.ReasonPrefillUnavailable, nil, nil
+	}
+	return reason, &id, nil
+}
