@@ -25,7 +25,9 @@ import (
 	giev1 "sigs.k8s.io/gateway-api-inference-extension/api/v1"
 	gatewayv1 "sigs.k8s.io/gateway-api/apis/v1"
 
+	"github.com/kvselect/kvselect/discovery/inferencepool"
 	"github.com/kvselect/kvselect/discovery/kubetest"
+	"github.com/kvselect/kvselect/selection/catalog"
 )
 
 const (
@@ -113,6 +115,7 @@ patches:
 		}},
 		{"kustomize-example", "llm", kust("deploy/kustomize/overlays/example")},
 		{"kustomize-examples-only", "llm", kust("deploy/examples")},
+		{"kustomize-examples-pd", "llm", kust("deploy/examples/pd")},
 		{"replicas", "llm", kust("deploy/replicas")},
 	}
 }
@@ -504,4 +507,40 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	os.Exit(m.Run())
+}
+
+// TestPDExampleRoles: kvselect's own pod mapping reads the P/D example's pod
+// templates as one prefill and one decode worker per pod, with no incomplete
+// reason, and the decode pods' target port is the routing sidecar's.
+func TestPDExampleRoles(t *testing.T) {
+	i := slices.IndexFunc(sets(), func(s manifestSet) bool { return s.name == "kustomize-examples-pd" })
+	objs := render(t, sets()[i])
+	pool := &giev1.InferencePool{}
+	pool.Spec.TargetPorts = []giev1.Port{{Number: 8000}}
+	roles := map[string]string{}
+	for _, u := range find(objs, "Deployment") {
+		d := into[appsv1.Deployment](t, u)
+		pod := corev1.Pod{ObjectMeta: d.Spec.Template.ObjectMeta, Spec: d.Spec.Template.Spec}
+		pod.Namespace, pod.Name = "llm", d.Name+"-0"
+		pod.Status.PodIP = "10.0.0.1"
+		pod.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}}
+		ws := inferencepool.Workers(pool, []corev1.Pod{pod})
+		if len(ws) != 1 || ws[0].Role == nil {
+			t.Fatalf("%s: workers %+v", d.Name, ws)
+		}
+		ws[0].ResolveRole("prefill") // what the service does at registration
+		if r := ws[0].Reasons(catalog.Checks{ConsumesEvents: true, PrefillGroup: "prefill"}); len(r) > 0 {
+			t.Errorf("%s: incomplete: %v", d.Name, r)
+		}
+		roles[d.Name] = *ws[0].Role
+		serves := slices.ContainsFunc(append(pod.Spec.InitContainers, pod.Spec.Containers...), func(c corev1.Container) bool {
+			return slices.ContainsFunc(c.Ports, func(p corev1.ContainerPort) bool { return p.ContainerPort == 8000 })
+		})
+		if !serves {
+			t.Errorf("%s: nothing listens on the pool's target port 8000", d.Name)
+		}
+	}
+	if roles["vllm-prefill"] != "prefill" || roles["vllm-decode"] != "decode" {
+		t.Fatalf("roles = %v", roles)
+	}
 }
