@@ -19,6 +19,13 @@ import (
 // approximate index.
 func pdService(t testing.TB, edit func(*routerconfig.Config)) (*Service, *[]string) {
 	t.Helper()
+	return pdServiceSeeded(t, edit, 1)
+}
+
+// pdServiceSeeded is pdService with its own random seed (and so its own
+// replica id).
+func pdServiceSeeded(t testing.TB, edit func(*routerconfig.Config), seed uint64) (*Service, *[]string) {
+	t.Helper()
 	rc := routerconfig.Default()
 	rc.UseKVEvents = false
 	if edit != nil {
@@ -27,7 +34,7 @@ func pdService(t testing.TB, edit func(*routerconfig.Config)) (*Service, *[]stri
 	var mu sync.Mutex
 	var transitions []string
 	clock := &fakeClock{t: time.Unix(1_700_000_000, 0)}
-	s, err := New(Config{Router: rc, Clock: clock.Now, Rand: rand.New(rand.NewPCG(1, 2)),
+	s, err := New(Config{Router: rc, Clock: clock.Now, Rand: rand.New(rand.NewPCG(seed, 2)),
 		OnPrefillPool: func(model string, usable bool, reason string) {
 			mu.Lock()
 			transitions = append(transitions, fmt.Sprintf("%s usable=%v %s", model, usable, reason))
@@ -355,4 +362,109 @@ func TestWorkerRoleConflictsMakeIncompleteWorkers(t *testing.T) {
 	r.Role = ptr("prefiller")
 	_, err := s.UpsertWorker(bg, r)
 	wantKind(t, err, KindBadRequest, "role must be one of prefill, decode, both")
+}
+
+// A disaggregated booking replicates as two bookings, one per group, and the
+// origin's prefill completion frees the prefill one on the peer too.
+func TestDisaggregatedBookingsReplicate(t *testing.T) {
+	a, _ := pdService(t, nil)
+	b, _ := pdServiceSeeded(t, nil, 7)
+	ra := &recorder{}
+	a.ObserveReplicas(ra)
+	if _, err := a.SelectAndReserve(bg, pdReq("r", 8)); err != nil {
+		t.Fatal(err)
+	}
+	evs, _ := ra.take()
+	if len(evs) != 2 || evs[0].RequestID != "r.prefill" || evs[0].Partition.RoutingGroup != "prefill" || evs[1].RequestID != "r" || evs[1].Partition.RoutingGroup != "default" {
+		t.Fatalf("published %+v", evs)
+	}
+	deliver(t, b, evs, RemoteApplied)
+	if got := loadsOf(b); got["prefill"] != [2]uint64{8, 1} || got["default"] != [2]uint64{0, 1} {
+		t.Fatalf("peer loads = %v", got)
+	}
+	if err := a.PrefillComplete(bg, "r"); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Free(bg, "r"); err != nil {
+		t.Fatal(err)
+	}
+	evs, _ = ra.take()
+	deliver(t, b, evs, RemoteApplied)
+	if got := loadsOf(b); got["prefill"] != [2]uint64{} || got["default"] != [2]uint64{} {
+		t.Fatalf("peer loads after the lifecycle = %v (events %+v)", got, evs)
+	}
+}
+
+func TestDisaggregatedPrefillLoadKeepsBusyPoolLocal(t *testing.T) {
+	s, _ := pdService(t, func(c *routerconfig.Config) {
+		c.ConditionalDisagg, c.ConditionalDisaggPolicy = true, routerconfig.DisaggPrefillLoad
+		c.ConditionalDisaggPrefillBusyThreshold = routerconfig.Some(0.5)
+	})
+	for _, id := range []uint64{11, 12} {
+		if _, err := s.PatchWorker(bg, id, catalog.Patch{MaxNumBatchedTokens: ptr(uint64(16))}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The busy line is 0.5 × 16 = 8 active prefill tokens. The first two
+	// 12-token prompts find an idle prefill worker each and go remote.
+	first, err := s.SelectAndReserve(bg, pdReq("a", 12))
+	if err != nil || !first.PrefillDecision.Remote {
+		t.Fatalf("%+v %v", first.PrefillDecision, err)
+	}
+	second, err := s.SelectAndReserve(bg, pdReq("b", 12))
+	if err != nil || !second.PrefillDecision.Remote || second.Prefill.Selection.WorkerID == first.Prefill.Selection.WorkerID {
+		t.Fatalf("second: %+v %v", second.Prefill, err)
+	}
+	// Both prefill workers now hold 12 > 8 prefill tokens: busy, local.
+	third, err := s.SelectAndReserve(bg, pdReq("c", 12))
+	if err != nil || third.PrefillDecision.Remote || third.PrefillDecision.Reason != scheduler.ReasonDecodeGateOff {
+		t.Fatalf("third: %+v %v", third.PrefillDecision, err)
+	}
+}
+
+// Concurrent disaggregated bookings, frees and prefill workers coming and
+// going (run with -race): every booking is freed once and nothing is left.
+func TestDisaggregatedConcurrentChurnLeavesNothing(t *testing.T) {
+	s, _ := pdService(t, func(c *routerconfig.Config) { c.ConditionalDisagg = true })
+	var wg sync.WaitGroup
+	for g := range 4 {
+		wg.Go(func() {
+			for i := range 200 {
+				id := fmt.Sprintf("g%d-%d", g, i)
+				if _, err := s.SelectAndReserve(bg, pdReq(id, 4+(i%5)*16)); err != nil {
+					t.Error(err)
+					return
+				}
+				if i%2 == 0 {
+					_ = s.PrefillComplete(bg, id)
+				}
+				if err := s.Free(bg, id); err != nil && KindOf(err) != KindNotFound {
+					t.Error(err)
+				}
+			}
+		})
+	}
+	wg.Go(func() {
+		for i := range 50 {
+			w := catalog.Record{WorkerID: 12, ModelName: "model", Role: ptr(catalog.RolePrefill),
+				Endpoint: ptr("http://prefill-12:8000"), BlockSize: ptr(uint32(4))}
+			if i%2 == 0 {
+				_, _ = s.DeleteWorker(bg, 12)
+			} else {
+				_, _ = s.UpsertWorker(bg, w)
+			}
+		}
+	})
+	wg.Wait()
+	if got := loadsOf(s); got["prefill"] != [2]uint64{} || got["default"] != [2]uint64{} {
+		t.Fatalf("loads = %v", got)
+	}
+	st := s.DisaggStats()
+	total := uint64(0)
+	for _, n := range st {
+		total += n
+	}
+	if total != 800 {
+		t.Fatalf("%d decisions counted, want 800: %v", total, st)
+	}
 }
