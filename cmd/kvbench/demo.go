@@ -27,6 +27,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/kvselect/kvselect/bench/mooncake"
+	"github.com/kvselect/kvselect/bench/relay"
 	"github.com/kvselect/kvselect/bench/report"
 	"github.com/kvselect/kvselect/envoysim"
 	"github.com/kvselect/kvselect/internal/peerproc"
@@ -729,7 +730,7 @@ func (fl *fleet) replay(ctx context.Context, c *demoConfig, policy string, reqs 
 				res, err = fl.viaPicker(ctx, client, bodies[i], i)
 			} else {
 				w := int(rr.Add(1)-1) % len(fl.workers)
-				res, err = fl.direct(ctx, fl.workers[w], bodies[i], nil)
+				res, err = fl.direct(ctx, fl.workers[w], bodies[i])
 				res.worker = w
 			}
 			mu.Lock()
@@ -821,106 +822,24 @@ func (fl *fleet) viaPicker(ctx context.Context, client *envoysim.Client, body []
 // picker sees its status; it is returned as an error too. res.ttft counts
 // from before the pick.
 func (fl *fleet) throughPicker(ctx context.Context, client *envoysim.Client, body []byte, id string) (res demoResult, status int, err error) {
-	begin := time.Now()
+	r := relay.Relay{Picker: client, HTTP: fl.hc}
+	out, err := r.Do(ctx, "/v1/completions", body, envoysim.Header{Key: "x-request-id", Value: id})
 	res.worker = -1
-	x, d, err := client.Start(ctx, &envoysim.Request{Path: "/v1/completions", Body: body, Modes: envoysim.GIE,
-		Headers: []envoysim.Header{{Key: "content-type", Value: "application/json"}, {Key: "x-request-id", Value: id}}})
-	if err != nil {
-		return res, 0, err
-	}
-	if d.Immediate != nil {
-		x.Close()
-		return res, int(d.Immediate.Status), fmt.Errorf("picker answered %d: %s", d.Immediate.Status, d.Immediate.Body)
-	}
-	res.selection = time.Since(begin)
-	res.worker = slices.Index(fl.workers, d.Endpoint)
-	sent, err := fl.direct(ctx, d.Endpoint, d.Body, func(resp *http.Response, chunk []byte, end bool) error {
-		if resp != nil {
-			status = resp.StatusCode
-			hs := make([]envoysim.Header, 0, len(resp.Header))
-			for k, vs := range resp.Header {
-				hs = append(hs, envoysim.Header{Key: strings.ToLower(k), Value: vs[0]})
-			}
-			_, err := x.ResponseHeaders(envoysim.Response{Status: resp.StatusCode, Headers: hs, Served: d.Endpoint}, false)
-			return err
+	if d := out.Decision; d != nil {
+		if d.Immediate != nil {
+			return res, int(d.Immediate.Status), err
 		}
-		_, err := x.ResponseBody(chunk, end)
-		return err
-	}, d.SetHeaders)
-	switch {
-	case err == nil:
-		x.Close()
-		res.ttft = sent.ttft + res.selection // the request waited for the pick before it was sent
-	case status != 0 && status != http.StatusOK:
-		_, _ = x.ResponseBody(nil, true)
-		x.Close()
-	default:
-		x.Abort()
+		res.worker = slices.Index(fl.workers, d.Endpoint)
 	}
-	return res, status, err
+	res.selection, res.ttft = out.Pick, out.TTFT
+	return res, out.Status, err
 }
 
-// direct sends body to a worker, streams the SSE answer and measures the
-// time to the first data chunk. filter, when set, sees the response head and
-// every chunk (the ext_proc response path).
-func (fl *fleet) direct(ctx context.Context, endpoint string, body []byte, filter func(*http.Response, []byte, bool) error, headers ...map[string]string) (demoResult, error) {
-	begin := time.Now()
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+endpoint+"/v1/completions", bytes.NewReader(body))
-	if err != nil {
-		return demoResult{}, err
-	}
-	req.Header.Set("content-type", "application/json")
-	for _, h := range headers {
-		for k, v := range h {
-			if !strings.HasPrefix(k, ":") && k != "content-length" {
-				req.Header.Set(k, v)
-			}
-		}
-	}
-	resp, err := fl.hc.Do(req)
-	if err != nil {
-		return demoResult{}, err
-	}
-	defer resp.Body.Close()
-	if filter != nil {
-		if err := filter(resp, nil, false); err != nil {
-			return demoResult{}, err
-		}
-	}
-	if resp.StatusCode != http.StatusOK {
-		b, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
-		return demoResult{}, fmt.Errorf("worker %s answered %s: %s", endpoint, resp.Status, b)
-	}
-	var res demoResult
-	buf := make([]byte, 4096)
-	for {
-		n, rerr := resp.Body.Read(buf)
-		if n > 0 {
-			if res.ttft == 0 && bytes.Contains(buf[:n], []byte("data:")) {
-				res.ttft = time.Since(begin)
-			}
-			if filter != nil {
-				if err := filter(nil, buf[:n], false); err != nil {
-					return demoResult{}, err
-				}
-			}
-		}
-		if rerr == io.EOF {
-			break
-		}
-		if rerr != nil {
-			return demoResult{}, rerr
-		}
-	}
-	if filter != nil {
-		if err := filter(nil, nil, true); err != nil {
-			return demoResult{}, err
-		}
-	}
-	if res.ttft == 0 {
-		return demoResult{}, fmt.Errorf("worker %s sent no data", endpoint)
-	}
-	return res, nil
+// direct sends body straight to a worker, without the picker, and times its
+// first generated token as the picker's path does (bench/relay).
+func (fl *fleet) direct(ctx context.Context, endpoint string, body []byte) (demoResult, error) {
+	res, err := relay.Direct(ctx, fl.hc, "http://"+endpoint+"/v1/completions", body)
+	return demoResult{ttft: res.TTFT}, err
 }
 
 func demoTable(w io.Writer, rep *demoReport) error {

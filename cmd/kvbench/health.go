@@ -498,7 +498,7 @@ func (c *healthConfig) directLoad(ctx context.Context, fl *fleet) (sent, failed 
 		wg.Go(func() {
 			// Not the run's context: a request in flight when the run ends
 			// finishes rather than counting as a failure.
-			_, err := fl.direct(context.Background(), ep, body, nil)
+			_, err := fl.direct(context.Background(), ep, body)
 			mu.Lock()
 			sent++
 			if err != nil {

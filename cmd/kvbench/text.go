@@ -25,6 +25,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/kvselect/kvselect/bench/relay"
 	"github.com/kvselect/kvselect/bench/report"
 	"github.com/kvselect/kvselect/envoysim"
 )
@@ -474,98 +475,12 @@ func textBody(ctx context.Context, fl *textFleet, msgs []chatMsg, phase string, 
 }
 
 // viaPicker runs one request as Envoy does with the ext_proc filter: the pick,
-// the request to the chosen worker with the picker's headers and body, the
-// streamed response back through the filter. TTFT counts from before the pick.
+// the request to the chosen worker with the picker's headers, the response
+// back through the picker (bench/relay).
 func (fl *textFleet) viaPicker(ctx context.Context, client *envoysim.Client, path string, body []byte, id string) (textResult, error) {
-	begin := time.Now()
-	x, d, err := client.Start(ctx, &envoysim.Request{Path: path, Body: body, Modes: envoysim.GIE,
-		Headers: []envoysim.Header{{Key: "content-type", Value: "application/json"}, {Key: "x-request-id", Value: id}}})
-	if err != nil {
-		return textResult{}, err
-	}
-	if d.Immediate != nil {
-		return textResult{}, fmt.Errorf("picker answered %d: %s", d.Immediate.Status, d.Immediate.Body)
-	}
-	pick := time.Since(begin)
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+d.Endpoint+path, bytes.NewReader(d.Body))
-	if err != nil {
-		x.Abort()
-		return textResult{}, err
-	}
-	req.Header.Set("content-type", "application/json")
-	for k, v := range d.SetHeaders {
-		if !strings.HasPrefix(k, ":") && k != "content-length" {
-			req.Header.Set(k, v)
-		}
-	}
-	resp, err := fl.hc.Do(req)
-	if err != nil {
-		x.Abort()
-		return textResult{}, err
-	}
-	defer resp.Body.Close()
-	hs := make([]envoysim.Header, 0, len(resp.Header))
-	for k, vs := range resp.Header {
-		hs = append(hs, envoysim.Header{Key: strings.ToLower(k), Value: vs[0]})
-	}
-	if _, err := x.ResponseHeaders(envoysim.Response{Status: resp.StatusCode, Headers: hs, Served: d.Endpoint}, false); err != nil {
-		x.Abort()
-		return textResult{}, err
-	}
-	if resp.StatusCode != http.StatusOK {
-		b, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
-		x.Abort()
-		return textResult{}, fmt.Errorf("worker %s answered %s: %s", d.Endpoint, resp.Status, b)
-	}
-	var ttft time.Duration
-	var seen []byte // the stream until its first token
-	buf := make([]byte, 8192)
-	for {
-		n, rerr := resp.Body.Read(buf)
-		if n > 0 {
-			if ttft == 0 {
-				if seen = append(seen, buf[:n]...); firstToken(seen) {
-					ttft = time.Since(begin)
-				}
-			}
-			if _, err := x.ResponseBody(buf[:n], false); err != nil {
-				x.Abort()
-				return textResult{}, err
-			}
-		}
-		if rerr == io.EOF {
-			break
-		}
-		if rerr != nil {
-			x.Abort()
-			return textResult{}, rerr
-		}
-	}
-	if _, err := x.ResponseBody(nil, true); err != nil {
-		x.Abort()
-		return textResult{}, err
-	}
-	x.Close()
-	return textResult{ttft: ttft, pick: pick}, nil
-}
-
-// firstToken reports whether an OpenAI stream so far carries generated text:
-// a chat delta or a completion choice with non-empty text. The chat stream's
-// first event, the role, comes before the prefill and does not count.
-func firstToken(stream []byte) bool {
-	for _, key := range [][]byte{[]byte(`"content":"`), []byte(`"text":"`)} {
-		for rest := stream; ; {
-			i := bytes.Index(rest, key)
-			if i < 0 || i+len(key) >= len(rest) {
-				break
-			}
-			if rest[i+len(key)] != '"' {
-				return true
-			}
-			rest = rest[i+len(key):]
-		}
-	}
-	return false
+	r := relay.Relay{Picker: client, HTTP: fl.hc}
+	res, err := r.Do(ctx, path, body, envoysim.Header{Key: "x-request-id", Value: id})
+	return textResult{ttft: res.TTFT, pick: res.Pick}, err
 }
 
 func quantile(d []time.Duration, q float64) time.Duration {

@@ -82,24 +82,6 @@ func TestHistogramQuantileInterpolatesLikePromQL(t *testing.T) {
 	}
 }
 
-func TestFirstTokenSkipsTheRoleChunk(t *testing.T) {
-	role := `data: {"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}` + "\n\n"
-	for _, tc := range []struct {
-		stream string
-		want   bool
-	}{
-		{role, false},
-		{role + `data: {"choices":[{"index":0,"delta":{"content":" the"}}]}`, true},
-		{`data: {"choices":[{"index":0,"text":" of"}]}`, true},
-		{`data: {"choices":[{"index":0,"text":""}]}`, false},
-		{role[:20], false},
-	} {
-		if got := firstToken([]byte(tc.stream)); got != tc.want {
-			t.Errorf("firstToken(%q) = %v", tc.stream, got)
-		}
-	}
-}
-
 func TestRunTextRejectsBadFlags(t *testing.T) {
 	for _, args := range [][]string{
 		{"-phases", "tokens,magic"},
