@@ -134,3 +134,27 @@ func BenchmarkSelectAndReserveFreeParallel(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkSelectAndReserveFreeDisaggregated is BenchmarkSelectAndReserveFree
+// for a disaggregated model: 64 decode workers plus 16 prefill workers, every
+// request prefilled remotely (conditional disaggregation off), so each pair
+// is a decode peek, the prefill selection and booking, the pinned decode
+// booking and the free of both.
+func BenchmarkSelectAndReserveFreeDisaggregated(b *testing.B) {
+	s, prompts := benchService(b, 64)
+	for id := range uint64(16) {
+		r := catalog.Record{WorkerID: 1000 + id, ModelName: "m", Role: ptr(catalog.RolePrefill), Endpoint: ptr(fmt.Sprintf("http://p%d:8000", id)),
+			BlockSize: ptr(uint32(16)), KVEventsEndpoint: ptr(fmt.Sprintf("tcp://127.0.0.1:%d", 21000+id))}
+		if rec, err := s.UpsertWorker(bg, r); err != nil || rec.Lifecycle != catalog.Schedulable {
+			b.Fatalf("upsert: %+v %v", rec, err)
+		}
+	}
+	reqs := make([]*SelectRequest, len(prompts))
+	for i, t := range prompts {
+		reqs[i] = &SelectRequest{PartitionKey: PartitionKey{ModelName: "m"}, PromptRequest: PromptRequest{TokenIDs: t}, Disaggregated: true}
+	}
+	benchPairs(b, s, reqs)
+	if st := s.DisaggStats(); st["conditional_disagg_disabled"] == 0 {
+		b.Fatalf("no remote prefill: %v", st)
+	}
+}

@@ -29,8 +29,13 @@ import (
 // or the caller's prefill_complete: the decode side has the KV, so the
 // prefill worker is done with the request) or when the decode booking is
 // freed, whichever is first. Both bookings are made or neither: the prefill
-// booking is made first and undone if the decode booking then fails. A local
-// prefill is an ordinary booking.
+// booking is made first — Dynamo's prefill router also routes the prefill
+// before the decode — and undone if the decode booking then fails. A local
+// prefill is an ordinary booking. With conditional disaggregation off the
+// decision does not depend on the decode worker, so the decode worker is
+// chosen and booked in one pass; otherwise a first pass without booking (a
+// peek) finds the decode worker the rules look at, and the booking pass is
+// pinned to it.
 //
 // A prefill pool that cannot take a request (no schedulable worker left,
 // every worker ejected or overloaded) never fails it: the decode worker
@@ -202,6 +207,23 @@ func (s *Service) chooseDisaggregated(ctx context.Context, rq *prepared, req *Se
 		out.reason = scheduler.ReasonNoPrefillWorkers
 		d, err := s.choose(ctx, rq, req, target, booking, true)
 		return d, out, err
+	}
+	if !rq.eff.ConditionalDisagg {
+		// Every request prefills remotely whatever its decode worker: no
+		// decode peek, one decode pass.
+		out.reason = scheduler.ReasonDisaggUnconditional
+		if err := s.bookPrefill(ctx, out, req, nil, id); err != nil {
+			return nil, nil, err
+		}
+		if out.prefill != nil {
+			booking.TrackPrefill = false
+		}
+		d, err := s.choose(ctx, rq, req, target, booking, true)
+		if err != nil {
+			s.undoPrefill(out)
+			return nil, nil, err
+		}
+		return d, out, nil
 	}
 	peek, err := s.choose(ctx, rq, req, target, nil, false)
 	if err != nil {
