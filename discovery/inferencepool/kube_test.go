@@ -179,22 +179,21 @@ func setReady(t *testing.T, c client.Client, ns, name, ip string, ready bool) {
 
 func annotate(t *testing.T, c client.Client, ns, name, key, value string) {
 	t.Helper()
-	ctx := context.Background()
-	var p corev1.Pod
-	if err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, &p); err != nil {
-		t.Fatal(err)
-	}
-	patch := client.MergeFrom(p.DeepCopy())
-	if p.Annotations == nil {
-		p.Annotations = map[string]string{}
-	}
-	p.Annotations[key] = value
-	if err := c.Patch(ctx, &p, patch); err != nil {
-		t.Fatal(err)
-	}
+	patchPod(t, c, ns, name, func(p *corev1.Pod) {
+		if p.Annotations == nil {
+			p.Annotations = map[string]string{}
+		}
+		p.Annotations[key] = value
+	})
 }
 
 func label(t *testing.T, c client.Client, ns, name, key, value string) {
+	t.Helper()
+	patchPod(t, c, ns, name, func(p *corev1.Pod) { p.Labels[key] = value })
+}
+
+// patchPod applies edit to the pod's metadata as a merge patch.
+func patchPod(t *testing.T, c client.Client, ns, name string, edit func(*corev1.Pod)) {
 	t.Helper()
 	ctx := context.Background()
 	var p corev1.Pod
@@ -202,7 +201,7 @@ func label(t *testing.T, c client.Client, ns, name, key, value string) {
 		t.Fatal(err)
 	}
 	patch := client.MergeFrom(p.DeepCopy())
-	p.Labels[key] = value
+	edit(&p)
 	if err := c.Patch(ctx, &p, patch); err != nil {
 		t.Fatal(err)
 	}
