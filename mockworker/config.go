@@ -26,6 +26,26 @@ const (
 	DefaultDecodePerToken      = 10 * time.Millisecond // inter-token latency of a lone sequence
 	DefaultDecodeBatchSlowdown = 0.01                  // +1% ITL per additional running sequence
 	DefaultVocabSize           = 32000
+	// DefaultKVTransferPerBlock is the time to pull one KV block from a
+	// prefill worker: about what vLLM's NIXL connector takes over RDMA for a
+	// 16-token block of an 8B model (~2 MB at ~20 GB/s), an eighth of
+	// recomputing it at DefaultPrefillPerToken.
+	DefaultKVTransferPerBlock = 100 * time.Microsecond
+	// DefaultPrefillTimeout bounds a decode worker's call to its prefill
+	// worker.
+	DefaultPrefillTimeout = time.Minute
+	// DefaultPrefillerHeader is the request header that names a decode
+	// request's prefill worker, host:port: the one llm-d's routing sidecar
+	// reads and kvselect's picker sets.
+	DefaultPrefillerHeader = "x-prefiller-host-port"
+)
+
+// Roles in disaggregated prefill/decode serving (Config.Role), as kvselect
+// names them in a worker record.
+const (
+	RoleBoth    = "both"
+	RolePrefill = "prefill"
+	RoleDecode  = "decode"
 )
 
 // Config describes a mock worker. Zero values take the defaults above, except
@@ -94,6 +114,30 @@ type Config struct {
 	// ReplayRing is the number of batches each rank keeps for replay (10,000).
 	ReplayRing int
 
+	// Role is the worker's part in disaggregated prefill/decode serving
+	// (pd.go): RoleBoth (the default) serves whole requests, RolePrefill the
+	// prefill stage of disaggregated ones (and refuses to act as a decode
+	// side), RoleDecode decodes after a remote prefill. It is registered as
+	// the record's role; any role serves a plain request whole.
+	Role string
+	// PrefillerHeader is the request header naming the prefill worker of a
+	// disaggregated request (DefaultPrefillerHeader when empty).
+	PrefillerHeader string
+	// KVTransferPerBlock is the time a decode worker spends pulling one KV
+	// block of a remotely prefilled prompt (blocks it already caches are not
+	// pulled); divided by Speedup like the other times.
+	KVTransferPerBlock time.Duration
+	// PrefillTimeout bounds the call to the prefill worker
+	// (DefaultPrefillTimeout when 0).
+	PrefillTimeout time.Duration
+	// PrefillStallsDecode models chunked prefill sharing the engine's steps
+	// with decoding: a prefill is computed in chunks of MaxNumBatchedTokens
+	// tokens, and while a chunk runs no running sequence of the rank gets a
+	// token, so a long prefill makes the rank's inter-token latency spike —
+	// what disaggregation removes. Off, prefill and decode never slow each
+	// other.
+	PrefillStallsDecode bool
+
 	// Faults are the failure modes the worker starts in (faults.go); POST
 	// /admin/faults changes them at run time.
 	Faults Faults
@@ -155,6 +199,15 @@ func (c Config) withDefaults() (Config, error) {
 	if c.Speedup == 0 {
 		c.Speedup = 1
 	}
+	if c.Role == "" {
+		c.Role = RoleBoth
+	}
+	if c.PrefillerHeader == "" {
+		c.PrefillerHeader = DefaultPrefillerHeader
+	}
+	if c.PrefillTimeout == 0 {
+		c.PrefillTimeout = DefaultPrefillTimeout
+	}
 	if c.Clock == nil {
 		c.Clock = wallClock{}
 	}
@@ -182,6 +235,15 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if c.PrefillPerToken < 0 || c.DecodePerToken < 0 {
 		errs = append(errs, errors.New("per-token times must not be negative"))
+	}
+	if c.Role != RoleBoth && c.Role != RolePrefill && c.Role != RoleDecode {
+		errs = append(errs, fmt.Errorf("role must be both, prefill or decode, got %q", c.Role))
+	}
+	if c.KVTransferPerBlock < 0 || c.PrefillTimeout < 0 {
+		errs = append(errs, errors.New("the KV transfer time and the prefill timeout must not be negative"))
+	}
+	if strings.ContainsAny(c.PrefillerHeader, " :\r\n") {
+		errs = append(errs, fmt.Errorf("prefiller header %q is not a header name", c.PrefillerHeader))
 	}
 	if c.PrefillSlots < 0 {
 		errs = append(errs, fmt.Errorf("prefill slots must be zero (unlimited) or positive, got %d", c.PrefillSlots))

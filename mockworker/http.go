@@ -39,8 +39,8 @@ const maxBody = 16 << 20
 // /admin/faults read and switch the injected faults (faults.go).
 func (w *Worker) Handler() http.Handler {
 	mux := http.NewServeMux()
-	mux.HandleFunc("POST /v1/completions", w.serveCompletions)
-	mux.HandleFunc("POST /v1/chat/completions", w.serveChat)
+	mux.HandleFunc("POST /v1/completions", w.sidecar(w.serveCompletions))
+	mux.HandleFunc("POST /v1/chat/completions", w.sidecar(w.serveChat))
 	mux.HandleFunc("GET /v1/models", w.serveModels)
 	mux.HandleFunc("POST /tokenize", w.serveTokenize)
 	mux.HandleFunc("GET /health", w.serveHealth)
@@ -110,6 +110,9 @@ type common struct {
 	Stream              bool           `json:"stream"`
 	StreamOptions       *streamOptions `json:"stream_options"`
 	N                   *int           `json:"n"`
+	// KVTransferParams are vLLM's KV connector parameters of a
+	// disaggregated request (pd.go).
+	KVTransferParams map[string]any `json:"kv_transfer_params"`
 }
 
 type completionRequest struct {
@@ -340,14 +343,15 @@ type job struct {
 // generate runs the prompts of one request concurrently on rank and calls
 // onToken (serialized) for every token; it returns the results by prompt
 // index, or the first error.
-func (w *Worker) generate(req *http.Request, jobs []job, maxTokens int, rank *int,
+func (w *Worker) generate(req *http.Request, c *common, jobs []job, maxTokens int, rank *int,
 	onToken func(index, i int, tok uint32, last bool) error) ([]Result, error) {
 	results := make([]Result, len(jobs))
 	errs := make([]error, len(jobs))
 	var mu sync.Mutex
 	var wg sync.WaitGroup
+	remotePrefill, remoteDecode := kvTransferParams(c.KVTransferParams)
 	for k, j := range jobs {
-		gr := Request{Tokens: j.tokens, MaxTokens: maxTokens, DPRank: rank}
+		gr := Request{Tokens: j.tokens, MaxTokens: maxTokens, DPRank: rank, RemotePrefill: remotePrefill, RemoteDecode: remoteDecode}
 		if onToken != nil {
 			gr.OnToken = func(i int, tok uint32) error {
 				mu.Lock()
@@ -474,7 +478,7 @@ func (w *Worker) serveCompletions(rw http.ResponseWriter, req *http.Request) {
 		return map[string]any{"index": index, "text": text, "logprobs": nil, "finish_reason": finish, "stop_reason": nil}
 	}
 	if !body.Stream {
-		results, err := w.generate(req, jobs, maxTokens, &rank, nil)
+		results, err := w.generate(req, &body.common, jobs, maxTokens, &rank, nil)
 		if err != nil {
 			writeError(rw, err)
 			return
@@ -487,12 +491,16 @@ func (w *Worker) serveCompletions(rw http.ResponseWriter, req *http.Request) {
 			c["prompt_logprobs"] = nil
 			choices[i] = c
 		}
-		writeJSON(rw, http.StatusOK, map[string]any{"id": id, "object": "text_completion", "created": created,
-			"model": model, "choices": choices, "usage": u})
+		answer := map[string]any{"id": id, "object": "text_completion", "created": created,
+			"model": model, "choices": choices, "usage": u}
+		if _, remoteDecode := kvTransferParams(body.KVTransferParams); remoteDecode {
+			answer["kv_transfer_params"] = w.transferParams(req, results[0])
+		}
+		writeJSON(rw, http.StatusOK, answer)
 		return
 	}
 	s := newSSE(rw)
-	results, err := w.generate(req, jobs, maxTokens, &rank, func(index, _ int, tok uint32, last bool) error {
+	results, err := w.generate(req, &body.common, jobs, maxTokens, &rank, func(index, _ int, tok uint32, last bool) error {
 		var finish any
 		if last {
 			finish = "length"
@@ -547,18 +555,22 @@ func (w *Worker) serveChat(rw http.ResponseWriter, req *http.Request) {
 	id, created, model := newID("chatcmpl"), time.Now().Unix(), w.cfg.Model
 	w.setRankHeaders(rw, rank)
 	if !body.Stream {
-		results, err := w.generate(req, jobs, maxTokens, &rank, nil)
+		results, err := w.generate(req, &body.common, jobs, maxTokens, &rank, nil)
 		if err != nil {
 			writeError(rw, err)
 			return
 		}
 		var u usage
 		u.add(results[0])
-		writeJSON(rw, http.StatusOK, map[string]any{"id": id, "object": "chat.completion", "created": created,
+		answer := map[string]any{"id": id, "object": "chat.completion", "created": created,
 			"model": model, "usage": u, "choices": []any{map[string]any{
 				"index": 0, "logprobs": nil, "finish_reason": results[0].FinishReason, "stop_reason": nil,
 				"message": map[string]any{"role": "assistant", "content": detokenize(results[0].Output)},
-			}}})
+			}}}
+		if _, remoteDecode := kvTransferParams(body.KVTransferParams); remoteDecode {
+			answer["kv_transfer_params"] = w.transferParams(req, results[0])
+		}
+		writeJSON(rw, http.StatusOK, answer)
 		return
 	}
 	s := newSSE(rw)
@@ -570,7 +582,7 @@ func (w *Worker) serveChat(rw http.ResponseWriter, req *http.Request) {
 	if err := s.data(chunk(map[string]any{"role": "assistant", "content": ""}, nil)); err != nil {
 		return
 	}
-	results, err := w.generate(req, jobs, maxTokens, &rank, func(_, _ int, tok uint32, last bool) error {
+	results, err := w.generate(req, &body.common, jobs, maxTokens, &rank, func(_, _ int, tok uint32, last bool) error {
 		var finish any
 		if last {
 			finish = "length"

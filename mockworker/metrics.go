@@ -23,6 +23,9 @@ type metrics struct {
 	success, aborted        *prometheus.Desc
 	publishErrs, evicted    *prometheus.Desc
 	cacheConfig             *prometheus.Desc
+	// Disaggregated prefill/decode (pd.go).
+	computed, transferred         *prometheus.Desc
+	remotePrefills, remoteDecodes *prometheus.Desc
 }
 
 var labels = []string{"model_name", "engine"}
@@ -52,6 +55,12 @@ func newMetrics(w *Worker) *metrics {
 		aborted:     desc("kvselect_mockworker_requests_aborted_total", "Requests cancelled by the client or the worker's shutdown."),
 		publishErrs: desc("kvselect_mockworker_kv_events_publish_errors_total", "KV event batches that could not be published."),
 		evicted:     desc("kvselect_mockworker_evicted_blocks_total", "Cached KV blocks evicted (least recently used first) to make room."),
+		computed:    desc("kvselect_mockworker_prefill_computed_tokens_total", "Prompt tokens this rank prefilled itself (not cached, not pulled from a prefill worker)."),
+		transferred: desc("kvselect_mockworker_kv_transfer_blocks_total", "KV blocks pulled from prefill workers for remotely prefilled requests."),
+		remotePrefills: desc("kvselect_mockworker_remote_prefill_requests_total",
+			"Requests decoded here whose prompt a prefill worker computed (kv_transfer_params.do_remote_prefill)."),
+		remoteDecodes: desc("kvselect_mockworker_remote_decode_requests_total",
+			"Prefill stages computed here for another worker's decode (kv_transfer_params.do_remote_decode)."),
 		// vLLM's info gauge of its CacheConfig (value 1, the settings in
 		// labels), from which endpoint pickers such as GIE's read the block
 		// size and the KV cache's capacity; the mock sets the labels it has.
@@ -65,7 +74,8 @@ func newMetrics(w *Worker) *metrics {
 
 func (m *metrics) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{m.running, m.waiting, m.usage, m.queries, m.hits,
-		m.prompt, m.generation, m.success, m.aborted, m.publishErrs, m.evicted, m.cacheConfig} {
+		m.prompt, m.generation, m.success, m.aborted, m.publishErrs, m.evicted, m.cacheConfig,
+		m.computed, m.transferred, m.remotePrefills, m.remoteDecodes} {
 		ch <- d
 	}
 }
@@ -82,6 +92,8 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 		prompt, gen := float64(r.promptToks), float64(r.genToks)
 		finished, aborted, pubErrs := float64(r.finished), float64(r.aborted), float64(r.publishErrs)
 		evicted := float64(r.pool.evictions)
+		computed, transferred := float64(r.computedPrefill), float64(r.transferredBlocks)
+		remotePrefills, remoteDecodes := float64(r.remotePrefills), float64(r.remoteDecodes)
 		r.mu.Unlock()
 		engine := strconv.Itoa(r.global)
 		gauge := func(d *prometheus.Desc, v float64) {
@@ -101,6 +113,10 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 		counter(m.aborted, aborted)
 		counter(m.publishErrs, pubErrs)
 		counter(m.evicted, evicted)
+		counter(m.computed, computed)
+		counter(m.transferred, transferred)
+		counter(m.remotePrefills, remotePrefills)
+		counter(m.remoteDecodes, remoteDecodes)
 		ch <- prometheus.MustNewConstMetric(m.cacheConfig, prometheus.GaugeValue, 1, engine,
 			strconv.Itoa(m.w.cfg.BlockSize), strconv.Itoa(m.w.cfg.NumBlocks), "True")
 	}

@@ -15,9 +15,12 @@ import (
 // Registration is the POST /workers body a worker sends to kvselect (or to
 // Dynamo's selection service; the fields are those of Dynamo's WorkerRequest).
 type Registration struct {
-	WorkerID          uint64            `json:"worker_id"`
-	ModelName         string            `json:"model_name"`
-	RoutingGroup      string            `json:"routing_group,omitempty"`
+	WorkerID     uint64 `json:"worker_id"`
+	ModelName    string `json:"model_name"`
+	RoutingGroup string `json:"routing_group,omitempty"`
+	// Role is kvselect's worker role, sent unless the worker is aggregated
+	// (the record then stays Dynamo's).
+	Role              string            `json:"role,omitempty"`
 	Endpoint          string            `json:"endpoint"`
 	KVEventsEndpoints map[string]string `json:"kv_events_endpoints,omitempty"`
 	// KVEventsTopic is kvselect's field for an engine that dials its
@@ -54,6 +57,9 @@ func (w *Worker) Registration(endpoint, routingGroup, advertiseHost string) Regi
 		DataParallelSize:      w.cfg.DPSize,
 		MaxNumBatchedTokens:   w.cfg.MaxNumBatchedTokens,
 		TotalKVBlocks:         w.cfg.NumBlocks,
+	}
+	if w.cfg.Role != RoleBoth {
+		reg.Role = w.cfg.Role
 	}
 	eps := w.Endpoints()
 	collector := w.cfg.KVEventsCollector != ""

@@ -253,3 +253,57 @@ func TestWithHost(t *testing.T) {
 		}
 	}
 }
+
+// A prefill-role and a decode-role worker registered with a real kvselect:
+// the prefill worker lands in kvselect's prefill routing group (its
+// registration names no group, only its role), and a disaggregated selection
+// names it as the prefill worker of the decode worker.
+func TestRolesRegisterIntoThePrefillGroup(t *testing.T) {
+	base := kvselectREST(t)
+	ctx := context.Background()
+	for _, c := range []Config{{Role: RolePrefill, WorkerID: 11}, {Role: RoleDecode, WorkerID: 12}, {WorkerID: 13}} {
+		c.KVEventsEndpoint = "tcp://127.0.0.1:0"
+		w := newWorker(t, c)
+		reg := w.Registration(fmt.Sprintf("http://127.0.0.1:%d", 9000+c.WorkerID), "", "127.0.0.1")
+		if want := map[string]string{RolePrefill: "prefill", RoleDecode: "decode"}[c.Role]; reg.Role != want {
+			t.Fatalf("worker %d registers role %q, want %q", c.WorkerID, reg.Role, want)
+		}
+		if err := Register(ctx, nil, base, reg); err != nil {
+			t.Fatal(err)
+		}
+	}
+	resp, err := http.Get(base + "/workers?routing_group=prefill")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ws []struct {
+		WorkerID  uint64 `json:"worker_id"`
+		Role      string `json:"role"`
+		Lifecycle string `json:"lifecycle"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&ws); err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if len(ws) != 1 || ws[0].WorkerID != 11 || ws[0].Role != "prefill" || ws[0].Lifecycle != "schedulable" {
+		t.Fatalf("prefill group = %+v", ws)
+	}
+	body := `{"model_name":"` + DefaultModel + `","token_ids":[1,2,3,4,5,6,7,8],"disaggregated":true,"allowed_worker_ids":[12]}`
+	resp, err = http.Post(base+"/select", "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var sel struct {
+		WorkerID uint64 `json:"worker_id"`
+		Prefill  *struct {
+			WorkerID uint64 `json:"worker_id"`
+		} `json:"prefill"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&sel); err != nil {
+		t.Fatal(err)
+	}
+	if sel.WorkerID != 12 || sel.Prefill == nil || sel.Prefill.WorkerID != 11 {
+		t.Fatalf("selection = %+v", sel)
+	}
+}

@@ -19,6 +19,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"slices"
 	"sync"
 	"time"
@@ -48,6 +49,17 @@ type Request struct {
 	// OnToken, when set, is called with each generated token as it is
 	// produced (index 0 at the end of the prefill). An error aborts the request.
 	OnToken func(i int, token uint32) error
+	// RemotePrefill: a prefill worker computed the prompt (a disaggregated
+	// request's decode side, kv_transfer_params.do_remote_prefill). Instead
+	// of computing the prefill, the rank pulls the blocks it does not cache,
+	// Config.KVTransferPerBlock each, without a prefill slot and without
+	// stalling its running sequences; the pulled blocks enter its prefix
+	// cache as computed ones would.
+	RemotePrefill bool
+	// RemoteDecode: the request is the prefill stage of a disaggregated
+	// request (kv_transfer_params.do_remote_decode); it runs as usual and is
+	// counted apart.
+	RemoteDecode bool
 }
 
 // Result describes a finished request.
@@ -73,6 +85,9 @@ type Worker struct {
 	closeCtx context.Context
 	closeFn  context.CancelFunc
 
+	pdOnce   sync.Once
+	pdClient *http.Client // calls to prefill workers (pd.go)
+
 	mu      sync.Mutex
 	started bool
 	closed  bool
@@ -87,6 +102,9 @@ type rank struct {
 
 	// prefill holds one token per prefill in progress when PrefillSlots > 0.
 	prefill chan struct{}
+	// step is the engine step with Config.PrefillStallsDecode: a prefill
+	// chunk holds it exclusively, a decode step shared (pd.go).
+	step sync.RWMutex
 
 	mu      sync.Mutex
 	pool    *pool
@@ -98,6 +116,10 @@ type rank struct {
 	queries, hits        uint64 // prompt tokens looked up / found in the prefix cache
 	promptToks, genToks  uint64
 	finished, aborted    uint64
+	computedPrefill      uint64 // prompt tokens this rank prefilled itself
+	transferredBlocks    uint64 // KV blocks pulled from prefill workers
+	remotePrefills       uint64 // requests whose prompt a prefill worker computed
+	remoteDecodes        uint64 // prefill stages served for another worker's decode
 	publishErrs          uint64
 	lastPublishErrLogged time.Time
 }
@@ -343,17 +365,20 @@ func (w *Worker) Generate(ctx context.Context, req Request) (Result, error) {
 		return Result{}, err
 	}
 	speed := w.cfg.Speedup
-	prefill := time.Duration(float64(w.cfg.PrefillPerToken) * float64(len(req.Tokens)-wt.hit) / speed)
-	if r.prefill != nil {
-		select {
-		case r.prefill <- struct{}{}:
-		case <-ctx.Done():
-			return abort(context.Cause(ctx))
+	if req.RemotePrefill {
+		err = w.pullKV(ctx, r, len(req.Tokens)-wt.hit)
+	} else {
+		if r.prefill != nil {
+			select {
+			case r.prefill <- struct{}{}:
+			case <-ctx.Done():
+				return abort(context.Cause(ctx))
+			}
 		}
-	}
-	err = clk.Sleep(ctx, prefill)
-	if r.prefill != nil {
-		<-r.prefill
+		err = w.computePrefill(ctx, r, len(req.Tokens)-wt.hit, req.RemoteDecode)
+		if r.prefill != nil {
+			<-r.prefill
+		}
 	}
 	if err != nil {
 		return abort(err)
@@ -387,7 +412,7 @@ func (w *Worker) Generate(ctx context.Context, req Request) (Result, error) {
 			break
 		}
 		itl := float64(w.cfg.DecodePerToken) * (1 + w.cfg.DecodeBatchSlowdown*float64(running-1)) / speed
-		if err := clk.Sleep(ctx, time.Duration(itl)); err != nil {
+		if err := w.decodeStep(ctx, r, time.Duration(itl)); err != nil {
 			return abort(err)
 		}
 	}
