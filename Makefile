@@ -180,6 +180,15 @@ bench-text:
 # health on real processes"): kvselect and 4 mock workers, one failing every
 # request mid-run (ejection, trials, restoration); then direct traffic that
 # bypasses kvselect, with engine metrics off and on.
+# Disaggregated prefill/decode: aggregated vs always-remote vs conditional P/D
+# (docs/disaggregation.md), in the simulation and with real processes.
+.PHONY: bench-pd
+bench-pd:
+	mkdir -p $(BENCHOUT)
+	$(GO) build -o bin/ ./cmd/kvselect ./cmd/kvselect-mockworker ./cmd/kvbench
+	bin/kvbench pd -json $(BENCHOUT)/pd-sim.json | tee $(BENCHOUT)/pd-sim.txt
+	bin/kvbench pd -mode real -sessions 60 -speedup 2 -out $(BENCHOUT)/pd -json $(BENCHOUT)/pd-real.json | tee $(BENCHOUT)/pd-real.txt
+
 .PHONY: bench-health
 bench-health:
 	mkdir -p $(BENCHOUT)

@@ -306,7 +306,7 @@ func startFleet(ctx context.Context, c *demoConfig, stderr io.Writer) (*fleet, e
 	}
 	fl.rest = fmt.Sprintf("http://127.0.0.1:%d", restPort)
 	fl.extproc = fmt.Sprintf("127.0.0.1:%d", epPort)
-	if err := fl.start(c, "kvselect", c.kvselectBin, append([]string{"--host", "127.0.0.1", "--port", strconv.Itoa(restPort),
+	if err := fl.start(c.out, "kvselect", c.kvselectBin, append([]string{"--host", "127.0.0.1", "--port", strconv.Itoa(restPort),
 		"--extproc-port", strconv.Itoa(epPort), "--log-level", "warn"}, c.kvselectArgs...)...); err != nil {
 		return nil, err
 	}
@@ -319,7 +319,7 @@ func startFleet(ctx context.Context, c *demoConfig, stderr io.Writer) (*fleet, e
 			return nil, err
 		}
 		fl.workers = append(fl.workers, fmt.Sprintf("127.0.0.1:%d", port))
-		if err := fl.start(c, fmt.Sprintf("worker-%d", i+1), c.workerBin, "--host", "127.0.0.1", "--port", strconv.Itoa(port),
+		if err := fl.start(c.out, fmt.Sprintf("worker-%d", i+1), c.workerBin, "--host", "127.0.0.1", "--port", strconv.Itoa(port),
 			"--worker-id", strconv.Itoa(i+1), "--block-size", strconv.Itoa(c.blockSize), "--num-gpu-blocks", strconv.Itoa(c.poolBlocks),
 			"--speedup", strconv.FormatFloat(c.speedup, 'g', -1, 64), "--prefill-slots", "1",
 			"--prefill-time-per-token", c.prefillPerToken.String(), "--decode-time-per-token", c.decodePerToken.String(),
@@ -340,8 +340,8 @@ func startFleet(ctx context.Context, c *demoConfig, stderr io.Writer) (*fleet, e
 	return fl, nil
 }
 
-func (fl *fleet) start(c *demoConfig, name, bin string, args ...string) error {
-	logf, err := os.Create(filepath.Join(c.out, name+".log"))
+func (fl *fleet) start(out, name, bin string, args ...string) error {
+	logf, err := os.Create(filepath.Join(out, name+".log"))
 	if err != nil {
 		return err
 	}
@@ -388,7 +388,7 @@ func startSimFleet(ctx context.Context, c *demoConfig, stderr io.Writer) (*fleet
 	fl.rest = fmt.Sprintf("http://127.0.0.1:%d", ports[0])
 	fl.extproc = fmt.Sprintf("127.0.0.1:%d", ports[1])
 	collector := fmt.Sprintf("tcp://127.0.0.1:%d", ports[2])
-	if err := fl.start(c, c.phase+"-kvselect", c.kvselectBin, "--host", "127.0.0.1", "--port", strconv.Itoa(ports[0]),
+	if err := fl.start(c.out, c.phase+"-kvselect", c.kvselectBin, "--host", "127.0.0.1", "--port", strconv.Itoa(ports[0]),
 		"--extproc-port", strconv.Itoa(ports[1]), "--kv-events-bind", collector, "--log-level", "warn"); err != nil {
 		return nil, err
 	}

@@ -38,6 +38,7 @@ Subcommands:
   vs-epp  kvselect's picker and llm-d's endpoint picker side by side: same llm-d-inference-sim engines, same trace, through envoysim
   extproc per-request overhead of the ext_proc picker (or the same lifecycle over REST)
   health  kvselect + mock worker processes: one worker fails mid-run (ejection, trials, restoration); optional direct traffic that bypasses kvselect, with and without engine metrics
+  pd      disaggregated prefill/decode: aggregated vs always-remote vs conditional P/D on long-prompt chat sessions, simulated (-mode sim) or with kvselect and mock worker processes (-mode real)
   text    text chat sessions through the picker: --tokenize pool vs the approximate text index vs token ids vs round-robin, on mock workers
 
 Run 'kvbench <subcommand> -h' for the flags.
@@ -78,6 +79,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return runHealth(ctx, args[1:], stdout, stderr)
 	case "vs-epp":
 		return runVsEPP(ctx, args[1:], stdout, stderr)
+	case "pd":
+		return runPD(ctx, args[1:], stdout, stderr)
 	}
 	fmt.Fprint(stderr, usage)
 	return fmt.Errorf("unknown subcommand %q", args[0])
