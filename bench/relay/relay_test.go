@@ -87,7 +87,9 @@ func TestDoThroughPickerToWorker(t *testing.T) {
 
 func TestEventScannerCountsTextEventsAcrossReads(t *testing.T) {
 	role := `data: {"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}` + "\n\n"
-	tok := func(s string) string { return fmt.Sprintf(`data: {"choices":[{"index":0,"delta":{"content":%q}}]}`+"\n\n", s) }
+	tok := func(s string) string {
+		return fmt.Sprintf(`data: {"choices":[{"index":0,"delta":{"content":%q}}]}`+"\n\n", s)
+	}
 	stream := role + tok(" the") + tok(" cat") + `data: {"choices":[],"usage":{"completion_tokens":2}}` + "\n\n" + "data: [DONE]\n\n"
 	for _, cut := range []int{1, 7, 64, len(stream)} {
 		var s eventScanner
