@@ -468,3 +468,27 @@ func TestDisaggregatedConcurrentChurnLeavesNothing(t *testing.T) {
 		t.Fatalf("%d decisions counted, want 800: %v", total, st)
 	}
 }
+
+// A prefill pool whose every worker the health checks ejected (an active
+// probe's failures, say) is not usable: decode workers prefill locally, and
+// the pool is usable again once a worker is restored.
+func TestDisaggregatedEjectedPrefillPoolFallsBack(t *testing.T) {
+	s, transitions := pdService(t, nil)
+	for _, id := range []uint64{11, 12} {
+		for range 5 {
+			if _, err := s.ReportOutcome(id, Outcome{Detail: "probe: connect: refused", Source: "probe"}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	r, err := s.SelectAndReserve(bg, pdReq("a", 8))
+	if err != nil {
+		t.Fatalf("an ejected prefill pool failed the request: %v", err)
+	}
+	if d := r.PrefillDecision; d.Remote || d.Reason != scheduler.ReasonPrefillUnavailable || !*r.TrackPrefillTokens {
+		t.Fatalf("decision = %+v", d)
+	}
+	if got := strings.Join(*transitions, "|"); got != "model usable=false prefill_unavailable" {
+		t.Fatalf("transitions = %q", got)
+	}
+}
