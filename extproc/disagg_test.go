@@ -30,6 +30,9 @@ func TestDisaggregatedPickNamesThePrefillWorker(t *testing.T) {
 			if got := d.SetHeaders[want]; got != "10.0.1.1:8000" {
 				t.Fatalf("%s = %q, want the prefill worker; headers %v", want, got, d.SetHeaders)
 			}
+			if len(d.RejectedHeaders) > 0 {
+				t.Fatalf("Envoy's mutation rules reject %v", d.RejectedHeaders)
+			}
 			if got := d.SetHeaders[extproc.HeaderPrefillEndpoint]; got != "10.0.1.1:8000" {
 				t.Fatalf("%s = %q", extproc.HeaderPrefillEndpoint, got)
 			}
