@@ -53,7 +53,7 @@ const PrefillBookingSuffix = ".prefill"
 // disaggState counts decisions and remembers, per model, whether the prefill
 // pool was usable at the last disaggregated request. Its mutex is a leaf.
 type disaggState struct {
-	counts [8]atomic.Uint64 // by scheduler.DisaggReasons index
+	counts [len(scheduler.DisaggReasons)]atomic.Uint64 // by scheduler.DisaggReasons index
 
 	mu     sync.Mutex
 	usable map[string]bool
@@ -124,8 +124,9 @@ type disaggOutcome struct {
 	booking   *loads.Booking
 }
 
-// view is the response's prefill fields; selectionID is the prefill's id to
-// report (its booking, or its cached pending selection), nil for none.
+// disaggView sets the response's prefill fields; selectionID is the
+// prefill's id to report (its booking, or its cached pending selection), nil
+// for none.
 func (s *Service) disaggView(out *disaggOutcome, resp *SelectResponse, selectionID *string) {
 	resp.PrefillDecision = &PrefillDecision{Remote: out.prefill != nil, Reason: out.reason}
 	resp.Prefill = PrefillField{Set: true}
@@ -138,7 +139,7 @@ func (s *Service) disaggView(out *disaggOutcome, resp *SelectResponse, selection
 	}
 }
 
-// note counts the decision and reports a pool usability change.
+// noteDisagg counts the decision and reports a pool usability change.
 func (s *Service) noteDisagg(out *disaggOutcome) {
 	if !out.counted {
 		return
@@ -371,8 +372,8 @@ func (s *Service) peekPrefill(ctx context.Context, req *SelectRequest, resp *Sel
 	if err != nil {
 		return scheduler.ReasonPrefillUnavailable, nil, nil
 	}
-	out.prefill = pd
 	if req.SelectionID == nil {
+		out.prefill = pd
 		return reason, nil, nil
 	}
 	// Cached exactly as a /select against the prefill group would cache it.
@@ -382,5 +383,6 @@ func (s *Service) peekPrefill(ctx context.Context, req *SelectRequest, resp *Sel
 	if _, err := s.Select(ctx, preq); err != nil {
 		return scheduler.ReasonPrefillUnavailable, nil, nil
 	}
+	out.prefill = pd
 	return reason, &id, nil
 }

@@ -159,7 +159,6 @@ type world struct {
 	workers []*worker
 	byID    map[uint64]int
 	events  eventQueue
-	seq     int
 	ttfts   []time.Duration
 	itls    []time.Duration
 	res     Result

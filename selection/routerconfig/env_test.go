@@ -413,7 +413,7 @@ func TestFromEnvWarnsAboutAcceptedButIgnoredKnobs(t *testing.T) {
 		{"prefill load model none is fine", []string{"DYN_ROUTER_PREFILL_LOAD_MODEL", "none"}, ""},
 		{"hicache", []string{"DYN_SHARED_CACHE_TYPE", "hicache"}, "shared-cache queries"},
 		{"remote indexer", []string{"DYN_USE_REMOTE_INDEXER", "1"}, "remote indexer"},
-		{"conditional disagg", []string{"DYN_ROUTER_CONDITIONAL_DISAGG", "on"}, "aggregated"},
+		{"conditional disagg is honoured now", []string{"DYN_ROUTER_CONDITIONAL_DISAGG", "on"}, ""},
 		{"replica sync", []string{"DYN_ROUTER_REPLICA_SYNC", "true"}, "--replica-sync-port"},
 		{"affinity mode without ttl", []string{"DYN_ROUTER_SESSION_AFFINITY_MODE", "soft"}, "session affinity is off"},
 		{"affinity mode with ttl is fine", []string{"DYN_ROUTER_SESSION_AFFINITY_MODE", "soft", "DYN_ROUTER_SESSION_AFFINITY_TTL_SECS", "60"}, ""},

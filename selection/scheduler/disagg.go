@@ -41,7 +41,7 @@ const (
 )
 
 // DisaggReasons lists every reason, remote ones first.
-var DisaggReasons = []string{
+var DisaggReasons = [...]string{
 	ReasonDisaggUnconditional, ReasonPolicyDeclined, ReasonDecodeBusy, ReasonDecodeBusyUnknown,
 	ReasonDecodeGateOff, ReasonDecodeNotBusy, ReasonNoPrefillWorkers, ReasonPrefillUnavailable,
 }
