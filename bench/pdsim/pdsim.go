@@ -54,6 +54,12 @@ type Config struct {
 	PrefillPerToken, DecodePerToken, TransferPerBlock time.Duration
 	ChunkTokens                                       int // vLLM's max_num_batched_tokens
 	Seed                                              uint64
+
+	// EffISLThreshold and EffISLRatioThreshold are conditional
+	// disaggregation's isl_bounding thresholds
+	// (DYN_ROUTER_CONDITIONAL_DISAGG_EFF_ISL_*); 0 keeps Dynamo's 2048 and 0.7.
+	EffISLThreshold      int     `json:"eff_isl_threshold,omitempty"`
+	EffISLRatioThreshold float64 `json:"eff_isl_ratio_threshold,omitempty"`
 }
 
 // DefaultConfig is the configuration docs/disaggregation.md reports:
@@ -80,6 +86,8 @@ func (c Config) validate() error {
 		return errors.New("pdsim: rate must be a positive number")
 	case c.ThinkTime < 0 || c.PrefillPerToken < 0 || c.DecodePerToken <= 0 || c.TransferPerBlock < 0:
 		return errors.New("pdsim: times must not be negative (and decode time positive)")
+	case c.EffISLThreshold < 0 || !(c.EffISLRatioThreshold >= 0 && c.EffISLRatioThreshold <= 1):
+		return errors.New("pdsim: the isl_bounding thresholds must be >= 0 tokens and a fraction in [0, 1]")
 	}
 	return nil
 }
@@ -176,6 +184,12 @@ func Run(ctx context.Context, cfg Config, s Setup) (Result, error) {
 	rc := routerconfig.Default()
 	rc.UseKVEvents = false // the index learns from the service's own routing
 	rc.ConditionalDisagg = s.Conditional
+	if cfg.EffISLThreshold > 0 {
+		rc.ConditionalDisaggEffISLThreshold = cfg.EffISLThreshold
+	}
+	if cfg.EffISLRatioThreshold > 0 {
+		rc.ConditionalDisaggEffISLRatioThreshold = cfg.EffISLRatioThreshold
+	}
 	svc, err := selection.New(selection.Config{Router: rc, Clock: func() time.Time { return w.start.Add(w.now) },
 		Rand: rand.New(rand.NewPCG(cfg.Seed, 77))})
 	if err != nil {
@@ -420,8 +434,8 @@ func (w *world) result() (Result, error) {
 	res := w.res
 	for _, ml := range w.svc.Loads(nil, nil) {
 		for _, l := range ml.Loads {
-			if l.ActiveRequests != 0 {
-				return res, fmt.Errorf("pdsim: %d bookings left on worker %d (%s)", l.ActiveRequests, l.WorkerID, ml.RoutingGroup)
+			if l.ActiveRequests != 0 || l.PotentialPrefillTokens != 0 || l.PotentialDecodeBlocks != 0 {
+				return res, fmt.Errorf("pdsim: load left on worker %d (%s) after the run: %+v", l.WorkerID, ml.RoutingGroup, l)
 			}
 		}
 	}

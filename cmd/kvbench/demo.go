@@ -296,22 +296,8 @@ func startFleet(ctx context.Context, c *demoConfig, stderr io.Writer) (*fleet, e
 			fl.stop()
 		}
 	}()
-	restPort, err := freePort()
-	if err != nil {
+	if err := fl.startKVSelect(ctx, c.out, "kvselect", c.kvselectBin, c.kvselectArgs...); err != nil {
 		return nil, err
-	}
-	epPort, err := freePort()
-	if err != nil {
-		return nil, err
-	}
-	fl.rest = fmt.Sprintf("http://127.0.0.1:%d", restPort)
-	fl.extproc = fmt.Sprintf("127.0.0.1:%d", epPort)
-	if err := fl.start(c.out, "kvselect", c.kvselectBin, append([]string{"--host", "127.0.0.1", "--port", strconv.Itoa(restPort),
-		"--extproc-port", strconv.Itoa(epPort), "--log-level", "warn"}, c.kvselectArgs...)...); err != nil {
-		return nil, err
-	}
-	if err := waitHTTP(ctx, fl.hc, fl.rest+"/health", 30*time.Second); err != nil {
-		return nil, fmt.Errorf("kvselect did not come up: %w (log in %s)", err, c.out)
 	}
 	for i := range c.workers {
 		port, err := freePort()
@@ -332,12 +318,44 @@ func startFleet(ctx context.Context, c *demoConfig, stderr io.Writer) (*fleet, e
 	if err := fl.waitWorkers(ctx, c.workers, 60*time.Second); err != nil {
 		return nil, fmt.Errorf("%w (logs in %s)", err, c.out)
 	}
-	fl.conn, err = grpc.NewClient(fl.extproc, append(envoysim.DialOptions(), grpc.WithTransportCredentials(insecure.NewCredentials()))...)
-	if err != nil {
+	if err := fl.dialPicker(); err != nil {
 		return nil, err
 	}
 	ok = true
 	return fl, nil
+}
+
+// startKVSelect starts kvselect on two free loopback ports (REST, then
+// ext_proc) with args after the fleet's own, logging to out/name.log, and
+// waits until it answers /health.
+func (fl *fleet) startKVSelect(ctx context.Context, out, name, bin string, args ...string) error {
+	restPort, err := freePort()
+	if err != nil {
+		return err
+	}
+	epPort, err := freePort()
+	if err != nil {
+		return err
+	}
+	fl.rest, fl.extproc = fmt.Sprintf("http://127.0.0.1:%d", restPort), fmt.Sprintf("127.0.0.1:%d", epPort)
+	if err := fl.start(out, name, bin, append([]string{"--host", "127.0.0.1", "--port", strconv.Itoa(restPort),
+		"--extproc-port", strconv.Itoa(epPort), "--log-level", "warn"}, args...)...); err != nil {
+		return err
+	}
+	if err := waitHTTP(ctx, fl.hc, fl.rest+"/health", 30*time.Second); err != nil {
+		return fmt.Errorf("kvselect did not come up: %w (log in %s)", err, out)
+	}
+	return nil
+}
+
+// dialPicker connects the fleet's ext_proc client, as Envoy dials (plaintext).
+func (fl *fleet) dialPicker() error {
+	conn, err := grpc.NewClient(fl.extproc, append(envoysim.DialOptions(), grpc.WithTransportCredentials(insecure.NewCredentials()))...)
+	if err != nil {
+		return err
+	}
+	fl.conn = conn
+	return nil
 }
 
 func (fl *fleet) start(out, name, bin string, args ...string) error {
@@ -415,8 +433,7 @@ func startSimFleet(ctx context.Context, c *demoConfig, stderr io.Writer) (*fleet
 	if err := fl.waitWorkers(ctx, c.workers, 60*time.Second); err != nil {
 		return nil, fmt.Errorf("%w (logs in %s)", err, c.out)
 	}
-	fl.conn, err = grpc.NewClient(fl.extproc, append(envoysim.DialOptions(), grpc.WithTransportCredentials(insecure.NewCredentials()))...)
-	if err != nil {
+	if err := fl.dialPicker(); err != nil {
 		return nil, err
 	}
 	ok = true

@@ -19,8 +19,6 @@ import (
 	"time"
 
 	"github.com/zeebo/xxh3"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/kvselect/kvselect/bench/pdsim"
 	"github.com/kvselect/kvselect/bench/relay"
@@ -60,6 +58,8 @@ func runPD(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs.DurationVar(&c.TransferPerBlock, "transfer-per-block", def.TransferPerBlock, "time to move one KV block from the prefill worker to the decode worker")
 	fs.IntVar(&c.ChunkTokens, "chunk-tokens", def.ChunkTokens, "prefill chunk (vLLM's max_num_batched_tokens): a step carries at most this many prompt tokens")
 	fs.Uint64Var(&c.Seed, "seed", def.Seed, "random `seed` of the traffic and the services")
+	fs.IntVar(&c.EffISLThreshold, "eff-isl-threshold", 2048, "conditional P/D: prefill locally only below this many uncached `tokens` (DYN_ROUTER_CONDITIONAL_DISAGG_EFF_ISL_THRESHOLD)")
+	fs.Float64Var(&c.EffISLRatioThreshold, "eff-isl-ratio-threshold", 0.7, "conditional P/D: ... and below this uncached share of the prompt (DYN_ROUTER_CONDITIONAL_DISAGG_EFF_ISL_RATIO_THRESHOLD)")
 	speedup := fs.Float64("speedup", 2, "real mode: every time (arrivals, prefill, decode, transfer) divided by this `factor`")
 	var kvselectBin, workerBin string
 	binaryFlags(fs, &kvselectBin, &workerBin)
@@ -146,27 +146,21 @@ func runPDReal(ctx context.Context, p pdReal) (pdsim.Result, error) {
 	}
 	tag := strings.NewReplacer(" ", "-", "/", "").Replace(s.Name)
 	conf := filepath.Join(p.out, tag+".yaml")
-	if err := os.WriteFile(conf, fmt.Appendf(nil, "router:\n  conditional_disagg_enabled: %v\n", s.Conditional), 0o644); err != nil {
+	router := fmt.Sprintf("router:\n  conditional_disagg_enabled: %v\n", s.Conditional)
+	if c.EffISLThreshold > 0 {
+		router += fmt.Sprintf("  conditional_disagg_eff_isl_threshold: %d\n", c.EffISLThreshold)
+	}
+	if c.EffISLRatioThreshold > 0 {
+		router += fmt.Sprintf("  conditional_disagg_eff_isl_ratio_threshold: %g\n", c.EffISLRatioThreshold)
+	}
+	if err := os.WriteFile(conf, []byte(router), 0o644); err != nil {
 		return res, err
 	}
 	workers := s.Prefill + s.Decode
 	fl := &fleet{model: "mock-model", hc: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 256, MaxIdleConns: 1024}}}
 	defer fl.stop()
-	restPort, err := freePort()
-	if err != nil {
+	if err := fl.startKVSelect(ctx, p.out, tag+"-kvselect", p.kvselectBin, "--config", conf); err != nil {
 		return res, err
-	}
-	epPort, err := freePort()
-	if err != nil {
-		return res, err
-	}
-	fl.rest, fl.extproc = fmt.Sprintf("http://127.0.0.1:%d", restPort), fmt.Sprintf("127.0.0.1:%d", epPort)
-	if err := fl.start(p.out, tag+"-kvselect", p.kvselectBin, "--host", "127.0.0.1", "--port", strconv.Itoa(restPort),
-		"--extproc-port", strconv.Itoa(epPort), "--log-level", "warn", "--config", conf); err != nil {
-		return res, err
-	}
-	if err := waitHTTP(ctx, fl.hc, fl.rest+"/health", 30*time.Second); err != nil {
-		return res, fmt.Errorf("kvselect did not come up: %w (log in %s)", err, p.out)
 	}
 	maxLen := c.FirstTokens + (c.Turns-1)*(c.OutputTokens+c.FollowUpTokens) + c.OutputTokens + 16
 	pool := 4*c.Sessions*maxLen/c.BlockSize + 1024 // no eviction during the run
@@ -196,16 +190,14 @@ func runPDReal(ctx context.Context, p pdReal) (pdsim.Result, error) {
 	if err := fl.waitWorkers(ctx, workers, 60*time.Second); err != nil {
 		return res, fmt.Errorf("%w (logs in %s)", err, p.out)
 	}
-	conn, err := grpc.NewClient(fl.extproc, append(envoysim.DialOptions(), grpc.WithTransportCredentials(insecure.NewCredentials()))...)
-	if err != nil {
+	if err := fl.dialPicker(); err != nil {
 		return res, err
 	}
-	fl.conn = conn
 	before, err := scrape(fl.hc, fl.rest+"/metrics")
 	if err != nil {
 		return res, err
 	}
-	rl := relay.Relay{Picker: envoysim.New(conn), HTTP: fl.hc}
+	rl := relay.Relay{Picker: envoysim.New(fl.conn), HTTP: fl.hc}
 	var mu sync.Mutex
 	var ttfts, itls []time.Duration
 	var firstErr error

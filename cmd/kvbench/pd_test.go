@@ -76,3 +76,19 @@ func TestPDRealProcesses(t *testing.T) {
 		t.Fatalf("conditional: %+v", cond)
 	}
 }
+
+// The isl_bounding thresholds reach the service: a threshold of one token
+// keeps nothing local.
+func TestPDThresholdFlags(t *testing.T) {
+	out := filepath.Join(t.TempDir(), "pd.json")
+	var stdout, stderr bytes.Buffer
+	if err := run(context.Background(), append(append([]string{"pd"}, tinyPD...), "-eff-isl-threshold", "1", "-json", out), &stdout, &stderr); err != nil {
+		t.Fatalf("%v\n%s", err, stderr.String())
+	}
+	if cond := readPDReport(t, out).Results[2]; cond.LocalPrefills != 0 || cond.RemotePrefills != 12 {
+		t.Fatalf("conditional with a 1-token threshold: %+v", cond)
+	}
+	if err := run(context.Background(), []string{"pd", "-eff-isl-ratio-threshold", "2"}, &stdout, &stderr); err == nil {
+		t.Fatal("a ratio of 2 was accepted")
+	}
+}

@@ -12,7 +12,6 @@ import (
 	"math"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"sort"
@@ -21,9 +20,6 @@ import (
 	"sync"
 	"text/tabwriter"
 	"time"
-
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/kvselect/kvselect/bench/relay"
 	"github.com/kvselect/kvselect/bench/report"
@@ -157,67 +153,17 @@ func runText(ctx context.Context, args []string, stdout, stderr io.Writer) error
 }
 
 // textFleet is one phase's processes.
-type textFleet struct {
-	procs   []*exec.Cmd
-	done    []chan struct{}
-	rest    string
-	extproc string
-	workers []string // host:port, worker id i+1 at i
-	hc      *http.Client
-	conn    *grpc.ClientConn
-}
-
-func (fl *textFleet) start(out, name, bin string, args ...string) error {
-	logf, err := os.Create(filepath.Join(out, name+".log"))
-	if err != nil {
-		return err
-	}
-	cmd := exec.Command(bin, args...)
-	cmd.Stdout, cmd.Stderr = logf, logf
-	if err := cmd.Start(); err != nil {
-		logf.Close()
-		return fmt.Errorf("start %s (%s): %w; build it with `make build`", name, bin, err)
-	}
-	done := make(chan struct{})
-	go func() { _ = cmd.Wait(); logf.Close(); close(done) }()
-	fl.procs, fl.done = append(fl.procs, cmd), append(fl.done, done)
-	return nil
-}
-
-func (fl *textFleet) stop() {
-	if fl.conn != nil {
-		fl.conn.Close()
-	}
-	// Workers first (they deregister), kvselect last.
-	for i := len(fl.procs) - 1; i >= 0; i-- {
-		_ = fl.procs[i].Process.Signal(os.Interrupt)
-		select {
-		case <-fl.done[i]:
-		case <-time.After(10 * time.Second):
-			_ = fl.procs[i].Process.Kill()
-			<-fl.done[i]
-		}
-	}
-}
+type textFleet struct{ fleet }
 
 func startTextFleet(ctx context.Context, c *textConfig, phase string) (*textFleet, error) {
-	fl := &textFleet{hc: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 4 * c.concurrency}}}
+	fl := &textFleet{fleet{hc: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 4 * c.concurrency}}}}
 	ok := false
 	defer func() {
 		if !ok {
 			fl.stop()
 		}
 	}()
-	restPort, err := freePort()
-	if err != nil {
-		return nil, err
-	}
-	epPort, err := freePort()
-	if err != nil {
-		return nil, err
-	}
-	fl.rest, fl.extproc = fmt.Sprintf("http://127.0.0.1:%d", restPort), fmt.Sprintf("127.0.0.1:%d", epPort)
-	args := []string{"--host", "127.0.0.1", "--port", strconv.Itoa(restPort), "--extproc-port", strconv.Itoa(epPort), "--log-level", "warn"}
+	var args []string
 	switch phase {
 	case "pool", "pool-completions", "pool-warm":
 		args = append(args, "--tokenize", "pool", "--tokenize-timeout", c.tokenizeTimeout.String())
@@ -227,11 +173,8 @@ func startTextFleet(ctx context.Context, c *textConfig, phase string) (*textFlee
 		args = append(args, "--policy", "round-robin")
 	}
 	args = append(args, c.kvselectArgs...)
-	if err := fl.start(c.out, phase+"-kvselect", c.kvselectBin, args...); err != nil {
+	if err := fl.startKVSelect(ctx, c.out, phase+"-kvselect", c.kvselectBin, args...); err != nil {
 		return nil, err
-	}
-	if err := waitHTTP(ctx, fl.hc, fl.rest+"/health", 30*time.Second); err != nil {
-		return nil, fmt.Errorf("kvselect did not come up: %w (log in %s)", err, c.out)
 	}
 	for i := range c.workers {
 		port, err := freePort()
@@ -247,39 +190,10 @@ func startTextFleet(ctx context.Context, c *textConfig, phase string) (*textFlee
 			return nil, err
 		}
 	}
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		var ws []struct {
-			Lifecycle      string `json:"lifecycle"`
-			KVEventsStatus map[string]struct {
-				Connected bool `json:"connected"`
-			} `json:"kv_events_status"`
-		}
-		ready := 0
-		if err := getJSON(fl.hc, fl.rest+"/workers", &ws); err == nil {
-			for _, w := range ws {
-				conn := len(w.KVEventsStatus) > 0
-				for _, st := range w.KVEventsStatus {
-					conn = conn && st.Connected
-				}
-				if w.Lifecycle == "schedulable" && conn {
-					ready++
-				}
-			}
-		}
-		if ready == c.workers {
-			break
-		}
-		if time.Now().After(deadline) {
-			return nil, fmt.Errorf("%d of %d workers ready after 60 s (logs in %s)", ready, c.workers, c.out)
-		}
-		if err := ctx.Err(); err != nil {
-			return nil, err
-		}
-		time.Sleep(100 * time.Millisecond)
+	if err := fl.waitWorkers(ctx, c.workers, 60*time.Second); err != nil {
+		return nil, fmt.Errorf("%w (logs in %s)", err, c.out)
 	}
-	fl.conn, err = grpc.NewClient(fl.extproc, append(envoysim.DialOptions(), grpc.WithTransportCredentials(insecure.NewCredentials()))...)
-	if err != nil {
+	if err := fl.dialPicker(); err != nil {
 		return nil, err
 	}
 	ok = true
