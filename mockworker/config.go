@@ -10,6 +10,8 @@ import (
 	"strings"
 	"time"
 
+	"golang.org/x/net/http/httpguts"
+
 	"github.com/kvselect/kvselect/mockworker/kvpublish"
 )
 
@@ -68,8 +70,9 @@ type Config struct {
 	// MaxNumSeqs bounds the sequences a rank runs at once; further requests
 	// wait in its FIFO queue.
 	MaxNumSeqs int
-	// MaxNumBatchedTokens is only advertised (registration); the timing model
-	// does not chunk prefills.
+	// MaxNumBatchedTokens is advertised (registration) and, with
+	// PrefillStallsDecode, is the prefill chunk size; otherwise the timing
+	// model does not chunk prefills.
 	MaxNumBatchedTokens int
 	// MaxModelLen bounds prompt plus output tokens of one request.
 	MaxModelLen int
@@ -128,8 +131,12 @@ type Config struct {
 	// pulled); divided by Speedup like the other times.
 	KVTransferPerBlock time.Duration
 	// PrefillTimeout bounds the call to the prefill worker
-	// (DefaultPrefillTimeout when 0).
+	// (DefaultPrefillTimeout when 0), on top of the request's own context.
 	PrefillTimeout time.Duration
+	// AdvertiseAddr is the host:port other workers reach this one at; a
+	// prefill stage answers it as remote_host and remote_port, where a vLLM
+	// decode would pull the KV from. Empty: the Host the request was sent to.
+	AdvertiseAddr string
 	// PrefillStallsDecode models chunked prefill sharing the engine's steps
 	// with decoding: a prefill is computed in chunks of MaxNumBatchedTokens
 	// tokens, and while a chunk runs no running sequence of the rank gets a
@@ -239,11 +246,19 @@ func (c Config) withDefaults() (Config, error) {
 	if c.Role != RoleBoth && c.Role != RolePrefill && c.Role != RoleDecode {
 		errs = append(errs, fmt.Errorf("role must be both, prefill or decode, got %q", c.Role))
 	}
-	if c.KVTransferPerBlock < 0 || c.PrefillTimeout < 0 {
-		errs = append(errs, errors.New("the KV transfer time and the prefill timeout must not be negative"))
+	if c.KVTransferPerBlock < 0 {
+		errs = append(errs, fmt.Errorf("KV transfer time per block must not be negative, got %v", c.KVTransferPerBlock))
 	}
-	if strings.ContainsAny(c.PrefillerHeader, " :\r\n") {
-		errs = append(errs, fmt.Errorf("prefiller header %q is not a header name", c.PrefillerHeader))
+	if c.PrefillTimeout < 0 {
+		errs = append(errs, fmt.Errorf("prefill timeout must not be negative, got %v", c.PrefillTimeout))
+	}
+	if !httpguts.ValidHeaderFieldName(c.PrefillerHeader) {
+		errs = append(errs, fmt.Errorf("prefiller header %q is not an HTTP header name", c.PrefillerHeader))
+	}
+	if c.AdvertiseAddr != "" {
+		if _, _, ok := splitHostPort(c.AdvertiseAddr); !ok {
+			errs = append(errs, fmt.Errorf("advertise address %q is not host:port", c.AdvertiseAddr))
+		}
 	}
 	if c.PrefillSlots < 0 {
 		errs = append(errs, fmt.Errorf("prefill slots must be zero (unlimited) or positive, got %d", c.PrefillSlots))

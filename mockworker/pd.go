@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"strconv"
 	"time"
@@ -51,8 +53,17 @@ func (w *Worker) sidecar(next http.HandlerFunc) http.HandlerFunc {
 			writeError(rw, badRequest("%s: this is a prefill worker; it does not decode for another prefill worker", w.cfg.PrefillerHeader))
 			return
 		}
+		if _, _, ok := splitHostPort(addr); !ok {
+			writeError(rw, badRequest("%s: %q is not host:port", w.cfg.PrefillerHeader, addr))
+			return
+		}
 		body, err := io.ReadAll(http.MaxBytesReader(rw, req.Body, maxBody))
 		if err != nil {
+			var tooBig *http.MaxBytesError
+			if errors.As(err, &tooBig) {
+				writeError(rw, &apiError{http.StatusRequestEntityTooLarge, "BadRequestError", fmt.Sprintf("request body exceeds %d bytes", maxBody)})
+				return
+			}
 			writeError(rw, badRequest("reading the body: %v", err))
 			return
 		}
@@ -65,6 +76,9 @@ func (w *Worker) sidecar(next http.HandlerFunc) http.HandlerFunc {
 		}
 		params, err := w.remotePrefill(req.Context(), addr, req.URL.Path, fields)
 		if err != nil {
+			// The prefill stage runs before any byte of the answer, so even a
+			// streaming request gets a plain 502 here, not an SSE error.
+			w.log.Warn("remote prefill failed", "prefiller", addr, "path", req.URL.Path, "err", err)
 			writeError(rw, &apiError{http.StatusBadGateway, "BadGatewayError", err.Error()})
 			return
 		}
@@ -145,12 +159,20 @@ func (w *Worker) prefillClient() *http.Client {
 // transferParams is the prefill side's answer (step 3): where the decode
 // side pulls the prompt's blocks from.
 func (w *Worker) transferParams(req *http.Request, res Result) map[string]any {
-	ids := make([]int, res.PromptTokens/w.cfg.BlockSize)
+	// Every block the prompt occupies, the partial last one included, as the
+	// decode side pulls them (pullKV). The mock's pool has no block numbers,
+	// so the ids are the blocks' positions: plausible, and opaque to any
+	// decode side (vLLM's are indices into the prefill engine's pool).
+	ids := make([]int, (res.PromptTokens+w.cfg.BlockSize-1)/w.cfg.BlockSize)
 	for i := range ids {
 		ids[i] = i
 	}
-	host, port := req.Host, 0
-	if h, p, ok := splitHostPort(req.Host); ok {
+	addr := w.cfg.AdvertiseAddr
+	if addr == "" {
+		addr = req.Host
+	}
+	host, port := addr, 0
+	if h, p, ok := splitHostPort(addr); ok {
 		host, port = h, p
 	}
 	return map[string]any{"do_remote_prefill": true, "do_remote_decode": false,
@@ -158,20 +180,17 @@ func (w *Worker) transferParams(req *http.Request, res Result) map[string]any {
 		"remote_block_ids": ids, "remote_host": host, "remote_port": port, "tp_size": 1}
 }
 
+// splitHostPort splits host:port ([v6]:port too) with a numeric port.
 func splitHostPort(hp string) (string, int, bool) {
-	i := bytes.LastIndexByte([]byte(hp), ':')
-	if i < 0 {
+	h, ps, err := net.SplitHostPort(hp)
+	if err != nil || h == "" {
 		return "", 0, false
 	}
-	p, err := strconv.Atoi(hp[i+1:])
+	p, err := strconv.ParseUint(ps, 10, 16)
 	if err != nil {
 		return "", 0, false
 	}
-	h := hp[:i]
-	if len(h) > 1 && h[0] == '[' && h[len(h)-1] == ']' {
-		h = h[1 : len(h)-1]
-	}
-	return h, p, true
+	return h, int(p), true
 }
 
 // pullKV is a remote prefill's decode side: the blocks of the uncached

@@ -277,15 +277,7 @@ func (w *world) traffic() []*request {
 }
 
 func (w *world) arrive(ctx context.Context, r *request) error {
-	locals := make([]int64, len(r.blocks))
-	for i, h := range r.blocks {
-		locals[i] = int64(h)
-	}
-	seqs := kvhash.SequenceHashes(r.blocks)
-	sq := make([]int64, len(seqs))
-	for i, h := range seqs {
-		sq[i] = int64(h)
-	}
+	locals, sq := kvhash.WireHashes(r.blocks)
 	isl := uint64(r.tokens)
 	osl := uint32(w.cfg.OutputTokens)
 	resp, err := w.svc.SelectAndReserve(ctx, &selection.SelectRequest{

@@ -116,15 +116,7 @@ func (p *Service) Name() string { return p.name }
 func (p *Service) Pick(ctx context.Context, r *Request) (int, error) {
 	isl := uint64(r.Trace.InputLength)
 	out := uint32(min(r.Trace.OutputLength, 1<<31))
-	locals := make([]int64, len(r.Locals))
-	for i, h := range r.Locals {
-		locals[i] = int64(h)
-	}
-	seq := kvhash.SequenceHashes(r.Locals)
-	seqs := make([]int64, len(seq))
-	for i, h := range seq {
-		seqs[i] = int64(h)
-	}
+	locals, seqs := kvhash.WireHashes(r.Locals)
 	id := r.ID
 	resp, err := p.svc.SelectAndReserve(ctx, &selection.SelectRequest{
 		PartitionKey:         selection.PartitionKey{ModelName: simModel},

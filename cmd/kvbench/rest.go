@@ -330,10 +330,7 @@ func restBodies(prompts [][]uint32, hashes bool) ([][]byte, error) {
 		}{restModel, t}
 		if hashes {
 			locals := kvhash.LocalBlockHashes(t, "", "", kvhash.BlockOptions{BlockSize: restBlockSize})
-			bh, sh := make([]int64, len(locals)), make([]int64, len(locals))
-			for k, h := range kvhash.SequenceHashes(locals) {
-				bh[k], sh[k] = int64(locals[k]), int64(h)
-			}
+			bh, sh := kvhash.WireHashes(locals)
 			v = struct {
 				ModelName      string  `json:"model_name"`
 				BlockHashes    []int64 `json:"block_hashes"`

@@ -39,6 +39,9 @@ vLLM-format KV events on ZMQ (PUB, plus a ROUTER replay ring), binding its PUB
 sockets or, with --kv-events-connect, dialing a collector. Text prompts are
 tokenized one token per whitespace-separated word. With --register the worker
 announces itself to a kvselect REST API and deletes itself on SIGINT/SIGTERM.
+A request carrying --prefiller-header (x-prefiller-host-port) is prefilled on
+the named worker first and decoded here with the KV pulled from it, as llm-d's
+routing sidecar and vLLM's NIXL connector do (--role prefill|decode).
 See docs/mockworker.md.
 
 Flags:
@@ -83,9 +86,9 @@ func newFlagSet(o *options) *flag.FlagSet {
 	fs.Float64Var(&c.DecodeBatchSlowdown, "decode-batch-slowdown", mockworker.DefaultDecodeBatchSlowdown, "decode time grows by this fraction per additional running sequence")
 	fs.Float64Var(&c.Speedup, "speedup", 1, "divide every simulated duration by this factor")
 	fs.IntVar(&c.PrefillSlots, "prefill-slots", 0, "prefills a rank computes at once, the rest wait (1: prefill throughput shared like one GPU's; 0: unlimited)")
-	fs.StringVar(&c.Role, "role", mockworker.RoleBoth, "part in disaggregated prefill/decode serving: both (whole requests), prefill (the prefill stage of disaggregated requests; registered in kvselect's prefill routing group) or decode (prefills remotely when a request names its prefill worker); registered as the worker's role")
+	fs.StringVar(&c.Role, "role", mockworker.RoleBoth, "part in disaggregated prefill/decode serving: both (whole requests), prefill (the prefill stage of disaggregated requests; refuses requests naming a prefill worker; kvselect puts it in its prefill routing group) or decode (prefills remotely when a request names its prefill worker); registered as the worker's role")
 	fs.StringVar(&c.PrefillerHeader, "prefiller-header", mockworker.DefaultPrefillerHeader, "request header naming the prefill worker (host:port) of a disaggregated request, as llm-d's routing sidecar reads it: the worker has it prefill the prompt (max_tokens 1, kv_transfer_params do_remote_decode), then decodes with the returned kv_transfer_params")
-	fs.DurationVar(&c.KVTransferPerBlock, "kv-transfer-per-block", mockworker.DefaultKVTransferPerBlock, "time to pull one KV block of a remotely prefilled prompt from the prefill worker (blocks cached here are not pulled)")
+	fs.DurationVar(&c.KVTransferPerBlock, "kv-transfer-per-block", mockworker.DefaultKVTransferPerBlock, "time to pull one KV block of a remotely prefilled prompt from the prefill worker (blocks cached here are not pulled); divided by --speedup")
 	fs.DurationVar(&c.PrefillTimeout, "prefill-timeout", mockworker.DefaultPrefillTimeout, "how long a decode worker waits for its prefill worker's answer (a failure answers 502)")
 	fs.BoolVar(&c.PrefillStallsDecode, "prefill-stalls-decode", false, "chunked prefill shares engine steps with decoding: prefills run in chunks of --max-num-batched-tokens and no running sequence of the rank gets a token during a chunk (what makes a long prompt raise inter-token latency, and disaggregation worth it)")
 	fs.Float64Var(&c.Faults.FailRate, "fail-rate", 0, "fraction (0..1) of completions/chat requests answered 500 with an OpenAI error body (POST /admin/faults changes it at run time)")
@@ -154,6 +157,22 @@ func parse(args []string) (*options, error) {
 	}
 	if !(c.Speedup > 0) {
 		return nil, &usageError{fmt.Errorf("--speedup must be positive, got %v", c.Speedup)}
+	}
+	switch c.Role {
+	case mockworker.RoleBoth, mockworker.RolePrefill, mockworker.RoleDecode:
+	default:
+		return nil, &usageError{fmt.Errorf("--role %q: want both, prefill or decode", c.Role)}
+	}
+	if c.KVTransferPerBlock < 0 {
+		return nil, &usageError{fmt.Errorf("--kv-transfer-per-block must not be negative, got %v", c.KVTransferPerBlock)}
+	}
+	if c.PrefillTimeout <= 0 {
+		// The library reads 0 as its default; on the command line a decode
+		// worker that never waits for its prefill worker is a mistake.
+		return nil, &usageError{fmt.Errorf("--prefill-timeout must be positive, got %v", c.PrefillTimeout)}
+	}
+	if c.PrefillerHeader == "" {
+		return nil, &usageError{errors.New("--prefiller-header must not be empty")}
 	}
 	switch o.eventFormat {
 	case "map":
@@ -251,6 +270,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer, onListen 
 		// The collector knows this worker by the host:port it routes to.
 		o.cfg.EventsTopic = mockworker.LLMDTopic(net.JoinHostPort(o.advertiseHost, strconv.Itoa(port)), o.cfg.Model)
 	}
+	// A prefill stage names this address (remote_host, remote_port) as where
+	// its KV can be pulled from.
+	o.cfg.AdvertiseAddr = net.JoinHostPort(o.advertiseHost, strconv.Itoa(port))
 	o.cfg.Logger = log
 	w, err := mockworker.New(o.cfg)
 	if err != nil {

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"flag"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -15,6 +16,7 @@ import (
 	"github.com/kvselect/kvselect/engines/kvlisten"
 	"github.com/kvselect/kvselect/httpadmin"
 	"github.com/kvselect/kvselect/internal/peerproc"
+	"github.com/kvselect/kvselect/mockworker"
 	"github.com/kvselect/kvselect/selection"
 	"github.com/kvselect/kvselect/selection/routerconfig"
 )
@@ -293,5 +295,82 @@ func TestPeerprocCommandLineParses(t *testing.T) {
 				t.Fatalf("parsed %+v from %q", c, peerproc.MockWorkerArgs(tc.cfg))
 			}
 		})
+	}
+}
+
+// The disaggregation flags: defaults, values, and refusals that name the flag.
+func TestDisaggregationFlags(t *testing.T) {
+	o, err := parse(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c := o.cfg; c.Role != mockworker.RoleBoth || c.PrefillerHeader != "x-prefiller-host-port" ||
+		c.KVTransferPerBlock != mockworker.DefaultKVTransferPerBlock || c.PrefillTimeout != mockworker.DefaultPrefillTimeout || c.PrefillStallsDecode {
+		t.Fatalf("defaults %+v", c)
+	}
+	o, err = parse([]string{"--role", "decode", "--prefiller-header", "x-prefill", "--kv-transfer-per-block", "1ms",
+		"--prefill-timeout", "5s", "--prefill-stalls-decode"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c := o.cfg; c.Role != mockworker.RoleDecode || c.PrefillerHeader != "x-prefill" || c.KVTransferPerBlock != time.Millisecond ||
+		c.PrefillTimeout != 5*time.Second || !c.PrefillStallsDecode {
+		t.Fatalf("parsed %+v", c)
+	}
+	for _, tc := range []struct {
+		args []string
+		frag string
+	}{
+		{[]string{"--role", "prefiller"}, `--role "prefiller": want both, prefill or decode`},
+		{[]string{"--kv-transfer-per-block", "-1ms"}, "--kv-transfer-per-block must not be negative"},
+		{[]string{"--prefill-timeout", "0s"}, "--prefill-timeout must be positive"},
+		{[]string{"--prefiller-header", ""}, "--prefiller-header must not be empty"},
+		{[]string{"--port", "0", "--prefiller-header", "x prefiller"}, "is not an HTTP header name"},
+	} {
+		err := run(context.Background(), tc.args, io.Discard, io.Discard, nil)
+		if code := exitStatus(err, io.Discard); code != 2 || !strings.Contains(err.Error(), tc.frag) {
+			t.Errorf("%q: exit status %d (%v), want 2 and %q", tc.args, code, err, tc.frag)
+		}
+	}
+}
+
+// A prefill-role worker started from the command line answers a prefill
+// stage with its advertised address as the place to pull the KV from.
+func TestPrefillRoleAdvertisesItsAddress(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	addrc := make(chan string, 1)
+	done := make(chan error, 1)
+	go func() {
+		done <- run(ctx, []string{"--port", "0", "--role", "prefill", "--advertise-host", "10.1.2.3", "--kv-events=false",
+			"--prefill-time-per-token", "0s", "--decode-time-per-token", "0s", "--log-level", "error"}, io.Discard, io.Discard,
+			func(a string) { addrc <- a })
+	}()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	})
+	var addr string
+	select {
+	case addr = <-addrc:
+	case err := <-done:
+		t.Fatal(err)
+	}
+	resp, err := http.Post("http://"+addr+"/v1/completions", "application/json", strings.NewReader(
+		`{"prompt":[1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17],"max_tokens":1,"kv_transfer_params":{"do_remote_decode":true}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var got struct {
+		KV map[string]any `json:"kv_transfer_params"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&got); err != nil {
+		t.Fatal(err)
+	}
+	_, port, _ := strings.Cut(addr, ":")
+	if got.KV["remote_host"] != "10.1.2.3" || fmt.Sprint(got.KV["remote_port"]) != port || fmt.Sprint(got.KV["remote_block_ids"]) != "[0 1]" {
+		t.Fatalf("kv_transfer_params %v (served on %s)", got.KV, addr)
 	}
 }

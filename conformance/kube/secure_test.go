@@ -282,7 +282,7 @@ func TestChartRefusesInsecureOrBrokenValues(t *testing.T) {
 
 func TestKustomizeIsSecureByDefault(t *testing.T) {
 	for _, s := range sets() {
-		if !strings.HasPrefix(s.name, "kustomize-") || s.name == "kustomize-examples-only" {
+		if !strings.HasPrefix(s.name, "kustomize-") || s.workloadsOnly() {
 			continue
 		}
 		t.Run(s.name, func(t *testing.T) {

@@ -140,6 +140,17 @@ func SequenceHashes(blocks []uint64) []uint64 {
 	return AppendSequenceHashes(make([]uint64, 0, len(blocks)), blocks, Seed)
 }
 
+// WireHashes returns blocks and their public-xxh3-v1 chain as the signed
+// 64-bit integers a select request carries them in (block_hashes and
+// sequence_hashes of Dynamo's REST API): the same bits, reinterpreted.
+func WireHashes(blocks []uint64) (block, sequence []int64) {
+	block, sequence = make([]int64, len(blocks)), make([]int64, len(blocks))
+	for i, h := range SequenceHashes(blocks) {
+		block[i], sequence[i] = int64(blocks[i]), int64(h)
+	}
+	return block, sequence
+}
+
 // MMPadValue is the placeholder token id SGLang and Dynamo use for an image whose
 // multimodal hash is mmHash: 1,000,000 + (mmHash mod 2^30).
 func MMPadValue(mmHash uint64) uint32 {

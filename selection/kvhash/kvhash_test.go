@@ -2,6 +2,7 @@ package kvhash
 
 import (
 	"errors"
+	"math"
 	"math/rand/v2"
 	"slices"
 	"testing"
@@ -100,6 +101,21 @@ func TestSingleBlockVectors(t *testing.T) {
 		if len(got) != 1 || got[0] != want {
 			t.Errorf("block of %d tokens = %v, want %d", n, got, want)
 		}
+	}
+}
+
+func TestWireHashesKeepTheBits(t *testing.T) {
+	blocks := []uint64{1, 1 << 63, math.MaxUint64}
+	block, sequence := WireHashes(blocks)
+	chain := SequenceHashes(blocks)
+	want := []int64{1, math.MinInt64, -1}
+	for i := range blocks {
+		if block[i] != want[i] || uint64(sequence[i]) != chain[i] {
+			t.Errorf("%d: block %d sequence %d, want %d and %d", i, block[i], sequence[i], want[i], int64(chain[i]))
+		}
+	}
+	if b, s := WireHashes(nil); len(b) != 0 || len(s) != 0 {
+		t.Errorf("no blocks: %v %v", b, s)
 	}
 }
 
