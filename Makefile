@@ -210,6 +210,7 @@ FUZZ_TARGETS := \
 	./httpadmin:FuzzSelectBody \
 	./extproc:FuzzParseBody \
 	./extproc:FuzzScanTokenIDs \
+	./extproc:FuzzFlowHeaders \
 	./engines/tokenize:FuzzParseResponse \
 	./engines/metrics:FuzzParse \
 	./internal/vtcodec:FuzzBodyDecoders \

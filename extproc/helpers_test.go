@@ -16,6 +16,7 @@ import (
 	"github.com/kvselect/kvselect/extproc"
 	"github.com/kvselect/kvselect/selection"
 	"github.com/kvselect/kvselect/selection/catalog"
+	"github.com/kvselect/kvselect/selection/flow"
 	"github.com/kvselect/kvselect/selection/routerconfig"
 )
 
@@ -40,6 +41,8 @@ type setup struct {
 	// kvEvents runs the service with KV events on (production's default);
 	// workers get an event endpoint nothing listens on.
 	kvEvents bool
+	// flow turns flow control on (it needs router_queue_threshold).
+	flow *flow.Config
 }
 
 func ptr[T any](v T) *T { return &v }
@@ -64,7 +67,7 @@ func start(t testing.TB, s setup) *harness {
 	if s.router != nil {
 		s.router(&rc)
 	}
-	svc, err := selection.New(selection.Config{Router: rc, Rand: rand.New(rand.NewPCG(7, 7))})
+	svc, err := selection.New(selection.Config{Router: rc, Rand: rand.New(rand.NewPCG(7, 7)), Flow: s.flow})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -75,6 +75,7 @@ type identity struct {
 	hashPath                          bool // any of the three hash headers was sent
 	testPick                          string
 	path, method, authority           string
+	objective, tenant, priority       string // flow control (flow.go)
 }
 
 // readHeaders fills id from Envoy's header map. Envoy lower-cases keys and
@@ -109,6 +110,12 @@ func readHeaders(hm *corev3.HeaderMap, id *identity) error {
 			id.salt = headerValue(h)
 		case HeaderSelectionID:
 			id.selectionID = headerValue(h)
+		case HeaderObjective:
+			id.objective = headerValue(h)
+		case HeaderFairnessID:
+			id.tenant = headerValue(h)
+		case HeaderPriority:
+			id.priority = headerValue(h)
 		case HeaderBlockHashes:
 			v, err := parseHashes(headerValue(h))
 			id.blockHashes, id.hashPath = v, true

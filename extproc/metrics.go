@@ -33,6 +33,8 @@ var (
 		"Bookings that vanished under their stream (expired, or their worker removed) before the response ended.", nil, nil)
 	descOutcomes = prometheus.NewDesc("kvselect_extproc_response_outcomes_total",
 		"Response statuses handed to the passive health checks, by result: ok (below 500) or failure (5xx).", []string{"result"}, nil)
+	descUnknownObjectives = prometheus.NewDesc("kvselect_extproc_unknown_objectives_total",
+		"Requests naming an InferenceObjective (x-gateway-inference-objective) that no source defines: routed at priority 0.", nil, nil)
 	descForwardedIDs = prometheus.NewDesc("kvselect_extproc_forwarded_token_ids_total",
 		"Completions bodies whose text prompt was replaced by its token ids before forwarding (--tokenize-forward-ids).", nil, nil)
 )
@@ -50,6 +52,7 @@ type metrics struct {
 	streams, streamErrors, routed, rebooked, outputBlocks atomic.Uint64
 	freedAtEnd, freedAtStreamEnd, lost, forwardedIDs      atomic.Uint64
 	outcomeOK, outcomeFailures                            atomic.Uint64
+	unknownObjectives                                     atomic.Uint64
 	immediate                                             [8]atomic.Uint64 // immediateCodes, then other
 	pick                                                  prometheus.Histogram
 }
@@ -78,7 +81,7 @@ func (m *metrics) observePick(start time.Time) { m.pick.Observe(time.Since(start
 // Describe implements prometheus.Collector.
 func (s *Server) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descStreamsActive, descStreams, descStreamErrors, descRouted, descImmediate,
-		descRebooked, descOutputBlocks, descFreed, descLost, descForwardedIDs, descOutcomes} {
+		descRebooked, descOutputBlocks, descFreed, descLost, descForwardedIDs, descOutcomes, descUnknownObjectives} {
 		ch <- d
 	}
 	s.metrics.pick.Describe(ch)
@@ -107,6 +110,7 @@ func (s *Server) Collect(ch chan<- prometheus.Metric) {
 	counter(descFreed, &m.freedAtStreamEnd, "stream_end")
 	counter(descLost, &m.lost)
 	counter(descForwardedIDs, &m.forwardedIDs)
+	counter(descUnknownObjectives, &m.unknownObjectives)
 	counter(descOutcomes, &m.outcomeOK, "ok")
 	counter(descOutcomes, &m.outcomeFailures, "failure")
 	s.metrics.pick.Collect(ch)

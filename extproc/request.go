@@ -200,6 +200,10 @@ func (st *stream) pick(withBody bool) (*extprocv3.HeaderMutation, *structpb.Stru
 		req.SessionID = &s
 	}
 	st.sse = pb.stream
+	if err := st.flowFields(req); err != nil {
+		return nil, nil, st.immediate(typev3.StatusCode_BadRequest, err.Error())
+	}
+	req.RequestBytes = len(st.body)
 
 	if st.s.opts.TestPickHeader && id.testPick != "" {
 		// GIE conformance: the test header wins over the subset hint, as
@@ -249,7 +253,7 @@ func (st *stream) pick(withBody bool) (*extprocv3.HeaderMutation, *structpb.Stru
 			setHeader(HeaderSelectionID, st.bk.id),
 		},
 		// Control headers never reach the worker (GIE strips the same).
-		RemoveHeaders: []string{KeySubset, KeyServed},
+		RemoveHeaders: []string{KeySubset, KeyServed, HeaderObjective, HeaderFairnessID, HeaderPriority},
 	}
 	st.prefillHeaders(mut, resp)
 	if id.requestID == "" {

@@ -47,6 +47,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/kvselect/kvselect/selection"
+	"github.com/kvselect/kvselect/selection/flow"
 )
 
 // ServiceName is the ext_proc gRPC service; the health service reports it.
@@ -108,6 +109,9 @@ type Options struct {
 	// host:port; HeaderPrefiller (llm-d's) when empty. A client's own copy
 	// of it, or of HeaderPrefillEndpoint, never reaches the worker.
 	PrefillHeader string
+	// Objectives maps the InferenceObjective a request names
+	// (HeaderObjective) to its flow control priority; nil knows none.
+	Objectives *flow.Objectives
 }
 
 // BodyModes are the request and response body send modes of Envoy's ext_proc
@@ -140,6 +144,7 @@ type Server struct {
 
 	active  atomic.Int64 // streams in flight
 	metrics *metrics
+	unknown unknownObjectives
 
 	tokenizing atomic.Pointer[tokenizing] // SetTokenizer
 }

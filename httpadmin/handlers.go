@@ -225,6 +225,7 @@ type selectProbe struct {
 // router_config_override validation.
 func checkSelect(req *selection.SelectRequest) func([]byte) error {
 	return func(body []byte) error {
+		req.RequestBytes = len(body) // flow control's queue byte limits
 		if err := checkOverride(req.RouterConfigOverride); err != nil {
 			return err
 		}
@@ -422,6 +423,27 @@ func (s *server) overlapScores(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		s.fail(w, r, err)
 		return
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+// flowStatus is GET /flow: flow control's configuration and waiting
+// requests (docs/flow-control.md).
+type flowStatus struct {
+	Enabled      bool                      `json:"enabled"`
+	Fairness     string                    `json:"fairness,omitempty"`
+	TTLSeconds   float64                   `json:"queue_ttl_seconds,omitempty"`
+	MaxBytes     int64                     `json:"max_bytes,omitempty"`
+	MaxBandBytes int64                     `json:"max_band_bytes,omitempty"`
+	MaxTenants   int                       `json:"max_tenants,omitempty"`
+	Partitions   []selection.PartitionFlow `json:"partitions"`
+}
+
+func (s *server) flow(w http.ResponseWriter, r *http.Request) {
+	out := flowStatus{Partitions: s.svc.FlowState()}
+	if c := s.svc.FlowConfig(); c != nil {
+		out.Enabled, out.Fairness, out.TTLSeconds = true, c.Fairness.String(), c.TTL.Seconds()
+		out.MaxBytes, out.MaxBandBytes, out.MaxTenants = c.MaxBytes, c.MaxBandBytes, c.MaxTenants
 	}
 	writeJSON(w, http.StatusOK, out)
 }

@@ -109,6 +109,7 @@ var routes = []route{
 	{"POST", "/replica_sync/deregister_peer", (*server).deregisterPeer, access.Admin},
 	{"GET", "/replica_sync/peers", (*server).listPeers, access.Read},
 	{"GET", "/kv_events/collector", (*server).kvEventsCollector, access.Read},
+	{"GET", "/flow", (*server).flow, access.Read},
 	{"GET", "/openapi.json", (*server).openAPI, access.Read},
 }
 

@@ -158,7 +158,7 @@ func (s *Service) prefillPool(model string) (*partition, bool) {
 }
 
 // prefillRequest is the selection request of a disaggregated request's
-// prefill stage: the prompt and its priority; the decode side's worker
+// prefill stage: the prompt, its priority and tenant; the decode side's worker
 // constraints (allowed workers, pins, taints, affinity) are not the prefill
 // pool's.
 func (s *Service) prefillRequest(req *SelectRequest) *SelectRequest {
@@ -166,6 +166,7 @@ func (s *Service) prefillRequest(req *SelectRequest) *SelectRequest {
 		PartitionKey:  PartitionKey{ModelName: req.ModelName, RoutingGroup: s.set.prefillGroup},
 		PromptRequest: req.PromptRequest, RouterConfigOverride: req.RouterConfigOverride,
 		PriorityJump: req.PriorityJump, StrictPriority: req.StrictPriority, PolicyClass: req.PolicyClass,
+		Priority: req.Priority, Tenant: req.Tenant, RequestBytes: req.RequestBytes,
 	}
 }
 

@@ -10,6 +10,7 @@ import (
 
 	"github.com/kvselect/kvselect/selection/affinity"
 	"github.com/kvselect/kvselect/selection/catalog"
+	"github.com/kvselect/kvselect/selection/flow"
 	"github.com/kvselect/kvselect/selection/index"
 	"github.com/kvselect/kvselect/selection/loads"
 	"github.com/kvselect/kvselect/selection/routerconfig"
@@ -81,7 +82,8 @@ type partition struct {
 	// queueMu may be taken under schedMu, never the other way round.
 	queueMu sync.Mutex
 	queue   *scheduler.Queue[*waiter]
-	changed chan struct{} // closed and replaced whenever load may have dropped
+	flow    *flow.Controller // with flow control, in place of queue
+	changed chan struct{}    // closed and replaced whenever load may have dropped
 }
 
 type workerSet struct {
@@ -120,6 +122,9 @@ func (s *Service) newPartition(key index.Partition, blockSize uint32, eagle bool
 	}
 	p := &partition{key: key, blockSize: blockSize, isEagle: eagle, ix: ix, loads: lt, changed: make(chan struct{}), rnd: s.childRand(),
 		queue: scheduler.NewQueue[*waiter](qp, s.clock())}
+	if s.flowCfg != nil {
+		p.flow = flow.New(*s.flowCfg)
+	}
 	if s.set.affinityTTL > 0 {
 		mode := affinity.Hard
 		if s.set.affinity == routerconfig.AffinitySoft {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/kvselect/kvselect/selection/affinity"
 	"github.com/kvselect/kvselect/selection/catalog"
+	"github.com/kvselect/kvselect/selection/flow"
 	"github.com/kvselect/kvselect/selection/index"
 	"github.com/kvselect/kvselect/selection/kvhash"
 	"github.com/kvselect/kvselect/selection/loads"
@@ -126,10 +127,10 @@ func checkSessionID(p *partition, sid string) error {
 // Select picks a worker without booking load (POST /select). With a
 // selection_id it caches the booking inputs for a later replay reservation.
 func (s *Service) Select(ctx context.Context, req *SelectRequest) (*SelectResponse, error) {
+	if err := s.checkRequest(req); err != nil {
+		return nil, err
+	}
 	if req.Disaggregated {
-		if err := s.checkDisaggregated(req); err != nil {
-			return nil, err
-		}
 		return s.selectDisaggregated(ctx, req)
 	}
 	key := partitionOf(req.PartitionKey)
@@ -195,7 +196,7 @@ func explicitTarget(req *SelectRequest) *affinity.Target {
 
 // SelectAndReserve selects and atomically books load (POST /select_and_reserve).
 func (s *Service) SelectAndReserve(ctx context.Context, req *SelectRequest) (*SelectResponse, error) {
-	if err := s.checkDisaggregated(req); err != nil {
+	if err := s.checkRequest(req); err != nil {
 		return nil, err
 	}
 	rq, err := s.promptFor(partitionOf(req.PartitionKey), req.RouterConfigOverride, &req.PromptRequest, forSelection)
@@ -279,13 +280,14 @@ func (s *Service) SelectAndReserve(ctx context.Context, req *SelectRequest) (*Se
 	return resp, nil
 }
 
-// checkDisaggregated refuses a disaggregated request aimed at the prefill
-// group itself: the request names the decode side.
-func (s *Service) checkDisaggregated(req *SelectRequest) error {
+// checkRequest refuses what no partition could serve: a disaggregated
+// request aimed at the prefill group itself (the request names the decode
+// side), and flow control fields out of bounds.
+func (s *Service) checkRequest(req *SelectRequest) error {
 	if req.Disaggregated && partitionOf(req.PartitionKey).RoutingGroup == s.set.prefillGroup {
 		return newError(KindBadRequest, "a disaggregated request names the decode routing group, not the prefill routing group %q", s.set.prefillGroup)
 	}
-	return nil
+	return checkFlowFields(req)
 }
 
 // holdSession acquires the session's binding before booking; a concurrent
@@ -394,9 +396,19 @@ func (s *Service) choose(ctx context.Context, rq *prepared, req *SelectRequest,
 		sreq.AffinityTarget = st
 	}
 	var ticket *waiter
+	shed := false // a sheddable request under flow control: never queued
 	if admit && s.set.queueing {
-		ticket = p.enqueue(req, pr, bestCached(overlaps, p.blockSize, eff), enqueued)
-		defer p.leave(ticket)
+		if p.flow != nil && flow.Sheddable(flowPriority(req)) {
+			shed = true
+		} else {
+			t, err := p.enqueue(req, pr, bestCached(overlaps, p.blockSize, eff), enqueued)
+			if err != nil {
+				s.noteFlow(p.key, flowRequest(req, pr.isl, 0), FlowRejected, 0)
+				return nil, err
+			}
+			ticket = t
+			defer s.leaveQueue(p, ticket)
+		}
 	}
 	threshold := s.router.QueueThreshold.Or(0) // read only when queueing is on
 	refreshed := false                         // overlaps refreshed since the last sleep
@@ -415,6 +427,20 @@ func (s *Service) choose(ctx context.Context, rq *prepared, req *SelectRequest,
 		}
 		projs := p.loads.Project(pr.tracking, p.projBuf[:0])
 		p.projBuf = projs
+		if shed && (p.queued() > 0 || !hasRoom(ws, projs, threshold, s.rankSaturated)) {
+			// GIE's semantics: a sheddable request is rejected at once
+			// rather than queued, and never passes one that waits.
+			p.schedMu.Unlock()
+			fr := flowRequest(req, pr.isl, 0)
+			s.noteFlow(p.key, fr, FlowShed, 0)
+			return nil, flowError(FlowShed, p, fr, errFlowShed)
+		}
+		if ticket != nil && p.flowExpired(ticket, s.clock()) {
+			// Its TTL passed: Maintain took it out of the queue, or would.
+			p.schedMu.Unlock()
+			ticket.expired = true
+			return nil, flowError(FlowExpired, p, ticket.ticket.Request(), errFlowExpired)
+		}
 		if ticket != nil && !p.mayProceed(ticket, ws, projs, threshold, s.rankSaturated) {
 			p.schedMu.Unlock()
 			refreshed = false
@@ -476,8 +502,31 @@ func (s *Service) choose(ctx context.Context, rq *prepared, req *SelectRequest,
 		if d.rec == nil {
 			return nil, newError(KindInternal, "selected worker %d is no longer schedulable", chosen.Worker.WorkerID)
 		}
+		if ticket != nil {
+			ticket.dispatched = true
+		} else if shed {
+			s.noteFlow(p.key, flowRequest(req, pr.isl, 0), FlowDispatched, 0)
+		}
 		return d, nil
 	}
+}
+
+// leaveQueue takes a selection out of its partition's queue when choose
+// returns, and reports how it left flow control.
+func (s *Service) leaveQueue(p *partition, w *waiter) {
+	p.leave(w)
+	ft := w.ticket
+	if ft == nil {
+		return
+	}
+	outcome := FlowAbandoned
+	switch {
+	case w.dispatched:
+		outcome = FlowDispatched
+	case w.expired:
+		outcome = FlowExpired
+	}
+	s.noteFlow(p.key, ft.Request(), outcome, s.clock().Sub(ft.Enqueued()))
 }
 
 // bestCached is the largest cached-token credit any rank offers, the WSPT

@@ -17,6 +17,7 @@ import (
 	"cmp"
 	"context"
 	crand "crypto/rand"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"sync"
@@ -24,6 +25,7 @@ import (
 	"time"
 
 	"github.com/kvselect/kvselect/selection/catalog"
+	"github.com/kvselect/kvselect/selection/flow"
 	"github.com/kvselect/kvselect/selection/index"
 	"github.com/kvselect/kvselect/selection/kvhash"
 	"github.com/kvselect/kvselect/selection/pending"
@@ -73,6 +75,16 @@ type Config struct {
 	// prefill worker left, every one is ejected or overloaded, or one is back),
 	// with the reason; called with no service lock held. The server logs it.
 	OnPrefillPool func(model string, usable bool, reason string)
+	// Flow turns flow control on (flowctl.go): while every worker of a
+	// partition is busy its waiting requests are ordered by priority band,
+	// tenant fairness and arrival, within Flow's limits, instead of by the
+	// router queue policy. It needs queueing (router_queue_threshold); nil
+	// is off.
+	Flow *flow.Config
+	// OnFlow, when set, hears of every request that meets flow control
+	// leaving it (dispatched, expired, shed, rejected, abandoned), with no
+	// service lock held. The server counts them.
+	OnFlow func(FlowEvent)
 }
 
 // Service is the embedded selection service. It is safe for concurrent use.
@@ -141,6 +153,8 @@ type Service struct {
 
 	disagg        disaggState // decisions and prefill pool transitions (disagg.go)
 	onPrefillPool func(model string, usable bool, reason string)
+	flowCfg       *flow.Config // nil: flow control off
+	onFlow        func(FlowEvent)
 
 	writerOnce sync.Once
 	writer     uint64
@@ -191,7 +205,19 @@ func New(cfg Config) (*Service, error) {
 	if err := engineCfg.validate(); err != nil {
 		return nil, fmt.Errorf("engine config: %w", err)
 	}
+	var flowCfg *flow.Config
+	if cfg.Flow != nil {
+		if !set.queueing {
+			return nil, errors.New("flow control orders the requests that wait while every worker is busy: it needs queueing on (DYN_ROUTER_QUEUE_THRESHOLD, router_queue_threshold)")
+		}
+		if err := cfg.Flow.Validate(); err != nil {
+			return nil, fmt.Errorf("flow control: %w", err)
+		}
+		c := cfg.Flow.WithDefaults()
+		flowCfg = &c
+	}
 	s := &Service{
+		flowCfg: flowCfg, onFlow: cfg.OnFlow,
 		engineCfg: engineCfg,
 		set:       set, router: cfg.Router, clock: clock, tracker: tracker,
 		listeners: cfg.Listeners, pending: pc, indexes: ixs, rnd: rnd,
@@ -233,8 +259,10 @@ func (s *Service) Restore(d index.Dump) []index.RestoreResult {
 
 // Maintain runs periodic upkeep at the current time: reclaims bookings older
 // than the active-request expiry (without publishing frees), sweeps reservation
-// rows whose booking vanished, reaps idle session bindings and expires
-// approximate-index entries. The host calls it every few seconds.
+// rows whose booking vanished, reaps idle session bindings, expires
+// approximate-index entries, takes requests past the flow control TTL out of
+// their queue, and wakes every queued selection to re-check. The host calls
+// it every few seconds (with flow control, at least every tenth of the TTL).
 func (s *Service) Maintain(ctx context.Context) {
 	now := s.clock()
 	for _, p := range s.partitions() {
@@ -248,6 +276,7 @@ func (s *Service) Maintain(ctx context.Context) {
 		s.flushBindings(p)
 		p.ix.Expire(now)
 		p.text.expire(now)
+		p.expireFlow(now)
 		p.wake()
 	}
 }

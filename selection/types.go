@@ -112,6 +112,17 @@ type SelectRequest struct {
 	// (disagg.go). Without it a request is answered exactly as Dynamo's
 	// service answers it, whatever groups the model has.
 	Disaggregated bool `json:"disaggregated,omitempty"`
+	// Priority is the request's flow control band (not a Dynamo field; GIE's
+	// InferenceObjective priority): higher waits less, negative is sheddable.
+	// Unset, strict_priority is the band.
+	Priority *int `json:"priority,omitempty"`
+	// Tenant shares a band fairly with the other tenants under flow control
+	// (not a Dynamo field; GIE's x-gateway-inference-fairness-id); empty is
+	// flow.DefaultTenant.
+	Tenant string `json:"tenant,omitempty"`
+	// RequestBytes is the request's size, counted against flow control's
+	// queue byte limits (not a wire field).
+	RequestBytes int `json:"-"`
 }
 
 // OverlapSummary is the chosen worker's cached prefix in tokens: per tier the

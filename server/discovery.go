@@ -19,6 +19,7 @@ import (
 	"github.com/kvselect/kvselect/discovery/inferencepool"
 	"github.com/kvselect/kvselect/discovery/workersfile"
 	"github.com/kvselect/kvselect/selection"
+	"github.com/kvselect/kvselect/selection/flow"
 )
 
 // discoveryFlags choose where the worker catalog comes from besides REST:
@@ -67,7 +68,8 @@ func (d *discoveryFlags) validate(set map[string]bool) []error {
 // the readiness condition, so /ready is 503 from the first request until the
 // source has synced. The returned function starts them on wg; they stop with
 // its ctx. Without a source it does nothing.
-func prepareDiscovery(d discoveryFlags, collector bool, svc *selection.Service, log *slog.Logger) (func(context.Context, *sync.WaitGroup), error) {
+func prepareDiscovery(d discoveryFlags, collector bool, svc *selection.Service, objectives *flow.Objectives, log *slog.Logger) (func(context.Context, *sync.WaitGroup), error) {
+	_ = objectives // TODO(flow): the pool's InferenceObjectives
 	type runner interface {
 		Run(ctx context.Context, sink func(discovery.Snapshot))
 	}

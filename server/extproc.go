@@ -17,6 +17,7 @@ import (
 	"github.com/kvselect/kvselect/internal/servingtls"
 	"github.com/kvselect/kvselect/internal/vtcodec"
 	"github.com/kvselect/kvselect/selection"
+	"github.com/kvselect/kvselect/selection/flow"
 )
 
 // extprocFlags are the endpoint picker's flags (Envoy ext_proc, GIE protocol
@@ -139,7 +140,7 @@ type extprocServer struct {
 // startExtProc serves the picker on --host:--extproc-port beside the REST
 // API, over the same selection.Service; nil when disabled. Serve errors go to
 // served; streamLimit is --extproc-max-streams' interceptor (limits.go).
-func startExtProc(o *options, svc *selection.Service, tokenizer selection.Tokenizer, streamLimit grpc.ServerOption, log *slog.Logger, served chan<- error) (*extprocServer, error) {
+func startExtProc(o *options, svc *selection.Service, tokenizer selection.Tokenizer, objectives *flow.Objectives, streamLimit grpc.ServerOption, log *slog.Logger, served chan<- error) (*extprocServer, error) {
 	e := o.extproc
 	port := e.port
 	switch {
@@ -165,7 +166,7 @@ func startExtProc(o *options, svc *selection.Service, tokenizer selection.Tokeni
 	}
 	picker := extproc.New(svc, extproc.Options{Logger: log, Fallbacks: e.fallbacks, MaxBodyBytes: e.maxBodyBytes,
 		TestPickHeader: e.testPick, DefaultModel: e.defaultModel, AssumedModes: assumed,
-		Disaggregate: o.disagg.mode == disaggAuto, PrefillHeader: o.disagg.prefillHeader})
+		Disaggregate: o.disagg.mode == disaggAuto, PrefillHeader: o.disagg.prefillHeader, Objectives: objectives})
 	if tokenizer != nil {
 		// Before the listener serves, so that no early text prompt misses it.
 		picker.SetTokenizer(tokenizer, o.tokenize.forwardIDs)

@@ -58,6 +58,7 @@ type options struct {
 
 	discovery discoveryFlags // --workers-file, --pool-name (discovery.go)
 	disagg    disaggFlags    // prefill/decode disaggregation (disagg.go)
+	flow      flowFlags      // flow control (flow.go)
 	auth      authFlags      // REST authentication and TLS (auth.go)
 	limits    limitFlags     // per-client limits, HTTP timeouts, ext_proc streams (limits.go)
 
@@ -142,6 +143,7 @@ func newFlagSet(o *options) *flag.FlagSet {
 	o.engines.register(fs)
 	o.discovery.register(fs)
 	o.disagg.register(fs)
+	o.flow.register(fs)
 	o.auth.register(fs)
 	o.limits.register(fs)
 
@@ -253,6 +255,7 @@ func (o *options) validate() error {
 	errs = append(errs, o.limits.validate()...)
 	errs = append(errs, o.discovery.validate(o.set)...)
 	errs = append(errs, o.disagg.validate()...)
+	errs = append(errs, o.flow.validate()...)
 	if err := errors.Join(errs...); err != nil {
 		return &UsageError{err}
 	}

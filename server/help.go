@@ -48,6 +48,7 @@ var helpSections = []struct {
 		"eject-after", "eject-window", "eject-base", "eject-max", "health-probe-interval", "health-probe-timeout"}},
 	{"Discovery (workers file, Kubernetes InferencePool)", []string{"workers-file", "pool-name", "pool-namespace", "kubeconfig"}},
 	{"Disaggregated prefill/decode (docs/disaggregation.md)", []string{"prefill-routing-group", "disaggregation", "prefill-header"}},
+	{"Flow control (docs/flow-control.md)", []string{"flow-control", "flow-queue-ttl", "flow-max-bytes", "flow-max-band-bytes", "flow-max-tenants"}},
 	{"Other", []string{"version"}},
 }
 

@@ -31,6 +31,7 @@ import (
 	"github.com/kvselect/kvselect/replicas/mesh"
 	"github.com/kvselect/kvselect/replicas/recovery"
 	"github.com/kvselect/kvselect/selection"
+	"github.com/kvselect/kvselect/selection/flow"
 )
 
 // envKVEventsBind is --kv-events-bind's variable.
@@ -117,6 +118,8 @@ func run(ctx context.Context, args []string, set *settings) error {
 	}
 	cfg.Engine = o.engines.config()
 	o.disagg.apply(&cfg, log)
+	flowMetrics := newFlowMetrics()
+	o.flow.apply(&cfg, flowMetrics)
 	svc, err := selection.New(cfg)
 	if err != nil {
 		// Only configuration reaches New (a key of the wrong size, say).
@@ -126,6 +129,12 @@ func run(ctx context.Context, args []string, set *settings) error {
 		return &UsageError{err}
 	}
 	metrics.MustRegister(disaggMetrics{svc: svc}) // kvselect_prefill_decisions_total
+	flowMetrics.svc = svc
+	metrics.MustRegister(flowMetrics) // kvselect_flow_*
+	if fc := svc.FlowConfig(); fc != nil {
+		log.Info("flow control on: waiting requests ordered by priority band and tenant fairness", "fairness", fc.Fairness.String(),
+			"queue_ttl", fc.TTL.String(), "max_bytes", fc.MaxBytes, "max_band_bytes", fc.MaxBandBytes, "max_tenants", fc.MaxTenants)
+	}
 	// Replica sync: admissions, prefill completions, frees and session
 	// bindings go out on a PUB socket and come in from every peer's (Dynamo's
 	// "Peer Planes"). A port that cannot be bound stops the server, as in
@@ -175,7 +184,10 @@ func run(ctx context.Context, args []string, set *settings) error {
 
 	// Workers from a file or an InferencePool, through the same catalog calls
 	// as POST/DELETE /workers (discovery.go); /ready waits for the first sync.
-	startDiscovery, err := prepareDiscovery(o.discovery, cfg.EventsCollector, svc, log)
+	// InferenceObjective priorities (flow control), from the config file
+	// and the pool's namespace; the picker looks names up in them.
+	objectives := new(flow.Objectives)
+	startDiscovery, err := prepareDiscovery(o.discovery, cfg.EventsCollector, svc, objectives, log)
 	if err != nil {
 		return err
 	}
@@ -242,7 +254,7 @@ func run(ctx context.Context, args []string, set *settings) error {
 	go func() { served <- srv.Serve(ln) }()
 	// The endpoint picker (Envoy ext_proc) beside the REST port, over the same
 	// service.
-	picker, err := startExtProc(o, svc, tokenizer, limits.streamOption(), log, served)
+	picker, err := startExtProc(o, svc, tokenizer, objectives, limits.streamOption(), log, served)
 	if err != nil {
 		_ = srv.Close()
 		return err
@@ -258,7 +270,7 @@ func run(ctx context.Context, args []string, set *settings) error {
 
 	upkeep, stopUpkeep := context.WithCancel(ctx)
 	var wg sync.WaitGroup
-	wg.Go(func() { Upkeep(upkeep, svc, maintainEvery) })
+	wg.Go(func() { Upkeep(upkeep, svc, upkeepInterval(svc)) })
 	startDiscovery(upkeep, &wg)
 	// Engine metrics and health probes: stopped with the upkeep, before the
 	// service shuts down.

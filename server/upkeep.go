@@ -16,6 +16,16 @@ import (
 // queued waiters re-checking load) within 5 s of its configured value.
 const maintainEvery = 5 * time.Second
 
+// upkeepInterval is maintainEvery, or a tenth of the flow control queue TTL
+// when that is shorter (but at least 50 ms): Maintain is what takes a
+// request past its TTL out of the queue, so this bounds how late that is.
+func upkeepInterval(svc *selection.Service) time.Duration {
+	if fc := svc.FlowConfig(); fc != nil {
+		return min(maintainEvery, max(fc.TTL/10, 50*time.Millisecond))
+	}
+	return maintainEvery
+}
+
 // Upkeep calls svc.Maintain every interval until ctx ends: the one timer of
 // the selection core, which starts none of its own. Run starts it; a program
 // that embeds a selection.Service without Run starts it the same way, in a

@@ -1,0 +1,92 @@
+package extproc
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+
+	"github.com/kvselect/kvselect/selection"
+	"github.com/kvselect/kvselect/selection/flow"
+)
+
+// Request headers of flow control. The first two are GIE's
+// (gateway-api-inference-extension v1.5.0, pkg/epp/metadata/consts.go:
+// ObjectiveKey, FlowFairnessIDKey); like GIE, the picker strips all three
+// before the request reaches the worker.
+const (
+	// HeaderObjective names the request's InferenceObjective, whose
+	// priority becomes the request's (Options.Objectives).
+	HeaderObjective = "x-gateway-inference-objective"
+	// HeaderFairnessID is the tenant the request is shared fairly as.
+	HeaderFairnessID = "x-gateway-inference-fairness-id"
+	// HeaderPriority sets the priority directly, over the objective's.
+	HeaderPriority = "x-kvselect-priority"
+)
+
+// maxWarnedObjectives bounds the unknown objective names logged (each once).
+const maxWarnedObjectives = 100
+
+// unknownObjectives counts requests naming an objective nobody defined and
+// logs each such name once, up to maxWarnedObjectives names.
+type unknownObjectives struct {
+	mu     sync.Mutex
+	warned map[string]bool
+}
+
+// parsePriority reads HeaderPriority: a decimal integer within the flow
+// controller's bounds.
+func parsePriority(s string) (int, error) {
+	v, err := strconv.ParseInt(strings.TrimSpace(s), 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("header %s: %q is not an integer", HeaderPriority, s)
+	}
+	if v < flow.MinPriority || v > flow.MaxPriority {
+		return 0, fmt.Errorf("header %s: priority %d is out of range [%d, %d]", HeaderPriority, v, flow.MinPriority, flow.MaxPriority)
+	}
+	return int(v), nil
+}
+
+// flowFields puts the request's priority and tenant into req: the priority
+// header, else the objective's priority (an unknown objective is priority 0,
+// counted and logged once), else none (0); the tenant is the fairness id.
+// A malformed header is the client's 400.
+func (st *stream) flowFields(req *selection.SelectRequest) error {
+	id := &st.id
+	if err := selection.CheckTenant(id.tenant); err != nil {
+		return fmt.Errorf("header %s: %w", HeaderFairnessID, err)
+	}
+	req.Tenant = id.tenant
+	switch {
+	case id.priority != "":
+		p, err := parsePriority(id.priority)
+		if err != nil {
+			return err
+		}
+		req.Priority = &p
+	case id.objective != "":
+		if p, ok := st.s.opts.Objectives.Lookup(id.objective); ok {
+			req.Priority = &p
+			break
+		}
+		st.s.metrics.unknownObjectives.Add(1)
+		st.s.unknown.warn(st.s, id.objective)
+	}
+	return nil
+}
+
+func (u *unknownObjectives) warn(s *Server, name string) {
+	u.mu.Lock()
+	first := !u.warned[name] && len(u.warned) < maxWarnedObjectives
+	if first {
+		if u.warned == nil {
+			u.warned = make(map[string]bool)
+		}
+		u.warned[name] = true
+	}
+	u.mu.Unlock()
+	if first {
+		s.log.Warn("extproc: request names an unknown InferenceObjective: priority 0 (logged once per name)",
+			"objective", name, "header", HeaderObjective)
+	}
+}

@@ -1,0 +1,117 @@
+package server
+
+import (
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/kvselect/kvselect/envoysim"
+	"github.com/kvselect/kvselect/extproc"
+)
+
+func queueingEnv(k string) (string, bool) {
+	switch k {
+	case "DYN_ROUTER_USE_KV_EVENTS":
+		return "false", true
+	case "DYN_ROUTER_QUEUE_THRESHOLD":
+		return "0.5", true
+	}
+	return "", false
+}
+
+// The server end to end with --flow-control: a request waits in its band
+// and tenant while the worker is busy (GET /flow and /metrics show it), a
+// sheddable one is a 429, and the waiter is routed once the worker frees.
+func TestFlowControlEndToEnd(t *testing.T) {
+	srv := runInBackground(t, queueingEnv, []string{"--flow-control", "cost", "--flow-queue-ttl", "1m"})
+	rest := "http://" + srv.addrs.REST.String()
+	res, err := http.Post(rest+"/workers", "application/json",
+		strings.NewReader(`{"worker_id":1,"model_name":"m","endpoint":"http://10.0.0.1:8000","block_size":4,"max_num_batched_tokens":8}`))
+	if err != nil || res.StatusCode/100 != 2 {
+		t.Fatalf("register: %v %v", res, err)
+	}
+	res.Body.Close()
+	client := envoysim.New(dialPicker(t, srv.addrs.ExtProc.String(), insecure.NewCredentials()))
+	body := func(base string) []byte {
+		return []byte(`{"model":"m","prompt":[` + base + `1,` + base + `2,` + base + `3,` + base + `4,` + base + `5,` + base + `6,` + base + `7,` + base + `8]}`)
+	}
+	blocker, d, err := client.Start(t.Context(), &envoysim.Request{Modes: envoysim.GIE, Body: body("1")})
+	if err != nil || d.Immediate != nil {
+		t.Fatalf("blocker: %v %+v", err, d)
+	}
+	routed := make(chan *envoysim.Exchange, 1)
+	go func() {
+		x, d, err := client.Start(t.Context(), &envoysim.Request{Modes: envoysim.GIE, Body: body("2"), Headers: []envoysim.Header{
+			{Key: extproc.HeaderFairnessID, Value: "acme"}, {Key: extproc.HeaderPriority, Value: "2"}}})
+		if err != nil || d.Immediate != nil {
+			t.Errorf("waiter: %v %+v", err, d)
+		}
+		routed <- x
+	}()
+	waitFor(t, "the waiter in GET /flow", 5*time.Second, func() bool {
+		return strings.Contains(get(t, rest+"/flow"), `"tenant":"acme","queued":1`)
+	})
+	if m := get(t, rest+"/metrics"); !strings.Contains(m, `kvselect_flow_queued_requests{model="m",priority="2",routing_group="default",tenant_bucket="`+tenantBucket("acme")+`"} 1`) {
+		t.Errorf("/metrics lacks the queued request:\n%s", grepLines(m, "kvselect_flow_"))
+	}
+	_, d, err = client.Start(t.Context(), &envoysim.Request{Modes: envoysim.GIE, Body: body("3"), Headers: []envoysim.Header{{Key: extproc.HeaderPriority, Value: "-5"}}})
+	if err != nil || d.Immediate == nil || d.Immediate.Status != 429 {
+		t.Fatalf("sheddable: %v %+v", err, d)
+	}
+	blocker.Close()
+	(<-routed).Close()
+	m := get(t, rest+"/metrics")
+	for _, want := range []string{
+		`kvselect_flow_wait_seconds_count{model="m",outcome="dispatched",priority="2",routing_group="default",tenant_bucket="` + tenantBucket("acme") + `"} 1`,
+		`kvselect_flow_wait_seconds_count{model="m",outcome="shed",priority="-5",routing_group="default",tenant_bucket="` + tenantBucket("default-flow") + `"} 1`,
+	} {
+		if !strings.Contains(m, want) {
+			t.Errorf("/metrics lacks %s:\n%s", want, grepLines(m, "kvselect_flow_wait_seconds_count"))
+		}
+	}
+	if !strings.Contains(srv.logs.String(), "flow control on") {
+		t.Error("no startup line for flow control")
+	}
+}
+
+func grepLines(s, sub string) string {
+	var out []string
+	for l := range strings.SplitSeq(s, "\n") {
+		if strings.Contains(l, sub) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
+}
+
+func TestFlowFlagsValidate(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--flow-control", "wfq"}, `--flow-control "wfq": want off, cost, count or fifo`},
+		{[]string{"--flow-queue-ttl", "0s"}, "--flow-queue-ttl must be positive"},
+		{[]string{"--flow-max-bytes", "-1"}, "must not be negative"},
+		{[]string{"--flow-max-tenants", "0"}, "--flow-max-tenants must be positive"},
+	} {
+		if _, err := parseFlags(tc.args); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%v: err %v, want %q", tc.args, err, tc.want)
+		}
+	}
+	// On without queueing: nothing would ever wait, so it is refused.
+	status, _, stderr := runArgs(t, "--port", "0", "--flow-control", "count")
+	if status != 2 || !strings.Contains(stderr, "DYN_ROUTER_QUEUE_THRESHOLD") {
+		t.Errorf("flow control without queueing: exit %d, %s", status, stderr)
+	}
+	for _, p := range []struct {
+		p    int
+		want string
+	}{{-11, "<-10"}, {-10, "-10"}, {0, "0"}, {10, "10"}, {11, ">10"}} {
+		if got := priorityLabel(p.p); got != p.want {
+			t.Errorf("priorityLabel(%d) = %s", p.p, got)
+		}
+	}
+}
