@@ -430,17 +430,23 @@ func (s *server) overlapScores(w http.ResponseWriter, r *http.Request) {
 // flowStatus is GET /flow: flow control's configuration and waiting
 // requests (docs/flow-control.md).
 type flowStatus struct {
-	Enabled      bool                      `json:"enabled"`
-	Fairness     string                    `json:"fairness,omitempty"`
-	TTLSeconds   float64                   `json:"queue_ttl_seconds,omitempty"`
-	MaxBytes     int64                     `json:"max_bytes,omitempty"`
-	MaxBandBytes int64                     `json:"max_band_bytes,omitempty"`
-	MaxTenants   int                       `json:"max_tenants,omitempty"`
-	Partitions   []selection.PartitionFlow `json:"partitions"`
+	Enabled      bool    `json:"enabled"`
+	Fairness     string  `json:"fairness,omitempty"`
+	TTLSeconds   float64 `json:"queue_ttl_seconds,omitempty"`
+	MaxBytes     int64   `json:"max_bytes,omitempty"`
+	MaxBandBytes int64   `json:"max_band_bytes,omitempty"`
+	MaxTenants   int     `json:"max_tenants,omitempty"`
+	// Objectives are the known objective names and their priorities (the
+	// pool's InferenceObjectives and the config file's objectives).
+	Objectives map[string]int            `json:"objectives,omitempty"`
+	Partitions []selection.PartitionFlow `json:"partitions"`
 }
 
 func (s *server) flow(w http.ResponseWriter, r *http.Request) {
 	out := flowStatus{Partitions: s.svc.FlowState()}
+	if s.objectives != nil {
+		out.Objectives = s.objectives.All()
+	}
 	if c := s.svc.FlowConfig(); c != nil {
 		out.Enabled, out.Fairness, out.TTLSeconds = true, c.Fairness.String(), c.TTL.Seconds()
 		out.MaxBytes, out.MaxBandBytes, out.MaxTenants = c.MaxBytes, c.MaxBandBytes, c.MaxTenants

@@ -27,6 +27,7 @@ import (
 
 	"github.com/kvselect/kvselect/internal/access"
 	"github.com/kvselect/kvselect/selection"
+	"github.com/kvselect/kvselect/selection/flow"
 )
 
 // Options configures the REST front.
@@ -51,6 +52,8 @@ type Options struct {
 	// the prompt as text ("prompt" or "messages"), tokenized by the engine
 	// (text.go). nil: those fields are ignored, as Dynamo ignores them.
 	Tokenizer selection.Tokenizer
+	// Objectives, when set, are the objective priorities GET /flow shows.
+	Objectives *flow.Objectives
 }
 
 // PeerManager is the replica-sync peer membership behind /replica_sync/*.
@@ -67,13 +70,14 @@ type PeerManager interface {
 
 // server holds the mux and what the handlers need.
 type server struct {
-	svc       *selection.Service
-	peers     PeerManager
-	log       *slog.Logger
-	mux       *http.ServeMux
-	tokenizer selection.Tokenizer
-	auth      access.Authorizer
-	scopes    map[string]access.Scope // route pattern → the scope it needs; 0: open
+	svc        *selection.Service
+	peers      PeerManager
+	log        *slog.Logger
+	mux        *http.ServeMux
+	tokenizer  selection.Tokenizer
+	auth       access.Authorizer
+	scopes     map[string]access.Scope // route pattern → the scope it needs; 0: open
+	objectives *flow.Objectives
 }
 
 // route is one registered route. The table below is the single source of the
@@ -116,7 +120,7 @@ var routes = []route{
 // New returns the REST API over svc.
 func New(svc *selection.Service, opts Options) http.Handler {
 	s := &server{svc: svc, peers: opts.Peers, log: opts.Logger, mux: http.NewServeMux(), tokenizer: opts.Tokenizer,
-		auth: opts.Auth, scopes: make(map[string]access.Scope)}
+		auth: opts.Auth, scopes: make(map[string]access.Scope), objectives: opts.Objectives}
 	if s.log == nil {
 		s.log = slog.Default()
 	}

@@ -7,10 +7,12 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"unicode"
 
 	"sigs.k8s.io/yaml"
 
 	"github.com/kvselect/kvselect/internal/access"
+	"github.com/kvselect/kvselect/selection/flow"
 	"github.com/kvselect/kvselect/selection/routerconfig"
 	"github.com/kvselect/kvselect/selection/scheduler"
 )
@@ -30,12 +32,19 @@ const envPolicy = "KVSELECT_POLICY"
 //	  client_certificates:
 //	    - ou: kvselect-operators
 //	      scopes: [read, admin]
+//	objectives:                   # InferenceObjective name → priority (flow control); reloaded on SIGHUP
+//	  premium: 10
+//	  batch: -1
 //
 // Unknown keys at any level are errors naming the key and the file.
 type configFile struct {
 	Policy *filePolicy    `json:"policy,omitempty"`
 	Router map[string]any `json:"router,omitempty"`
 	Auth   *fileAuth      `json:"auth,omitempty"`
+	// Objectives are the priorities of the objective names requests give in
+	// x-gateway-inference-objective, for pickers not on Kubernetes (there
+	// the pool's InferenceObjectives, which win over these).
+	Objectives map[string]int `json:"objectives,omitempty"`
 
 	path string // where it was read from, for messages
 }
@@ -64,6 +73,27 @@ func readConfigFile(path string) (*configFile, error) {
 		return nil, fmt.Errorf("config file %s: %w", path, err)
 	}
 	return f, nil
+}
+
+// objectives returns the file's objectives table, checked: every name
+// non-empty, printable and at most flow.MaxTenantLen bytes (it arrives in a
+// header), every priority within flow control's bounds.
+func (f *configFile) objectives() (map[string]int, error) {
+	if f == nil {
+		return nil, nil
+	}
+	for _, name := range slices.Sorted(maps.Keys(f.Objectives)) {
+		p := f.Objectives[name]
+		switch {
+		case name == "" || len(name) > flow.MaxTenantLen:
+			return nil, fmt.Errorf("%s: objective name %q: want 1 to %d bytes", f.path, name, flow.MaxTenantLen)
+		case strings.ContainsFunc(name, func(r rune) bool { return !unicode.IsPrint(r) }):
+			return nil, fmt.Errorf("%s: objective name %q: not printable", f.path, name)
+		case p < flow.MinPriority || p > flow.MaxPriority:
+			return nil, fmt.Errorf("%s: objectives.%s: priority %d is out of range [%d, %d]", f.path, name, p, flow.MinPriority, flow.MaxPriority)
+		}
+	}
+	return f.Objectives, nil
 }
 
 // label names a key of the file in messages ("kvselect.yaml: router.x").

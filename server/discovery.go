@@ -67,16 +67,18 @@ func (d *discoveryFlags) validate(set map[string]bool) []error {
 // prepareDiscovery builds the configured source and its reconciler and sets
 // the readiness condition, so /ready is 503 from the first request until the
 // source has synced. The returned function starts them on wg; they stop with
-// its ctx. Without a source it does nothing.
+// its ctx. Without a source it does nothing. With an InferencePool and
+// objectives (flow control on), the pool's InferenceObjectives are watched
+// too, into objectives' Kubernetes table.
 func prepareDiscovery(d discoveryFlags, collector bool, svc *selection.Service, objectives *flow.Objectives, log *slog.Logger) (func(context.Context, *sync.WaitGroup), error) {
-	_ = objectives // TODO(flow): the pool's InferenceObjectives
 	type runner interface {
 		Run(ctx context.Context, sink func(discovery.Snapshot))
 	}
 	var (
-		src     runner
-		name    string
-		pending selection.Condition
+		src        runner
+		name       string
+		pending    selection.Condition
+		objWatcher *inferencepool.ObjectiveWatch
 	)
 	switch {
 	case d.workersFile != "":
@@ -100,6 +102,12 @@ func prepareDiscovery(d discoveryFlags, collector bool, svc *selection.Service, 
 			return nil, &UsageError{err}
 		}
 		src, name = s, "InferencePool "+d.poolNamespace+"/"+d.poolName
+		if objectives != nil {
+			objWatcher, err = inferencepool.NewObjectiveWatch(inferencepool.ObjectiveOptions{Config: cfg, Namespace: d.poolNamespace, Pool: d.poolName, Logger: log})
+			if err != nil {
+				return nil, &UsageError{err}
+			}
+		}
 		pending = selection.Condition{Name: discovery.ConditionName, Reason: inferencepool.ReasonPending, Message: "waiting for the first sync of " + name}
 		log.Info("discovery: Kubernetes API server", "host", cfg.Host)
 	default:
@@ -111,5 +119,10 @@ func prepareDiscovery(d discoveryFlags, collector bool, svc *selection.Service, 
 	return func(ctx context.Context, wg *sync.WaitGroup) {
 		wg.Go(func() { rec.Run(ctx) })
 		wg.Go(func() { src.Run(ctx, rec.Update) })
+		if objWatcher != nil {
+			wg.Go(func() {
+				objWatcher.Run(ctx, func(t map[string]int) { objectives.Set(flow.SourceKubernetes, t) })
+			})
+		}
 	}, nil
 }

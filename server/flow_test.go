@@ -2,6 +2,8 @@ package server
 
 import (
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -112,6 +114,94 @@ func TestFlowFlagsValidate(t *testing.T) {
 	}{{-11, "<-10"}, {-10, "-10"}, {0, "0"}, {10, "10"}, {11, ">10"}} {
 		if got := priorityLabel(p.p); got != p.want {
 			t.Errorf("priorityLabel(%d) = %s", p.p, got)
+		}
+	}
+}
+
+// The config file's objectives give a request naming one in
+// x-gateway-inference-objective its priority; GET /flow lists them; a
+// reload replaces them and a file with a bad one changes nothing.
+func TestFlowObjectivesFromTheConfigFile(t *testing.T) {
+	config := filepath.Join(t.TempDir(), "kvselect.yaml")
+	write := func(body string) {
+		t.Helper()
+		if err := os.WriteFile(config+".tmp", []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(config+".tmp", config); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("objectives:\n  premium: 7\n  batch: -1\n")
+	reload := make(chan struct{})
+	srv := runInBackground(t, queueingEnv, []string{"--flow-control", "cost", "--config", config}, WithReload(reload))
+	rest := "http://" + srv.addrs.REST.String()
+	if got := get(t, rest+"/flow"); !strings.Contains(got, `"objectives":{"batch":-1,"premium":7}`) {
+		t.Fatalf("GET /flow: %s", got)
+	}
+	res, err := http.Post(rest+"/workers", "application/json",
+		strings.NewReader(`{"worker_id":1,"model_name":"m","endpoint":"http://10.0.0.1:8000","block_size":4,"max_num_batched_tokens":8}`))
+	if err != nil || res.StatusCode/100 != 2 {
+		t.Fatalf("register: %v %v", res, err)
+	}
+	res.Body.Close()
+	client := envoysim.New(dialPicker(t, srv.addrs.ExtProc.String(), insecure.NewCredentials()))
+	body := []byte(`{"model":"m","prompt":[1,2,3,4,5,6,7,8]}`)
+	blocker, d, err := client.Start(t.Context(), &envoysim.Request{Modes: envoysim.GIE, Body: body})
+	if err != nil || d.Immediate != nil {
+		t.Fatalf("blocker: %v %+v", err, d)
+	}
+	// batch is sheddable: a 429 at once while the worker is busy.
+	_, d, err = client.Start(t.Context(), &envoysim.Request{Modes: envoysim.GIE, Body: body,
+		Headers: []envoysim.Header{{Key: extproc.HeaderObjective, Value: "batch"}}})
+	if err != nil || d.Immediate == nil || d.Immediate.Status != 429 {
+		t.Fatalf("batch while busy: %v %+v", err, d)
+	}
+	routed := make(chan *envoysim.Exchange, 1)
+	go func() {
+		x, d, err := client.Start(t.Context(), &envoysim.Request{Modes: envoysim.GIE, Body: body,
+			Headers: []envoysim.Header{{Key: extproc.HeaderObjective, Value: "premium"}}})
+		if err != nil || d.Immediate != nil {
+			t.Errorf("premium: %v %+v", err, d)
+		}
+		routed <- x
+	}()
+	waitFor(t, "premium waiting at priority 7", 5*time.Second, func() bool {
+		return strings.Contains(get(t, rest+"/flow"), `"priority":7`)
+	})
+	blocker.Close()
+	(<-routed).Close()
+
+	write("objectives:\n  premium: 2\n")
+	reload <- struct{}{}
+	waitFor(t, "the reloaded objectives", 10*time.Second, func() bool {
+		return strings.Contains(get(t, rest+"/flow"), `"objectives":{"premium":2}`)
+	})
+	write("objectives:\n  premium: 2000000\n")
+	reload <- struct{}{}
+	waitFor(t, "the bad file's reload failure logged", 10*time.Second, func() bool {
+		return strings.Contains(srv.logs.String(), "objectives.premium: priority 2000000 is out of range")
+	})
+	if got := get(t, rest+"/flow"); !strings.Contains(got, `"objectives":{"premium":2}`) {
+		t.Fatalf("a bad file changed the objectives: %s", got)
+	}
+}
+
+func TestFlowObjectivesFileValidation(t *testing.T) {
+	for _, tc := range []struct{ body, want string }{
+		{"objectives:\n  premium: 1000001\n", "objectives.premium: priority 1000001 is out of range"},
+		{"objectives:\n  \"\": 1\n", `objective name "": want 1 to 256 bytes`},
+		{"objectives:\n  \"a\\tb\": 1\n", "not printable"},
+		{"objectives:\n  premium: high\n", "configFile.objectives of type int"},
+		{"objectives:\n  " + strings.Repeat("x", 257) + ": 1\n", "want 1 to 256 bytes"},
+	} {
+		path := filepath.Join(t.TempDir(), "kvselect.yaml")
+		if err := os.WriteFile(path, []byte(tc.body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		status, _, stderr := runArgs(t, "--port", "0", "--config", path)
+		if status != 2 || !strings.Contains(stderr, tc.want) {
+			t.Errorf("%q: exit %d, stderr %s; want %q", tc.body, status, stderr, tc.want)
 		}
 	}
 }

@@ -4,19 +4,21 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"maps"
 	"os"
 	"reflect"
 	"slices"
 
 	"github.com/kvselect/kvselect/internal/access"
 	"github.com/kvselect/kvselect/selection"
+	"github.com/kvselect/kvselect/selection/flow"
 	"github.com/kvselect/kvselect/selection/routerconfig"
 	"github.com/kvselect/kvselect/selection/scheduler"
 )
 
 // reloader re-reads the --config file when told to (SIGHUP, or WithReload's
 // channel) and applies what can change while kvselect runs: the selection
-// policy's parameters. Everything else in the file — the policy's name, the
+// policy's parameters, the client certificate rules and the objectives. Everything else in the file — the policy's name, the
 // router knobs outside the policy — is fixed at startup (indexes, trackers
 // and listeners are built from it), so a change there is logged as needing a
 // restart and not applied. A file that fails to read, parse or validate
@@ -29,6 +31,8 @@ type reloader struct {
 	log      *slog.Logger
 	cur      resolved      // the configuration in force
 	auth     *access.Chain // the REST authorizer whose client-certificate rules a reload replaces; nil: none
+	// objectives takes the file's objectives table.
+	objectives *flow.Objectives
 }
 
 // run reloads on every signal until ctx ends; either channel may be nil.
@@ -62,8 +66,17 @@ func (r *reloader) reload() bool {
 		r.log.Error("config reload failed; the running configuration stays", "file", path, "err", err)
 		return false
 	}
+	objectives, err := file.objectives()
+	if err != nil {
+		r.log.Error("config reload failed; the running configuration stays", "err", err)
+		return false
+	}
 	if !r.reloadCertRules(file) {
 		return false
+	}
+	if r.objectives != nil && !maps.Equal(r.objectives.File(), objectives) {
+		r.objectives.Set(flow.SourceFile, objectives)
+		r.log.Info("config reload: objectives in force", "objectives", len(objectives))
 	}
 	restart := routerChanges(r.cur.cfg.Router, next.cfg.Router)
 	samePolicy := next.policy.name == r.cur.policy.name

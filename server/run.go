@@ -187,7 +187,18 @@ func run(ctx context.Context, args []string, set *settings) error {
 	// InferenceObjective priorities (flow control), from the config file
 	// and the pool's namespace; the picker looks names up in them.
 	objectives := new(flow.Objectives)
-	startDiscovery, err := prepareDiscovery(o.discovery, cfg.EventsCollector, svc, objectives, log)
+	fileObjectives, err := file.objectives()
+	if err != nil {
+		return &UsageError{err}
+	}
+	objectives.Set(flow.SourceFile, fileObjectives)
+	var watched *flow.Objectives // the pool's InferenceObjectives matter only to flow control
+	if o.flow.mode != flowOff {
+		watched = objectives
+	} else if len(fileObjectives) > 0 {
+		log.Warn("the config file has objectives but --flow-control is off: their priorities order nothing", "file", o.configFile)
+	}
+	startDiscovery, err := prepareDiscovery(o.discovery, cfg.EventsCollector, svc, watched, log)
 	if err != nil {
 		return err
 	}
@@ -233,12 +244,13 @@ func run(ctx context.Context, args []string, set *settings) error {
 	}
 	srv := &http.Server{
 		Handler: limits.middleware(httpadmin.New(svc, httpadmin.Options{
-			Logger:    log,
-			Peers:     peers,
-			Metrics:   promhttp.HandlerFor(metrics, promhttp.HandlerOpts{ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}),
-			Pprof:     o.enablePprof,
-			Tokenizer: tokenizer,
-			Auth:      auth,
+			Logger:     log,
+			Peers:      peers,
+			Metrics:    promhttp.HandlerFor(metrics, promhttp.HandlerOpts{ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}),
+			Pprof:      o.enablePprof,
+			Tokenizer:  tokenizer,
+			Auth:       auth,
+			Objectives: objectives,
 		})),
 		ReadHeaderTimeout: readHeaderTimeout,
 		IdleTimeout:       idleTimeout,
@@ -290,7 +302,7 @@ func run(ctx context.Context, args []string, set *settings) error {
 			signal.Notify(hup, syscall.SIGHUP)
 			defer signal.Stop(hup)
 		}
-		r := &reloader{o: o, lookup: set.lookup, embedded: set.policy, svc: svc, log: log, cur: initial, auth: authz}
+		r := &reloader{o: o, lookup: set.lookup, embedded: set.policy, svc: svc, log: log, cur: initial, auth: authz, objectives: objectives}
 		wg.Go(func() { r.run(upkeep, hup, set.reload) })
 	}
 	defer func() {

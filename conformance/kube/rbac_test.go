@@ -33,6 +33,7 @@ import (
 	"github.com/kvselect/kvselect/internal/access/kubeauth"
 	"github.com/kvselect/kvselect/selection"
 	"github.com/kvselect/kvselect/selection/catalog"
+	"github.com/kvselect/kvselect/selection/flow"
 	"github.com/kvselect/kvselect/selection/routerconfig"
 )
 
@@ -52,7 +53,7 @@ type rbacSource struct {
 // --auth-kubernetes does it (TokenReview, SubjectAccessReview), and
 // everything outside that is denied.
 func TestRoleIsEnoughAndNoMore(t *testing.T) {
-	env := kubetest.Start(t, kubetest.GIECRDs(t))
+	env := kubetest.Start(t, kubetest.GIECRDs(t), kubetest.ObjectiveCRD(t))
 	scheme := runtime.NewScheme()
 	for _, add := range []func(*runtime.Scheme) error{corev1.AddToScheme, rbacv1.AddToScheme, giev1.Install} {
 		if err := add(scheme); err != nil {
@@ -123,6 +124,15 @@ func checkRBAC(t *testing.T, cfg *rest.Config, admin client.Client, scheme *runt
 		t.Fatal(err)
 	}
 
+	obj := &unstructured.Unstructured{}
+	obj.SetGroupVersionKind(inferencepool.ObjectiveGroupKind.WithVersion("v1alpha2"))
+	obj.SetNamespace(ns)
+	obj.SetName("premium")
+	obj.Object["spec"] = map[string]any{"priority": int64(4), "poolRef": map[string]any{"name": "vllm-pool"}}
+	if err := admin.Create(ctx, obj); err != nil {
+		t.Fatal(err)
+	}
+
 	rc := routerconfig.Default()
 	rc.UseKVEvents = false
 	svc, err := selection.New(selection.Config{Router: rc})
@@ -137,20 +147,28 @@ func checkRBAC(t *testing.T, cfg *rest.Config, admin client.Client, scheme *runt
 	if err != nil {
 		t.Fatal(err)
 	}
+	// And the pool's InferenceObjectives (flow control's priorities).
+	objWatch, err := inferencepool.NewObjectiveWatch(inferencepool.ObjectiveOptions{Config: asSA, Namespace: ns, Pool: "vllm-pool", Logger: quiet, RestartDelay: 200 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var objectives flow.Objectives
 	rec := discovery.NewReconciler(svc, discovery.Options{Logger: quiet})
 	runCtx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	wg.Go(func() { rec.Run(runCtx) })
 	wg.Go(func() { src2.Run(runCtx, rec.Update) })
+	wg.Go(func() { objWatch.Run(runCtx, func(m map[string]int) { objectives.Set(flow.SourceKubernetes, m) }) })
 	defer func() { cancel(); wg.Wait() }()
 	deadline := time.Now().Add(90 * time.Second)
 	for {
 		ws := svc.Workers(nil, nil)
-		if len(ws) == 1 && ws[0].Lifecycle == catalog.Schedulable && svc.Ready().Ready {
+		p, ok := objectives.Lookup("premium")
+		if len(ws) == 1 && ws[0].Lifecycle == catalog.Schedulable && svc.Ready().Ready && ok && p == 4 {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("discovery as %s never synced: workers %+v, conditions %+v", sa, ws, svc.Conditions())
+			t.Fatalf("discovery as %s never synced: workers %+v, conditions %+v, objectives %v", sa, ws, svc.Conditions(), objectives.All())
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
@@ -233,11 +251,12 @@ func checkRBAC(t *testing.T, cfg *rest.Config, admin client.Client, scheme *runt
 		readOnly := slices.Equal(r.Verbs, []string{"get", "list", "watch"})
 		pods := slices.Equal(r.APIGroups, []string{""}) && slices.Equal(r.Resources, []string{"pods"})
 		pools := slices.Equal(r.APIGroups, []string{"inference.networking.k8s.io"}) && slices.Equal(r.Resources, []string{"inferencepools"})
+		objectives := slices.Equal(r.APIGroups, []string{"inference.networking.x-k8s.io"}) && slices.Equal(r.Resources, []string{"inferenceobjectives"})
 		readScope := slices.Equal(r.APIGroups, []string{"kvselect.io"}) && slices.Equal(r.Resources, []string{"scopes"}) &&
 			slices.Equal(r.ResourceNames, []string{"read"}) && slices.Equal(r.Verbs, []string{"use"})
 		review := len(r.APIGroups) == 1 && slices.Equal(r.Verbs, []string{"create"}) && len(r.ResourceNames) == 0 &&
 			!slices.ContainsFunc(r.Resources, func(res string) bool { return !slices.Contains(creates[r.APIGroups[0]], res) })
-		if !(readOnly && (pods || pools)) && !readScope && !review {
+		if !(readOnly && (pods || pools || objectives)) && !readScope && !review {
 			t.Errorf("the service account may %v %v %v in %v: more than its Roles and system:auth-delegator should grant", r.Verbs, r.Resources, r.ResourceNames, r.APIGroups)
 		}
 	}

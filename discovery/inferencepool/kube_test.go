@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"log/slog"
+	"maps"
 	"net"
 	"net/http"
 	"os"
@@ -15,9 +16,11 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 	giev1 "sigs.k8s.io/gateway-api-inference-extension/api/v1"
 
@@ -346,4 +349,133 @@ func TestPoolCRDMissing(t *testing.T) {
 	if code != http.StatusServiceUnavailable || c.Ready || !strings.Contains(c.Message, "InferencePool") {
 		t.Fatalf("/ready %d %+v", code, c)
 	}
+}
+
+// objective is an InferenceObjective as a user writes it: priority nil is
+// unset.
+func objective(ns, name, pool string, priority *int64) *unstructured.Unstructured {
+	u := &unstructured.Unstructured{}
+	u.SetGroupVersionKind(ObjectiveGroupKind.WithVersion("v1alpha2"))
+	u.SetNamespace(ns)
+	u.SetName(name)
+	spec := map[string]any{"poolRef": map[string]any{"name": pool}}
+	if priority != nil {
+		spec["priority"] = *priority
+	}
+	u.Object["spec"] = spec
+	return u
+}
+
+// objectiveTables collects what an ObjectiveWatch publishes.
+type objectiveTables struct {
+	mu   sync.Mutex
+	last map[string]int
+	n    int
+}
+
+func (o *objectiveTables) sink(t map[string]int) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.last, o.n = t, o.n+1
+}
+
+func (o *objectiveTables) is(want map[string]int) bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return maps.Equal(o.last, want)
+}
+
+func startObjectiveWatch(t *testing.T, cfg *rest.Config, ns, pool string) *objectiveTables {
+	t.Helper()
+	w, err := NewObjectiveWatch(ObjectiveOptions{Config: cfg, Namespace: ns, Pool: pool, Logger: quiet,
+		RestartDelay: 200 * time.Millisecond, Recheck: 200 * time.Millisecond, CacheSyncTimeout: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tables := &objectiveTables{}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); w.Run(ctx, tables.sink) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return tables
+}
+
+// TestObjectivesAgainstARealAPIServer: the priorities of the pool's
+// InferenceObjectives follow creates, updates and deletes; objectives of
+// another pool or another InferencePool group, and priorities out of bounds,
+// are left out.
+func TestObjectivesAgainstARealAPIServer(t *testing.T) {
+	env := kubetest.Start(t, kubetest.GIECRDs(t), kubetest.ObjectiveCRD(t))
+	c := newClient(t, env.Config)
+	ctx := context.Background()
+	const ns = "llm"
+	if err := c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
+		t.Fatal(err)
+	}
+	tables := startObjectiveWatch(t, env.Config, ns, "vllm-pool")
+	i64 := func(v int64) *int64 { return &v }
+	other := objective(ns, "foreign-group", "vllm-pool", i64(7))
+	_ = unstructured.SetNestedField(other.Object, "example.com", "spec", "poolRef", "group")
+	for _, o := range []*unstructured.Unstructured{
+		objective(ns, "premium", "vllm-pool", i64(10)),
+		objective(ns, "batch", "vllm-pool", i64(-1)),
+		objective(ns, "plain", "vllm-pool", nil),
+		objective(ns, "elsewhere", "other-pool", i64(5)),
+		objective(ns, "absurd", "vllm-pool", i64(5_000_000)),
+		other,
+	} {
+		if err := c.Create(ctx, o); err != nil {
+			t.Fatalf("create %s: %v", o.GetName(), err)
+		}
+	}
+	eventually(t, "the pool's objectives", func() bool {
+		return tables.is(map[string]int{"premium": 10, "batch": -1, "plain": 0})
+	})
+
+	// An update and a delete.
+	p := objective(ns, "premium", "vllm-pool", nil)
+	if err := c.Get(ctx, client.ObjectKeyFromObject(p), p); err != nil {
+		t.Fatal(err)
+	}
+	_ = unstructured.SetNestedField(p.Object, int64(3), "spec", "priority")
+	if err := c.Update(ctx, p); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Delete(ctx, objective(ns, "batch", "", nil)); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "premium at 3 and batch gone", func() bool {
+		return tables.is(map[string]int{"premium": 3, "plain": 0})
+	})
+}
+
+// TestObjectivesCRDMissing: without the InferenceObjective API the watch
+// publishes nothing and keeps looking, the pool's discovery is not touched
+// (it runs apart); a CRD installed later is picked up without a restart.
+func TestObjectivesCRDMissing(t *testing.T) {
+	env := kubetest.Start(t, kubetest.GIECRDs(t))
+	tables := startObjectiveWatch(t, env.Config, "default", "vllm-pool")
+	p := startPicker(t, env.Config, "default", "vllm-pool")
+	eventually(t, "the pool-not-found condition", func() bool {
+		_, c := p.condition(t)
+		return c.Reason == ReasonNotFound
+	})
+	time.Sleep(time.Second) // several rechecks
+	tables.mu.Lock()
+	n := tables.n
+	tables.mu.Unlock()
+	if n != 0 {
+		t.Fatalf("published %d tables without the API", n)
+	}
+
+	if _, err := envtest.InstallCRDs(env.Config, envtest.CRDInstallOptions{Paths: []string{kubetest.ObjectiveCRD(t)}}); err != nil {
+		t.Fatal(err)
+	}
+	c := newClient(t, env.Config)
+	one := int64(1)
+	// The API server may need a moment before it serves a new CRD.
+	eventually(t, "an InferenceObjective created", func() bool {
+		return c.Create(context.Background(), objective("default", "late", "vllm-pool", &one)) == nil
+	})
+	eventually(t, "the late objective", func() bool { return tables.is(map[string]int{"late": 1}) })
 }

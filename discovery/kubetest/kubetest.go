@@ -8,6 +8,7 @@
 package kubetest
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -120,6 +121,33 @@ func ModuleDir(t testing.TB, module string) string {
 // GIE module in go.mod.
 func GIECRDs(t testing.TB) string {
 	return filepath.Join(ModuleDir(t, GIEModule), "config", "crd", "bases")
+}
+
+// ObjectiveCRDVersion is the GIE release whose InferenceObjective CRD
+// (inference.networking.x-k8s.io) the tests install: the last that carries
+// it, before the API moved to llm-d/llm-d-router. go.mod requires a later
+// GIE, so the module is fetched at this exact version (go mod download: the
+// module cache, or the module proxy once).
+const ObjectiveCRDVersion = "v1.5.0"
+
+// ObjectiveCRD is the path of the InferenceObjective CRD of GIE
+// ObjectiveCRDVersion.
+func ObjectiveCRD(t testing.TB) string {
+	t.Helper()
+	mod := GIEModule + "@" + ObjectiveCRDVersion
+	out, err := exec.Command("go", "mod", "download", "-json", mod).Output()
+	if err != nil {
+		var ee *exec.ExitError
+		if errors.As(err, &ee) {
+			err = fmt.Errorf("%w: %s", err, ee.Stderr)
+		}
+		t.Fatalf("go mod download %s: %v", mod, err)
+	}
+	var dl struct{ Dir, Error string }
+	if err := json.Unmarshal(out, &dl); err != nil || dl.Dir == "" {
+		t.Fatalf("go mod download %s: %v %s", mod, err, dl.Error)
+	}
+	return filepath.Join(dl.Dir, "config", "crd", "bases", "inference.networking.x-k8s.io_inferenceobjectives.yaml")
 }
 
 // Impersonate returns a copy of cfg acting as the service account ns/name, so

@@ -54,6 +54,13 @@ func (o *Objectives) Lookup(name string) (int, bool) {
 	return 0, false
 }
 
+// File returns a copy of the SourceFile table.
+func (o *Objectives) File() map[string]int {
+	o.mu.RLock()
+	defer o.mu.RUnlock()
+	return maps.Clone(o.sources[SourceFile])
+}
+
 // All returns every known objective and its effective priority.
 func (o *Objectives) All() map[string]int {
 	o.mu.RLock()
