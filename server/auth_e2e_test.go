@@ -615,15 +615,7 @@ func TestClientCertificateRulesReload(t *testing.T) {
 	caFile := filepath.Join(dir, "ca.pem")
 	clientCA.WritePEM(t, caFile)
 	config := filepath.Join(dir, "kvselect.yaml")
-	write := func(body string) {
-		t.Helper()
-		if err := os.WriteFile(config+".tmp", []byte(body), 0o600); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.Rename(config+".tmp", config); err != nil {
-			t.Fatal(err)
-		}
-	}
+	write := func(body string) { writeAtomically(t, config, body) }
 	write("auth:\n  client_certificates:\n    - ou: team-a\n      scopes: [read]\n")
 	reload := make(chan struct{})
 	b := runInBackground(t, withoutKVEvents, []string{"--tls-cert-path", certDir, "--tls-client-ca", caFile, "--config", config,

@@ -30,13 +30,7 @@ func queueingEnv(k string) (string, bool) {
 func TestFlowControlEndToEnd(t *testing.T) {
 	srv := runInBackground(t, queueingEnv, []string{"--flow-control", "cost", "--flow-queue-ttl", "1m"})
 	rest := "http://" + srv.addrs.REST.String()
-	res, err := http.Post(rest+"/workers", "application/json",
-		strings.NewReader(`{"worker_id":1,"model_name":"m","endpoint":"http://10.0.0.1:8000","block_size":4,"max_num_batched_tokens":8}`))
-	if err != nil || res.StatusCode/100 != 2 {
-		t.Fatalf("register: %v %v", res, err)
-	}
-	res.Body.Close()
-	client := envoysim.New(dialPicker(t, srv.addrs.ExtProc.String(), insecure.NewCredentials()))
+	client := oneBusyWorker(t, srv)
 	body := func(base string) []byte {
 		return []byte(`{"model":"m","prompt":[` + base + `1,` + base + `2,` + base + `3,` + base + `4,` + base + `5,` + base + `6,` + base + `7,` + base + `8]}`)
 	}
@@ -77,6 +71,20 @@ func TestFlowControlEndToEnd(t *testing.T) {
 	if !strings.Contains(srv.logs.String(), "flow control on") {
 		t.Error("no startup line for flow control")
 	}
+}
+
+// oneBusyWorker registers one worker that a single 8-token prompt makes
+// busy (max_num_batched_tokens 8, queue threshold 0.5) and returns a picker
+// client.
+func oneBusyWorker(t *testing.T, srv *background) *envoysim.Client {
+	t.Helper()
+	res, err := http.Post("http://"+srv.addrs.REST.String()+"/workers", "application/json",
+		strings.NewReader(`{"worker_id":1,"model_name":"m","endpoint":"http://10.0.0.1:8000","block_size":4,"max_num_batched_tokens":8}`))
+	if err != nil || res.StatusCode/100 != 2 {
+		t.Fatalf("register: %v %v", res, err)
+	}
+	res.Body.Close()
+	return envoysim.New(dialPicker(t, srv.addrs.ExtProc.String(), insecure.NewCredentials()))
 }
 
 func grepLines(s, sub string) string {
@@ -123,15 +131,7 @@ func TestFlowFlagsValidate(t *testing.T) {
 // reload replaces them and a file with a bad one changes nothing.
 func TestFlowObjectivesFromTheConfigFile(t *testing.T) {
 	config := filepath.Join(t.TempDir(), "kvselect.yaml")
-	write := func(body string) {
-		t.Helper()
-		if err := os.WriteFile(config+".tmp", []byte(body), 0o600); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.Rename(config+".tmp", config); err != nil {
-			t.Fatal(err)
-		}
-	}
+	write := func(body string) { writeAtomically(t, config, body) }
 	write("objectives:\n  premium: 7\n  batch: -1\n")
 	reload := make(chan struct{})
 	srv := runInBackground(t, queueingEnv, []string{"--flow-control", "cost", "--config", config}, WithReload(reload))
@@ -139,13 +139,7 @@ func TestFlowObjectivesFromTheConfigFile(t *testing.T) {
 	if got := get(t, rest+"/flow"); !strings.Contains(got, `"objectives":{"batch":-1,"premium":7}`) {
 		t.Fatalf("GET /flow: %s", got)
 	}
-	res, err := http.Post(rest+"/workers", "application/json",
-		strings.NewReader(`{"worker_id":1,"model_name":"m","endpoint":"http://10.0.0.1:8000","block_size":4,"max_num_batched_tokens":8}`))
-	if err != nil || res.StatusCode/100 != 2 {
-		t.Fatalf("register: %v %v", res, err)
-	}
-	res.Body.Close()
-	client := envoysim.New(dialPicker(t, srv.addrs.ExtProc.String(), insecure.NewCredentials()))
+	client := oneBusyWorker(t, srv)
 	body := []byte(`{"model":"m","prompt":[1,2,3,4,5,6,7,8]}`)
 	blocker, d, err := client.Start(t.Context(), &envoysim.Request{Modes: envoysim.GIE, Body: body})
 	if err != nil || d.Immediate != nil {

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -242,5 +243,17 @@ func TestShutdownTimeoutClosesStragglers(t *testing.T) {
 	}
 	if !strings.Contains(logs.String(), "graceful shutdown timed out") {
 		t.Errorf("logs lack the timeout:\n%s", logs.String())
+	}
+}
+
+// writeAtomically replaces path's content in one rename, as a ConfigMap
+// update does: a reader never sees half a file.
+func writeAtomically(t *testing.T, path, body string) {
+	t.Helper()
+	if err := os.WriteFile(path+".tmp", []byte(body), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(path+".tmp", path); err != nil {
+		t.Fatal(err)
 	}
 }

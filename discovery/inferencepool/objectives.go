@@ -12,20 +12,15 @@ import (
 	"sync"
 	"time"
 
-	"github.com/go-logr/logr"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/rest"
-	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
-	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/config"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
-	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 	giev1 "sigs.k8s.io/gateway-api-inference-extension/api/v1"
 
@@ -123,20 +118,10 @@ func (w *ObjectiveWatch) Run(ctx context.Context, sink func(map[string]int)) {
 // watch runs one controller-runtime manager whose every InferenceObjective
 // event recomputes the whole table.
 func (w *ObjectiveWatch) watch(ctx context.Context, sink func(map[string]int)) error {
-	skip := true
-	mgr, err := ctrl.NewManager(w.opts.Config, manager.Options{
-		Scheme:                 runtime.NewScheme(), // unstructured objects only
-		Logger:                 logr.FromSlogHandler(w.log.Handler()),
-		Cache:                  cache.Options{DefaultNamespaces: map[string]cache.Config{w.opts.Namespace: {}}},
-		Metrics:                metricsserver.Options{BindAddress: "0"},
-		HealthProbeBindAddress: "0",
-		Controller: config.Controller{
-			SkipNameValidation: &skip,
-			CacheSyncTimeout:   w.opts.CacheSyncTimeout,
-		},
-	})
+	// Unstructured objects only: an empty scheme.
+	mgr, err := namespaceManager(w.opts.Config, runtime.NewScheme(), w.log, w.opts.Namespace, w.opts.CacheSyncTimeout)
 	if err != nil {
-		return fmt.Errorf("controller manager: %w", err)
+		return err
 	}
 	mapping, err := mgr.GetRESTMapper().RESTMapping(ObjectiveGroupKind)
 	if err != nil {

@@ -171,22 +171,9 @@ func (s *Source) watch(ctx context.Context) error {
 	if err := giev1.Install(scheme); err != nil {
 		return err
 	}
-	skip := true
-	mgr, err := ctrl.NewManager(s.opts.Config, manager.Options{
-		Scheme: scheme,
-		Logger: logr.FromSlogHandler(s.log.Handler()),
-		// Only the pool's namespace: the Role grants no more.
-		Cache:                  cache.Options{DefaultNamespaces: map[string]cache.Config{s.key.Namespace: {}}},
-		Metrics:                metricsserver.Options{BindAddress: "0"}, // kvselect serves its own /metrics
-		HealthProbeBindAddress: "0",
-		Controller: config.Controller{
-			// Several sources may run in one process (tests); names need not be unique.
-			SkipNameValidation: &skip,
-			CacheSyncTimeout:   s.opts.CacheSyncTimeout,
-		},
-	})
+	mgr, err := namespaceManager(s.opts.Config, scheme, s.log, s.key.Namespace, s.opts.CacheSyncTimeout)
 	if err != nil {
-		return fmt.Errorf("controller manager: %w", err)
+		return err
 	}
 	// Without the CRD the pool's informer would only time out; ask the API
 	// server's discovery first so the condition can name the cause.
@@ -226,6 +213,29 @@ func (s *Source) watch(ctx context.Context) error {
 		return err
 	}
 	return mgr.Start(ctx)
+}
+
+// namespaceManager is a controller-runtime manager that caches one
+// namespace, serves no endpoints and logs to log.
+func namespaceManager(cfg *rest.Config, scheme *runtime.Scheme, log *slog.Logger, namespace string, syncTimeout time.Duration) (manager.Manager, error) {
+	skip := true
+	mgr, err := ctrl.NewManager(cfg, manager.Options{
+		Scheme: scheme,
+		Logger: logr.FromSlogHandler(log.Handler()),
+		// Only the pool's namespace: the Role grants no more.
+		Cache:                  cache.Options{DefaultNamespaces: map[string]cache.Config{namespace: {}}},
+		Metrics:                metricsserver.Options{BindAddress: "0"}, // kvselect serves its own /metrics
+		HealthProbeBindAddress: "0",
+		Controller: config.Controller{
+			// Several sources may run in one process (tests); names need not be unique.
+			SkipNameValidation: &skip,
+			CacheSyncTimeout:   syncTimeout,
+		},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("controller manager: %w", err)
+	}
+	return mgr, nil
 }
 
 // sync reads the pool and its pods from the cache and hands over the snapshot.
