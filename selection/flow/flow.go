@@ -28,6 +28,7 @@
 package flow
 
 import (
+	"cmp"
 	"container/heap"
 	"container/list"
 	"errors"
@@ -495,15 +496,7 @@ func (c *Controller) State(now time.Time) State {
 			}
 			bs.Tenants = append(bs.Tenants, ts)
 		}
-		slices.SortFunc(bs.Tenants, func(a, b TenantState) int {
-			switch {
-			case a.Tenant < b.Tenant:
-				return -1
-			case a.Tenant > b.Tenant:
-				return 1
-			}
-			return 0
-		})
+		slices.SortFunc(bs.Tenants, func(a, b TenantState) int { return cmp.Compare(a.Tenant, b.Tenant) })
 		st.Bands = append(st.Bands, bs)
 	}
 	return st
