@@ -189,6 +189,14 @@ bench-pd:
 	bin/kvbench pd -json $(BENCHOUT)/pd-sim.json | tee $(BENCHOUT)/pd-sim.txt
 	bin/kvbench pd -mode real -sessions 60 -speedup 2 -out $(BENCHOUT)/pd -json $(BENCHOUT)/pd-real.json | tee $(BENCHOUT)/pd-real.txt
 
+# Flow control (docs/flow-control.md): a long-prompt and a short-prompt tenant
+# on a saturated pool, flow control off vs count vs cost fairness (simulation).
+.PHONY: bench-flow
+bench-flow:
+	mkdir -p $(BENCHOUT)
+	$(GO) build -o bin/ ./cmd/kvbench
+	bin/kvbench flow -json $(BENCHOUT)/flow-sim.json | tee $(BENCHOUT)/flow-sim.txt
+
 .PHONY: bench-health
 bench-health:
 	mkdir -p $(BENCHOUT)

@@ -30,6 +30,7 @@ import (
 
 	"github.com/zeebo/xxh3"
 
+	"github.com/kvselect/kvselect/bench/report"
 	"github.com/kvselect/kvselect/selection"
 	"github.com/kvselect/kvselect/selection/catalog"
 	"github.com/kvselect/kvselect/selection/kvhash"
@@ -431,23 +432,14 @@ func (w *world) result() (Result, error) {
 			}
 		}
 	}
-	res.TTFTP50Ms, res.TTFTP90Ms, res.TTFTP99Ms = ms(quantile(w.ttfts, 0.5)), ms(quantile(w.ttfts, 0.9)), ms(quantile(w.ttfts, 0.99))
-	res.ITLP50Ms, res.ITLP90Ms, res.ITLP99Ms = ms(quantile(w.itls, 0.5)), ms(quantile(w.itls, 0.9)), ms(quantile(w.itls, 0.99))
+	res.TTFTP50Ms, res.TTFTP90Ms, res.TTFTP99Ms = ms(report.Quantile(w.ttfts, 0.5)), ms(report.Quantile(w.ttfts, 0.9)), ms(report.Quantile(w.ttfts, 0.99))
+	res.ITLP50Ms, res.ITLP90Ms, res.ITLP99Ms = ms(report.Quantile(w.itls, 0.5)), ms(report.Quantile(w.itls, 0.9)), ms(report.Quantile(w.itls, 0.99))
 	res.MakespanS = w.now.Seconds()
 	if w.now > 0 {
 		res.OutputTokensPS = float64(res.Requests*w.cfg.OutputTokens) / w.now.Seconds()
 		res.RequestsPS = float64(res.Requests) / w.now.Seconds()
 	}
 	return res, nil
-}
-
-func quantile(d []time.Duration, q float64) time.Duration {
-	if len(d) == 0 {
-		return 0
-	}
-	s := slices.Clone(d)
-	slices.Sort(s)
-	return s[min(len(s)-1, int(q*float64(len(s))))]
 }
 
 func ms(d time.Duration) float64 { return math.Round(float64(d.Microseconds())/10) / 100 }

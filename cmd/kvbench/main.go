@@ -39,6 +39,7 @@ Subcommands:
   extproc per-request overhead of the ext_proc picker (or the same lifecycle over REST)
   health  kvselect + mock worker processes: one worker fails mid-run (ejection, trials, restoration); optional direct traffic that bypasses kvselect, with and without engine metrics
   pd      disaggregated prefill/decode: aggregated vs always-remote vs conditional P/D on long-prompt chat sessions, simulated (-mode sim) or with kvselect and mock worker processes (-mode real)
+  flow    flow control: a tenant with long prompts and one with short prompts on a saturated pool, with flow control off, count and cost fairness (simulation)
   text    text chat sessions through the picker: --tokenize pool vs the approximate text index vs token ids vs round-robin, on mock workers
 
 Run 'kvbench <subcommand> -h' for the flags.
@@ -81,6 +82,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return runVsEPP(ctx, args[1:], stdout, stderr)
 	case "pd":
 		return runPD(ctx, args[1:], stdout, stderr)
+	case "flow":
+		return runFlow(ctx, args[1:], stdout, stderr)
 	}
 	fmt.Fprint(stderr, usage)
 	return fmt.Errorf("unknown subcommand %q", args[0])

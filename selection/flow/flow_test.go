@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -280,5 +281,33 @@ func TestRandomOperationsKeepInvariants(t *testing.T) {
 				t.Fatalf("seed %d step %d: head %v with %d queued", seed, step, c.Head(), n)
 			}
 		}
+	}
+}
+
+// BenchmarkPushDispatch is one request through a controller that holds
+// tenants × 4 waiting requests: a Push, then the head's Dispatch.
+func BenchmarkPushDispatch(b *testing.B) {
+	for _, tenants := range []int{1, 100, 10000} {
+		b.Run(strconv.Itoa(tenants), func(b *testing.B) {
+			c := New(Config{Fairness: FairnessCost})
+			now := time.Unix(0, 0)
+			names := make([]string, tenants)
+			for i := range names {
+				names[i] = "t" + strconv.Itoa(i)
+				for range 4 {
+					if _, err := c.Push(now, Request{Tenant: names[i], Cost: int64(100 + i%1000)}); err != nil {
+						b.Fatal(err)
+					}
+				}
+			}
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := range b.N {
+				if _, err := c.Push(now, Request{Tenant: names[i%tenants], Cost: 500}); err != nil {
+					b.Fatal(err)
+				}
+				c.Dispatch(c.Head())
+			}
+		})
 	}
 }
