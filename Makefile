@@ -190,12 +190,14 @@ bench-pd:
 	bin/kvbench pd -mode real -sessions 60 -speedup 2 -out $(BENCHOUT)/pd -json $(BENCHOUT)/pd-real.json | tee $(BENCHOUT)/pd-real.txt
 
 # Flow control (docs/flow-control.md): a long-prompt and a short-prompt tenant
-# on a saturated pool, flow control off vs count vs cost fairness (simulation).
+# on a saturated pool, flow control off vs count vs cost fairness, in the
+# simulation and with real processes (about 3 minutes).
 .PHONY: bench-flow
 bench-flow:
 	mkdir -p $(BENCHOUT)
-	$(GO) build -o bin/ ./cmd/kvbench
+	$(GO) build -o bin/ ./cmd/kvselect ./cmd/kvselect-mockworker ./cmd/kvbench
 	bin/kvbench flow -json $(BENCHOUT)/flow-sim.json | tee $(BENCHOUT)/flow-sim.txt
+	bin/kvbench flow -mode real -duration 60s -out $(BENCHOUT)/flow -json $(BENCHOUT)/flow-real.json | tee $(BENCHOUT)/flow-real.txt
 
 .PHONY: bench-health
 bench-health:

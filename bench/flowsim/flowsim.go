@@ -209,24 +209,11 @@ func Run(ctx context.Context, c Config, mode string) (Result, error) {
 	for i := range c.Workers {
 		s.workers = append(s.workers, &worker{id: i})
 	}
-	for ci, cl := range c.Classes {
-		if cl.Rate == 0 {
-			continue
-		}
-		// A stream per tenant: a class's arrivals are the same whatever
-		// the other classes are (Alone compares like with like).
-		h := fnv.New64a()
-		h.Write([]byte(cl.Tenant))
-		rng := rand.New(rand.NewPCG(c.Seed, h.Sum64()))
-		for at := time.Duration(0); ; {
-			at += time.Duration(rng.ExpFloat64() / cl.Rate * float64(time.Second))
-			if at >= c.Duration {
-				break
-			}
-			r := &request{class: ci, arrival: at, prefill: cl.PromptTokens, output: cl.OutputTokens}
-			s.reqs = append(s.reqs, r)
-			s.push(event{at: at, req: r})
-		}
+	for _, a := range Arrivals(c) {
+		cl := c.Classes[a.Class]
+		r := &request{class: a.Class, arrival: a.At, prefill: cl.PromptTokens, output: cl.OutputTokens}
+		s.reqs = append(s.reqs, r)
+		s.push(event{at: a.At, req: r})
 	}
 	for n := 0; s.q.Len() > 0; n++ {
 		if n%4096 == 0 && ctx.Err() != nil {
@@ -243,6 +230,76 @@ func Run(ctx context.Context, c Config, mode string) (Result, error) {
 		s.admit()
 	}
 	return s.result(mode)
+}
+
+// Arrival is one request of the traffic: its class and arrival time.
+type Arrival struct {
+	Class int
+	At    time.Duration
+}
+
+// Arrivals is c's traffic, class by class in time order: Poisson arrivals
+// over c.Duration, a random stream per tenant, so a class's arrivals are the
+// same whatever the other classes are (Alone compares like with like).
+func Arrivals(c Config) []Arrival {
+	var out []Arrival
+	for ci, cl := range c.Classes {
+		if cl.Rate <= 0 {
+			continue
+		}
+		h := fnv.New64a()
+		h.Write([]byte(cl.Tenant))
+		rng := rand.New(rand.NewPCG(c.Seed, h.Sum64()))
+		for at := time.Duration(0); ; {
+			at += time.Duration(rng.ExpFloat64() / cl.Rate * float64(time.Second))
+			if at >= c.Duration {
+				break
+			}
+			out = append(out, Arrival{Class: ci, At: at})
+		}
+	}
+	return out
+}
+
+// Outcome is one request's fate, to summarize with Summarize.
+type Outcome struct {
+	Class         int
+	Finished      bool
+	Expired, Shed bool
+	Wait, TTFT    time.Duration
+}
+
+// Summarize turns outcomes into per-class results; a request neither
+// finished, expired nor shed is an error.
+func Summarize(c Config, outs []Outcome) ([]TenantResult, error) {
+	var res []TenantResult
+	for ci, cl := range c.Classes {
+		tr := TenantResult{Tenant: cl.Tenant, Priority: cl.Priority}
+		var waits, ttfts []time.Duration
+		for _, o := range outs {
+			if o.Class != ci {
+				continue
+			}
+			tr.Sent++
+			switch {
+			case o.Shed:
+				tr.Shed++
+			case o.Expired:
+				tr.Expired++
+			case o.Finished:
+				tr.Finished++
+				waits = append(waits, o.Wait)
+				ttfts = append(ttfts, o.TTFT)
+			default:
+				return nil, fmt.Errorf("a %s request neither finished, expired nor was shed", cl.Tenant)
+			}
+		}
+		tr.WaitP50, tr.WaitP90 = ms(report.Quantile(waits, 0.5)), ms(report.Quantile(waits, 0.9))
+		tr.WaitMax = ms(report.Quantile(waits, 1))
+		tr.TTFTP50, tr.TTFTP90 = ms(report.Quantile(ttfts, 0.5)), ms(report.Quantile(ttfts, 0.9))
+		res = append(res, tr)
+	}
+	return res, nil
 }
 
 type sim struct {
@@ -417,33 +474,14 @@ func (s *sim) result(mode string) (Result, error) {
 		return res, fmt.Errorf("%d requests left in the queue", s.ctl.Len())
 	}
 	res.Utilisation = math.Round(float64(busy)/float64(time.Duration(len(s.workers))*s.cfg.Duration)*1000) / 1000
-	for ci, cl := range s.cfg.Classes {
-		tr := TenantResult{Tenant: cl.Tenant, Priority: cl.Priority}
-		var waits, ttfts []time.Duration
-		for _, r := range s.reqs {
-			if r.class != ci {
-				continue
-			}
-			tr.Sent++
-			switch {
-			case s.shed[r]:
-				tr.Shed++
-			case s.expired[r]:
-				tr.Expired++
-			case r.worker != nil && r.output == 0:
-				tr.Finished++
-				waits = append(waits, r.wait)
-				ttfts = append(ttfts, r.firstTok-r.arrival)
-			default:
-				return res, fmt.Errorf("a %s request arriving at %v neither finished, expired nor was shed", cl.Tenant, r.arrival)
-			}
-		}
-		tr.WaitP50, tr.WaitP90 = ms(report.Quantile(waits, 0.5)), ms(report.Quantile(waits, 0.9))
-		tr.WaitMax = ms(report.Quantile(waits, 1))
-		tr.TTFTP50, tr.TTFTP90 = ms(report.Quantile(ttfts, 0.5)), ms(report.Quantile(ttfts, 0.9))
-		res.Tenants = append(res.Tenants, tr)
+	outs := make([]Outcome, 0, len(s.reqs))
+	for _, r := range s.reqs {
+		outs = append(outs, Outcome{Class: r.class, Shed: s.shed[r], Expired: s.expired[r],
+			Finished: r.worker != nil && r.output == 0, Wait: r.wait, TTFT: r.firstTok - r.arrival})
 	}
-	return res, nil
+	var err error
+	res.Tenants, err = Summarize(s.cfg, outs)
+	return res, err
 }
 
 func ms(d time.Duration) float64 { return math.Round(float64(d.Microseconds())/10) / 100 }
