@@ -300,16 +300,10 @@ func startFleet(ctx context.Context, c *demoConfig, stderr io.Writer) (*fleet, e
 		return nil, err
 	}
 	for i := range c.workers {
-		port, err := freePort()
-		if err != nil {
-			return nil, err
-		}
-		fl.workers = append(fl.workers, fmt.Sprintf("127.0.0.1:%d", port))
-		if err := fl.start(c.out, fmt.Sprintf("worker-%d", i+1), c.workerBin, "--host", "127.0.0.1", "--port", strconv.Itoa(port),
-			"--worker-id", strconv.Itoa(i+1), "--block-size", strconv.Itoa(c.blockSize), "--num-gpu-blocks", strconv.Itoa(c.poolBlocks),
+		if err := fl.startWorker(c.out, fmt.Sprintf("worker-%d", i+1), c.workerBin, i,
+			"--block-size", strconv.Itoa(c.blockSize), "--num-gpu-blocks", strconv.Itoa(c.poolBlocks),
 			"--speedup", strconv.FormatFloat(c.speedup, 'g', -1, 64), "--prefill-slots", "1",
-			"--prefill-time-per-token", c.prefillPerToken.String(), "--decode-time-per-token", c.decodePerToken.String(),
-			"--register", fl.rest, "--log-level", "warn"); err != nil {
+			"--prefill-time-per-token", c.prefillPerToken.String(), "--decode-time-per-token", c.decodePerToken.String()); err != nil {
 			return nil, err
 		}
 	}
@@ -323,6 +317,36 @@ func startFleet(ctx context.Context, c *demoConfig, stderr io.Writer) (*fleet, e
 	}
 	ok = true
 	return fl, nil
+}
+
+// startWorker starts mock worker number i+1 (its worker id) on a free
+// loopback port, registered with the fleet's kvselect, logging to
+// out/name.log; args follow the fleet's own.
+func (fl *fleet) startWorker(out, name, bin string, i int, args ...string) error {
+	port, err := freePort()
+	if err != nil {
+		return err
+	}
+	fl.workers = append(fl.workers, fmt.Sprintf("127.0.0.1:%d", port))
+	return fl.start(out, name, bin, append([]string{"--host", "127.0.0.1", "--port", strconv.Itoa(port),
+		"--worker-id", strconv.Itoa(i + 1), "--register", fl.rest, "--log-level", "warn"}, args...)...)
+}
+
+// waitNoBookings waits until kvselect holds no booking: the picker frees
+// each at its response's end, a moment after the client saw it.
+func (fl *fleet) waitNoBookings(limit time.Duration) error {
+	for deadline := time.Now().Add(limit); ; time.Sleep(20 * time.Millisecond) {
+		n, err := fl.activeRequests()
+		if err != nil {
+			return err
+		}
+		if n == 0 {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%d bookings left in kvselect after every response ended", n)
+		}
+	}
 }
 
 // startKVSelect starts kvselect on two free loopback ports (REST, then

@@ -221,16 +221,11 @@ func (p flowReal) run(ctx context.Context, c flowsim.Config, mode string) (flows
 		maxLen = max(maxLen, cl.PromptTokens+cl.OutputTokens+16)
 	}
 	for i := range c.Workers {
-		port, err := freePort()
-		if err != nil {
-			return res, err
-		}
-		fl.workers = append(fl.workers, fmt.Sprintf("127.0.0.1:%d", port))
-		if err := fl.start(p.out, fmt.Sprintf("%s-worker-%d", tag, i+1), p.workerBin, "--host", "127.0.0.1", "--port", strconv.Itoa(port),
-			"--worker-id", strconv.Itoa(i+1), "--max-model-len", strconv.Itoa(maxLen), "--max-num-batched-tokens", strconv.Itoa(c.MaxNumBatchedTokens),
+		if err := fl.startWorker(p.out, fmt.Sprintf("%s-worker-%d", tag, i+1), p.workerBin, i,
+			"--max-model-len", strconv.Itoa(maxLen), "--max-num-batched-tokens", strconv.Itoa(c.MaxNumBatchedTokens),
 			"--prefill-stalls-decode", "--prefill-slots", "1", "--decode-batch-slowdown", "0",
 			"--prefill-time-per-token", c.PrefillPerToken.String(), "--decode-time-per-token", c.DecodeStep.String(),
-			"--speedup", strconv.FormatFloat(p.speedup, 'g', -1, 64), "--register", fl.rest, "--log-level", "warn"); err != nil {
+			"--speedup", strconv.FormatFloat(p.speedup, 'g', -1, 64)); err != nil {
 			return res, err
 		}
 	}
@@ -298,17 +293,8 @@ func (p flowReal) run(ctx context.Context, c flowsim.Config, mode string) (flows
 	if firstErr != nil {
 		return res, firstErr
 	}
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		n, err := fl.activeRequests()
-		if err != nil {
-			return res, err
-		}
-		if n == 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			return res, fmt.Errorf("%d bookings left in kvselect after every response ended", n)
-		}
+	if err := fl.waitNoBookings(10 * time.Second); err != nil {
+		return res, err
 	}
 	var err error
 	res.Tenants, err = flowsim.Summarize(c, outs)

@@ -165,11 +165,6 @@ func runPDReal(ctx context.Context, p pdReal) (pdsim.Result, error) {
 	maxLen := c.FirstTokens + (c.Turns-1)*(c.OutputTokens+c.FollowUpTokens) + c.OutputTokens + 16
 	pool := 4*c.Sessions*maxLen/c.BlockSize + 1024 // no eviction during the run
 	for i := range workers {
-		port, err := freePort()
-		if err != nil {
-			return res, err
-		}
-		fl.workers = append(fl.workers, fmt.Sprintf("127.0.0.1:%d", port))
 		role := "both"
 		switch {
 		case i < s.Prefill:
@@ -177,13 +172,11 @@ func runPDReal(ctx context.Context, p pdReal) (pdsim.Result, error) {
 		case s.Prefill > 0:
 			role = "decode"
 		}
-		if err := fl.start(p.out, fmt.Sprintf("%s-worker-%d", tag, i+1), p.workerBin, "--host", "127.0.0.1", "--port", strconv.Itoa(port),
-			"--worker-id", strconv.Itoa(i+1), "--role", role, "--block-size", strconv.Itoa(c.BlockSize),
+		if err := fl.startWorker(p.out, fmt.Sprintf("%s-worker-%d", tag, i+1), p.workerBin, i, "--role", role, "--block-size", strconv.Itoa(c.BlockSize),
 			"--num-gpu-blocks", strconv.Itoa(pool), "--max-model-len", strconv.Itoa(maxLen), "--max-num-batched-tokens", strconv.Itoa(c.ChunkTokens),
 			"--prefill-stalls-decode", "--prefill-slots", "1", "--decode-batch-slowdown", "0",
 			"--prefill-time-per-token", c.PrefillPerToken.String(), "--decode-time-per-token", c.DecodePerToken.String(),
-			"--kv-transfer-per-block", c.TransferPerBlock.String(), "--speedup", strconv.FormatFloat(p.speedup, 'g', -1, 64),
-			"--register", fl.rest, "--log-level", "warn"); err != nil {
+			"--kv-transfer-per-block", c.TransferPerBlock.String(), "--speedup", strconv.FormatFloat(p.speedup, 'g', -1, 64)); err != nil {
 			return res, err
 		}
 	}
@@ -233,19 +226,9 @@ func runPDReal(ctx context.Context, p pdReal) (pdsim.Result, error) {
 	if firstErr != nil {
 		return res, firstErr
 	}
-	// Every booking, decode and prefill, went with its response (the
-	// picker frees at the response's end, a moment after the client saw it).
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		n, err := fl.activeRequests()
-		if err != nil {
-			return res, err
-		}
-		if n == 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			return res, fmt.Errorf("%d bookings left in kvselect after every response ended", n)
-		}
+	// Every booking, decode and prefill, went with its response.
+	if err := fl.waitNoBookings(10 * time.Second); err != nil {
+		return res, err
 	}
 	after, err := scrape(fl.hc, fl.rest+"/metrics")
 	if err != nil {

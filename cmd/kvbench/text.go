@@ -177,16 +177,10 @@ func startTextFleet(ctx context.Context, c *textConfig, phase string) (*textFlee
 		return nil, err
 	}
 	for i := range c.workers {
-		port, err := freePort()
-		if err != nil {
-			return nil, err
-		}
-		fl.workers = append(fl.workers, fmt.Sprintf("127.0.0.1:%d", port))
-		if err := fl.start(c.out, fmt.Sprintf("%s-worker-%d", phase, i+1), c.workerBin, "--host", "127.0.0.1", "--port", strconv.Itoa(port),
-			"--worker-id", strconv.Itoa(i+1), "--block-size", strconv.Itoa(c.blockSize), "--num-gpu-blocks", strconv.Itoa(c.poolBlocks),
+		if err := fl.startWorker(c.out, fmt.Sprintf("%s-worker-%d", phase, i+1), c.workerBin, i,
+			"--block-size", strconv.Itoa(c.blockSize), "--num-gpu-blocks", strconv.Itoa(c.poolBlocks),
 			"--speedup", strconv.FormatFloat(c.speedup, 'g', -1, 64), "--prefill-slots", "1",
-			"--prefill-time-per-token", c.prefillPerToken.String(), "--decode-time-per-token", c.decodePerToken.String(),
-			"--register", fl.rest, "--log-level", "warn"); err != nil {
+			"--prefill-time-per-token", c.prefillPerToken.String(), "--decode-time-per-token", c.decodePerToken.String()); err != nil {
 			return nil, err
 		}
 	}
