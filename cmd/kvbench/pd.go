@@ -95,17 +95,7 @@ func runPD(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		rep.Results = append(rep.Results, r)
 	}
 	pdTable(stdout, &rep)
-	if *jsonOut != "" {
-		b, err := json.MarshalIndent(rep, "", "  ")
-		if err != nil {
-			return err
-		}
-		if err := os.MkdirAll(filepath.Dir(*jsonOut), 0o755); err != nil {
-			return err
-		}
-		return os.WriteFile(*jsonOut, append(b, '\n'), 0o644)
-	}
-	return nil
+	return writeJSON(*jsonOut, rep)
 }
 
 func pdTable(w io.Writer, rep *pdReport) {
