@@ -21,14 +21,7 @@ func TestFlowCommand(t *testing.T) {
 			t.Errorf("output lacks %q:\n%s", want, stdout.String())
 		}
 	}
-	var rep flowReport
-	data, err := os.ReadFile(out)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := json.Unmarshal(data, &rep); err != nil {
-		t.Fatal(err)
-	}
+	rep, _ := readFlowReport(t, out)
 	if len(rep.Results) != 3 || len(rep.Overload) != 3 || rep.Alone.Tenant("B").Finished == 0 {
 		t.Fatalf("report: %+v", rep)
 	}
@@ -53,14 +46,7 @@ func TestFlowRealProcesses(t *testing.T) {
 	if err := run(context.Background(), args, &stdout, &stderr); err != nil {
 		t.Fatalf("%v\n%s", err, stderr.String())
 	}
-	var rep flowReport
-	data, err := os.ReadFile(out)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := json.Unmarshal(data, &rep); err != nil {
-		t.Fatal(err)
-	}
+	rep, data := readFlowReport(t, out)
 	if len(rep.Results) != 3 || rep.Alone.Tenant("B").Finished == 0 {
 		t.Fatalf("report: %s", data)
 	}
@@ -72,4 +58,17 @@ func TestFlowRealProcesses(t *testing.T) {
 			t.Errorf("%s: a sheddable request expired: %+v", r.Mode, s)
 		}
 	}
+}
+
+func readFlowReport(t *testing.T, path string) (flowReport, []byte) {
+	t.Helper()
+	var rep flowReport
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(data, &rep); err != nil {
+		t.Fatal(err)
+	}
+	return rep, data
 }
