@@ -84,6 +84,9 @@ type partition struct {
 	queue   *scheduler.Queue[*waiter]
 	flow    *flow.Controller // with flow control, in place of queue
 	changed chan struct{}    // closed and replaced whenever load may have dropped
+
+	// routing counts decisions and their matched prefixes (atomics).
+	routing routingCounters
 }
 
 type workerSet struct {

@@ -37,6 +37,13 @@ type decision struct {
 	alts     []scheduler.Scored // ordered fallbacks, when the request asked
 	prompt   prompt
 	booked   bool
+	// What the pick weighed, for tracing and the decision log: how many
+	// ranks were scored, the cheapest one it beat, and how long the
+	// selection waited in the queue.
+	candidates  int
+	runnerUp    scheduler.Scored
+	hasRunnerUp bool
+	queueWait   time.Duration
 }
 
 // readyPartition is the admission check of every selection-like call: a
@@ -161,6 +168,8 @@ func (s *Service) Select(ctx context.Context, req *SelectRequest) (*SelectRespon
 	resp := s.response(d, req.SelectionID)
 	if req.Advisory {
 		resp.WorkerLoad = s.workerLoad(d)
+	} else {
+		s.noteDecision(p, "select", resp)
 	}
 	if req.SelectionID != nil {
 		e := pending.Entry{
@@ -277,6 +286,7 @@ func (s *Service) SelectAndReserve(ctx context.Context, req *SelectRequest) (*Se
 		}
 		s.disaggView(dis, resp, pid)
 	}
+	s.noteDecision(p, "select_and_reserve", resp)
 	return resp, nil
 }
 
@@ -477,7 +487,12 @@ func (s *Service) choose(ctx context.Context, rq *prepared, req *SelectRequest,
 		if ejected >= 0 {
 			s.health.chosen(chosen.Worker.WorkerID, now) // a probation worker's trial
 		}
-		d := &decision{part: p, worker: chosen.Worker, overlaps: overlaps, scored: chosen, prompt: pr}
+		d := &decision{part: p, worker: chosen.Worker, overlaps: overlaps, scored: chosen, prompt: pr,
+			candidates: p.scratch.Candidates()}
+		d.runnerUp, d.hasRunnerUp = p.scratch.RunnerUp(chosen.Worker)
+		if ticket != nil {
+			d.queueWait = now.Sub(enqueued)
+		}
 		if req != nil && req.Fallbacks > 0 {
 			d.alts = p.scratch.Ranked(chosen.Worker, req.Fallbacks)
 		}
@@ -728,6 +743,13 @@ func (s *Service) response(d *decision, selectionID *string) *SelectResponse {
 		PotentialDecodeBlocks:  potential,
 	}
 	resp.Fallbacks = fallbacksOf(d)
+	resp.Decision = DecisionDetail{
+		Candidates: d.candidates, Cost: d.scored.Cost, ISLTokens: d.prompt.isl,
+		CachedTokens: d.scored.CachedTokens, QueueWait: d.queueWait,
+	}
+	if d.hasRunnerUp {
+		resp.Decision.RunnerUp = &RankCost{WorkerID: d.runnerUp.Worker.WorkerID, DPRank: d.runnerUp.Worker.DPRank, Cost: d.runnerUp.Cost}
+	}
 	resp.DecodeBusy = scheduler.DecodeBusy(int(potential), d.rec.TotalKVBlocks, optPtr(s.router.ConditionalDisaggDecodeBusyThreshold))
 	return resp
 }

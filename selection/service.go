@@ -85,6 +85,10 @@ type Config struct {
 	// leaving it (dispatched, expired, shed, rejected, abandoned), with no
 	// service lock held. The server counts them.
 	OnFlow func(FlowEvent)
+	// RecentDecisions is how many of the latest decisions RecentDecisions
+	// keeps for the status page: DefaultRecentDecisions when zero, none
+	// when negative.
+	RecentDecisions int
 }
 
 // Service is the embedded selection service. It is safe for concurrent use.
@@ -108,7 +112,8 @@ type Config struct {
 //  6. leaves, which call into nothing that locks: the reservation table's mu,
 //     the readiness conditions' mu, rndMu, loads.Tracker's, index.Index's,
 //     index.Partitions', affinity.Table's, pending.Cache's, kvhash.Tracker's,
-//     the text index's build lock, the engine table's and the health table's.
+//     the text index's build lock, the engine table's, the health table's and
+//     the decision log's.
 //     Two leaves are never held together.
 //
 // Hence: a session lease is released (affinity.Table) only after the
@@ -133,6 +138,9 @@ type Service struct {
 
 	rndMu sync.Mutex
 	rnd   *rand.Rand
+
+	// decisions keeps the latest decisions (decisionlog.go); nil when off.
+	decisions *decisionLog
 
 	catMu         sync.Mutex          // serializes catalog changes
 	attachedRanks map[uint64]attached // guarded by catMu
@@ -225,6 +233,7 @@ func New(cfg Config) (*Service, error) {
 		catalog:       make(map[uint64]*catalog.Record),
 		parts:         make(map[index.Partition]*partition),
 		onPrefillPool: cfg.OnPrefillPool,
+		decisions:     newDecisionLog(cfg.RecentDecisions),
 	}
 	s.policy.Store(clonePolicy(policy))
 	return s, nil

@@ -2,6 +2,7 @@ package selection
 
 import (
 	"encoding/json"
+	"time"
 
 	"github.com/kvselect/kvselect/selection/catalog"
 	"github.com/kvselect/kvselect/selection/routerconfig"
@@ -170,6 +171,32 @@ type SelectResponse struct {
 	// null when the decode worker prefills locally, and why.
 	Prefill         PrefillField     `json:"prefill,omitzero"`
 	PrefillDecision *PrefillDecision `json:"prefill_decision,omitempty"`
+	// Decision is what the pick weighed (not a wire field): the fronts put
+	// it on their trace spans.
+	Decision DecisionDetail `json:"-"`
+}
+
+// DecisionDetail is what a selection weighed beyond its response fields.
+type DecisionDetail struct {
+	// Candidates is how many ranks were scored.
+	Candidates int
+	// Cost is the chosen rank's cost (lower is better); RunnerUp the
+	// cheapest other rank, nil when the chosen one was the only candidate.
+	Cost     float64
+	RunnerUp *RankCost
+	// ISLTokens is the prompt's length and CachedTokens the chosen rank's
+	// cached-prefix credit in tokens (device blocks, plus host and disk
+	// blocks at their cache-hit weights), as the cost counted them.
+	ISLTokens, CachedTokens int
+	// QueueWait is the time the selection spent queued (0 without queueing).
+	QueueWait time.Duration
+}
+
+// RankCost is one scored rank.
+type RankCost struct {
+	WorkerID uint64  `json:"worker_id"`
+	DPRank   uint32  `json:"dp_rank"`
+	Cost     float64 `json:"cost"`
 }
 
 // PrefillSelection is the prefill worker of a remote-prefill decision.

@@ -88,3 +88,26 @@ func TestLeastLoadedFallbacksAreLightestFirst(t *testing.T) {
 		t.Errorf("chose %d with fallbacks %v, want 3 then 4 2 1", got.WorkerID, alts)
 	}
 }
+
+func TestRunnerUpIsTheCheapestOtherRow(t *testing.T) {
+	p, _ := New("least-loaded", nil)
+	req := &Request{ISL: 64, BlockSize: 16, Weights: DefaultWeights()}
+	var s Scratch
+	got := picks(t, p, &s, req, []Candidate{
+		{Worker: key(1), ActivePrefillTokens: 300},
+		{Worker: key(2), ActivePrefillTokens: 100},
+		{Worker: key(3), ActivePrefillTokens: 0},
+	}, 1)[0]
+	ru, ok := s.RunnerUp(got)
+	if !ok || ru.Worker.WorkerID != 2 || s.Candidates() != 3 {
+		t.Errorf("runner-up %v (%v) of %d candidates, want worker 2 of 3", ru.Worker, ok, s.Candidates())
+	}
+	if want := s.Ranked(got, 1)[0]; want.Cost != ru.Cost {
+		t.Errorf("runner-up cost %v, Ranked's first %v", ru.Cost, want.Cost)
+	}
+
+	got = picks(t, p, &s, req, []Candidate{{Worker: key(7)}}, 1)[0]
+	if _, ok := s.RunnerUp(got); ok || s.Candidates() != 1 {
+		t.Errorf("a single candidate has a runner-up (%v) or %d candidates", ok, s.Candidates())
+	}
+}

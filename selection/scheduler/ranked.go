@@ -32,3 +32,21 @@ func (s *Scratch) Ranked(chosen index.WorkerKey, n int) []Scored {
 	}
 	return out
 }
+
+// RunnerUp returns the cheapest row the last successful Select scored other
+// than the chosen rank — the alternative the pick beat, which tracing and the
+// decision log report beside the chosen cost — and false when the chosen rank
+// was the only candidate. It allocates nothing.
+func (s *Scratch) RunnerUp(chosen index.WorkerKey) (Scored, bool) {
+	var best Scored
+	found := false
+	for _, r := range s.scored {
+		if r.Worker != chosen && (!found || r.Cost < best.Cost) {
+			best, found = r, true
+		}
+	}
+	return best, found
+}
+
+// Candidates is how many rows the last successful Select scored.
+func (s *Scratch) Candidates() int { return len(s.scored) }
