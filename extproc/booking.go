@@ -6,6 +6,10 @@ import (
 	"sync/atomic"
 	"time"
 
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/kvselect/kvselect/internal/tracing"
 	"github.com/kvselect/kvselect/selection"
 )
 
@@ -39,6 +43,16 @@ type booking struct {
 	// blocks of output tokens last reported. Together they keep the per-chunk
 	// path off the core's locks until another block may be due.
 	blockSize, blocks int
+	// span is the request's span; its lifecycle events go there. Nil in
+	// tests that drive a booking alone.
+	span trace.Span
+}
+
+// event adds a lifecycle event to the request's span when it records.
+func (b *booking) event(name string, attrs ...attribute.KeyValue) {
+	if b.span != nil && b.span.IsRecording() {
+		b.span.AddEvent(name, trace.WithAttributes(attrs...))
+	}
 }
 
 // booked records the reservation made under id by the pick, in a partition
@@ -54,7 +68,9 @@ func (b *booking) prefillComplete(ctx context.Context) {
 	b.prefillDone = true
 	if err := b.core.PrefillComplete(ctx, b.id); err != nil {
 		b.updateFailed(err)
+		return
 	}
+	b.event(tracing.EventPrefillComplete)
 }
 
 // outputTokens tells the core how many output tokens the response has
@@ -76,6 +92,9 @@ func (b *booking) outputTokens(ctx context.Context, generated int) {
 		return
 	}
 	b.m.outputBlocks.Add(uint64(n))
+	if n > 0 {
+		b.event(tracing.EventOutputBlocks, attribute.Int("kvselect.added_blocks", n), attribute.Int("kvselect.output_tokens", generated))
+	}
 }
 
 // responseEnd frees the booking when the response has ended. The free must
@@ -86,7 +105,7 @@ func (b *booking) responseEnd(ctx context.Context) {
 		return
 	}
 	b.live = false
-	b.freed(b.core.Free(context.WithoutCancel(ctx), b.id), &b.m.freedAtEnd)
+	b.freed(b.core.Free(context.WithoutCancel(ctx), b.id), &b.m.freedAtEnd, "response_end")
 }
 
 // streamEnd runs when the stream ends, however it ends: a booking whose
@@ -100,7 +119,7 @@ func (b *booking) streamEnd(ctx context.Context) {
 	b.live = false
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), freeTimeout)
 	defer cancel()
-	b.freed(b.core.Free(ctx, b.id), &b.m.freedAtStreamEnd)
+	b.freed(b.core.Free(ctx, b.id), &b.m.freedAtStreamEnd, "stream_end")
 }
 
 // updateFailed handles a failed update. Not found means the core already
@@ -111,6 +130,7 @@ func (b *booking) updateFailed(err error) {
 	if selection.KindOf(err) == selection.KindNotFound {
 		b.live = false
 		b.m.lost.Add(1)
+		b.event(tracing.EventFreed, attribute.String("kvselect.at", "lost"))
 		return
 	}
 	b.log.Warn("extproc: booking update failed", "selection_id", b.id, "err", err)
@@ -120,12 +140,14 @@ func (b *booking) updateFailed(err error) {
 // when the booking was already gone, logged when it failed otherwise. A
 // failed free is not retried: the core reclaims a booking it never hears of
 // again after the active-request expiry.
-func (b *booking) freed(err error, at *atomic.Uint64) {
+func (b *booking) freed(err error, at *atomic.Uint64, why string) {
 	switch {
 	case err == nil:
 		at.Add(1)
+		b.event(tracing.EventFreed, attribute.String("kvselect.at", why))
 	case selection.KindOf(err) == selection.KindNotFound:
 		b.m.lost.Add(1)
+		b.event(tracing.EventFreed, attribute.String("kvselect.at", "lost"))
 	default:
 		b.log.Warn("extproc: free failed", "selection_id", b.id, "err", err)
 	}

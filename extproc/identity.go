@@ -76,6 +76,7 @@ type identity struct {
 	testPick                          string
 	path, method, authority           string
 	objective, tenant, priority       string // flow control (flow.go)
+	traceparent, tracestate, baggage  string // W3C trace context (observe.go)
 }
 
 // readHeaders fills id from Envoy's header map. Envoy lower-cases keys and
@@ -116,6 +117,12 @@ func readHeaders(hm *corev3.HeaderMap, id *identity) error {
 			id.tenant = headerValue(h)
 		case HeaderPriority:
 			id.priority = headerValue(h)
+		case "traceparent":
+			id.traceparent = headerValue(h)
+		case "tracestate":
+			id.tracestate = headerValue(h)
+		case "baggage":
+			id.baggage = headerValue(h)
 		case HeaderBlockHashes:
 			v, err := parseHashes(headerValue(h))
 			id.blockHashes, id.hashPath = v, true

@@ -85,6 +85,9 @@ func (s *Server) Describe(ch chan<- *prometheus.Desc) {
 		ch <- d
 	}
 	s.metrics.pick.Describe(ch)
+	for _, c := range s.requests.collectors() {
+		c.Describe(ch)
+	}
 }
 
 // Collect implements prometheus.Collector.
@@ -114,4 +117,7 @@ func (s *Server) Collect(ch chan<- prometheus.Metric) {
 	counter(descOutcomes, &m.outcomeOK, "ok")
 	counter(descOutcomes, &m.outcomeFailures, "failure")
 	s.metrics.pick.Collect(ch)
+	for _, c := range s.requests.collectors() {
+		c.Collect(ch)
+	}
 }

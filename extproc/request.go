@@ -11,10 +11,13 @@ import (
 	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+	"go.opentelemetry.io/otel/attribute"
+	otelcodes "go.opentelemetry.io/otel/codes"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/structpb"
 
+	"github.com/kvselect/kvselect/internal/tracing"
 	"github.com/kvselect/kvselect/selection"
 )
 
@@ -32,7 +35,9 @@ func (st *stream) onRequestHeaders(h *extprocv3.HttpHeaders) error {
 		return status.Error(codes.InvalidArgument, "ext_proc: request headers received twice on one stream")
 	}
 	st.headersIn = true
-	if err := readHeaders(h.GetHeaders(), &st.id); err != nil {
+	err := readHeaders(h.GetHeaders(), &st.id)
+	st.startRequest()
+	if err != nil {
 		return st.immediate(typev3.StatusCode_BadRequest, err.Error())
 	}
 	if h.GetEndOfStream() {
@@ -157,11 +162,15 @@ func (st *stream) sendBodyChunks(eos bool) error {
 // (st.closed); a returned error is a stream error.
 func (st *stream) pick(withBody bool) (*extprocv3.HeaderMutation, *structpb.Struct, error) {
 	defer st.s.metrics.observePick(time.Now())
+	tr := st.s.opts.Tracing.Tracer
+	_, parse := tr.Start(st.ex.ctx, tracing.SpanParse)
+	defer parse.End() // ended early on the way to the selection
 	id := &st.id
 	var pb parsedBody
 	if withBody {
 		var err error
 		if pb, err = parseBody(st.body); err != nil {
+			parse.SetStatus(otelcodes.Error, err.Error())
 			return nil, nil, st.immediate(typev3.StatusCode_BadRequest, err.Error())
 		}
 	}
@@ -224,16 +233,28 @@ func (st *stream) pick(withBody bool) (*extprocv3.HeaderMutation, *structpb.Stru
 	case id.requestID != "":
 		req.SelectionID, fromRequestID = &id.requestID, true
 	}
-	resp, err := st.s.svc.SelectAndReserve(st.ctx, req)
+	if parse.IsRecording() {
+		parse.SetAttributes(attribute.String("kvselect.model", req.ModelName), attribute.Int("kvselect.body_bytes", len(st.body)),
+			attribute.String("kvselect.identity", identitySource(req)))
+	}
+	parse.End()
+	sctx, sel := tr.Start(st.ex.ctx, tracing.SpanSelect)
+	defer sel.End()
+	resp, err := st.s.svc.SelectAndReserve(sctx, req)
 	if err != nil && fromRequestID && selection.KindOf(err) == selection.KindConflict {
 		// x-request-id is not guaranteed unique (clients set it); a live
 		// booking under it already exists, so this request gets its own id.
 		req.SelectionID = nil
-		resp, err = st.s.svc.SelectAndReserve(st.ctx, req)
+		resp, err = st.s.svc.SelectAndReserve(sctx, req)
 	}
 	if err != nil {
+		sel.SetStatus(otelcodes.Error, err.Error())
 		return nil, nil, st.immediateErr(err)
 	}
+	if sel.IsRecording() {
+		sel.SetAttributes(tracing.SelectionAttributes(resp)...)
+	}
+	st.routed(resp)
 	st.picked = true
 	st.bk.booked(*resp.SelectionID, int(resp.BlockSize))
 	st.s.metrics.routed.Add(1)
@@ -256,6 +277,7 @@ func (st *stream) pick(withBody bool) (*extprocv3.HeaderMutation, *structpb.Stru
 		RemoveHeaders: []string{KeySubset, KeyServed, HeaderObjective, HeaderFairnessID, HeaderPriority},
 	}
 	st.prefillHeaders(mut, resp)
+	mut.SetHeaders = st.propagate(mut.SetHeaders)
 	if id.requestID == "" {
 		mut.SetHeaders = append(mut.SetHeaders, setHeader(HeaderRequestID, st.bk.id))
 	}
@@ -270,6 +292,18 @@ func (st *stream) pick(withBody bool) (*extprocv3.HeaderMutation, *structpb.Stru
 	st.s.log.Debug("extproc: routed", "selection_id", st.bk.id, "model", resp.ModelName, "worker_id", resp.WorkerID,
 		"dp_rank", resp.DPRank, "destination", dest)
 	return mut, md, nil
+}
+
+// identitySource names what identified the prompt, for the parse span.
+func identitySource(req *selection.SelectRequest) string {
+	switch {
+	case req.BlockHashes != nil || req.SequenceHashes != nil:
+		return "hash_headers"
+	case req.TokenIDs != nil:
+		return "token_ids"
+	default:
+		return "text"
+	}
 }
 
 // prefillHeaders names a remote prefill's worker to the decode worker; the

@@ -30,6 +30,7 @@ func (st *stream) onResponseHeaders(h *extprocv3.HttpHeaders, md *corev3.Metadat
 			status = headerValue(hv)
 		}
 	}
+	st.statusSeen(status)
 	if served == "" || served == st.primary {
 		// A served endpoint the booking could not follow names no single
 		// worker: its outcome is not attributed.
@@ -48,7 +49,7 @@ func (st *stream) onResponseHeaders(h *extprocv3.HttpHeaders, md *corev3.Metadat
 	}
 	if h.GetEndOfStream() {
 		// A response without a body ends here.
-		st.bk.responseEnd(st.ctx)
+		st.responseEnd()
 	}
 	return st.send(responseHeadersResponse(mut))
 }
@@ -108,14 +109,15 @@ func (st *stream) onResponseBody(b *extprocv3.HttpBody) error {
 	if len(body) > 0 || eos {
 		st.bk.prefillComplete(st.ctx)
 	}
-	if st.bk.live && st.sse && len(body) > 0 {
+	if (st.bk.live || st.ex.mm != nil && !st.ex.finished) && st.sse && len(body) > 0 {
 		st.counter.feed(body)
 		st.bk.outputTokens(st.ctx, st.counter.tokens())
 	}
+	st.responseChunk(body)
 	if eos {
 		// Freed before the last chunk goes back, so a gateway that has seen
 		// the response end never sees its booking.
-		st.bk.responseEnd(st.ctx)
+		st.responseEnd()
 	}
 	if st.responseMode() == filterv3.ProcessingMode_FULL_DUPLEX_STREAMED {
 		// Echo at once: SSE is never buffered.
@@ -126,6 +128,6 @@ func (st *stream) onResponseBody(b *extprocv3.HttpBody) error {
 
 // onResponseTrailers: trailers (gRPC backends) end the response.
 func (st *stream) onResponseTrailers() error {
-	st.bk.responseEnd(st.ctx)
+	st.responseEnd()
 	return st.send(responseTrailersResponse())
 }

@@ -46,6 +46,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 
+	"github.com/kvselect/kvselect/internal/tracing"
 	"github.com/kvselect/kvselect/selection"
 	"github.com/kvselect/kvselect/selection/flow"
 )
@@ -112,6 +113,9 @@ type Options struct {
 	// Objectives maps the InferenceObjective a request names
 	// (HeaderObjective) to its flow control priority; nil knows none.
 	Objectives *flow.Objectives
+	// Tracing is where request spans go and how trace context is read from
+	// and written to the request headers; tracing.Off() when nil.
+	Tracing *tracing.Tracing
 }
 
 // BodyModes are the request and response body send modes of Envoy's ext_proc
@@ -142,9 +146,10 @@ type Server struct {
 	addrs  addrCache
 	health *health.Server
 
-	active  atomic.Int64 // streams in flight
-	metrics *metrics
-	unknown unknownObjectives
+	active   atomic.Int64 // streams in flight
+	metrics  *metrics
+	requests *requestMetrics // per model, from the response path (observe.go)
+	unknown  unknownObjectives
 
 	tokenizing atomic.Pointer[tokenizing] // SetTokenizer
 }
@@ -162,7 +167,11 @@ func New(svc *selection.Service, opts Options) *Server {
 	if opts.Fallbacks < 0 {
 		opts.Fallbacks = 0
 	}
-	s := &Server{svc: svc, opts: opts, log: opts.Logger, health: health.NewServer(), metrics: newMetrics()}
+	if opts.Tracing == nil {
+		opts.Tracing = tracing.Off()
+	}
+	s := &Server{svc: svc, opts: opts, log: opts.Logger, health: health.NewServer(), metrics: newMetrics(),
+		requests: newRequestMetrics()}
 	if s.log == nil {
 		s.log = slog.Default()
 	}
@@ -197,7 +206,7 @@ func (s *Server) Process(srv extprocv3.ExternalProcessor_ProcessServer) (err err
 		}
 	}()
 	st := newStream(s, srv)
-	defer st.bk.streamEnd(st.ctx)
+	defer st.end()
 	// One message value for the whole stream: decoding resets it, and
 	// nothing of a message outlives its handling (bodies are copied into
 	// the stream's buffer, echoes are encoded before the next receive).

@@ -20,6 +20,17 @@ type tokenCounter struct {
 	skipping bool // inside an over-long line
 	events   int
 	usage    int
+	// The engine's usage report, when an event carried one: prompt tokens
+	// and the part of them it served from its prefix cache
+	// (usage.prompt_tokens_details.cached_tokens; vLLM sends it with
+	// --enable-prompt-tokens-details).
+	eng engineUsage
+}
+
+// engineUsage is what an OpenAI-style usage object says of the prompt.
+type engineUsage struct {
+	seen                       bool // a usage object with prompt_tokens was read
+	promptTokens, cachedTokens int
 }
 
 // tokens is the best count so far.
@@ -83,9 +94,27 @@ var (
 )
 
 type usageOnly struct {
-	Usage *struct {
-		CompletionTokens *int `json:"completion_tokens"`
-	} `json:"usage"`
+	Usage *usageObject `json:"usage"`
+}
+
+type usageObject struct {
+	CompletionTokens    *int `json:"completion_tokens"`
+	PromptTokens        *int `json:"prompt_tokens"`
+	PromptTokensDetails *struct {
+		CachedTokens *int `json:"cached_tokens"`
+	} `json:"prompt_tokens_details"`
+}
+
+// engine is the prompt side of the usage object.
+func (u *usageObject) engine() engineUsage {
+	if u == nil || u.PromptTokens == nil {
+		return engineUsage{}
+	}
+	e := engineUsage{seen: true, promptTokens: *u.PromptTokens}
+	if d := u.PromptTokensDetails; d != nil && d.CachedTokens != nil {
+		e.cachedTokens = *d.CachedTokens
+	}
+	return e
 }
 
 func (c *tokenCounter) line(line []byte) {
@@ -101,6 +130,9 @@ func (c *tokenCounter) line(line []byte) {
 		var u usageOnly
 		if json.Unmarshal(payload, &u) == nil && u.Usage != nil && u.Usage.CompletionTokens != nil {
 			c.usage = max(c.usage, *u.Usage.CompletionTokens)
+			if e := u.Usage.engine(); e.seen {
+				c.eng = e
+			}
 			// A usage-only event (choices: []) carries no token.
 			if bytes.Contains(payload, []byte(`"choices":[]`)) {
 				return

@@ -6,6 +6,7 @@ import (
 	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/kvselect/kvselect/selection"
@@ -42,6 +43,7 @@ type stream struct {
 	outcome   bool   // the response's outcome was reported to the health checks
 
 	bk booking
+	ex exchange // the request's span and metrics (observe.go)
 
 	// Response side.
 	sse     bool
@@ -51,7 +53,10 @@ type stream struct {
 }
 
 func newStream(s *Server, srv extprocv3.ExternalProcessor_ProcessServer) *stream {
-	return &stream{s: s, srv: srv, ctx: srv.Context(), bk: booking{core: s.svc, m: s.metrics, log: s.log}}
+	st := &stream{s: s, srv: srv, ctx: srv.Context(), bk: booking{core: s.svc, m: s.metrics, log: s.log}}
+	// A no-op span until the request headers start the real one.
+	st.ex.ctx, st.ex.span = st.ctx, trace.SpanFromContext(context.Background())
+	return st
 }
 
 // handle dispatches one message from Envoy.
@@ -116,5 +121,6 @@ func (st *stream) immediateErr(err error) error {
 func (st *stream) immediate(code typev3.StatusCode, msg string) error {
 	st.closed = true
 	st.s.metrics.immediateResponse(code)
+	st.immediateSeen(int(code), msg)
 	return st.send(immediateResponse(code, msg))
 }

@@ -7,6 +7,9 @@ import (
 	"strconv"
 	"strings"
 
+	"go.opentelemetry.io/otel/attribute"
+
+	"github.com/kvselect/kvselect/internal/tracing"
 	"github.com/kvselect/kvselect/selection"
 	"github.com/kvselect/kvselect/selection/catalog"
 	"github.com/kvselect/kvselect/selection/routerconfig"
@@ -302,12 +305,16 @@ func (s *server) readSelect(w http.ResponseWriter, r *http.Request) (*selection.
 }
 
 func (s *server) selectOnly(w http.ResponseWriter, r *http.Request) {
+	_, parse := s.span(r.Context(), tracing.SpanParse)
 	req, ok := s.readSelect(w, r)
+	parse.End()
 	if !ok {
 		return
 	}
 	req.PolicyClass = policyClass(r)
-	resp, err := s.svc.Select(r.Context(), req)
+	ctx, sel := s.span(r.Context(), tracing.SpanSelect)
+	resp, err := s.svc.Select(ctx, req)
+	selected(sel, resp, err)
 	if err != nil {
 		s.fail(w, r, err)
 		return
@@ -316,7 +323,9 @@ func (s *server) selectOnly(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *server) selectAndReserve(w http.ResponseWriter, r *http.Request) {
+	_, parse := s.span(r.Context(), tracing.SpanParse)
 	req, ok := s.readSelect(w, r)
+	parse.End()
 	if !ok {
 		return
 	}
@@ -324,7 +333,9 @@ func (s *server) selectAndReserve(w http.ResponseWriter, r *http.Request) {
 	req.PolicyClass = policyClass(r)
 	// The request context goes in: a client that disconnects while queued or
 	// before the reservation is installed gets its booking freed, as in Dynamo.
-	resp, err := s.svc.SelectAndReserve(r.Context(), req)
+	ctx, sel := s.span(r.Context(), tracing.SpanSelect)
+	resp, err := s.svc.SelectAndReserve(ctx, req)
+	selected(sel, resp, err)
 	if err != nil {
 		s.fail(w, r, err)
 		return
@@ -365,6 +376,7 @@ func (s *server) prefillComplete(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
+	lifecycle(r, tracing.EventPrefillComplete)
 	writeJSON(w, http.StatusOK, statusOK)
 }
 
@@ -382,6 +394,7 @@ func (s *server) outputBlock(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
+	lifecycle(r, tracing.EventOutputBlocks, attribute.Int("kvselect.added_blocks", 1))
 	writeJSON(w, http.StatusOK, statusOK)
 }
 
@@ -390,6 +403,7 @@ func (s *server) free(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
+	lifecycle(r, tracing.EventFreed, attribute.String("kvselect.at", "client"))
 	writeJSON(w, http.StatusOK, statusOK)
 }
 

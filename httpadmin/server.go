@@ -26,6 +26,7 @@ import (
 	"strings"
 
 	"github.com/kvselect/kvselect/internal/access"
+	"github.com/kvselect/kvselect/internal/tracing"
 	"github.com/kvselect/kvselect/selection"
 	"github.com/kvselect/kvselect/selection/flow"
 )
@@ -54,6 +55,10 @@ type Options struct {
 	Tokenizer selection.Tokenizer
 	// Objectives, when set, are the objective priorities GET /flow shows.
 	Objectives *flow.Objectives
+	// Tracing, when on, traces every route but the probes, /metrics and the
+	// status page, continuing the caller's traceparent; tracing.Off() when
+	// nil.
+	Tracing *tracing.Tracing
 }
 
 // PeerManager is the replica-sync peer membership behind /replica_sync/*.
@@ -78,6 +83,7 @@ type server struct {
 	auth       access.Authorizer
 	scopes     map[string]access.Scope // route pattern → the scope it needs; 0: open
 	objectives *flow.Objectives
+	tracing    *tracing.Tracing
 }
 
 // route is one registered route. The table below is the single source of the
@@ -120,7 +126,10 @@ var routes = []route{
 // New returns the REST API over svc.
 func New(svc *selection.Service, opts Options) http.Handler {
 	s := &server{svc: svc, peers: opts.Peers, log: opts.Logger, mux: http.NewServeMux(), tokenizer: opts.Tokenizer,
-		auth: opts.Auth, scopes: make(map[string]access.Scope), objectives: opts.Objectives}
+		auth: opts.Auth, scopes: make(map[string]access.Scope), objectives: opts.Objectives, tracing: opts.Tracing}
+	if s.tracing == nil {
+		s.tracing = tracing.Off()
+	}
 	if s.log == nil {
 		s.log = slog.Default()
 	}
@@ -135,6 +144,9 @@ func New(svc *selection.Service, opts Options) http.Handler {
 	if opts.Metrics != nil {
 		handle("GET /metrics", access.Read, opts.Metrics.ServeHTTP)
 	}
+	// The status page (status.go): read-only, so the read scope.
+	handle("GET "+uiPath, access.Read, s.statusPage().ServeHTTP)
+	handle("GET /ui/api/status", access.Read, s.status)
 	if opts.Pprof {
 		// The index without its trailing slash: ServeHTTP treats paths
 		// that are not in canonical form as unknown routes. Profiles show
@@ -165,7 +177,7 @@ func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 	}()
 	p := r.URL.EscapedPath()
-	if p == "" || p[0] != '/' || path.Clean(p) != p {
+	if p == "" || p[0] != '/' || path.Clean(p) != p && p != uiPath {
 		refuseUnread(w, r, http.StatusNotFound, "route not found")
 		return
 	}
@@ -185,8 +197,9 @@ func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	} else if s.auth != nil && !s.authorize(w, r, s.scopes[pattern]) {
 		return
+	} else {
+		s.traced(w, r, pattern, s.mux.ServeHTTP)
 	}
-	s.mux.ServeHTTP(w, r)
 }
 
 // statusOnly records what ServeMux's fallback handler would answer.

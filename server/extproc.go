@@ -15,6 +15,7 @@ import (
 
 	"github.com/kvselect/kvselect/extproc"
 	"github.com/kvselect/kvselect/internal/servingtls"
+	"github.com/kvselect/kvselect/internal/tracing"
 	"github.com/kvselect/kvselect/internal/vtcodec"
 	"github.com/kvselect/kvselect/selection"
 	"github.com/kvselect/kvselect/selection/flow"
@@ -140,7 +141,8 @@ type extprocServer struct {
 // startExtProc serves the picker on --host:--extproc-port beside the REST
 // API, over the same selection.Service; nil when disabled. Serve errors go to
 // served; streamLimit is --extproc-max-streams' interceptor (limits.go).
-func startExtProc(o *options, svc *selection.Service, tokenizer selection.Tokenizer, objectives *flow.Objectives, streamLimit grpc.ServerOption, log *slog.Logger, served chan<- error) (*extprocServer, error) {
+func startExtProc(o *options, svc *selection.Service, tokenizer selection.Tokenizer, objectives *flow.Objectives, tr *tracing.Tracing,
+	streamLimit grpc.ServerOption, log *slog.Logger, served chan<- error) (*extprocServer, error) {
 	e := o.extproc
 	port := e.port
 	switch {
@@ -166,7 +168,7 @@ func startExtProc(o *options, svc *selection.Service, tokenizer selection.Tokeni
 	}
 	picker := extproc.New(svc, extproc.Options{Logger: log, Fallbacks: e.fallbacks, MaxBodyBytes: e.maxBodyBytes,
 		TestPickHeader: e.testPick, DefaultModel: e.defaultModel, AssumedModes: assumed,
-		Disaggregate: o.disagg.mode == disaggAuto, PrefillHeader: o.disagg.prefillHeader, Objectives: objectives})
+		Disaggregate: o.disagg.mode == disaggAuto, PrefillHeader: o.disagg.prefillHeader, Objectives: objectives, Tracing: tr})
 	if tokenizer != nil {
 		// Before the listener serves, so that no early text prompt misses it.
 		picker.SetTokenizer(tokenizer, o.tokenize.forwardIDs)

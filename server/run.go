@@ -28,6 +28,7 @@ import (
 	"github.com/kvselect/kvselect/engines/tokenize"
 	"github.com/kvselect/kvselect/httpadmin"
 	"github.com/kvselect/kvselect/internal/access"
+	"github.com/kvselect/kvselect/internal/tracing"
 	"github.com/kvselect/kvselect/replicas/mesh"
 	"github.com/kvselect/kvselect/replicas/recovery"
 	"github.com/kvselect/kvselect/selection"
@@ -82,6 +83,22 @@ func run(ctx context.Context, args []string, set *settings) error {
 		return err
 	}
 	log.Debug("router configuration", routerAttrs(cfg.Router, false)...)
+	// OpenTelemetry tracing from the OTEL_* environment; off without an
+	// exporter. Spans still buffered are flushed on the way out.
+	tr, err := tracing.FromEnv(ctx, set.lookup, versionString(set.version))
+	if err != nil {
+		return &UsageError{err}
+	}
+	defer func() {
+		flush, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		if err := tr.Shutdown(flush); err != nil {
+			log.Warn("tracing: flushing spans at exit failed", "err", err)
+		}
+	}()
+	if tr.Enabled {
+		log.Info("tracing on: OTLP spans for both fronts (OTEL_* environment)", "protocol", tr.Protocol)
+	}
 	// GET /metrics on the REST port: process and Go runtime metrics plus what
 	// each component registers.
 	metrics := prometheus.NewRegistry()
@@ -128,7 +145,8 @@ func run(ctx context.Context, args []string, set *settings) error {
 		}
 		return &UsageError{err}
 	}
-	metrics.MustRegister(disaggMetrics{svc: svc}) // kvselect_prefill_decisions_total
+	metrics.MustRegister(disaggMetrics{svc: svc})  // kvselect_prefill_decisions_total
+	metrics.MustRegister(routingMetrics{svc: svc}) // kvselect_selection_*
 	flowMetrics.svc = svc
 	metrics.MustRegister(flowMetrics) // kvselect_flow_*
 	if fc := svc.FlowConfig(); fc != nil {
@@ -251,6 +269,7 @@ func run(ctx context.Context, args []string, set *settings) error {
 			Tokenizer:  tokenizer,
 			Auth:       auth,
 			Objectives: objectives,
+			Tracing:    tr,
 		})),
 		ReadHeaderTimeout: readHeaderTimeout,
 		IdleTimeout:       idleTimeout,
@@ -266,7 +285,7 @@ func run(ctx context.Context, args []string, set *settings) error {
 	go func() { served <- srv.Serve(ln) }()
 	// The endpoint picker (Envoy ext_proc) beside the REST port, over the same
 	// service.
-	picker, err := startExtProc(o, svc, tokenizer, objectives, limits.streamOption(), log, served)
+	picker, err := startExtProc(o, svc, tokenizer, objectives, tr, limits.streamOption(), log, served)
 	if err != nil {
 		_ = srv.Close()
 		return err

@@ -1,0 +1,46 @@
+package server
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvselect/kvselect/selection"
+)
+
+// Routing quality per partition, from the service's totals: the hit rate is
+// rate(kvselect_selection_cached_tokens_total) /
+// rate(kvselect_selection_prompt_tokens_total). Labels are the partitions,
+// which exist only for models and routing groups of registered workers.
+var (
+	descDecisions = prometheus.NewDesc("kvselect_selection_decisions_total",
+		"Selections made (select and select_and_reserve, REST and ext_proc; advisory probes excluded), by partition.",
+		[]string{"model", "routing_group"}, nil)
+	descPromptTokens = prometheus.NewDesc("kvselect_selection_prompt_tokens_total",
+		"Prompt tokens of the selections made, by partition.", []string{"model", "routing_group"}, nil)
+	descCachedTokens = prometheus.NewDesc("kvselect_selection_cached_tokens_total",
+		"Prompt tokens the chosen ranks had cached (the cost's prefix credit: device blocks, host and disk blocks at their hit weights), by partition.",
+		[]string{"model", "routing_group"}, nil)
+	descMatchedPrefix = prometheus.NewDesc("kvselect_selection_matched_prefix_ratio",
+		"Share of each selection's prompt the chosen rank had cached (0 to 1), by partition.",
+		[]string{"model", "routing_group"}, nil)
+)
+
+type routingMetrics struct{ svc *selection.Service }
+
+func (routingMetrics) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{descDecisions, descPromptTokens, descCachedTokens, descMatchedPrefix} {
+		ch <- d
+	}
+}
+
+func (m routingMetrics) Collect(ch chan<- prometheus.Metric) {
+	for _, p := range m.svc.RoutingStats() {
+		ch <- prometheus.MustNewConstMetric(descDecisions, prometheus.CounterValue, float64(p.Decisions), p.Model, p.RoutingGroup)
+		ch <- prometheus.MustNewConstMetric(descPromptTokens, prometheus.CounterValue, float64(p.PromptTokens), p.Model, p.RoutingGroup)
+		ch <- prometheus.MustNewConstMetric(descCachedTokens, prometheus.CounterValue, float64(p.CachedTokens), p.Model, p.RoutingGroup)
+		buckets := make(map[float64]uint64, len(p.MatchedBuckets))
+		for i, ub := range selection.MatchedPrefixBuckets {
+			buckets[ub] = p.MatchedBuckets[i]
+		}
+		ch <- prometheus.MustNewConstHistogram(descMatchedPrefix, p.Decisions, p.MatchedSum, buckets, p.Model, p.RoutingGroup)
+	}
+}
