@@ -76,7 +76,7 @@ function render(doc) {
       el("td", {}, w.worker_id),
       el("td", {}, w.model_name + " / " + w.routing_group),
       el("td", {}, w.endpoint || "–"),
-      el("td", {}, pill(w.lifecycle || "–", w.lifecycle === "ready" ? "ok" : "warn")),
+      el("td", {}, pill(w.lifecycle || "–", w.lifecycle === "schedulable" ? "ok" : "warn")),
       el("td", {}, pill(health, health === "healthy" ? "ok" : "bad")),
       el("td", {}, listenerSummary(w).node),
       el("td", { class: reasons.length ? "bad" : "muted" }, reasons.join("; ") || "–"));
