@@ -716,6 +716,13 @@ type demoBody struct {
 	Prompt    []uint32 `json:"prompt"`
 	MaxTokens int      `json:"max_tokens"`
 	Stream    bool     `json:"stream"`
+	// StreamOptions asks for the final usage event, whose cached_tokens
+	// the picker's engine hit-rate series read.
+	StreamOptions *demoStreamOptions `json:"stream_options,omitempty"`
+}
+
+type demoStreamOptions struct {
+	IncludeUsage bool `json:"include_usage"`
 }
 
 // replay runs one phase: open loop at the trace's (compressed) arrival times,
@@ -729,7 +736,8 @@ func (fl *fleet) replay(ctx context.Context, c *demoConfig, policy string, reqs 
 	bodies := make([][]byte, len(reqs))
 	for i, r := range reqs {
 		b, err := json.Marshal(demoBody{Model: fl.model, Prompt: demoTokens(r.HashIDs, c.blockTokens),
-			MaxTokens: min(max(1, r.OutputLength*c.blockTokens/512), c.maxOutput), Stream: true})
+			MaxTokens: min(max(1, r.OutputLength*c.blockTokens/512), c.maxOutput), Stream: true,
+			StreamOptions: &demoStreamOptions{IncludeUsage: true}})
 		if err != nil {
 			return ph, err
 		}

@@ -27,7 +27,7 @@ import (
 	"github.com/kvselect/kvselect/bench/report"
 )
 
-const usage = `usage: kvbench <index|rest|route|extproc|replicas|demo|vs-epp|text|health> [flags]
+const usage = `usage: kvbench <index|rest|route|extproc|replicas|demo|vs-epp|text|health|pd|flow|observe> [flags]
 
 Subcommands:
   replicas two replicas selecting concurrently, with replica sync off and on: per-worker load spread
@@ -40,6 +40,7 @@ Subcommands:
   health  kvselect + mock worker processes: one worker fails mid-run (ejection, trials, restoration); optional direct traffic that bypasses kvselect, with and without engine metrics
   pd      disaggregated prefill/decode: aggregated vs always-remote vs conditional P/D on long-prompt chat sessions, simulated (-mode sim) or with kvselect and mock worker processes (-mode real)
   flow    flow control: a tenant with long prompts and one with short prompts on a saturated pool, with flow control off, count and cost fairness (simulation)
+  observe kvselect + mock workers scraped by a real Prometheus, the status page in headless Chromium: checks the Grafana dashboard's queries and the alert rules, saves screenshots
   text    text chat sessions through the picker: --tokenize pool vs the approximate text index vs token ids vs round-robin, on mock workers
 
 Run 'kvbench <subcommand> -h' for the flags.
@@ -84,6 +85,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return runPD(ctx, args[1:], stdout, stderr)
 	case "flow":
 		return runFlow(ctx, args[1:], stdout, stderr)
+	case "observe":
+		return runObserve(ctx, args[1:], stdout, stderr)
 	}
 	fmt.Fprint(stderr, usage)
 	return fmt.Errorf("unknown subcommand %q", args[0])

@@ -1,0 +1,83 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+)
+
+// observeTools finds Prometheus and Chromium; without them the test skips,
+// unless KVSELECT_REQUIRE_OBSERVE is set (CI installs both).
+func observeTools(t *testing.T, names ...string) []string {
+	t.Helper()
+	var paths []string
+	for _, n := range names {
+		p, err := exec.LookPath(n)
+		if err != nil {
+			if os.Getenv("KVSELECT_REQUIRE_OBSERVE") != "" {
+				t.Fatalf("%s not found and KVSELECT_REQUIRE_OBSERVE is set: apt install prometheus chromium", n)
+			}
+			t.Skipf("%s not found (apt install prometheus chromium; KVSELECT_REQUIRE_OBSERVE=1 makes this a failure)", n)
+		}
+		paths = append(paths, p)
+	}
+	return paths
+}
+
+// TestObserveCommand runs kvbench observe end to end: kvselect and mock
+// workers scraped by a real Prometheus with the alert rules loaded, the
+// status page in headless Chromium. The command itself fails on a dashboard
+// query that errs or has no data, on a rule that does not evaluate, or on a
+// status page without the workers and decisions; the test checks its
+// report and the screenshots it saved.
+func TestObserveCommand(t *testing.T) {
+	tools := observeTools(t, "prometheus", "chromium")
+	kvselectBin, workerBin := buildFleetBinaries(t)
+	out := t.TempDir()
+	var stdout, stderr bytes.Buffer
+	err := runObserve(context.Background(), []string{"-kvselect", kvselectBin, "-mockworker", workerBin,
+		"-prometheus", tools[0], "-chromium", tools[1], "-workers", "2", "-requests", "150", "-quiet",
+		"-trace", "../../bench/testdata/mooncake/conversation_trace.jsonl.gz",
+		"-dashboard", "../../deploy/observability/grafana-dashboard.json", "-alerts", "../../deploy/observability/alerts.yaml",
+		"-out", out}, &stdout, &stderr)
+	if err != nil {
+		t.Fatalf("kvbench observe: %v\nstdout:\n%s\nstderr:\n%s", err, stdout.String(), stderr.String())
+	}
+	raw, err := os.ReadFile(filepath.Join(out, "observe.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rep observeReport
+	if err := json.Unmarshal(raw, &rep); err != nil {
+		t.Fatal(err)
+	}
+	if rep.Rules != 8 || rep.PageWorkers != 2 || rep.PageDecided == 0 || len(rep.Panels) == 0 {
+		t.Errorf("report: %d rules, %d worker rows, %d decision rows, %d panels", rep.Rules, rep.PageWorkers, rep.PageDecided, len(rep.Panels))
+	}
+	for _, p := range rep.Panels {
+		for _, q := range p.Queries {
+			if q.Error != "" || q.Series == 0 && p.Optional == "" {
+				t.Errorf("panel %q: %+v", p.Title, q)
+			}
+		}
+	}
+	for _, png := range []string{rep.StatusPage, rep.Dashboard} {
+		b, err := os.ReadFile(png)
+		if err != nil || len(b) < 1000 || !bytes.HasPrefix(b, []byte("\x89PNG")) {
+			t.Errorf("%s: not a PNG screenshot (%d bytes, %v)", png, len(b), err)
+		}
+	}
+}
+
+// TestAlertRulesPassPromtool: the rules file, as Prometheus's own checker
+// reads it.
+func TestAlertRulesPassPromtool(t *testing.T) {
+	promtool := observeTools(t, "promtool")[0]
+	if out, err := exec.Command(promtool, "check", "rules", "../../deploy/observability/alerts.yaml").CombinedOutput(); err != nil {
+		t.Fatalf("promtool check rules: %v\n%s", err, out)
+	}
+}
