@@ -26,6 +26,19 @@ type Chart struct {
 	// pathological series (a policy that piles everything on one worker) does
 	// not flatten the others; clipped bars are marked with their value.
 	ClipOutliers bool
+	// Lines, when set, makes the panel a line chart instead of bars: one
+	// line per entry, in series colours, over a shared x axis (XLabel
+	// names it). Groups and Values are then unused.
+	Lines  []Line
+	XLabel string
+	// LogX draws the line chart's x axis on a log scale (latency CDFs).
+	LogX bool
+}
+
+// Line is one series of a line chart.
+type Line struct {
+	Name string
+	X, Y []float64
 }
 
 // palette is colour-blind friendly (Okabe–Ito).
@@ -72,7 +85,14 @@ func RenderSVG(w io.Writer, title string, charts ...Chart) error {
 		// Legend.
 		lx := left
 		ly := y0 + panelH + 20
-		for s, name := range c.Series {
+		names := c.Series
+		if c.Lines != nil {
+			names = make([]string, len(c.Lines))
+			for i, l := range c.Lines {
+				names[i] = l.Name
+			}
+		}
+		for s, name := range names {
 			fmt.Fprintf(&b, `<rect x="%d" y="%d" width="12" height="12" fill="%s"/>`, lx, ly-10, palette[s%len(palette)])
 			fmt.Fprintf(&b, `<text x="%d" y="%d">%s</text>`+"\n", lx+16, ly, esc(name))
 			lx += 24 + 7*len(name)
@@ -85,6 +105,10 @@ func RenderSVG(w io.Writer, title string, charts ...Chart) error {
 }
 
 func renderPanel(b *strings.Builder, c Chart, x, y, w, h int) {
+	if c.Lines != nil {
+		renderLines(b, c, x, y, w, h)
+		return
+	}
 	title := c.Title
 	if c.Unit != "" {
 		title += " (" + c.Unit + ")"
@@ -149,9 +173,86 @@ func renderPanel(b *strings.Builder, c Chart, x, y, w, h int) {
 			}
 			fmt.Fprintf(b, `<rect x="%d" y="%d" width="%d" height="%d" fill="%s"><title>%s %s: %s</title></rect>`+"\n",
 				bx, plotTop+plotH-bh, barW-2, bh, palette[s%len(palette)], esc(c.Series[s]), esc(name), num(c.Values[g][s]))
+			if !clipped {
+				// The value on the bar, so the chart reads without hovering.
+				fmt.Fprintf(b, `<text x="%d" y="%d" text-anchor="middle" font-size="11">%s</text>`+"\n", bx+(barW-2)/2, plotTop+plotH-bh-4, num(c.Values[g][s]))
+			}
 		}
 		fmt.Fprintf(b, `<text x="%d" y="%d" text-anchor="middle">%s</text>`+"\n", gx+ns*barW/2, plotTop+plotH+16, esc(name))
 	}
+}
+
+// renderLines draws a line chart panel.
+func renderLines(b *strings.Builder, c Chart, x, y, w, h int) {
+	title := c.Title
+	if c.Unit != "" {
+		title += " (" + c.Unit + ")"
+	}
+	fmt.Fprintf(b, `<text x="%d" y="%d" font-size="14">%s</text>`+"\n", x, y+14, esc(title))
+	plotTop, plotH := y+24, h-50
+	fx := func(v float64) float64 { return v }
+	if c.LogX {
+		fx = func(v float64) float64 { return math.Log10(max(v, 1e-9)) }
+	}
+	x0, x1, maxY := math.Inf(1), math.Inf(-1), 0.0
+	for _, l := range c.Lines {
+		for i := range l.X {
+			if c.LogX && l.X[i] <= 0 {
+				continue
+			}
+			x0, x1, maxY = min(x0, fx(l.X[i])), max(x1, fx(l.X[i])), max(maxY, l.Y[i])
+		}
+	}
+	if x1 <= x0 {
+		x0, x1 = 0, 1
+	}
+	if maxY == 0 {
+		maxY = 1
+	}
+	for i := 0; i <= 4; i++ {
+		gy := plotTop + plotH - i*plotH/4
+		fmt.Fprintf(b, `<line x1="%d" y1="%d" x2="%d" y2="%d" stroke="#ddd"/>`, x, gy, x+w, gy)
+		fmt.Fprintf(b, `<text x="%d" y="%d" text-anchor="end" fill="#555">%s</text>`+"\n", x-6, gy+4, num(maxY*float64(i)/4))
+		xv := x0 + (x1-x0)*float64(i)/4
+		if c.LogX {
+			xv = math.Pow(10, xv)
+		}
+		fmt.Fprintf(b, `<text x="%d" y="%d" text-anchor="middle" fill="#555">%s</text>`+"\n", x+i*w/4, plotTop+plotH+16, num(xv))
+	}
+	fmt.Fprintf(b, `<text x="%d" y="%d" text-anchor="end" fill="#555">%s</text>`+"\n", x+w, plotTop+plotH+30, esc(c.XLabel))
+	for s, l := range c.Lines {
+		pts := make([]string, 0, len(l.X))
+		for i := range l.X {
+			if c.LogX && l.X[i] <= 0 {
+				continue
+			}
+			px := float64(x) + (fx(l.X[i])-x0)/(x1-x0)*float64(w)
+			py := float64(plotTop+plotH) - l.Y[i]/maxY*float64(plotH)
+			pts = append(pts, fmt.Sprintf("%.1f,%.1f", px, py))
+		}
+		fmt.Fprintf(b, `<polyline fill="none" stroke="%s" stroke-width="2" points="%s"><title>%s</title></polyline>`+"\n",
+			palette[s%len(palette)], strings.Join(pts, " "), esc(l.Name))
+	}
+}
+
+// CDF is the empirical distribution of vs as a line: x the sorted values,
+// y the fraction at or below each, thinned to at most points points.
+func CDF(name string, vs []float64, points int) Line {
+	sorted := slices.Clone(vs)
+	slices.Sort(sorted)
+	l := Line{Name: name}
+	n := len(sorted)
+	if n == 0 {
+		return l
+	}
+	step := max(1, n/max(points, 2))
+	for i := 0; i < n; i += step {
+		l.X, l.Y = append(l.X, sorted[i]), append(l.Y, float64(i+1)/float64(n))
+	}
+	if l.X[len(l.X)-1] != sorted[n-1] || l.Y[len(l.Y)-1] != 1 {
+		l.X, l.Y = append(l.X, sorted[n-1]), append(l.Y, 1)
+	}
+	return l
 }
 
 func num(v float64) string {

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -82,14 +81,27 @@ type demoPhase struct {
 	TTFTP50Ms     float64 `json:"ttft_p50_ms"`
 	TTFTP90Ms     float64 `json:"ttft_p90_ms"`
 	Throughput    float64 `json:"throughput_rps"`
-	SelectP50Us   float64 `json:"select_p50_us,omitempty"` // ext_proc decision latency
+	SelectP50Us   float64 `json:"select_p50_us,omitempty"` // ext_proc decision latency as the client saw it
 	SelectP99Us   float64 `json:"select_p99_us,omitempty"`
+	// ServerPick is kvselect's own decision time (its pick-duration
+	// histogram over the phase): what the picker spends, without the gRPC
+	// round trips and the scheduling of every process on the machine.
+	ServerPick *vsHist `json:"server_pick,omitempty"`
+	// HitRateOverTime is the workers' prefix-cache hit rate per second of
+	// the phase.
+	HitRateOverTime []demoPoint `json:"hit_rate_over_time"`
 	WallSeconds   float64 `json:"wall_seconds"`
 	PerWorker     []int   `json:"requests_per_worker"`
 	LoadAfterRun  uint64  `json:"active_requests_after_run,omitempty"`
 	promptTokens  float64
 	cachedTokens  float64
 	ttfts, selDur []time.Duration
+}
+
+// demoPoint is one sample of a series over a phase.
+type demoPoint struct {
+	Seconds float64 `json:"seconds"`
+	Value   float64 `json:"value"`
 }
 
 type demoReport struct {
@@ -309,6 +321,7 @@ func startFleet(ctx context.Context, c *demoConfig, stderr io.Writer) (*fleet, e
 	}
 	fmt.Fprintf(stderr, "started kvselect (REST %s, ext_proc %s) and %d mock workers; waiting for their KV event streams...\n",
 		fl.rest, fl.extproc, c.workers)
+	fmt.Fprintf(stderr, "status page (live while this runs): %s/ui/\n", fl.rest)
 	if err := fl.waitWorkers(ctx, c.workers, 60*time.Second); err != nil {
 		return nil, fmt.Errorf("%w (logs in %s)", err, c.out)
 	}
@@ -454,6 +467,7 @@ func startSimFleet(ctx context.Context, c *demoConfig, stderr io.Writer) (*fleet
 	}
 	fmt.Fprintf(stderr, "%s: started kvselect (REST %s, ext_proc %s, KV events collector %s) and %d llm-d-inference-sim engines; waiting for their KV event streams...\n",
 		c.phase, fl.rest, fl.extproc, collector, c.workers)
+	fmt.Fprintf(stderr, "status page (live while this runs): %s/ui/\n", fl.rest)
 	if err := fl.waitWorkers(ctx, c.workers, 60*time.Second); err != nil {
 		return nil, fmt.Errorf("%w (logs in %s)", err, c.out)
 	}
@@ -667,35 +681,25 @@ func (fl *fleet) resetCaches(ctx context.Context) error {
 // cacheCounters sums the workers' vLLM prefix-cache counters (tokens).
 func (fl *fleet) cacheCounters() (queries, hits float64, err error) {
 	for _, w := range fl.workers {
-		resp, err := fl.hc.Get("http://" + w + "/metrics")
+		series, err := scrapeSeries(fl.hc, "http://"+w+"/metrics", "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total")
 		if err != nil {
 			return 0, 0, err
 		}
-		sc := bufio.NewScanner(resp.Body)
-		sc.Buffer(make([]byte, 64<<10), 1<<20)
-		for sc.Scan() {
-			line := sc.Text()
-			name, val, ok := strings.Cut(line, " ")
-			if !ok || strings.HasPrefix(line, "#") {
-				continue
-			}
-			if i := strings.IndexByte(name, '{'); i >= 0 {
-				name = name[:i]
-			}
-			v, perr := strconv.ParseFloat(strings.TrimSpace(val), 64)
-			if perr != nil {
-				continue
-			}
-			switch name {
-			case "vllm:prefix_cache_queries_total":
+		for k, v := range series {
+			if strings.HasPrefix(k, "vllm:prefix_cache_queries_total") {
 				queries += v
-			case "vllm:prefix_cache_hits_total":
+			} else {
 				hits += v
 			}
 		}
-		resp.Body.Close()
 	}
 	return queries, hits, nil
+}
+
+// pickHistogram is kvselect's server-side decision time
+// (kvselect_extproc_pick_duration_seconds) as scraped now.
+func (fl *fleet) pickHistogram() (promHist, error) {
+	return scrapeHistogram(fl.hc, fl.rest+"/metrics", "kvselect_extproc_pick_duration_seconds")
 }
 
 // demoTokens is the prompt of a trace request: every trace block becomes
@@ -733,6 +737,12 @@ func (fl *fleet) replay(ctx context.Context, c *demoConfig, policy string, reqs 
 	if err != nil {
 		return ph, err
 	}
+	var pick0 promHist
+	if policy == "kvselect" {
+		if pick0, err = fl.pickHistogram(); err != nil {
+			return ph, err
+		}
+	}
 	bodies := make([][]byte, len(reqs))
 	for i, r := range reqs {
 		b, err := json.Marshal(demoBody{Model: fl.model, Prompt: demoTokens(r.HashIDs, c.blockTokens),
@@ -757,6 +767,9 @@ func (fl *fleet) replay(ctx context.Context, c *demoConfig, policy string, reqs 
 		firstErr error
 	)
 	start := time.Now()
+	sampling := make(chan struct{})
+	sampled := make(chan []demoPoint)
+	go func() { sampled <- fl.sampleHitRate(start, q0, h0, sampling) }()
 	t0 := reqs[0].Timestamp
 	for i, r := range reqs {
 		at := start.Add(time.Duration(float64(time.Duration(r.Timestamp-t0)*time.Millisecond) / c.compress))
@@ -764,6 +777,8 @@ func (fl *fleet) replay(ctx context.Context, c *demoConfig, policy string, reqs 
 			select {
 			case <-ctx.Done():
 				wg.Wait()
+				close(sampling)
+				<-sampled
 				return ph, ctx.Err()
 			case <-time.After(d):
 			}
@@ -803,6 +818,8 @@ func (fl *fleet) replay(ctx context.Context, c *demoConfig, policy string, reqs 
 	}
 	wg.Wait()
 	wall := time.Since(start)
+	close(sampling)
+	ph.HitRateOverTime = <-sampled
 	if firstErr != nil {
 		fmt.Fprintf(stderr, "%s: first error: %v\n", policy, firstErr)
 	}
@@ -824,8 +841,38 @@ func (fl *fleet) replay(ctx context.Context, c *demoConfig, policy string, reqs 
 		if err != nil {
 			return ph, err
 		}
+		pick1, err := fl.pickHistogram()
+		if err != nil {
+			return ph, err
+		}
+		sp := pick1.minus(pick0)
+		ph.ServerPick = &sp
 	}
 	return ph, nil
+}
+
+// sampleHitRate reads the workers' prefix-cache counters every second until
+// stop closes: the hit rate of each second of the phase (seconds without
+// prompt tokens are left out).
+func (fl *fleet) sampleHitRate(start time.Time, q, h float64, stop <-chan struct{}) []demoPoint {
+	out := []demoPoint{}
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	for {
+		select {
+		case <-stop:
+			return out
+		case now := <-tick.C:
+			q1, h1, err := fl.cacheCounters()
+			if err != nil {
+				continue
+			}
+			if q1 > q {
+				out = append(out, demoPoint{Seconds: now.Sub(start).Seconds(), Value: (h1 - h) / (q1 - q)})
+			}
+			q, h = q1, h1
+		}
+	}
 }
 
 // activeRequests sums kvselect's active requests over every worker (GET /loads).
@@ -906,7 +953,13 @@ func demoTable(w io.Writer, rep *demoReport) error {
 	row("TTFT p50 (ms)", func(p demoPhase) string { return fmt.Sprintf("%.1f", p.TTFTP50Ms) })
 	row("TTFT p90 (ms)", func(p demoPhase) string { return fmt.Sprintf("%.1f", p.TTFTP90Ms) })
 	row("throughput (req/s)", func(p demoPhase) string { return fmt.Sprintf("%.1f", p.Throughput) })
-	row("selection p50 / p99 (µs)", func(p demoPhase) string {
+	row("decision, kvselect's own p50 / p99 (µs)", func(p demoPhase) string {
+		if p.ServerPick == nil || p.ServerPick.Count == 0 {
+			return "-"
+		}
+		return fmt.Sprintf("%.0f / %.0f", p.ServerPick.P50Us, p.ServerPick.P99Us)
+	})
+	row("decision, client-observed p50 / p99 (µs)", func(p demoPhase) string {
 		if p.SelectP50Us == 0 {
 			return "-"
 		}
@@ -920,6 +973,10 @@ func demoTable(w io.Writer, rep *demoReport) error {
 	for _, p := range rep.Phases {
 		if p.Policy == "kvselect" {
 			fmt.Fprintf(w, "\nkvselect active requests after the run: %d (every booking freed when its response ended)\n", p.LoadAfterRun)
+			fmt.Fprintln(w, "decision time: kvselect's own is its kvselect_extproc_pick_duration_seconds histogram (body parse, selection,\n"+
+				"booking; interpolated within buckets). The client-observed time adds the ext_proc gRPC round trips of the\n"+
+				"Envoy-faithful client and the waits of every demo process (kvselect, the workers, the client) for the\n"+
+				"machine's CPUs: on a small shared machine that queueing, not the picker, is most of it.")
 		}
 	}
 	return nil
@@ -928,17 +985,32 @@ func demoTable(w io.Writer, rep *demoReport) error {
 func demoCharts(rep *demoReport) []report.Chart {
 	series := make([]string, len(rep.Phases))
 	hit := [][]float64{make([]float64, len(rep.Phases))}
-	ttft := [][]float64{make([]float64, len(rep.Phases)), make([]float64, len(rep.Phases))}
-	thr := [][]float64{make([]float64, len(rep.Phases))}
+	var ttft, hitOverTime []report.Line
 	for i, p := range rep.Phases {
 		series[i] = p.Policy
 		hit[0][i] = p.HitRate
-		ttft[0][i], ttft[1][i] = p.TTFTP50Ms, p.TTFTP90Ms
-		thr[0][i] = p.Throughput
+		ms := make([]float64, len(p.ttfts))
+		for j, d := range p.ttfts {
+			ms[j] = float64(d) / 1e6
+		}
+		ttft = append(ttft, report.CDF(p.Policy, ms, 200))
+		l := report.Line{Name: p.Policy}
+		for _, pt := range p.HitRateOverTime {
+			l.X, l.Y = append(l.X, pt.Seconds), append(l.Y, pt.Value)
+		}
+		hitOverTime = append(hitOverTime, l)
 	}
-	return []report.Chart{
-		{Title: "Prefix-cache hit rate", Groups: []string{"hit rate"}, Series: series, Values: hit},
-		{Title: "Time to first token", Unit: "ms", Groups: []string{"p50", "p90"}, Series: series, Values: ttft, LowerIsBetter: true},
-		{Title: "Throughput", Unit: "req/s", Groups: []string{"completed requests per second"}, Series: series, Values: thr},
+	charts := []report.Chart{
+		{Title: "Prefix-cache hit rate over the phase", Groups: []string{"hit rate"}, Series: series, Values: hit},
+		{Title: "Hit rate per second of the run", Lines: hitOverTime, XLabel: "seconds since the phase began"},
+		{Title: "Time to first token, CDF (fraction of requests at or below)", Lines: ttft, XLabel: "TTFT, ms (log scale)", LogX: true},
 	}
+	for _, p := range rep.Phases {
+		if p.ServerPick != nil && p.ServerPick.Count > 0 {
+			charts = append(charts, report.Chart{Title: "kvselect decision time", Unit: "µs", Groups: []string{"p50", "p99"},
+				Series: []string{"kvselect's own (pick-duration histogram)", "client-observed (with gRPC and CPU queueing)"},
+				Values: [][]float64{{p.ServerPick.P50Us, p.SelectP50Us}, {p.ServerPick.P99Us, p.SelectP99Us}}, LowerIsBetter: true})
+		}
+	}
+	return charts
 }

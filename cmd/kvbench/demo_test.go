@@ -117,7 +117,8 @@ func TestDemoCommand(t *testing.T) {
 	if err != nil {
 		t.Fatalf("demo: %v\n%s\n%s", err, stdout.String(), stderr.String())
 	}
-	for _, want := range []string{"prefix-cache hit rate", "TTFT p90 (ms)", "round-robin", "active requests after the run: 0"} {
+	for _, want := range []string{"prefix-cache hit rate", "TTFT p90 (ms)", "round-robin", "active requests after the run: 0",
+		"decision, kvselect's own p50 / p99", "decision, client-observed p50 / p99"} {
 		if !strings.Contains(stdout.String(), want) {
 			t.Errorf("output lacks %q:\n%s", want, stdout.String())
 		}
@@ -134,9 +135,24 @@ func TestDemoCommand(t *testing.T) {
 		if ph.Errors != 0 || ph.Requests != 80 || ph.TTFTP50Ms <= 0 || ph.Throughput <= 0 {
 			t.Fatalf("phase %+v", ph)
 		}
+		if ph.Policy == "kvselect" && (ph.ServerPick == nil || ph.ServerPick.Count != 80 || ph.ServerPick.P50Us <= 0) {
+			t.Errorf("kvselect phase: server-side decision time %+v, want 80 observations", ph.ServerPick)
+		}
 	}
-	if _, err := os.Stat(filepath.Join(out, "demo.svg")); err != nil {
+	if !strings.Contains(stderr.String(), "/ui/") {
+		t.Errorf("the demo did not print the status page URL:\n%s", stderr.String())
+	}
+	svg, err := os.ReadFile(filepath.Join(out, "demo.svg"))
+	if err != nil {
 		t.Fatal(err)
+	}
+	for _, want := range []string{"CDF", "Hit rate per second", "kvselect decision time", "<polyline"} {
+		if !strings.Contains(string(svg), want) {
+			t.Errorf("demo.svg lacks %q", want)
+		}
+	}
+	if strings.Contains(string(svg), "Throughput") {
+		t.Error("demo.svg still draws the throughput bar an open-loop replay cannot change")
 	}
 }
 
