@@ -74,15 +74,15 @@ type demoConfig struct {
 
 // demoPhase is one policy's run.
 type demoPhase struct {
-	Policy        string  `json:"policy"`
-	Requests      int     `json:"requests"`
-	Errors        int     `json:"errors"`
-	HitRate       float64 `json:"prefix_cache_hit_rate"` // cached prompt tokens / prompt tokens, from the workers' metrics
-	TTFTP50Ms     float64 `json:"ttft_p50_ms"`
-	TTFTP90Ms     float64 `json:"ttft_p90_ms"`
-	Throughput    float64 `json:"throughput_rps"`
-	SelectP50Us   float64 `json:"select_p50_us,omitempty"` // ext_proc decision latency as the client saw it
-	SelectP99Us   float64 `json:"select_p99_us,omitempty"`
+	Policy      string  `json:"policy"`
+	Requests    int     `json:"requests"`
+	Errors      int     `json:"errors"`
+	HitRate     float64 `json:"prefix_cache_hit_rate"` // cached prompt tokens / prompt tokens, from the workers' metrics
+	TTFTP50Ms   float64 `json:"ttft_p50_ms"`
+	TTFTP90Ms   float64 `json:"ttft_p90_ms"`
+	Throughput  float64 `json:"throughput_rps"`
+	SelectP50Us float64 `json:"select_p50_us,omitempty"` // ext_proc decision latency as the client saw it
+	SelectP99Us float64 `json:"select_p99_us,omitempty"`
 	// ServerPick is kvselect's own decision time (its pick-duration
 	// histogram over the phase): what the picker spends, without the gRPC
 	// round trips and the scheduling of every process on the machine.
@@ -90,12 +90,12 @@ type demoPhase struct {
 	// HitRateOverTime is the workers' prefix-cache hit rate per second of
 	// the phase.
 	HitRateOverTime []demoPoint `json:"hit_rate_over_time"`
-	WallSeconds   float64 `json:"wall_seconds"`
-	PerWorker     []int   `json:"requests_per_worker"`
-	LoadAfterRun  uint64  `json:"active_requests_after_run,omitempty"`
-	promptTokens  float64
-	cachedTokens  float64
-	ttfts, selDur []time.Duration
+	WallSeconds     float64     `json:"wall_seconds"`
+	PerWorker       []int       `json:"requests_per_worker"`
+	LoadAfterRun    uint64      `json:"active_requests_after_run,omitempty"`
+	promptTokens    float64
+	cachedTokens    float64
+	ttfts, selDur   []time.Duration
 }
 
 // demoPoint is one sample of a series over a phase.
