@@ -15,7 +15,10 @@
 #
 # Usage: bench/extproc-pinned.sh [runs] [extra kvbench extproc flags...]
 # Env: RUNS (3), DURATION (10s), REST_PORT (18092), EXTPROC_PORT (19002),
-#      BENCHOUT (bench/out), LOADGEN_GOGC (400), KVSELECT_GOGC (unset: 100).
+#      BENCHOUT (bench/out), LOADGEN_GOGC (400), KVSELECT_GOGC (unset: 100),
+#      KVSELECT_ENV (more VAR=value words for kvselect's environment, e.g.
+#      the OTEL_* variables), JSON_PREFIX (extproc-pinned: the reports are
+#      $BENCHOUT/$JSON_PREFIX-<run>.json).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -49,7 +52,8 @@ go build -tags vtprotobuf -o "$tmp/kvbench" ./cmd/kvbench
 mkdir -p "$out"
 
 for run in $(seq "$runs"); do
-	env ${KVSELECT_GOGC:+GOGC=$KVSELECT_GOGC} GOMAXPROCS=1 taskset -c 0 \
+	# shellcheck disable=SC2086 # KVSELECT_ENV is a list of words
+	env ${KVSELECT_GOGC:+GOGC=$KVSELECT_GOGC} ${KVSELECT_ENV:-} GOMAXPROCS=1 taskset -c 0 \
 		"$tmp/kvselect" --host 127.0.0.1 --port "$rest_port" --extproc-port "$ep_port" --log-level warn 2>"$tmp/kvselect.log" &
 	server=$!
 	for _ in $(seq 100); do
@@ -64,7 +68,7 @@ for run in $(seq "$runs"); do
 	echo "== run $run/$runs: kvselect on CPU 0, load generator on CPU 1"
 	GOGC=${LOADGEN_GOGC:-400} GOMAXPROCS=1 taskset -c 1 "$tmp/kvbench" extproc \
 		-url "http://127.0.0.1:$rest_port" -addr "127.0.0.1:$ep_port" -streams 64 -duration "$duration" \
-		-json "$out/extproc-pinned-$run.json" "$@"
+		-json "$out/${JSON_PREFIX:-extproc-pinned}-$run.json" "$@"
 	kill "$server"
 	wait "$server" 2>/dev/null || true
 	server=""

@@ -145,6 +145,7 @@ func renderPanel(b *strings.Builder, c Chart, x, y, w, h int) {
 	if maxV == 0 {
 		maxV = 1
 	}
+	maxV *= 1.1 // headroom for the value labels above the bars
 	// Axis and three grid lines.
 	for i := 0; i <= 4; i++ {
 		gy := plotTop + plotH - i*plotH/4

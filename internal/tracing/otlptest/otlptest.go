@@ -1,6 +1,7 @@
-// Package otlptest is an in-process OTLP trace receiver for tests: a real
-// gRPC TraceService and a real HTTP /v1/traces endpoint on loopback, which
-// keep the spans they receive.
+// Package otlptest is an in-process OTLP trace receiver for tests and
+// benchmarks: a real gRPC TraceService and a real HTTP /v1/traces endpoint
+// on loopback, which keep (or, for benchmarks, only count) the spans they
+// receive.
 package otlptest
 
 import (
@@ -43,35 +44,54 @@ type Receiver struct {
 	// HTTP one (spans are posted to HTTP + "/v1/traces").
 	GRPC, HTTP string
 
+	// CountOnly keeps no span, only the count (a benchmark's sink).
+	CountOnly bool
+
 	mu    sync.Mutex
 	spans []Span
+	count int
 }
 
-// Start runs both endpoints until the test ends.
+// Start runs both endpoints on loopback until the test ends.
 func Start(t testing.TB) *Receiver {
 	t.Helper()
-	r := &Receiver{}
-	gl, err := net.Listen("tcp", "127.0.0.1:0")
+	r, stop, err := Listen("127.0.0.1:0", "127.0.0.1:0", false)
 	if err != nil {
 		t.Fatal(err)
+	}
+	t.Cleanup(stop)
+	return r
+}
+
+// Listen runs both endpoints on the given addresses until stop is called.
+func Listen(grpcAddr, httpAddr string, countOnly bool) (r *Receiver, stop func(), err error) {
+	r = &Receiver{CountOnly: countOnly}
+	gl, err := net.Listen("tcp", grpcAddr)
+	if err != nil {
+		return nil, nil, err
+	}
+	hl, err := net.Listen("tcp", httpAddr)
+	if err != nil {
+		gl.Close()
+		return nil, nil, err
 	}
 	g := grpc.NewServer()
 	collectorpb.RegisterTraceServiceServer(g, r)
 	go func() { _ = g.Serve(gl) }()
-	t.Cleanup(g.Stop)
 	r.GRPC = gl.Addr().String()
-
-	hl, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/traces", r.serveHTTP)
 	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	go func() { _ = hs.Serve(hl) }()
-	t.Cleanup(func() { _ = hs.Close() })
 	r.HTTP = "http://" + hl.Addr().String()
-	return r
+	return r, func() { g.Stop(); _ = hs.Close() }, nil
+}
+
+// Count is how many spans were received.
+func (r *Receiver) Count() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.count
 }
 
 // Export implements the OTLP gRPC TraceService.
@@ -100,6 +120,14 @@ func (r *Receiver) serveHTTP(w http.ResponseWriter, req *http.Request) {
 func (r *Receiver) add(req *collectorpb.ExportTraceServiceRequest) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if r.CountOnly {
+		for _, rs := range req.GetResourceSpans() {
+			for _, ss := range rs.GetScopeSpans() {
+				r.count += len(ss.GetSpans())
+			}
+		}
+		return
+	}
 	for _, rs := range req.GetResourceSpans() {
 		service := value(rs.GetResource().GetAttributes(), "service.name")
 		for _, ss := range rs.GetScopeSpans() {
@@ -118,6 +146,7 @@ func (r *Receiver) add(req *collectorpb.ExportTraceServiceRequest) {
 					s.Events = append(s.Events, e.GetName())
 				}
 				r.spans = append(r.spans, s)
+				r.count++
 			}
 		}
 	}

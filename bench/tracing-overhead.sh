@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# What tracing costs the ext_proc picker: kvselect's CPU per request with
+# tracing off, on with every trace sampled out (OTEL_TRACES_SAMPLER=
+# traceidratio, ratio 0) and on with every trace sampled (always_on), each
+# exporting over OTLP gRPC to a real receiver (kvbench otlp-sink, on the load
+# generator's CPU). The pinned ext_proc setup (bench/extproc-pinned.sh): the
+# three modes alternate, ROUNDS rounds, so that whatever else the machine
+# does falls on all of them; the summary is the median of each mode's
+# server_cpu_us_per_request.
+#
+# Usage: bench/tracing-overhead.sh   Env: ROUNDS (3), DURATION (10s),
+#        BENCHOUT (bench/out), SINK_PORT (14317).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+rounds=${ROUNDS:-3}
+out=${BENCHOUT:-bench/out}
+sink_port=${SINK_PORT:-14317}
+command -v jq >/dev/null || { echo "tracing-overhead: jq is required" >&2; exit 1; }
+mkdir -p "$out"
+
+tmp=$(mktemp -d)
+sink=""
+cleanup() {
+	if [ -n "$sink" ]; then kill -INT "$sink" 2>/dev/null || true; wait "$sink" 2>/dev/null || true; fi
+	rm -rf "$tmp"
+}
+trap cleanup EXIT
+go build -tags vtprotobuf -o "$tmp/kvbench" ./cmd/kvbench
+taskset -c 1 "$tmp/kvbench" otlp-sink -grpc "127.0.0.1:$sink_port" -http "127.0.0.1:$((sink_port + 1))" >"$tmp/sink.out" 2>"$tmp/sink.log" &
+sink=$!
+sleep 1
+
+otlp="OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:$sink_port OTEL_EXPORTER_OTLP_PROTOCOL=grpc"
+declare -A modes=(
+	[off]=""
+	[sampled-0]="$otlp OTEL_TRACES_SAMPLER=traceidratio OTEL_TRACES_SAMPLER_ARG=0"
+	[sampled-1]="$otlp OTEL_TRACES_SAMPLER=always_on"
+)
+rm -f "$out"/tracing-*.json
+for round in $(seq "$rounds"); do
+	for mode in off sampled-0 sampled-1; do
+		echo "== round $round/$rounds: tracing $mode"
+		RUNS=1 JSON_PREFIX="tracing-$mode-r$round" KVSELECT_ENV="${modes[$mode]}" BENCHOUT="$out" ./bench/extproc-pinned.sh
+	done
+done
+kill -INT "$sink"
+wait "$sink" 2>/dev/null || true
+sink=""
+echo
+echo "spans received by the sink: $(tail -1 "$tmp/sink.out")"
+printf '%-10s %28s %14s\n' mode "server CPU µs/request (median)" "requests/s"
+for mode in off sampled-0 sampled-1; do
+	cpu=$(jq -s '[.[].server_cpu_us_per_request] | sort | .[length/2|floor]' "$out"/tracing-"$mode"-r*.json)
+	rps=$(jq -s '[.[].requests_per_sec] | sort | .[length/2|floor]' "$out"/tracing-"$mode"-r*.json)
+	printf '%-10s %28.1f %14.0f\n' "$mode" "$cpu" "$rps"
+done | tee "$out/tracing-overhead.txt"
