@@ -4,9 +4,10 @@
 # traceidratio, ratio 0) and on with every trace sampled (always_on), each
 # exporting over OTLP gRPC to a real receiver (kvbench otlp-sink, on the load
 # generator's CPU). The pinned ext_proc setup (bench/extproc-pinned.sh): the
-# three modes alternate, ROUNDS rounds, so that whatever else the machine
-# does falls on all of them; the summary is the median of each mode's
-# server_cpu_us_per_request.
+# three modes alternate in a rotating order, ROUNDS rounds, so that whatever
+# else the machine does falls on all of them; the summary is the median of
+# each mode's server_cpu_us_per_request and of its ratio to the same round's
+# tracing-off run.
 #
 # Usage: bench/tracing-overhead.sh   Env: ROUNDS (3), DURATION (10s),
 #        BENCHOUT (bench/out), SINK_PORT (14317).
@@ -37,8 +38,11 @@ declare -A modes=(
 	[sampled-1]="$otlp OTEL_TRACES_SAMPLER=always_on"
 )
 rm -f "$out"/tracing-*.json
+order=(off sampled-0 sampled-1)
 for round in $(seq "$rounds"); do
-	for mode in off sampled-0 sampled-1; do
+	# Each round starts with another mode, so none always runs first.
+	for k in 0 1 2; do
+		mode=${order[$(((round + k) % 3))]}
 		echo "== round $round/$rounds: tracing $mode"
 		RUNS=1 JSON_PREFIX="tracing-$mode-r$round" KVSELECT_ENV="${modes[$mode]}" BENCHOUT="$out" ./bench/extproc-pinned.sh
 	done
@@ -48,9 +52,15 @@ wait "$sink" 2>/dev/null || true
 sink=""
 echo
 echo "spans received by the sink: $(tail -1 "$tmp/sink.out")"
-printf '%-10s %28s %14s\n' mode "server CPU µs/request (median)" "requests/s"
+printf '%-10s %28s %22s %14s\n' mode "server CPU µs/request (median)" "÷ same round's off" "requests/s"
 for mode in off sampled-0 sampled-1; do
 	cpu=$(jq -s '[.[].server_cpu_us_per_request] | sort | .[length/2|floor]' "$out"/tracing-"$mode"-r*.json)
 	rps=$(jq -s '[.[].requests_per_sec] | sort | .[length/2|floor]' "$out"/tracing-"$mode"-r*.json)
-	printf '%-10s %28.1f %14.0f\n' "$mode" "$cpu" "$rps"
+	ratios=()
+	for round in $(seq "$rounds"); do
+		ratios+=("$(jq -s '.[0].server_cpu_us_per_request / .[1].server_cpu_us_per_request' \
+			"$out/tracing-$mode-r$round-1.json" "$out/tracing-off-r$round-1.json")")
+	done
+	ratio=$(printf '%s\n' "${ratios[@]}" | jq -s 'sort | .[length/2|floor]')
+	printf '%-10s %28.1f %22.3f %14.0f\n' "$mode" "$cpu" "$ratio" "$rps"
 done | tee "$out/tracing-overhead.txt"

@@ -43,6 +43,10 @@ type booking struct {
 	// blocks of output tokens last reported. Together they keep the per-chunk
 	// path off the core's locks until another block may be due.
 	blockSize, blocks int
+	// added counts the output blocks the core added, reported once on the
+	// span with the free: an event per block would grow a long answer's
+	// span by hundreds of events.
+	added int
 	// span is the request's span; its lifecycle events go there. Nil in
 	// tests that drive a booking alone.
 	span trace.Span
@@ -92,9 +96,7 @@ func (b *booking) outputTokens(ctx context.Context, generated int) {
 		return
 	}
 	b.m.outputBlocks.Add(uint64(n))
-	if n > 0 {
-		b.event(tracing.EventOutputBlocks, attribute.Int("kvselect.added_blocks", n), attribute.Int("kvselect.output_tokens", generated))
-	}
+	b.added += n
 }
 
 // responseEnd frees the booking when the response has ended. The free must
@@ -144,7 +146,7 @@ func (b *booking) freed(err error, at *atomic.Uint64, why string) {
 	switch {
 	case err == nil:
 		at.Add(1)
-		b.event(tracing.EventFreed, attribute.String("kvselect.at", why))
+		b.event(tracing.EventFreed, attribute.String("kvselect.at", why), attribute.Int("kvselect.output_blocks", b.added))
 	case selection.KindOf(err) == selection.KindNotFound:
 		b.m.lost.Add(1)
 		b.event(tracing.EventFreed, attribute.String("kvselect.at", "lost"))

@@ -89,9 +89,13 @@ func TestTraceContinuesTheGatewaysTrace(t *testing.T) {
 	for _, e := range req.Events {
 		events = append(events, e.Name)
 	}
-	want := []string{"kvselect.prefill_complete", "kvselect.first_byte", "kvselect.output_blocks", "kvselect.output_blocks", "kvselect.freed"}
+	want := []string{"kvselect.prefill_complete", "kvselect.first_byte", "kvselect.freed"}
 	if strings.Join(events, " ") != strings.Join(want, " ") {
 		t.Errorf("request span events %v, want %v", events, want)
+	}
+	// 9 streamed tokens in blocks of 4: two output blocks, on the free.
+	if freed := req.Events[len(req.Events)-1]; len(freed.Attributes) != 2 || freed.Attributes[1].Value.AsInt64() != 2 {
+		t.Errorf("freed event attributes %v, want at=response_end and output_blocks=2", freed.Attributes)
 	}
 
 	// The worker's request carries the request span as parent, and the

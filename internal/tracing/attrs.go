@@ -13,7 +13,10 @@ const (
 	SpanSelect  = "kvselect.select"  // the selection and its booking
 )
 
-// Booking lifecycle events on a request's span.
+// Booking lifecycle events on a request's span. The picker reports the
+// output blocks a streamed answer added on its free event
+// (kvselect.output_blocks); the REST API, where each output block is a call
+// of its own, as an event per call.
 const (
 	EventPrefillComplete = "kvselect.prefill_complete"
 	EventOutputBlocks    = "kvselect.output_blocks"
