@@ -104,6 +104,22 @@ bench-rest:
 bench-extproc-pinned:
 	BENCHOUT=$(BENCHOUT) ./bench/extproc-pinned.sh
 
+# What OpenTelemetry tracing costs the picker: the pinned setup above with
+# tracing off, sampled out, 1 in 10 and every trace, exporting to a real
+# OTLP receiver (docs/observability.md).
+.PHONY: bench-tracing
+bench-tracing:
+	BENCHOUT=$(BENCHOUT) ROUNDS=5 ./bench/tracing-overhead.sh
+
+# The observability stack against a live run: a real Prometheus (Debian's
+# prometheus) scraping kvselect and mock workers with the alert rules loaded,
+# every Grafana dashboard query checked, the status page in headless Chromium
+# (Debian's chromium); screenshots in bench/out/observe (docs/observability.md).
+.PHONY: observe
+observe:
+	$(GO) build -o bin/ ./cmd/kvselect ./cmd/kvselect-mockworker ./cmd/kvbench
+	bin/kvbench observe -requests 4000 -compress 15 -out $(BENCHOUT)/observe
+
 # kvbench route's bypass scenario (docs/benchmarks.md, "Engine metrics:
 # traffic that bypasses kvselect"): 30 % of the trace straight to 2 of 8
 # workers, kv-cost with and without engine metrics, at 1x, 1.5x and 2x load.

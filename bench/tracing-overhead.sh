@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # What tracing costs the ext_proc picker: kvselect's CPU per request with
 # tracing off, on with every trace sampled out (OTEL_TRACES_SAMPLER=
-# traceidratio, ratio 0) and on with every trace sampled (always_on), each
+# traceidratio, ratio 0), with one trace in ten sampled (ratio 0.1) and with
+# every trace sampled (always_on), each
 # exporting over OTLP gRPC to a real receiver (kvbench otlp-sink, on the load
 # generator's CPU). The pinned ext_proc setup (bench/extproc-pinned.sh): the
 # three modes alternate in a rotating order, ROUNDS rounds, so that whatever
@@ -35,14 +36,15 @@ otlp="OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:$sink_port OTEL_EXPORTER_OTLP
 declare -A modes=(
 	[off]=""
 	[sampled-0]="$otlp OTEL_TRACES_SAMPLER=traceidratio OTEL_TRACES_SAMPLER_ARG=0"
+	[sampled-0.1]="$otlp OTEL_TRACES_SAMPLER=traceidratio OTEL_TRACES_SAMPLER_ARG=0.1"
 	[sampled-1]="$otlp OTEL_TRACES_SAMPLER=always_on"
 )
 rm -f "$out"/tracing-*.json
-order=(off sampled-0 sampled-1)
+order=(off sampled-0 sampled-0.1 sampled-1)
 for round in $(seq "$rounds"); do
 	# Each round starts with another mode, so none always runs first.
-	for k in 0 1 2; do
-		mode=${order[$(((round + k) % 3))]}
+	for k in 0 1 2 3; do
+		mode=${order[$(((round + k) % 4))]}
 		echo "== round $round/$rounds: tracing $mode"
 		RUNS=1 JSON_PREFIX="tracing-$mode-r$round" KVSELECT_ENV="${modes[$mode]}" BENCHOUT="$out" ./bench/extproc-pinned.sh
 	done
@@ -52,8 +54,8 @@ wait "$sink" 2>/dev/null || true
 sink=""
 echo
 echo "spans received by the sink: $(tail -1 "$tmp/sink.out")"
-printf '%-10s %28s %22s %14s\n' mode "server CPU µs/request (median)" "÷ same round's off" "requests/s"
-for mode in off sampled-0 sampled-1; do
+printf '%-12s %28s %22s %14s\n' mode "server CPU µs/request (median)" "÷ same round's off" "requests/s"
+for mode in "${order[@]}"; do
 	cpu=$(jq -s '[.[].server_cpu_us_per_request] | sort | .[length/2|floor]' "$out"/tracing-"$mode"-r*.json)
 	rps=$(jq -s '[.[].requests_per_sec] | sort | .[length/2|floor]' "$out"/tracing-"$mode"-r*.json)
 	ratios=()
@@ -62,5 +64,5 @@ for mode in off sampled-0 sampled-1; do
 			"$out/tracing-$mode-r$round-1.json" "$out/tracing-off-r$round-1.json")")
 	done
 	ratio=$(printf '%s\n' "${ratios[@]}" | jq -s 'sort | .[length/2|floor]')
-	printf '%-10s %28.1f %22.3f %14.0f\n' "$mode" "$cpu" "$ratio" "$rps"
+	printf '%-12s %28.1f %22.3f %14.0f\n' "$mode" "$cpu" "$ratio" "$rps"
 done | tee "$out/tracing-overhead.txt"
