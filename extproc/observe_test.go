@@ -70,7 +70,7 @@ func TestTraceContinuesTheGatewaysTrace(t *testing.T) {
 	}
 	attrs := map[string]string{}
 	for _, a := range spans[tracing.SpanSelect].Attributes {
-		attrs[string(a.Key)] = a.Value.Emit()
+		attrs[string(a.Key)] = a.Value.String()
 	}
 	for k, want := range map[string]string{
 		"kvselect.model": model, "kvselect.candidates": "4", "kvselect.worker_id": workerIDOf(d),

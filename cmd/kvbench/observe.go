@@ -44,7 +44,6 @@ type observeConfig struct {
 	demoConfig
 	prometheus, chromium string
 	dashboard, alerts    string
-	keep                 bool
 }
 
 // panelResult is one dashboard panel's check.
