@@ -25,8 +25,16 @@ import (
 // token.
 func startAuthServer(t *testing.T) (*httptest.Server, int) {
 	t.Helper()
+	srv := startTokenServer(t, "select-token-0123456789abcdef select name=ray\n")
+	return srv, runtime.NumGoroutine()
+}
+
+// startTokenServer serves the REST API authenticating with a token file of
+// the given lines.
+func startTokenServer(t *testing.T, lines string) *httptest.Server {
+	t.Helper()
 	path := filepath.Join(t.TempDir(), "tokens")
-	if err := os.WriteFile(path, []byte("select-token-0123456789abcdef select name=ray\n"), 0o600); err != nil {
+	if err := os.WriteFile(path, []byte(lines), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	tokens, err := access.OpenTokenFile(path, nil, nil)
@@ -36,7 +44,7 @@ func startAuthServer(t *testing.T) (*httptest.Server, int) {
 	srv := httptest.NewServer(New(newService(t, nil), Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 		Auth: access.NewChain(tokens, nil, nil)}))
 	t.Cleanup(srv.Close)
-	return srv, runtime.NumGoroutine()
+	return srv
 }
 
 // A request refused before its body is read — for its credentials, its

@@ -5,12 +5,8 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
-
-	"github.com/kvselect/kvselect/internal/access"
 )
 
 func TestStatusPageAssets(t *testing.T) {
@@ -85,17 +81,7 @@ func TestStatusDocument(t *testing.T) {
 // TestStatusPageNeedsTheReadScope: with authentication on, the page and its
 // data are behind the read scope like every other GET.
 func TestStatusPageNeedsTheReadScope(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "tokens")
-	if err := os.WriteFile(path, []byte("read-token-0123456789abcdef read name=ops\nselect-token-0123456789abcd select name=ray\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	tokens, err := access.OpenTokenFile(path, nil, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := httptest.NewServer(New(newService(t, nil), Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
-		Auth: access.NewChain(tokens, nil, nil)}))
-	t.Cleanup(srv.Close)
+	srv := startTokenServer(t, "read-token-0123456789abcdef read name=ops\nselect-token-0123456789abcd select name=ray\n")
 	for _, p := range []string{"/ui/", "/ui/api/status"} {
 		for token, want := range map[string]int{"": 401, "read-token-0123456789abcdef": 200} {
 			req, _ := http.NewRequest("GET", srv.URL+p, nil)
