@@ -83,6 +83,14 @@ func run(ctx context.Context, args []string, set *settings) error {
 		return err
 	}
 	log.Debug("router configuration", routerAttrs(cfg.Router, false)...)
+	// SIGHUP is caught before anything listens: a signal sent as soon as the
+	// server answers must reload it, not end it (a signal's default action).
+	var hup chan os.Signal
+	if o.configFile != "" && set.reload == nil {
+		hup = make(chan os.Signal, 1)
+		signal.Notify(hup, syscall.SIGHUP)
+		defer signal.Stop(hup)
+	}
 	// OpenTelemetry tracing from the OTEL_* environment; off without an
 	// exporter. Spans still buffered are flushed on the way out.
 	tr, err := tracing.FromEnv(ctx, set.lookup, versionString(set.version))
@@ -313,14 +321,9 @@ func run(ctx context.Context, args []string, set *settings) error {
 		})
 	}
 	// SIGHUP re-reads the config file (the policy parameters), unless the
-	// program gave its own trigger.
+	// program gave its own trigger; the signal is caught from before the
+	// listeners open (hup above).
 	if o.configFile != "" || set.reload != nil {
-		var hup chan os.Signal
-		if set.reload == nil {
-			hup = make(chan os.Signal, 1)
-			signal.Notify(hup, syscall.SIGHUP)
-			defer signal.Stop(hup)
-		}
 		r := &reloader{o: o, lookup: set.lookup, embedded: set.policy, svc: svc, log: log, cur: initial, auth: authz, objectives: objectives}
 		wg.Go(func() { r.run(upkeep, hup, set.reload) })
 	}

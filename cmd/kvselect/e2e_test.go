@@ -35,48 +35,9 @@ func TestBinaryServesReloadsAndStopsOnSignals(t *testing.T) {
 	}
 
 	const shutdownTimeout = 5 * time.Second
-	cmd := exec.Command(bin, "--host", "127.0.0.1", "--port", "0", "--log-format", "json",
-		"--shutdown-timeout", shutdownTimeout.String(), "--config", config)
-	cmd.Env = withoutRouterEnv(os.Environ())
-	stderr, err := cmd.StderrPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	var logs logBuffer
-	var waitErr error
-	exited := make(chan struct{})
-	addrc := make(chan string, 1)
-	go func() {
-		sc := bufio.NewScanner(io.TeeReader(stderr, &logs))
-		for sc.Scan() {
-			if addr, ok := listeningAddr(sc.Text()); ok {
-				addrc <- addr
-			}
-		}
-		waitErr = cmd.Wait() // after stderr is drained, as exec requires
-		close(exited)
-	}()
-	t.Cleanup(func() {
-		select {
-		case <-exited:
-		default:
-			_ = cmd.Process.Kill()
-			<-exited
-		}
-	})
-
-	var base string
-	select {
-	case addr := <-addrc:
-		base = "http://" + addr
-	case <-exited:
-		t.Fatalf("kvselect exited before listening: %v\n%s", waitErr, logs.String())
-	case <-time.After(30 * time.Second):
-		t.Fatalf("no startup line within 30s:\n%s", logs.String())
-	}
+	p := startBinary(t, bin, "--shutdown-timeout", shutdownTimeout.String(), "--config", config)
+	cmd, logs, exited := p.cmd, p.logs, p.exited
+	base := "http://" + p.addr
 
 	expect(t, "GET", base+"/health", "", http.StatusOK)
 	if body := expect(t, "GET", base+"/ready", "", http.StatusServiceUnavailable); !strings.Contains(body, `"ready":false`) {
@@ -114,8 +75,8 @@ func TestBinaryServesReloadsAndStopsOnSignals(t *testing.T) {
 	}
 	select {
 	case <-exited:
-		if waitErr != nil {
-			t.Fatalf("kvselect exited with %v after SIGTERM, want status 0\n%s", waitErr, logs.String())
+		if p.waitErr != nil {
+			t.Fatalf("kvselect exited with %v after SIGTERM, want status 0\n%s", p.waitErr, logs.String())
 		}
 	case <-time.After(shutdownTimeout + 5*time.Second):
 		t.Fatalf("kvselect still running %v after SIGTERM\n%s", shutdownTimeout+5*time.Second, logs.String())
@@ -125,6 +86,93 @@ func TestBinaryServesReloadsAndStopsOnSignals(t *testing.T) {
 			t.Errorf("logs lack %s:\n%s", want, logs.String())
 		}
 	}
+}
+
+// TestSIGHUPAsSoonAsItListens: a SIGHUP sent the moment the server says it
+// listens reloads it. The handler used to be installed after the listeners
+// and the background work had started, so a signal in between took the
+// default action and ended the process.
+func TestSIGHUPAsSoonAsItListens(t *testing.T) {
+	if testing.Short() {
+		t.Skip("end-to-end: builds and runs the kvselect binary; skipped with -short")
+	}
+	bin, err := kvselectBinary()
+	if err != nil {
+		t.Fatal(err)
+	}
+	config := filepath.Join(t.TempDir(), "kvselect.yaml")
+	if err := os.WriteFile(config, []byte("policy:\n  name: kv-cost\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	p := startBinary(t, bin, "--config", config)
+	if err := p.cmd.Process.Signal(syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for !strings.Contains(p.logs.String(), `"msg":"config reloaded"`) {
+		select {
+		case <-p.exited:
+			t.Fatalf("kvselect ended on a SIGHUP sent as it started listening (%v):\n%s", p.waitErr, p.logs.String())
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no reload within 30s of SIGHUP:\n%s", p.logs.String())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// process is a kvselect binary started by startBinary.
+type process struct {
+	cmd     *exec.Cmd
+	logs    *logBuffer
+	addr    string        // the REST API's host:port
+	exited  chan struct{} // closed once it exited; waitErr is then set
+	waitErr error
+}
+
+// startBinary runs bin on a free loopback port with JSON logs and args, and
+// returns once its startup line names the address; the test's cleanup kills
+// it if it still runs.
+func startBinary(t *testing.T, bin string, args ...string) *process {
+	t.Helper()
+	cmd := exec.Command(bin, append([]string{"--host", "127.0.0.1", "--port", "0", "--log-format", "json"}, args...)...)
+	cmd.Env = withoutRouterEnv(os.Environ())
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	p := &process{cmd: cmd, logs: &logBuffer{}, exited: make(chan struct{})}
+	addrc := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(io.TeeReader(stderr, p.logs))
+		for sc.Scan() {
+			if addr, ok := listeningAddr(sc.Text()); ok {
+				addrc <- addr
+			}
+		}
+		p.waitErr = cmd.Wait() // after stderr is drained, as exec requires
+		close(p.exited)
+	}()
+	t.Cleanup(func() {
+		select {
+		case <-p.exited:
+		default:
+			_ = cmd.Process.Kill()
+			<-p.exited
+		}
+	})
+	select {
+	case p.addr = <-addrc:
+	case <-p.exited:
+		t.Fatalf("kvselect exited before listening: %v\n%s", p.waitErr, p.logs.String())
+	case <-time.After(30 * time.Second):
+		t.Fatalf("no startup line within 30s:\n%s", p.logs.String())
+	}
+	return p
 }
 
 // withoutRouterEnv keeps the host's DYN_* and KVSELECT_* variables out of the
