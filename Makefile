@@ -21,11 +21,19 @@ build:
 # folder rules), the side-by-side bench module's tests, the black-box suites
 # and a short fuzz of every network decoder.
 test: fmt-check vet staticcheck
-	$(GO) test -race -count=1 $(PKGS)
+	$(GO) test -race -count=1 -skip '^TestObserveCommand$$' $(PKGS)
+	$(MAKE) test-observe
 	cd bench/peer && $(GO) vet ./... && $(GO) test -count=1 ./...
 	$(MAKE) conformance-rest
 	$(MAKE) conformance-epp
 	$(MAKE) fuzz-smoke
+
+# The observability stack against a live run (kvbench observe: kvselect and
+# mock workers, a real Prometheus, headless Chromium), alone: it runs six
+# processes, which next to the parallel package tests would starve them.
+.PHONY: test-observe
+test-observe:
+	$(GO) test -count=1 -run '^TestObserveCommand$$' ./cmd/kvbench
 
 # The black-box REST suite against a real kvselect process on loopback.
 conformance-rest:
