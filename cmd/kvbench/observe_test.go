@@ -73,11 +73,17 @@ func TestObserveCommand(t *testing.T) {
 	}
 }
 
-// TestAlertRulesPassPromtool: the rules file, as Prometheus's own checker
-// reads it.
+// TestAlertRulesPassPromtool: the rules file as Prometheus's own checker
+// reads it, and its unit tests (alerts_test.yaml: each alert fires on the
+// series that should page, with its labels and text, and not before).
 func TestAlertRulesPassPromtool(t *testing.T) {
 	promtool := observeTools(t, "promtool")[0]
 	if out, err := exec.Command(promtool, "check", "rules", "../../deploy/observability/alerts.yaml").CombinedOutput(); err != nil {
 		t.Fatalf("promtool check rules: %v\n%s", err, out)
+	}
+	cmd := exec.Command(promtool, "test", "rules", "alerts_test.yaml")
+	cmd.Dir = "../../deploy/observability"
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("promtool test rules: %v\n%s", err, out)
 	}
 }
