@@ -603,6 +603,8 @@ func formatUnit(v float64, unit string) string {
 		return fmt.Sprintf("%.2f s", v)
 	case "reqps":
 		return fmt.Sprintf("%.3g/s", v)
+	case "bytes":
+		return fmt.Sprintf("%.0f MiB", v/(1<<20))
 	}
 	return strconv.FormatFloat(v, 'g', 4, 64)
 }
