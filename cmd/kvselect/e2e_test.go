@@ -22,17 +22,7 @@ import (
 // the config file's policy parameters re-read on SIGHUP, then a clean exit 0
 // on SIGTERM.
 func TestBinaryServesReloadsAndStopsOnSignals(t *testing.T) {
-	if testing.Short() {
-		t.Skip("end-to-end: builds and runs the kvselect binary; skipped with -short")
-	}
-	bin, err := kvselectBinary()
-	if err != nil {
-		t.Fatal(err)
-	}
-	config := filepath.Join(t.TempDir(), "kvselect.yaml")
-	if err := os.WriteFile(config, []byte("policy:\n  name: kv-cost\n  parameters:\n    router_temperature: 0\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	bin, config := binaryAndConfig(t, "policy:\n  name: kv-cost\n  parameters:\n    router_temperature: 0\n")
 
 	const shutdownTimeout = 5 * time.Second
 	p := startBinary(t, bin, "--shutdown-timeout", shutdownTimeout.String(), "--config", config)
@@ -93,17 +83,7 @@ func TestBinaryServesReloadsAndStopsOnSignals(t *testing.T) {
 // and the background work had started, so a signal in between took the
 // default action and ended the process.
 func TestSIGHUPAsSoonAsItListens(t *testing.T) {
-	if testing.Short() {
-		t.Skip("end-to-end: builds and runs the kvselect binary; skipped with -short")
-	}
-	bin, err := kvselectBinary()
-	if err != nil {
-		t.Fatal(err)
-	}
-	config := filepath.Join(t.TempDir(), "kvselect.yaml")
-	if err := os.WriteFile(config, []byte("policy:\n  name: kv-cost\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	bin, config := binaryAndConfig(t, "policy:\n  name: kv-cost\n")
 	p := startBinary(t, bin, "--config", config)
 	if err := p.cmd.Process.Signal(syscall.SIGHUP); err != nil {
 		t.Fatal(err)
@@ -120,6 +100,24 @@ func TestSIGHUPAsSoonAsItListens(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+}
+
+// binaryAndConfig builds kvselect (skipped with -short) and writes a config
+// file with content for it.
+func binaryAndConfig(t *testing.T, content string) (bin, config string) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("end-to-end: builds and runs the kvselect binary; skipped with -short")
+	}
+	bin, err := kvselectBinary()
+	if err != nil {
+		t.Fatal(err)
+	}
+	config = filepath.Join(t.TempDir(), "kvselect.yaml")
+	if err := os.WriteFile(config, []byte(content), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return bin, config
 }
 
 // process is a kvselect binary started by startBinary.
