@@ -107,8 +107,8 @@ const (
 	// 1 Mi ids is beyond any context window, and 16 MiB beyond its JSON.
 	DefaultMaxResponseBytes = 16 << 20
 	DefaultMaxTokens        = 1 << 20
-	// BackgroundTimeout bounds an engine call that outlived its request's
-	// budget and continues to fill the cache.
+	// BackgroundTimeout bounds, by default, an engine call that outlived
+	// its request's budget and continues to fill the cache.
 	BackgroundTimeout = 2 * time.Second
 	// probeTimeout bounds each call of a template probe.
 	probeTimeout = 5 * time.Second
@@ -125,6 +125,9 @@ type Config struct {
 	Endpoints map[string]string
 	// Timeout is a Tokenize call's budget (DefaultTimeout when 0).
 	Timeout time.Duration
+	// BackgroundTimeout bounds an engine call that outlived its request's
+	// budget and goes on to fill the cache (BackgroundTimeout when 0).
+	BackgroundTimeout time.Duration
 	// CacheTokens bounds the cache in ids (DefaultCacheTokens when 0;
 	// negative disables the cache).
 	CacheTokens int
@@ -177,6 +180,9 @@ func New(ctx context.Context, cfg Config, pool Pool) (*Tokenizer, error) {
 		if err := ValidateEndpoint(u); err != nil {
 			return nil, fmt.Errorf("tokenize endpoint for %s: %w", model, err)
 		}
+	}
+	if cfg.BackgroundTimeout <= 0 {
+		cfg.BackgroundTimeout = BackgroundTimeout
 	}
 	if cfg.Timeout <= 0 {
 		cfg.Timeout = DefaultTimeout
@@ -302,7 +308,7 @@ type call struct {
 }
 
 // start returns the running call for k, or starts one. The call runs under
-// the Tokenizer's context with BackgroundTimeout, not the request's budget,
+// the Tokenizer's context with Config.BackgroundTimeout, not the request's budget,
 // so that an answer arriving late still fills the cache.
 func (t *Tokenizer) start(rk reqKeys, req *selection.TokenizeRequest) *call {
 	k := rk.full
@@ -315,7 +321,7 @@ func (t *Tokenizer) start(rk reqKeys, req *selection.TokenizeRequest) *call {
 	t.inflight[k] = c
 	t.mu.Unlock()
 	go func() {
-		ctx, cancel := context.WithTimeout(t.ctx, BackgroundTimeout)
+		ctx, cancel := context.WithTimeout(t.ctx, t.cfg.BackgroundTimeout)
 		defer cancel()
 		c.ids, c.err = t.engine(ctx, req)
 		if c.err == nil {

@@ -332,7 +332,10 @@ func TestLateAnswerFillsTheCache(t *testing.T) {
 	}))
 	t.Cleanup(srv.Close)
 	t.Cleanup(func() { close(release) })
-	tk := newTokenizer(t, tokenize.Config{Mode: tokenize.ModePool, Timeout: 10 * time.Millisecond}, newService(t, "m", srv.URL))
+	// The late call may take long on a loaded machine; it must not give up
+	// before the test releases it (that would make a second engine call).
+	tk := newTokenizer(t, tokenize.Config{Mode: tokenize.ModePool, Timeout: 10 * time.Millisecond, BackgroundTimeout: time.Minute},
+		newService(t, "m", srv.URL))
 	req := &selection.TokenizeRequest{PartitionKey: selection.PartitionKey{ModelName: "m"}, Prompt: "late"}
 	if _, err := tk.Tokenize(context.Background(), req); err == nil {
 		t.Fatal("answered within a budget the engine cannot meet")
@@ -340,11 +343,10 @@ func TestLateAnswerFillsTheCache(t *testing.T) {
 	release <- struct{}{}
 	// Requests that arrive while the call still runs wait for it (within
 	// their budget); once it is over the answer is a cache hit.
-	for range 200 {
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
 		if _, err := tk.Tokenize(context.Background(), req); err == nil {
 			break
 		}
-		time.Sleep(5 * time.Millisecond)
 	}
 	ids, err := tk.Tokenize(context.Background(), req)
 	if err != nil || !slices.Equal(ids, []uint32{5, 6}) {
