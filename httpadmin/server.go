@@ -144,8 +144,10 @@ func New(svc *selection.Service, opts Options) http.Handler {
 	if opts.Metrics != nil {
 		handle("GET /metrics", access.Read, opts.Metrics.ServeHTTP)
 	}
-	// The status page (status.go): read-only, so the read scope.
-	handle("GET "+uiPath, access.Read, s.statusPage().ServeHTTP)
+	// The status page (status.go): its static files carry no data and are
+	// open, so a browser can load them; the data it polls needs the read
+	// scope (the page asks for a token when the server wants one).
+	handle("GET "+uiPath, 0, s.statusPage().ServeHTTP)
 	handle("GET /ui/api/status", access.Read, s.status)
 	if opts.Pprof {
 		// The index without its trailing slash: ServeHTTP treats paths

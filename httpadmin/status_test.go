@@ -78,12 +78,17 @@ func TestStatusDocument(t *testing.T) {
 	a.do("GET", "/ui/api/status?decisions=-1", nil).want(t, http.StatusBadRequest, "decisions")
 }
 
-// TestStatusPageNeedsTheReadScope: with authentication on, the page and its
-// data are behind the read scope like every other GET.
+// TestStatusPageNeedsTheReadScope: with authentication on, the page's data
+// is behind the read scope like every other GET; its static files, which
+// carry none, load without a token so that a browser can ask for one.
 func TestStatusPageNeedsTheReadScope(t *testing.T) {
 	srv := startTokenServer(t, "read-token-0123456789abcdef read name=ops\nselect-token-0123456789abcd select name=ray\n")
-	for _, p := range []string{"/ui/", "/ui/api/status"} {
-		for token, want := range map[string]int{"": 401, "read-token-0123456789abcdef": 200} {
+	for p, wants := range map[string]map[string]int{
+		"/ui/":           {"": 200, "read-token-0123456789abcdef": 200},
+		"/ui/app.js":     {"": 200},
+		"/ui/api/status": {"": 401, "select-token-0123456789abcd": 403, "read-token-0123456789abcdef": 200},
+	} {
+		for token, want := range wants {
 			req, _ := http.NewRequest("GET", srv.URL+p, nil)
 			if token != "" {
 				req.Header.Set("Authorization", "Bearer "+token)

@@ -145,10 +145,26 @@ function drawSpark() {
   svg.setAttribute("data-points", String(pts.length));
 }
 
+// With authentication on, the data needs a read-scope token: asked for once,
+// kept in this tab's sessionStorage, sent as a bearer token.
+const login = document.getElementById("login");
+login.addEventListener("submit", (ev) => {
+  ev.preventDefault();
+  sessionStorage.setItem("kvselect-token", document.getElementById("token").value.trim());
+  login.hidden = true;
+});
+
 async function poll() {
   const err = document.getElementById("error");
   try {
-    const res = await fetch("api/status?decisions=30", { cache: "no-store" });
+    const headers = {};
+    const token = sessionStorage.getItem("kvselect-token");
+    if (token) headers.Authorization = "Bearer " + token;
+    const res = await fetch("api/status?decisions=30", { cache: "no-store", headers });
+    if (res.status === 401 || res.status === 403) {
+      login.hidden = false;
+      throw new Error("GET /ui/api/status: " + res.status + (token ? " (the token was refused)" : " (a token is needed)"));
+    }
     if (!res.ok) throw new Error("GET /ui/api/status: " + res.status + " " + (await res.text()));
     render(await res.json());
     err.hidden = true;
