@@ -8,7 +8,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -288,14 +287,7 @@ func binaryFlags(fs *flag.FlagSet, kvselect, mockworker *string) {
 	fs.StringVar(mockworker, "mockworker", "bin/kvselect-mockworker", "mock worker `binary`")
 }
 
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
-}
+func freePort() (int, error) { return peerproc.FreePort() }
 
 func startFleet(ctx context.Context, c *demoConfig, stderr io.Writer) (*fleet, error) {
 	if c.engines == engineSim {

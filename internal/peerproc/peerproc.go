@@ -12,11 +12,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -82,13 +84,48 @@ func binary(tb testing.TB, env, howTo string, require ...string) string {
 // FreePort returns a TCP port that was free on 127.0.0.1 a moment ago. The
 // simulator rejects --port 0, and its KV event topic names its port, so ports
 // are chosen before it starts.
+//
+// The port comes from below the kernel's ephemeral range when it can: a
+// port the kernel hands out for ":0" is one it also hands out as the source
+// port of outgoing connections, and on a machine running many tests one of
+// those can take it in the seconds before the process that was meant to
+// listen there starts.
 func FreePort() (int, error) {
+	lo, hi := 10000, ephemeralStart()-1
+	for range 64 {
+		if hi <= lo {
+			break
+		}
+		port := lo + rand.IntN(hi-lo+1)
+		if l, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(port)); err == nil {
+			l.Close()
+			return port, nil
+		}
+	}
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return 0, fmt.Errorf("free port: %w", err)
 	}
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// ephemeralStart is the first port of the kernel's ephemeral range (Linux's
+// ip_local_port_range; 32768, its default, elsewhere or when unreadable).
+func ephemeralStart() int {
+	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if err != nil {
+		return 32768
+	}
+	f := strings.Fields(string(b))
+	if len(f) == 0 {
+		return 32768
+	}
+	n, err := strconv.Atoi(f[0])
+	if err != nil || n < 1024 {
+		return 32768
+	}
+	return n
 }
 
 // Sim configures one llm-d-inference-sim process.

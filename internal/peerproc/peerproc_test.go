@@ -3,9 +3,11 @@ package peerproc
 import (
 	"context"
 	"fmt"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -89,5 +91,26 @@ func TestStartSimUntilHealthy(t *testing.T) {
 	resp.Body.Close()
 	if want := fmt.Sprintf("kv@127.0.0.1:%d@fake-model", port); s.Topic() != want {
 		t.Fatalf("topic %q, want %q", s.Topic(), want)
+	}
+}
+
+// TestFreePortIsBelowTheEphemeralRange: ports for processes to listen on
+// come from outside the range the kernel picks source ports from, so an
+// outgoing connection elsewhere cannot take one before its process starts.
+func TestFreePortIsBelowTheEphemeralRange(t *testing.T) {
+	start := ephemeralStart()
+	for range 20 {
+		p, err := FreePort()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if p < 10000 || p >= start {
+			t.Fatalf("FreePort = %d, want one in [10000, %d)", p, start)
+		}
+		l, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(p))
+		if err != nil {
+			t.Fatalf("port %d is not free: %v", p, err)
+		}
+		l.Close()
 	}
 }
