@@ -24,7 +24,6 @@
 package flowsim
 
 import (
-	"container/heap"
 	"context"
 	"errors"
 	"fmt"
@@ -33,6 +32,7 @@ import (
 	"math/rand/v2"
 	"time"
 
+	"github.com/kvselect/kvselect/bench/eventq"
 	"github.com/kvselect/kvselect/bench/report"
 	"github.com/kvselect/kvselect/selection/flow"
 	"github.com/kvselect/kvselect/selection/scheduler"
@@ -143,28 +143,9 @@ type worker struct {
 
 type event struct {
 	at     time.Duration
-	seq    uint64
 	worker *worker  // step end
 	req    *request // arrival
 	tokens int      // the step's prompt tokens
-}
-
-type events []event
-
-func (e events) Len() int { return len(e) }
-func (e events) Less(i, j int) bool {
-	if e[i].at != e[j].at {
-		return e[i].at < e[j].at
-	}
-	return e[i].seq < e[j].seq
-}
-func (e events) Swap(i, j int) { e[i], e[j] = e[j], e[i] }
-func (e *events) Push(x any)   { *e = append(*e, x.(event)) }
-func (e *events) Pop() any {
-	old := *e
-	x := old[len(old)-1]
-	*e = old[:len(old)-1]
-	return x
 }
 
 // Validate reports a configuration that cannot run.
@@ -219,7 +200,7 @@ func Run(ctx context.Context, c Config, mode string) (Result, error) {
 		if n%4096 == 0 && ctx.Err() != nil {
 			return Result{}, ctx.Err()
 		}
-		ev := heap.Pop(&s.q).(event)
+		ev := s.q.Pop()
 		s.now = ev.at
 		s.expire()
 		if ev.req != nil {
@@ -308,8 +289,7 @@ type sim struct {
 	mnbt    *uint64
 	workers []*worker
 	reqs    []*request
-	q       events
-	seq     uint64
+	q       eventq.Queue[event]
 	now     time.Duration
 	waiting map[*flow.Ticket]*request
 	shed    map[*request]bool
@@ -319,11 +299,7 @@ type sim struct {
 // epoch anchors the virtual clock for the controller, which takes times.
 var epoch = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 
-func (s *sim) push(e event) {
-	e.seq = s.seq
-	s.seq++
-	heap.Push(&s.q, e)
-}
+func (s *sim) push(e event) { s.q.Push(e.at, e) }
 
 // room is the least loaded worker that is not busy, nil when all are.
 func (s *sim) room() *worker {

@@ -19,7 +19,6 @@
 package pdsim
 
 import (
-	"container/heap"
 	"context"
 	"errors"
 	"fmt"
@@ -30,6 +29,7 @@ import (
 
 	"github.com/zeebo/xxh3"
 
+	"github.com/kvselect/kvselect/bench/eventq"
 	"github.com/kvselect/kvselect/bench/report"
 	"github.com/kvselect/kvselect/selection"
 	"github.com/kvselect/kvselect/selection/catalog"
@@ -167,7 +167,7 @@ type world struct {
 	now     time.Duration
 	workers []*worker
 	byID    map[uint64]int
-	events  eventQueue
+	events  eventq.Queue[event]
 	ttfts   []time.Duration
 	itls    []time.Duration
 	res     Result
@@ -226,13 +226,13 @@ func Run(ctx context.Context, cfg Config, s Setup) (Result, error) {
 	}
 	w.res.Setup = s
 	for _, r := range w.traffic() {
-		w.events.push(event{at: r.arrival, kind: evArrive, req: r})
+		w.schedule(event{at: r.arrival, kind: evArrive, req: r})
 	}
 	for w.events.Len() > 0 {
 		if err := ctx.Err(); err != nil {
 			return Result{}, err
 		}
-		ev := w.events.pop()
+		ev := w.events.Pop()
 		w.now = ev.at
 		var err error
 		switch ev.kind {
@@ -335,7 +335,7 @@ func (w *world) kick(wk *worker) {
 		d += w.cfg.DecodePerToken
 	}
 	wk.busy = true
-	w.events.push(event{at: w.now + d, kind: evStep, worker: w.byID[wk.id], chunk: chunk})
+	w.schedule(event{at: w.now + d, kind: evStep, worker: w.byID[wk.id], chunk: chunk})
 }
 
 func (w *world) stepDone(ctx context.Context, i, chunk int) error {
@@ -371,7 +371,7 @@ func (w *world) stepDone(ctx context.Context, i, chunk int) error {
 					}
 				}
 				w.res.TransferBlocks += moved
-				w.events.push(event{at: w.now + time.Duration(moved)*w.cfg.TransferPerBlock, kind: evTransferred, req: head})
+				w.schedule(event{at: w.now + time.Duration(moved)*w.cfg.TransferPerBlock, kind: evTransferred, req: head})
 			} else {
 				// Local: the step that finished the prefill produced the
 				// first token.
@@ -468,39 +468,11 @@ const (
 
 type event struct {
 	at     time.Duration
-	n      int
 	kind   eventKind
 	req    *request
 	worker int
 	chunk  int
 }
 
-type eventQueue struct {
-	h eventHeap
-	n int
-}
-
-func (q *eventQueue) Len() int { return len(q.h) }
-
-func (q *eventQueue) push(e event) {
-	q.n++
-	e.n = q.n
-	heap.Push(&q.h, e)
-}
-
-func (q *eventQueue) pop() event { return heap.Pop(&q.h).(event) }
-
-type eventHeap []event
-
-func (h eventHeap) Len() int { return len(h) }
-func (h eventHeap) Less(i, j int) bool {
-	return h[i].at < h[j].at || (h[i].at == h[j].at && h[i].n < h[j].n)
-}
-func (h eventHeap) Swap(i, j int) { h[i], h[j] = h[j], h[i] }
-func (h *eventHeap) Push(x any)   { *h = append(*h, x.(event)) }
-func (h *eventHeap) Pop() any {
-	old := *h
-	e := old[len(old)-1]
-	*h = old[:len(old)-1]
-	return e
-}
+// schedule puts e on the agenda at its time.
+func (w *world) schedule(e event) { w.events.Push(e.at, e) }

@@ -22,7 +22,6 @@
 package routesim
 
 import (
-	"container/heap"
 	"context"
 	"errors"
 	"fmt"
@@ -30,6 +29,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/kvselect/kvselect/bench/eventq"
 	"github.com/kvselect/kvselect/bench/mooncake"
 	"github.com/kvselect/kvselect/selection"
 )
@@ -278,7 +278,6 @@ type event struct {
 	req    *Request
 	worker int
 	tok    int
-	seq    int // insertion order, for a stable heap
 }
 
 const (
@@ -286,24 +285,6 @@ const (
 	done
 	prefillStart
 )
-
-type eventHeap []event
-
-func (h eventHeap) Len() int { return len(h) }
-func (h eventHeap) Less(i, j int) bool {
-	if h[i].at != h[j].at {
-		return h[i].at < h[j].at
-	}
-	return h[i].seq < h[j].seq
-}
-func (h eventHeap) Swap(i, j int) { h[i], h[j] = h[j], h[i] }
-func (h *eventHeap) Push(x any)   { *h = append(*h, x.(event)) }
-func (h *eventHeap) Pop() any {
-	old := *h
-	x := old[len(old)-1]
-	*h = old[:len(old)-1]
-	return x
-}
 
 // NewWorld builds the fleet for cfg.
 func NewWorld(cfg Config) (*World, error) {
@@ -350,9 +331,8 @@ func Run(ctx context.Context, w *World, trace []mooncake.Request, p Policy, prog
 		res.RequestWeight, res.KVUsageWeight = ec.RequestWeight, ec.KVUsageWeight
 	}
 	var (
-		pending    eventHeap
-		retries    eventHeap // refused requests, by the time they are offered again
-		seq        int
+		pending    eventq.Queue[event]
+		retries    eventq.Queue[event] // refused requests, by the time they are offered again
 		ttfts      = make([]time.Duration, 0, len(trace))
 		allTTFTs   = make([]time.Duration, 0, len(trace))
 		selects    = make([]time.Duration, 0, len(trace))
@@ -362,11 +342,7 @@ func Run(ctx context.Context, w *World, trace []mooncake.Request, p Policy, prog
 		refused    = map[int]bool{}
 		bypassRand = rand.New(rand.NewPCG(cfg.Seed, 0xb7a55))
 	)
-	push := func(h *eventHeap, e event) {
-		e.seq = seq
-		seq++
-		heap.Push(h, e)
-	}
+	push := func(q *eventq.Queue[event], e event) { q.Push(e.at, e) }
 	scrape := func() {
 		for i := range w.workers {
 			sink.ReportEngine(i, w.EngineState(i))
@@ -377,8 +353,9 @@ func Run(ctx context.Context, w *World, trace []mooncake.Request, p Policy, prog
 	// whether there was one. Scrapes stop once no event is pending, so the
 	// final drain ends.
 	step := func(until time.Duration) bool {
-		evDue := pending.Len() > 0 && pending[0].at <= until
-		if cfg.EngineMetrics && nextScrape <= until && (!evDue || nextScrape < pending[0].at) &&
+		next, queued := pending.Next()
+		evDue := queued && next <= until
+		if cfg.EngineMetrics && nextScrape <= until && (!evDue || nextScrape < next) &&
 			(pending.Len() > 0 || until < 1<<62-1) {
 			w.now = nextScrape
 			scrape()
@@ -388,7 +365,7 @@ func Run(ctx context.Context, w *World, trace []mooncake.Request, p Policy, prog
 		if !evDue {
 			return false
 		}
-		e := heap.Pop(&pending).(event)
+		e := pending.Pop()
 		w.now = e.at
 		ws := &w.workers[e.worker]
 		switch e.kind {
@@ -487,8 +464,8 @@ func Run(ctx context.Context, w *World, trace []mooncake.Request, p Policy, prog
 			arrival = time.Duration(float64(time.Duration(trace[i].Timestamp-t0)*time.Millisecond) / cfg.Speedup)
 		}
 		// A retry due no later than the next arrival goes first.
-		if retries.Len() > 0 && (i == len(trace) || retries[0].at <= arrival) {
-			e := heap.Pop(&retries).(event)
+		if retryAt, ok := retries.Next(); ok && (i == len(trace) || retryAt <= arrival) {
+			e := retries.Pop()
 			drain(e.at)
 			w.now = e.at
 			if err := route(e.req); err != nil {
