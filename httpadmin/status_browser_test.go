@@ -3,13 +3,13 @@ package httpadmin
 import (
 	"context"
 	"net/http"
-	"os"
-	"os/exec"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/chromedp/chromedp"
+
+	"github.com/kvselect/kvselect/internal/peerproc"
 )
 
 // TestStatusPageAsksForAToken loads the page in headless Chromium from a
@@ -17,13 +17,7 @@ import (
 // token is entered it renders the worker and the decision the server has.
 // Skipped without Chromium unless KVSELECT_REQUIRE_OBSERVE is set (CI).
 func TestStatusPageAsksForAToken(t *testing.T) {
-	chromium, err := exec.LookPath("chromium")
-	if err != nil {
-		if os.Getenv("KVSELECT_REQUIRE_OBSERVE") != "" {
-			t.Fatal("chromium not found and KVSELECT_REQUIRE_OBSERVE is set: apt install chromium")
-		}
-		t.Skip("chromium not found (apt install chromium; KVSELECT_REQUIRE_OBSERVE=1 makes this a failure)")
-	}
+	chromium := peerproc.ObserveTool(t, "chromium")
 	const token = "ops-token-0123456789abcdefgh"
 	srv := startTokenServer(t, token+" read,select,admin name=ops\n")
 	call := func(method, path, body string) {

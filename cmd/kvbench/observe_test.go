@@ -8,25 +8,9 @@ import (
 	"os/exec"
 	"path/filepath"
 	"testing"
-)
 
-// observeTools finds Prometheus and Chromium; without them the test skips,
-// unless KVSELECT_REQUIRE_OBSERVE is set (CI installs both).
-func observeTools(t *testing.T, names ...string) []string {
-	t.Helper()
-	var paths []string
-	for _, n := range names {
-		p, err := exec.LookPath(n)
-		if err != nil {
-			if os.Getenv("KVSELECT_REQUIRE_OBSERVE") != "" {
-				t.Fatalf("%s not found and KVSELECT_REQUIRE_OBSERVE is set: apt install prometheus chromium", n)
-			}
-			t.Skipf("%s not found (apt install prometheus chromium; KVSELECT_REQUIRE_OBSERVE=1 makes this a failure)", n)
-		}
-		paths = append(paths, p)
-	}
-	return paths
-}
+	"github.com/kvselect/kvselect/internal/peerproc"
+)
 
 // TestObserveCommand runs kvbench observe end to end: kvselect and mock
 // workers scraped by a real Prometheus with the alert rules loaded, the
@@ -35,12 +19,12 @@ func observeTools(t *testing.T, names ...string) []string {
 // status page without the workers and decisions; the test checks its
 // report and the screenshots it saved.
 func TestObserveCommand(t *testing.T) {
-	tools := observeTools(t, "prometheus", "chromium")
+	prometheus, chromium := peerproc.ObserveTool(t, "prometheus"), peerproc.ObserveTool(t, "chromium")
 	kvselectBin, workerBin := buildFleetBinaries(t)
 	out := t.TempDir()
 	var stdout, stderr bytes.Buffer
 	err := runObserve(context.Background(), []string{"-kvselect", kvselectBin, "-mockworker", workerBin,
-		"-prometheus", tools[0], "-chromium", tools[1], "-workers", "2", "-requests", "150", "-quiet",
+		"-prometheus", prometheus, "-chromium", chromium, "-workers", "2", "-requests", "150", "-quiet",
 		"-trace", "../../bench/testdata/mooncake/conversation_trace.jsonl.gz",
 		"-dashboard", "../../deploy/observability/grafana-dashboard.json", "-alerts", "../../deploy/observability/alerts.yaml",
 		"-out", out}, &stdout, &stderr)
@@ -77,7 +61,7 @@ func TestObserveCommand(t *testing.T) {
 // reads it, and its unit tests (alerts_test.yaml: each alert fires on the
 // series that should page, with its labels and text, and not before).
 func TestAlertRulesPassPromtool(t *testing.T) {
-	promtool := observeTools(t, "promtool")[0]
+	promtool := peerproc.ObserveTool(t, "promtool")
 	if out, err := exec.Command(promtool, "check", "rules", "../../deploy/observability/alerts.yaml").CombinedOutput(); err != nil {
 		t.Fatalf("promtool check rules: %v\n%s", err, out)
 	}

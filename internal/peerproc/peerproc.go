@@ -33,6 +33,9 @@ const (
 	EnvEPP        = "KVSELECT_LLMD_EPP"
 	EnvRequireSim = "KVSELECT_REQUIRE_LLMD_SIM"
 	EnvRequireAll = "KVSELECT_REQUIRE_PEERS"
+	// EnvRequireObserve makes a missing Prometheus, promtool or Chromium
+	// (ObserveTool) a failure.
+	EnvRequireObserve = "KVSELECT_REQUIRE_OBSERVE"
 )
 
 // simHowTo says where the simulator comes from when it is missing.
@@ -55,6 +58,24 @@ func SimBinary(tb testing.TB) string {
 func EPPBinary(tb testing.TB) string {
 	tb.Helper()
 	return binary(tb, EnvEPP, eppHowTo, EnvRequireAll)
+}
+
+// ObserveTool returns the path of an observability tool on PATH:
+// prometheus or promtool (Debian's prometheus package) or chromium. Without
+// it the test is skipped, or fails when KVSELECT_REQUIRE_OBSERVE is set.
+func ObserveTool(tb testing.TB, name string) string {
+	tb.Helper()
+	path, err := exec.LookPath(name)
+	if err == nil {
+		return path
+	}
+	const howTo = "apt install prometheus chromium"
+	if os.Getenv(EnvRequireObserve) != "" {
+		tb.Fatalf("%s not found (required: %s is set); %s", name, EnvRequireObserve, howTo)
+		return ""
+	}
+	tb.Skipf("%s not found; %s (%s=1 makes this a failure)", name, howTo, EnvRequireObserve)
+	return ""
 }
 
 func binary(tb testing.TB, env, howTo string, require ...string) string {
