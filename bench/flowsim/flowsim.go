@@ -131,6 +131,8 @@ type request struct {
 	wait     time.Duration
 	firstTok time.Duration
 	worker   *worker
+	shed     bool // rejected at arrival (sheddable, pool saturated)
+	expired  bool // waited the TTL
 }
 
 type worker struct {
@@ -184,7 +186,7 @@ func Run(ctx context.Context, c Config, mode string) (Result, error) {
 		}
 		fairness = f
 	}
-	s := &sim{cfg: c, ctl: flow.New(flow.Config{Fairness: fairness, TTL: c.TTL})}
+	s := &sim{cfg: c, ctl: flow.New(flow.Config{Fairness: fairness, TTL: c.TTL}), waiting: make(map[*flow.Ticket]*request)}
 	mnbt := uint64(c.MaxNumBatchedTokens)
 	s.mnbt = &mnbt
 	for i := range c.Workers {
@@ -292,8 +294,6 @@ type sim struct {
 	q       eventq.Queue[event]
 	now     time.Duration
 	waiting map[*flow.Ticket]*request
-	shed    map[*request]bool
-	expired map[*request]bool
 }
 
 // epoch anchors the virtual clock for the controller, which takes times.
@@ -324,7 +324,7 @@ func (s *sim) arrive(r *request) {
 		}
 	}
 	if flow.Sheddable(cl.Priority) {
-		s.mark(&s.shed, r)
+		r.shed = true
 		return
 	}
 	t, err := s.ctl.Push(epoch.Add(s.now), flow.Request{Priority: cl.Priority, Tenant: cl.Tenant,
@@ -333,17 +333,7 @@ func (s *sim) arrive(r *request) {
 		panic(err)
 	}
 	r.ticket = t
-	if s.waiting == nil {
-		s.waiting = make(map[*flow.Ticket]*request)
-	}
 	s.waiting[t] = r
-}
-
-func (s *sim) mark(m *map[*request]bool, r *request) {
-	if *m == nil {
-		*m = make(map[*request]bool)
-	}
-	(*m)[r] = true
 }
 
 // expire takes out the requests that waited the TTL.
@@ -354,7 +344,7 @@ func (s *sim) expire() {
 	for t, r := range s.waiting {
 		if t.Expired() {
 			delete(s.waiting, t)
-			s.mark(&s.expired, r)
+			r.expired = true
 		}
 	}
 }
@@ -452,7 +442,7 @@ func (s *sim) result(mode string) (Result, error) {
 	res.Utilisation = math.Round(float64(busy)/float64(time.Duration(len(s.workers))*s.cfg.Duration)*1000) / 1000
 	outs := make([]Outcome, 0, len(s.reqs))
 	for _, r := range s.reqs {
-		outs = append(outs, Outcome{Class: r.class, Shed: s.shed[r], Expired: s.expired[r],
+		outs = append(outs, Outcome{Class: r.class, Shed: r.shed, Expired: r.expired,
 			Finished: r.worker != nil && r.output == 0, Wait: r.wait, TTFT: r.firstTok - r.arrival})
 	}
 	var err error
