@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -493,18 +494,11 @@ func observeTable(w io.Writer, rep *observeReport) {
 			}
 			note := q.Error
 			if q.Series == 0 && note == "" {
-				note = "no data: " + cmpOr(p.Optional, "MISSING")
+				note = "no data: " + cmp.Or(p.Optional, "MISSING")
 			}
 			fmt.Fprintf(w, "%-28s %7d %14.4g  %s\n", title, q.Series, q.Value, note)
 		}
 	}
-}
-
-func cmpOr(a, b string) string {
-	if a != "" {
-		return a
-	}
-	return b
 }
 
 // renderDashboard draws each panel's range results as an SVG chart placed by
@@ -540,7 +534,7 @@ body{font:12px system-ui,sans-serif;margin:12px;background:#111217;color:#ccccdc
 			fmt.Fprintf(&b, `<span style="color:%s">■</span> %s &nbsp;`, colors[j%len(colors)], html.EscapeString(s.label))
 		}
 		if len(p.series) == 0 {
-			b.WriteString("no data (" + html.EscapeString(cmpOr(p.Optional, "missing")) + ")")
+			b.WriteString("no data (" + html.EscapeString(cmp.Or(p.Optional, "missing")) + ")")
 		}
 		b.WriteString("</div></div>")
 	}

@@ -16,6 +16,7 @@
 package tracing
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -92,7 +93,7 @@ func FromEnv(ctx context.Context, lookup func(string) (string, bool), version st
 	default:
 		return nil, fmt.Errorf("OTEL_TRACES_EXPORTER=%q: kvselect exports traces with otlp or none", exp)
 	}
-	protocol := strings.ToLower(firstNonEmpty(get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"), get("OTEL_EXPORTER_OTLP_PROTOCOL"), "http/protobuf"))
+	protocol := strings.ToLower(cmp.Or(get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"), get("OTEL_EXPORTER_OTLP_PROTOCOL"), "http/protobuf"))
 	sampler, err := samplerFrom(get("OTEL_TRACES_SAMPLER"), get("OTEL_TRACES_SAMPLER_ARG"))
 	if err != nil {
 		return nil, err
@@ -106,7 +107,7 @@ func FromEnv(ctx context.Context, lookup func(string) (string, bool), version st
 	switch protocol {
 	case "grpc":
 		var opts []otlptracegrpc.Option
-		if endpoint = firstNonEmpty(endpoint, get("OTEL_EXPORTER_OTLP_ENDPOINT")); endpoint != "" {
+		if endpoint = cmp.Or(endpoint, get("OTEL_EXPORTER_OTLP_ENDPOINT")); endpoint != "" {
 			opts = append(opts, otlptracegrpc.WithEndpointURL(endpoint))
 		}
 		client = otlptracegrpc.NewClient(opts...)
@@ -176,13 +177,4 @@ func hasServiceName(attrs string) bool {
 		}
 	}
 	return false
-}
-
-func firstNonEmpty(v ...string) string {
-	for _, s := range v {
-		if s != "" {
-			return s
-		}
-	}
-	return ""
 }
