@@ -82,26 +82,43 @@ func RenderSVG(w io.Writer, title string, charts ...Chart) error {
 	y0 := top
 	for _, c := range charts {
 		renderPanel(&b, c, left, y0, width-left-right, panelH)
-		// Legend.
-		lx := left
-		ly := y0 + panelH + 20
-		names := c.Series
-		if c.Lines != nil {
-			names = make([]string, len(c.Lines))
-			for i, l := range c.Lines {
-				names[i] = l.Name
-			}
-		}
-		for s, name := range names {
-			fmt.Fprintf(&b, `<rect x="%d" y="%d" width="12" height="12" fill="%s"/>`, lx, ly-10, palette[s%len(palette)])
-			fmt.Fprintf(&b, `<text x="%d" y="%d">%s</text>`+"\n", lx+16, ly, esc(name))
-			lx += 24 + 7*len(name)
-		}
+		renderLegend(&b, c, left, y0+panelH+20)
 		y0 += panelH + legendH + 30
 	}
 	b.WriteString("</svg>\n")
 	_, err := io.WriteString(w, b.String())
 	return err
+}
+
+// RenderChart renders one chart as an SVG element of the given size, its
+// legend under the plot: for pages that lay charts out themselves.
+func RenderChart(w io.Writer, c Chart, width, height int) error {
+	const left, right, legendH = 60, 10, 24
+	var b strings.Builder
+	fmt.Fprintf(&b, `<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" viewBox="0 0 %d %d" font-family="sans-serif" font-size="12">`+"\n", width, height, width, height)
+	fmt.Fprintf(&b, `<rect width="100%%" height="100%%" fill="white"/>`+"\n")
+	renderPanel(&b, c, left, 0, width-left-right, height-legendH-8)
+	renderLegend(&b, c, left, height-10)
+	b.WriteString("</svg>\n")
+	_, err := io.WriteString(w, b.String())
+	return err
+}
+
+// renderLegend draws a chart's series (or lines) names with their colours
+// in a row starting at x, baseline y.
+func renderLegend(b *strings.Builder, c Chart, x, y int) {
+	names := c.Series
+	if c.Lines != nil {
+		names = make([]string, len(c.Lines))
+		for i, l := range c.Lines {
+			names[i] = l.Name
+		}
+	}
+	for s, name := range names {
+		fmt.Fprintf(b, `<rect x="%d" y="%d" width="12" height="12" fill="%s"/>`, x, y-10, palette[s%len(palette)])
+		fmt.Fprintf(b, `<text x="%d" y="%d">%s</text>`+"\n", x+16, y, esc(name))
+		x += 24 + 7*len(name)
+	}
 }
 
 func renderPanel(b *strings.Builder, c Chart, x, y, w, h int) {

@@ -49,10 +49,10 @@ type observeConfig struct {
 
 // panelResult is one dashboard panel's check.
 type panelResult struct {
-	Title    string         `json:"title"`
-	Queries  []queryResult  `json:"queries"`
-	Optional string         `json:"optional,omitempty"`
-	series   []promSeriesXY // for the rendering
+	Title    string        `json:"title"`
+	Queries  []queryResult `json:"queries"`
+	Optional string        `json:"optional,omitempty"`
+	series   []report.Line // the range results, seconds since the run began, for the rendering
 }
 
 type queryResult struct {
@@ -60,11 +60,6 @@ type queryResult struct {
 	Series int     `json:"series"`
 	Value  float64 `json:"value,omitempty"` // the first series' value at the end
 	Error  string  `json:"error,omitempty"`
-}
-
-type promSeriesXY struct {
-	label string
-	t, v  []float64
 }
 
 type observeReport struct {
@@ -433,14 +428,14 @@ func (p *promProcess) checkPanel(ctx context.Context, panel grafanaPanel, start,
 			continue
 		}
 		for _, r := range rng.Data.Result {
-			s := promSeriesXY{label: legend(t.LegendFormat, r.Metric)}
+			s := report.Line{Name: legend(t.LegendFormat, r.Metric)}
 			for _, v := range r.Values {
 				ts, _ := v[0].(float64)
 				f, err := strconv.ParseFloat(fmt.Sprint(v[1]), 64)
 				if err != nil || math.IsNaN(f) || math.IsInf(f, 0) {
 					continue
 				}
-				s.t, s.v = append(s.t, ts), append(s.v, f)
+				s.X, s.Y = append(s.X, ts-float64(start.UnixMilli())/1000), append(s.Y, f)
 			}
 			pr.series = append(pr.series, s)
 		}
@@ -507,36 +502,34 @@ func observeTable(w io.Writer, rep *observeReport) {
 func renderDashboard(tab context.Context, dir string, panels []panelResult, dash *grafanaDashboard, start, end time.Time, png string) error {
 	var b strings.Builder
 	b.WriteString(`<!doctype html><html><head><meta charset="utf-8"><style>
-body{font:12px system-ui,sans-serif;margin:12px;background:#111217;color:#ccccdc}
+body{font:12px system-ui,sans-serif;margin:12px}
 .grid{display:grid;grid-template-columns:repeat(24,1fr);grid-auto-rows:34px;gap:6px}
-.p{background:#181b1f;border:1px solid #2c3235;border-radius:3px;padding:4px 8px;overflow:hidden}
-.t{font-weight:600;margin-bottom:2px}.l{font-size:10px;color:#8e8e8e}.v{font-size:26px;color:#73bf69}
+.p{border:1px solid #ddd;border-radius:3px;padding:4px 8px;overflow:hidden}
+.p svg{width:100%;height:100%}.t{font-weight:600}.v{font-size:26px;color:#009E73}.l{color:#555}
 </style></head><body>`)
 	fmt.Fprintf(&b, "<h2>%s — %s to %s (rendered from Prometheus by kvbench observe)</h2><div class=grid>",
 		html.EscapeString(dash.Title), start.Format("15:04:05"), end.Format("15:04:05"))
-	colors := []string{"#73bf69", "#f2cc0c", "#5794f2", "#ff780a", "#b877d9", "#f2495c", "#37872d", "#8ab8ff"}
 	for i, p := range panels {
 		gp := dash.Panels[i].GridPos
-		fmt.Fprintf(&b, `<div class=p style="grid-column:%d/span %d;grid-row:%d/span %d"><div class=t>%s</div>`,
-			gp.X+1, gp.W, gp.Y+1, gp.H, html.EscapeString(p.Title))
+		fmt.Fprintf(&b, `<div class=p style="grid-column:%d/span %d;grid-row:%d/span %d">`, gp.X+1, gp.W, gp.Y+1, gp.H)
 		unit := dash.Panels[i].FieldConfig.Defaults.Unit
-		if dash.Panels[i].Type == "stat" {
+		switch {
+		case dash.Panels[i].Type == "stat":
 			v := "no data"
 			if len(p.Queries) > 0 && p.Queries[0].Series > 0 {
 				v = formatUnit(p.Queries[0].Value, unit)
 			}
-			fmt.Fprintf(&b, "<div class=v>%s</div></div>", html.EscapeString(v))
-			continue
+			fmt.Fprintf(&b, "<div class=t>%s</div><div class=v>%s</div>", html.EscapeString(p.Title), html.EscapeString(v))
+		case len(p.series) == 0:
+			fmt.Fprintf(&b, "<div class=t>%s</div><div class=l>no data (%s)</div>", html.EscapeString(p.Title),
+				html.EscapeString(cmp.Or(p.Optional, "missing")))
+		default:
+			c := report.Chart{Title: p.Title, Unit: unitLabel(unit), Lines: p.series, XLabel: "seconds since the run began"}
+			if err := report.RenderChart(&b, c, gp.W*56, gp.H*40-20); err != nil {
+				return err
+			}
 		}
-		b.WriteString(panelSVG(p.series, gp.W*52, gp.H*34-40, unit, colors))
-		b.WriteString("<div class=l>")
-		for j, s := range p.series {
-			fmt.Fprintf(&b, `<span style="color:%s">■</span> %s &nbsp;`, colors[j%len(colors)], html.EscapeString(s.label))
-		}
-		if len(p.series) == 0 {
-			b.WriteString("no data (" + html.EscapeString(cmp.Or(p.Optional, "missing")) + ")")
-		}
-		b.WriteString("</div></div>")
+		b.WriteString("</div>")
 	}
 	b.WriteString("</div></body></html>")
 	page := filepath.Join(dir, "dashboard.html")
@@ -553,34 +546,17 @@ body{font:12px system-ui,sans-serif;margin:12px;background:#111217;color:#ccccdc
 	return os.WriteFile(png, shot, 0o644)
 }
 
-func panelSVG(series []promSeriesXY, w, h int, unit string, colors []string) string {
-	t0, t1, hi := math.Inf(1), math.Inf(-1), 0.0
-	for _, s := range series {
-		for i := range s.t {
-			t0, t1, hi = min(t0, s.t[i]), max(t1, s.t[i]), max(hi, s.v[i])
-		}
+// unitLabel names a Grafana unit in a chart title.
+func unitLabel(unit string) string {
+	switch unit {
+	case "percentunit":
+		return "fraction"
+	case "reqps":
+		return "per second"
+	case "s", "bytes":
+		return unit
 	}
-	if hi <= 0 {
-		hi = 1
-	}
-	var b strings.Builder
-	fmt.Fprintf(&b, `<svg width="%d" height="%d" style="width:100%%">`, w, h)
-	fmt.Fprintf(&b, `<text x="2" y="10" fill="#8e8e8e" font-size="10">%s</text>`, html.EscapeString(formatUnit(hi, unit)))
-	fmt.Fprintf(&b, `<line x1="0" y1="%d" x2="%d" y2="%d" stroke="#2c3235"/>`, h-1, w, h-1)
-	if t1 <= t0 {
-		t1 = t0 + 1
-	}
-	for j, s := range series {
-		pts := make([]string, 0, len(s.t))
-		for i := range s.t {
-			x := (s.t[i] - t0) / (t1 - t0) * float64(w)
-			y := float64(h-2) - s.v[i]/hi*float64(h-14)
-			pts = append(pts, fmt.Sprintf("%.1f,%.1f", x, y))
-		}
-		fmt.Fprintf(&b, `<polyline fill="none" stroke="%s" stroke-width="1.5" points="%s"/>`, colors[j%len(colors)], strings.Join(pts, " "))
-	}
-	b.WriteString("</svg>")
-	return b.String()
+	return ""
 }
 
 func formatUnit(v float64, unit string) string {
