@@ -109,7 +109,9 @@ func (st *stream) onResponseBody(b *extprocv3.HttpBody) error {
 	if len(body) > 0 || eos {
 		st.bk.prefillComplete(st.ctx)
 	}
-	if (st.bk.live || st.ex.mm != nil && !st.ex.finished) && st.sse && len(body) > 0 {
+	// A routed request whose metrics are still open (its booking, if
+	// still live, is one of those).
+	if st.ex.mm != nil && !st.ex.finished && st.sse && len(body) > 0 {
 		st.counter.feed(body)
 		st.bk.outputTokens(st.ctx, st.counter.tokens())
 	}
