@@ -126,8 +126,13 @@ func (c *traceCarrier) Keys() []string { return []string{"traceparent", "tracest
 
 // startRequest opens the request's span, continuing the trace the gateway
 // forwarded in traceparent.
+// With tracing off nothing happens: the stream keeps the no-op span it
+// started with, and the request path allocates no context for spans.
 func (st *stream) startRequest() {
 	t := st.s.opts.Tracing
+	if !t.Enabled {
+		return
+	}
 	ctx := t.Propagator.Extract(st.ctx, &traceCarrier{id: &st.id})
 	st.ex.ctx, st.ex.span = t.Tracer.Start(ctx, tracing.SpanRequest, trace.WithSpanKind(trace.SpanKindServer))
 	if st.ex.span.IsRecording() {
@@ -135,6 +140,15 @@ func (st *stream) startRequest() {
 			attribute.String("kvselect.front", "ext_proc"))
 	}
 	st.bk.span = st.ex.span
+}
+
+// startSpan starts a child of the request span; with tracing off it is the
+// stream's no-op span, at no cost.
+func (st *stream) startSpan(name string) (context.Context, trace.Span) {
+	if !st.s.opts.Tracing.Enabled {
+		return st.ex.ctx, st.ex.span
+	}
+	return st.s.opts.Tracing.Tracer.Start(st.ex.ctx, name)
 }
 
 // propagate sets the request span's trace context on the request to the

@@ -162,8 +162,7 @@ func (st *stream) sendBodyChunks(eos bool) error {
 // (st.closed); a returned error is a stream error.
 func (st *stream) pick(withBody bool) (*extprocv3.HeaderMutation, *structpb.Struct, error) {
 	defer st.s.metrics.observePick(time.Now())
-	tr := st.s.opts.Tracing.Tracer
-	_, parse := tr.Start(st.ex.ctx, tracing.SpanParse)
+	_, parse := st.startSpan(tracing.SpanParse)
 	defer parse.End() // ended early on the way to the selection
 	id := &st.id
 	var pb parsedBody
@@ -238,7 +237,7 @@ func (st *stream) pick(withBody bool) (*extprocv3.HeaderMutation, *structpb.Stru
 			attribute.String("kvselect.identity", identitySource(req)))
 	}
 	parse.End()
-	sctx, sel := tr.Start(st.ex.ctx, tracing.SpanSelect)
+	sctx, sel := st.startSpan(tracing.SpanSelect)
 	defer sel.End()
 	resp, err := st.s.svc.SelectAndReserve(sctx, req)
 	if err != nil && fromRequestID && selection.KindOf(err) == selection.KindConflict {

@@ -71,8 +71,12 @@ func (r *statusRecorder) status() int {
 // Unwrap lets http.ResponseController reach the connection.
 func (r *statusRecorder) Unwrap() http.ResponseWriter { return r.ResponseWriter }
 
-// span starts a child span of the request's when tracing is on.
+// span starts a child span of the request's when tracing is on; off, it is
+// the context's no-op span, allocating nothing.
 func (s *server) span(ctx context.Context, name string) (context.Context, trace.Span) {
+	if !s.tracing.Enabled {
+		return ctx, trace.SpanFromContext(ctx)
+	}
 	return s.tracing.Tracer.Start(ctx, name)
 }
 
