@@ -21,6 +21,13 @@ import (
 // first (llm-d-inference-sim numbers from 1); its replay ROUTER is bound.
 func newDialingEngine(t *testing.T, collectorEP, topic string, first uint64) *engine {
 	t.Helper()
+	return newDialingEngineReplayAt(t, collectorEP, topic, first, "tcp://127.0.0.1:0")
+}
+
+// newDialingEngineReplayAt is newDialingEngine with its replay socket bound at
+// replayEP (an engine restarted at its old address).
+func newDialingEngineReplayAt(t *testing.T, collectorEP, topic string, first uint64, replayEP string) *engine {
+	t.Helper()
 	ctx := context.Background()
 	e := &engine{t: t, topic: []byte(topic), four: true, first: first, drop: map[uint64]bool{}}
 	e.pub = zmq4.NewPub(ctx)
@@ -28,7 +35,7 @@ func newDialingEngine(t *testing.T, collectorEP, topic string, first uint64) *en
 		t.Fatal(err)
 	}
 	e.router = zmq4.NewRouter(ctx)
-	if err := e.router.Listen("tcp://127.0.0.1:0"); err != nil {
+	if err := e.router.Listen(replayEP); err != nil {
 		t.Fatal(err)
 	}
 	e.replayEP = "tcp://" + e.router.Addr().String()
@@ -372,4 +379,47 @@ func TestCollectorDropsHostilePeers(t *testing.T) {
 		eventuallySleep()
 		return device(ix, w, ch.locals) == 3
 	})
+}
+
+// An engine behind the collector restarts under the same topic and replay
+// address: the collector's socket stays up, so the restart shows only as
+// batches counting up again below the watermark. After three of them the
+// rank drops the old engine's blocks and catches up on the new stream.
+func TestCollectorPublisherRestart(t *testing.T) {
+	l, ep := newCollector(t)
+	ix := newIndex(t)
+	w := index.WorkerKey{WorkerID: 9}
+	topic := "kv@127.0.0.1:8009@m"
+	e1 := newDialingEngine(t, ep, topic, 1)
+	if err := l.Attach(collected(ix, part, w, "127.0.0.1:8009", "", e1.replayEP)); err != nil {
+		t.Fatal(err)
+	}
+	old := newChain(0, 200, 6)
+	for _, b := range old.batches {
+		e1.publish(b)
+	}
+	eventually(t, "the first engine's chain, and live batches after it", func() bool {
+		e1.publish(heartbeatBatch(0))
+		eventuallySleep()
+		return device(ix, w, old.locals) == 6 && status(t, l, w).LastSeq >= 30
+	})
+	replayEP := e1.replayEP
+	e1.close()
+
+	e2 := newDialingEngineReplayAt(t, ep, topic, 1, replayEP)
+	fresh := newChain(0, 700, 4)
+	for _, b := range fresh.batches {
+		e2.publish(b) // maybe before its socket connected: the replay has them
+	}
+	eventually(t, "the restarted engine's chain", func() bool {
+		e2.publish(heartbeatBatch(0))
+		eventuallySleep()
+		return device(ix, w, fresh.locals) == 4
+	})
+	if got := device(ix, w, old.locals); got != 0 {
+		t.Fatalf("%d of the first engine's 6 blocks survived its restart", got)
+	}
+	if st := status(t, l, w); st.Restarts != 1 || st.Lost != 0 {
+		t.Fatalf("%+v: want one restart recognized and nothing lost", st)
+	}
 }

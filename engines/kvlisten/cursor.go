@@ -38,6 +38,32 @@ type observation struct {
 type cursor struct {
 	synced bool
 	last   uint64 // the watermark; meaningful only when synced
+	// The run of stale batches seen in a row: how many, and the last one.
+	staleRun  int
+	staleLast uint64
+}
+
+// restartRun is how many live batches in a row, all at or below the
+// watermark and each one above the one before, show that the publisher
+// restarted with a fresh sequence. A duplicate or a reordered batch is one
+// stale batch between accepted ones and never makes such a run; a new
+// publisher counting up from 0 under the old watermark makes one at once.
+const restartRun = 3
+
+// restarted records the stale live batch seq and reports whether the
+// publisher has restarted: the batch is the first of a new subscriber
+// session (an old publisher, reconnected, never sends below its watermark),
+// or it completes a run of restartRun consecutive stale batches (the only
+// sign when a proxy or a collector socket keeps the connection up while the
+// engine behind it restarts).
+func (c *cursor) restarted(seq uint64, firstOfSession bool) bool {
+	if c.staleRun > 0 && seq == c.staleLast+1 {
+		c.staleRun++
+	} else {
+		c.staleRun = 1
+	}
+	c.staleLast = seq
+	return firstOfSession || c.staleRun >= restartRun
 }
 
 // watermark returns the last accepted sequence number and whether there is one.
@@ -69,7 +95,7 @@ func (c cursor) observe(seq uint64) observation {
 // what observe or a replayRange let through, which is always above the
 // watermark.
 func (c *cursor) advance(seq uint64) {
-	c.synced, c.last = true, seq
+	c.synced, c.last, c.staleRun = true, seq, 0
 }
 
 // replayRange classifies the answer to one replay request for [start,

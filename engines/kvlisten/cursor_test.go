@@ -152,3 +152,44 @@ func TestReplayRangeClassifiesAnswer(t *testing.T) {
 		})
 	}
 }
+
+// A restarted publisher is told from duplicates and reordered batches: the
+// live stream (accepted batches as 'a', stale ones as their sequence number)
+// ends in a restart only for a new session below the watermark or a run of
+// consecutive stale batches.
+func TestCursorRestarted(t *testing.T) {
+	cases := []struct {
+		name      string
+		stream    []uint64 // live sequence numbers after a watermark of 100
+		newAt     int      // index of the first batch of a new session; -1 none
+		restartAt int      // index at which restarted reports true; -1 never
+	}{
+		{"new session below the watermark", []uint64{0}, 0, 0},
+		{"new session, restarted publisher a few batches in", []uint64{7}, 0, 0},
+		{"same session, restarted publisher counting up", []uint64{0, 1, 2}, -1, 2},
+		{"same session, caught from its fifth batch", []uint64{5, 6, 7}, -1, 2},
+		{"duplicates between accepted batches", []uint64{100, 101, 101, 102, 102, 103, 103}, -1, -1},
+		{"reordered pairs", []uint64{102, 101, 104, 103, 106, 105}, -1, -1},
+		{"a late batch, then another one", []uint64{50, 101, 60}, -1, -1},
+		{"two in a row, then accepted: not yet", []uint64{3, 4, 101, 5}, -1, -1},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			c := cursor{synced: true, last: 100}
+			got := -1
+			for i, seq := range tc.stream {
+				if c.observe(seq).verdict != verdictStale {
+					c.advance(seq)
+					continue
+				}
+				if c.restarted(seq, i == tc.newAt) {
+					got = i
+					break
+				}
+			}
+			if got != tc.restartAt {
+				t.Fatalf("restart recognized at batch %d, want %d", got, tc.restartAt)
+			}
+		})
+	}
+}

@@ -108,13 +108,14 @@ type RankStatus struct {
 	DecodeErrors uint64
 	Lost         uint64 // batches known lost: no replay endpoint or incomplete replay
 	Gaps         uint64 // live sequence gaps detected (not counting the initial catch-up)
-	// Stale counts live batches at or below the watermark, skipped. A steady
-	// rise means the publisher restarted at the same address with a fresh
-	// sequence. Reconnecting keeps the watermark, so this does not heal by
-	// itself: DELETE /workers/{id} then POST /workers attaches the rank again
-	// with a fresh one (Dynamo's standalone selection service documents the
-	// same under "Worker Restarts").
-	Stale    uint64
+	// Stale counts live batches at or below the watermark, skipped: duplicates,
+	// batches overtaken by later ones, and the first batches of a publisher
+	// that restarted with a fresh sequence until the restart is recognized.
+	Stale uint64
+	// Restarts counts publisher restarts recognized (a new subscriber
+	// session, or three consecutive batches, below the watermark): each
+	// dropped the rank's blocks and caught up on the new stream from its start.
+	Restarts uint64
 	Replays  uint64 // replay requests made
 	Replayed uint64 // batches applied from replays (included in Applied)
 	// IncompleteReplays counts replays that did not return the whole requested
@@ -162,6 +163,7 @@ type job struct {
 	seq      uint64
 	payload  []byte
 	replayed bool
+	purge    bool // drop every block of the rank (its publisher restarted)
 	barrier  chan struct{}
 }
 
@@ -222,7 +224,10 @@ func (l *Listeners) write(lane chan job) {
 		switch {
 		case j.barrier != nil:
 			close(j.barrier)
-		case j.r.ctx.Err() == nil:
+		case j.r.ctx.Err() != nil:
+		case j.purge:
+			j.r.a.Index.RemoveRank(j.r.a.Worker)
+		default:
 			j.r.apply(j.seq, j.payload, j.replayed)
 		}
 	}

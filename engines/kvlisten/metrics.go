@@ -48,7 +48,9 @@ var (
 	descGaps = prometheus.NewDesc("kvselect_kv_events_gaps_total",
 		"Live sequence gaps detected.", rankLabels, nil)
 	descStale = prometheus.NewDesc("kvselect_kv_events_stale_batches_total",
-		"Live batches at or below the sequence watermark, skipped (a publisher restarted at the same address).", rankLabels, nil)
+		"Live batches at or below the sequence watermark, skipped (duplicates, reordered batches, a restarted publisher's first batches).", rankLabels, nil)
+	descRestarts = prometheus.NewDesc("kvselect_kv_events_publisher_restarts_total",
+		"Publisher restarts recognized by a sequence that started over: the rank's blocks were dropped and the new stream caught up from its start.", rankLabels, nil)
 	descReplays = prometheus.NewDesc("kvselect_kv_events_replays_total",
 		"Replay requests sent to the engine's replay endpoint.", rankLabels, nil)
 	descReplayed = prometheus.NewDesc("kvselect_kv_events_replayed_batches_total",
@@ -76,7 +78,7 @@ var (
 // Describe implements prometheus.Collector.
 func (l *Listeners) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descBatches, descBlocks, descRejected, descDecodeErrors,
-		descLost, descGaps, descStale, descReplays, descReplayed, descIncomplete, descReconnects,
+		descLost, descGaps, descStale, descRestarts, descReplays, descReplayed, descIncomplete, descReconnects,
 		descConnected, descLastSeq, descComplete, descLaneQueue, descCollector, descCollectorRejected} {
 		ch <- d
 	}
@@ -109,6 +111,7 @@ func (l *Listeners) Collect(ch chan<- prometheus.Metric) {
 		counter(descLost, st.Lost)
 		counter(descGaps, st.Gaps)
 		counter(descStale, st.Stale)
+		counter(descRestarts, st.Restarts)
 		counter(descReplays, st.Replays)
 		counter(descReplayed, st.Replayed)
 		counter(descIncomplete, st.IncompleteReplays)

@@ -30,6 +30,9 @@ type rank struct {
 
 	// Owned by the rank goroutine.
 	cur cursor
+	// newSession is set when a subscriber session begins and cleared by its
+	// first batch.
+	newSession bool
 	// caughtUpTo is one past the last batch a collector-fed rank's catch-up
 	// replay applied (0: none): live copies of those batches, queued
 	// meanwhile, are expected duplicates, not stale batches.
@@ -107,6 +110,7 @@ func (r *rank) session() (received bool, err error) {
 		return false, err
 	}
 	r.update(func(s *RankStatus) { s.Connected = true })
+	r.newSession = true
 	for {
 		msg, err := sub.Recv()
 		if err != nil {
@@ -136,12 +140,19 @@ func (r *rank) live(frames [][]byte) {
 // handle runs one live batch, from the rank's socket or the collector, through
 // the sequence cursor.
 func (r *rank) handle(s uint64, payload []byte) {
+	firstOfSession := r.newSession
+	r.newSession = false
 	switch o := r.cur.observe(s); o.verdict {
 	case verdictStale:
 		if s < r.caughtUpTo {
 			return
 		}
 		last, _ := r.cur.watermark()
+		if r.cur.restarted(s, firstOfSession) {
+			r.restart(s, last)
+			r.handle(s, payload) // from a fresh cursor: catch up from 0, then apply
+			return
+		}
 		r.update(func(st *RankStatus) { st.Stale++ })
 		r.log.Debug("skipping stale kv events batch", "seq", s, "last", last)
 		return
@@ -156,9 +167,36 @@ func (r *rank) handle(s uint64, payload []byte) {
 	r.accept(s, payload, false)
 }
 
+// restart starts the rank over after its publisher restarted with a fresh
+// sequence: an engine that restarts has an empty cache, so the blocks its
+// earlier incarnation published are dropped (on the writer lane, after the
+// batches queued before), and the cursor forgets the old watermark, so that
+// the new stream is caught up from its start like a first subscription.
+// Without this a crashed and restarted engine at the same address would have
+// every batch skipped as stale and its old blocks kept for good.
+func (r *rank) restart(seq, last uint64) {
+	r.cur = cursor{}
+	r.caughtUpTo = 0
+	r.update(func(st *RankStatus) {
+		st.Restarts++
+		st.Synced = false
+	})
+	r.log.Warn("kv events publisher restarted with a fresh sequence: dropping the rank's blocks and catching up on the new stream",
+		"last", last, "seq", seq)
+	select {
+	case r.lane <- job{r: r, purge: true}:
+	case <-r.ctx.Done():
+	}
+}
+
 // accept advances the watermark to s and queues the batch on the rank's lane.
 func (r *rank) accept(s uint64, payload []byte, replayed bool) {
 	r.cur.advance(s)
+	if !replayed && s >= r.caughtUpTo {
+		// The live stream has passed the catch-up: no copy of a caught-up
+		// batch can follow, and a batch below it is stale again.
+		r.caughtUpTo = 0
+	}
 	r.update(func(st *RankStatus) {
 		st.Synced = true
 		st.LastSeq = s
