@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -36,7 +37,8 @@ const maxBody = 16 << 20
 // Handler serves the OpenAI-compatible API: POST /v1/completions and
 // /v1/chat/completions (streaming or not), POST /tokenize, GET /v1/models,
 // /health and /metrics, and POST /reset_prefix_cache; GET and POST
-// /admin/faults read and switch the injected faults (faults.go).
+// /admin/faults read and switch the injected faults (faults.go); GET
+// /admin/pool lists every rank's prefix cache.
 func (w *Worker) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/completions", w.sidecar(w.serveCompletions))
@@ -47,6 +49,7 @@ func (w *Worker) Handler() http.Handler {
 	mux.HandleFunc("GET /admin/faults", w.serveFaults)
 	mux.HandleFunc("POST /admin/faults", w.serveFaults)
 	mux.HandleFunc("POST /reset_prefix_cache", w.serveReset)
+	mux.HandleFunc("GET /admin/pool", w.servePool)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(w.metrics.reg, promhttp.HandlerOpts{}))
 	return mux
 }
@@ -615,6 +618,35 @@ func (w *Worker) serveReset(rw http.ResponseWriter, _ *http.Request) {
 		return
 	}
 	rw.WriteHeader(http.StatusOK)
+}
+
+// PoolDump is GET /admin/pool's answer: the engine block hashes in every
+// rank's prefix cache, the ground truth the rank's KV events describe (a
+// test or soak run compares it with an endpoint picker's index). Not a vLLM
+// endpoint.
+type PoolDump struct {
+	Ranks []RankPool `json:"ranks"`
+}
+
+// RankPool is one data-parallel rank's prefix cache, hashes in ascending order.
+type RankPool struct {
+	DPRank int      `json:"dp_rank"`
+	Blocks []uint64 `json:"blocks"`
+}
+
+func (w *Worker) servePool(rw http.ResponseWriter, _ *http.Request) {
+	d := PoolDump{Ranks: make([]RankPool, 0, len(w.ranks))}
+	for i := range w.ranks {
+		rank := w.cfg.DPStartRank + i
+		blocks := w.CachedBlocks(rank)
+		hs := make([]uint64, len(blocks))
+		for j, b := range blocks {
+			hs[j] = b.Hash
+		}
+		slices.Sort(hs)
+		d.Ranks = append(d.Ranks, RankPool{DPRank: rank, Blocks: hs})
+	}
+	writeJSON(rw, http.StatusOK, d)
 }
 
 // tokenizeRequest is vLLM's POST /tokenize body: a completions prompt, or

@@ -489,3 +489,42 @@ func TestTokenizeChatIsConcatenativeAtMessageBorders(t *testing.T) {
 		}
 	}
 }
+
+// GET /admin/pool lists each rank's cached blocks: what a request left behind,
+// and nothing after a prefix cache reset.
+func TestPoolDump(t *testing.T) {
+	w, url := serve(t, Config{BlockSize: 4, DPSize: 2, DPStartRank: 3})
+	if resp := post(t, url+"/v1/completions", `{"prompt":[1,2,3,4,5,6,7,8,9],"max_tokens":1}`, HeaderDPRank, "4"); resp.StatusCode != 200 {
+		t.Fatalf("completion: %d", resp.StatusCode)
+	}
+	get := func() PoolDump {
+		resp, err := http.Get(url + "/admin/pool")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var d PoolDump
+		if err := json.NewDecoder(resp.Body).Decode(&d); err != nil || resp.StatusCode != 200 {
+			t.Fatalf("pool: %d %v", resp.StatusCode, err)
+		}
+		return d
+	}
+	d := get()
+	if len(d.Ranks) != 2 || d.Ranks[0].DPRank != 3 || d.Ranks[1].DPRank != 4 || len(d.Ranks[0].Blocks) != 0 {
+		t.Fatalf("pool %+v", d)
+	}
+	var want []uint64
+	for _, b := range w.CachedBlocks(4) {
+		want = append(want, b.Hash)
+	}
+	slices.Sort(want)
+	if len(want) != 2 || !slices.Equal(d.Ranks[1].Blocks, want) {
+		t.Fatalf("rank 4 blocks %v, want the two full prompt blocks %v", d.Ranks[1].Blocks, want)
+	}
+	if resp := post(t, url+"/reset_prefix_cache", ""); resp.StatusCode != 200 {
+		t.Fatalf("reset: %d", resp.StatusCode)
+	}
+	if d := get(); len(d.Ranks[1].Blocks) != 0 {
+		t.Fatalf("pool after reset %+v", d)
+	}
+}

@@ -33,6 +33,15 @@ type Chart struct {
 	XLabel string
 	// LogX draws the line chart's x axis on a log scale (latency CDFs).
 	LogX bool
+	// Marks are events on a line chart's x axis (a fault injected at that
+	// moment), drawn as thin vertical lines with their label on hover.
+	Marks []Mark
+}
+
+// Mark is one event on a line chart's x axis.
+type Mark struct {
+	X     float64
+	Label string
 }
 
 // Line is one series of a line chart.
@@ -238,6 +247,14 @@ func renderLines(b *strings.Builder, c Chart, x, y, w, h int) {
 		fmt.Fprintf(b, `<text x="%d" y="%d" text-anchor="middle" fill="#555">%s</text>`+"\n", x+i*w/4, plotTop+plotH+16, num(xv))
 	}
 	fmt.Fprintf(b, `<text x="%d" y="%d" text-anchor="end" fill="#555">%s</text>`+"\n", x+w, plotTop+plotH+30, esc(c.XLabel))
+	for _, m := range c.Marks {
+		if m.X < x0 || m.X > x1 || c.LogX {
+			continue
+		}
+		px := float64(x) + (m.X-x0)/(x1-x0)*float64(w)
+		fmt.Fprintf(b, `<line x1="%.1f" y1="%d" x2="%.1f" y2="%d" stroke="#D55E00" stroke-opacity="0.35" stroke-dasharray="3,3"><title>%s</title></line>`+"\n",
+			px, plotTop, px, plotTop+plotH, esc(m.Label))
+	}
 	for s, l := range c.Lines {
 		pts := make([]string, 0, len(l.X))
 		for i := range l.X {

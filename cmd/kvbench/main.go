@@ -27,7 +27,7 @@ import (
 	"github.com/kvselect/kvselect/bench/report"
 )
 
-const usage = `usage: kvbench <index|rest|route|extproc|replicas|demo|vs-epp|text|health|pd|flow|observe|otlp-sink> [flags]
+const usage = `usage: kvbench <index|rest|route|extproc|replicas|demo|vs-epp|text|health|pd|flow|observe|otlp-sink|soak> [flags]
 
 Subcommands:
   replicas two replicas selecting concurrently, with replica sync off and on: per-worker load spread
@@ -41,6 +41,7 @@ Subcommands:
   pd      disaggregated prefill/decode: aggregated vs always-remote vs conditional P/D on long-prompt chat sessions, simulated (-mode sim) or with kvselect and mock worker processes (-mode real)
   flow    flow control: a tenant with long prompts and one with short prompts on a saturated pool, with flow control off, count and cost fairness (simulation)
   observe kvselect + mock workers scraped by a real Prometheus, the status page in headless Chromium: checks the Grafana dashboard's queries and the alert rules, saves screenshots
+  soak    kvselect replicas, mock workers and traffic for an hour under seeded faults (workers, KV publishers, replicas, clients); checks for leaked load, index drift, resource growth and 5xx
   otlp-sink an OTLP trace receiver that counts spans (the other end of bench/tracing-overhead.sh)
   text    text chat sessions through the picker: --tokenize pool vs the approximate text index vs token ids vs round-robin, on mock workers
 
@@ -88,6 +89,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return runFlow(ctx, args[1:], stdout, stderr)
 	case "observe":
 		return runObserve(ctx, args[1:], stdout, stderr)
+	case "soak":
+		return runSoak(ctx, args[1:], stdout, stderr)
 	case "otlp-sink":
 		return runOTLPSink(ctx, args[1:], stdout, stderr)
 	}
