@@ -3,6 +3,8 @@ package selection
 import (
 	"testing"
 	"time"
+
+	"github.com/kvselect/kvselect/selection/routerconfig"
 )
 
 func fail(t testing.TB, s *Service, id uint64, n int) HealthTransition {
@@ -216,5 +218,40 @@ func TestDeletedWorkerForgetsItsHealth(t *testing.T) {
 	mustUpsert(t, s, workerRec(1))
 	if _, err := s.Select(bg, selReq("", 1, 2)); err != nil {
 		t.Fatalf("re-registered worker still ejected: %v", err)
+	}
+}
+
+// A session bound to a worker that the health check ejects moves to the
+// worker its next request is booked on, as it would if the worker had left
+// the catalog, instead of each request failing with a session conflict (400)
+// until the ejection ends; the new binding then holds.
+func TestEjectedWorkerReleasesItsSessions(t *testing.T) {
+	s, _ := newService(t, func(c *routerconfig.Config) { c.SessionAffinityTTL = routerconfig.Some(time.Minute) })
+	mustUpsert(t, s, workerRec(1))
+	mustUpsert(t, s, workerRec(2))
+	req := func(id string, tokens ...uint32) *SelectRequest {
+		r := selReq(id, tokens...)
+		r.SessionID = ptr("sess")
+		return r
+	}
+	first, err := s.SelectAndReserve(bg, req("a", 1, 2, 3, 4))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Free(bg, "a")
+	if tr := fail(t, s, first.WorkerID, 5); tr != HealthEjection {
+		t.Fatalf("worker %d not ejected: %v", first.WorkerID, tr)
+	}
+	moved, err := s.SelectAndReserve(bg, req("b", 1, 2, 3, 4))
+	if err != nil {
+		t.Fatalf("session request while its worker is ejected: %v", err)
+	}
+	if moved.WorkerID == first.WorkerID {
+		t.Fatalf("booked on the ejected worker %d", moved.WorkerID)
+	}
+	s.Free(bg, "b")
+	again, err := s.SelectAndReserve(bg, req("c", 9, 9, 9, 9))
+	if err != nil || again.WorkerID != moved.WorkerID {
+		t.Fatalf("the session's next request went to %d (%v), want its new worker %d", again.WorkerID, err, moved.WorkerID)
 	}
 }

@@ -306,7 +306,7 @@ func (s *Service) checkRequest(req *SelectRequest) error {
 func (s *Service) holdSession(ctx context.Context, p *partition, sid string) (*affinity.Hold, *affinity.Target, error) {
 	for {
 		ws := p.workers.Load()
-		hold, wait, err := p.affinity.Acquire(s.clock(), sid, func(t affinity.Target) bool { return targetSchedulable(ws, t) })
+		hold, wait, err := p.affinity.Acquire(s.clock(), sid, s.sessionLive(ws))
 		if err != nil {
 			return nil, nil, wrapError(KindBadRequest, err)
 		}
@@ -335,6 +335,17 @@ func targetSchedulable(ws *workerSet, t affinity.Target) bool {
 	return !t.HasDPRank || r.HasRank(t.DPRank)
 }
 
+// sessionLive is the liveness test a session's binding gets when a request
+// of the session is booked: targetSchedulable, and the worker not held out by
+// the health check. An ejected worker is gone for its sessions as a deleted
+// one is: they fail over to the worker the selection chose instead of
+// failing with a Hard-mode conflict for as long as the ejection lasts (found
+// by the soak run: session requests answered 400 while their worker was dead).
+func (s *Service) sessionLive(ws *workerSet) func(affinity.Target) bool {
+	excluded, _ := s.health.excludedWorkers(s.clock(), s.engineCfg.Health.Base)
+	return func(t affinity.Target) bool { return !excluded[t.WorkerID] && targetSchedulable(ws, t) }
+}
+
 // commitSession binds the session to the booked rank. A Hard-mode conflict frees
 // the booking and fails the request with 400.
 func (s *Service) commitSession(p *partition, hold *affinity.Hold, w index.WorkerKey, id string) (*affinity.Lease, error) {
@@ -342,7 +353,7 @@ func (s *Service) commitSession(p *partition, hold *affinity.Hold, w index.Worke
 		return nil, nil
 	}
 	ws := p.workers.Load()
-	lease, err := hold.Commit(s.clock(), affinity.RankTarget(w), func(t affinity.Target) bool { return targetSchedulable(ws, t) })
+	lease, err := hold.Commit(s.clock(), affinity.RankTarget(w), s.sessionLive(ws))
 	if err != nil {
 		_ = p.loads.Free(id)
 		p.wake()
