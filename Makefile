@@ -35,6 +35,19 @@ test: fmt-check vet staticcheck
 test-observe:
 	$(GO) test -count=1 -run '^TestObserveCommand$$' ./cmd/kvbench
 
+# Soak and chaos (bench/soak, docs/reliability.md): three kvselect replicas,
+# eight mock workers and, with KVSELECT_LLMD_SIM, an llm-d-inference-sim,
+# under traffic on both fronts and a seeded schedule of worker, publisher,
+# replica and client faults; fails when an invariant breaks. soak is the
+# hour (plus a 5-minute fault-free baseline); soak-short the 3-minute version
+# .ci/run runs.
+.PHONY: soak soak-short
+soak: build
+	bin/kvbench soak -out $(BENCHOUT)/soak
+
+soak-short: build
+	bin/kvbench soak -short -out $(BENCHOUT)/soak-short
+
 # The black-box REST suite against a real kvselect process on loopback.
 conformance-rest:
 	./conformance/run-rest.sh

@@ -69,18 +69,9 @@ type injector struct {
 // run has them all.
 func (in *injector) schedule(ctx context.Context) {
 	rng := rand.New(rand.NewPCG(in.cfg.Seed, 0xfa017))
-	var deck []faultKind
+	d := deck{rng: rng}
 	for {
-		if len(deck) == 0 {
-			for _, k := range faultKinds {
-				for range k.weight {
-					deck = append(deck, k)
-				}
-			}
-			rng.Shuffle(len(deck), func(i, j int) { deck[i], deck[j] = deck[j], deck[i] })
-		}
-		kind := deck[0]
-		deck = deck[1:]
+		kind := d.next()
 		gap := time.Duration(float64(in.cfg.FaultEvery) * (0.5 + rng.Float64()))
 		select {
 		case <-ctx.Done():
@@ -106,6 +97,27 @@ func (in *injector) schedule(ctx context.Context) {
 			in.mu.Unlock()
 		})
 	}
+}
+
+// deck deals fault kinds: each kind as many times as its weight per round,
+// in an order shuffled anew every round.
+type deck struct {
+	rng   *rand.Rand
+	cards []faultKind
+}
+
+func (d *deck) next() faultKind {
+	if len(d.cards) == 0 {
+		for _, k := range faultKinds {
+			for range k.weight {
+				d.cards = append(d.cards, k)
+			}
+		}
+		d.rng.Shuffle(len(d.cards), func(i, j int) { d.cards[i], d.cards[j] = d.cards[j], d.cards[i] })
+	}
+	k := d.cards[0]
+	d.cards = d.cards[1:]
+	return k
 }
 
 // claim takes one of the targets no fault holds, at random; "" when none is free.

@@ -214,6 +214,18 @@ func (t *traffic) extprocOnce(ctx context.Context, r *replica, body []byte, hs [
 	}
 	resp, err := t.fl.hc.Do(req)
 	if err != nil {
+		// Envoy answers a worker it cannot reach with a 503 of its own, and
+		// that reply passes the ext_proc filter like a worker's: the picker
+		// sees the failure (and its passive health check counts it).
+		if ctx.Err() == nil {
+			body := []byte("upstream connect error or disconnect/reset before headers. reset reason: connection failure")
+			if _, herr := x.ResponseHeaders(envoysim.Response{Status: http.StatusServiceUnavailable, Served: d.Endpoint}, false); herr == nil {
+				if _, berr := x.ResponseBody(body, true); berr == nil {
+					x.Close()
+					return result{Outcome: outWorker, Status: http.StatusServiceUnavailable, Pick: pick, Detail: err.Error()}
+				}
+			}
+		}
 		x.Abort()
 		return result{Outcome: outWorker, Pick: pick, Detail: err.Error()}
 	}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -44,6 +45,9 @@ func runSoak(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	}
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	if c.Sim == "" && os.Getenv("KVSELECT_REQUIRE_LLMD_SIM") != "" {
+		return errors.New("KVSELECT_REQUIRE_LLMD_SIM is set but no llm-d-inference-sim binary is given (-sim or KVSELECT_LLMD_SIM)")
 	}
 	c.Sims = *sims
 	if c.Sims < 0 {
