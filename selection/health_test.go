@@ -229,11 +229,7 @@ func TestEjectedWorkerReleasesItsSessions(t *testing.T) {
 	s, _ := newService(t, func(c *routerconfig.Config) { c.SessionAffinityTTL = routerconfig.Some(time.Minute) })
 	mustUpsert(t, s, workerRec(1))
 	mustUpsert(t, s, workerRec(2))
-	req := func(id string, tokens ...uint32) *SelectRequest {
-		r := selReq(id, tokens...)
-		r.SessionID = ptr("sess")
-		return r
-	}
+	req := func(id string, tokens ...uint32) *SelectRequest { return sessionReq("sess", id, tokens...) }
 	first, err := s.SelectAndReserve(bg, req("a", 1, 2, 3, 4))
 	if err != nil {
 		t.Fatal(err)
