@@ -48,13 +48,11 @@ type worker struct {
 	// cannot be read, so the index truth check leaves it out.
 	sim bool
 
-	mu                    sync.Mutex
-	port, kvPort, rpPort  int  // HTTP, KV events PUB, replay ROUTER
-	inCatalog             bool // the catalog (file or REST) lists it
-	proxy                 *kvProxy
-	replay                *tcpProxy
-	busy                  bool // a fault holds it
-	restartedNewPortTimes int
+	mu                   sync.Mutex
+	port, kvPort, rpPort int  // HTTP, KV events PUB, replay ROUTER
+	inCatalog            bool // the catalog (file or REST) lists it
+	proxy                *kvProxy
+	replay               *tcpProxy
 }
 
 func (w *worker) url() string {
@@ -95,9 +93,8 @@ type fleet struct {
 	fileMu   sync.Mutex
 	// topo is held for writing while a replica is killed, started or paused
 	// and for reading by catalog changes, which must reach every replica.
-	topo    sync.RWMutex
-	onExit  func(name string, err error)
-	stalled *stalledSubscriber
+	topo   sync.RWMutex
+	onExit func(name string, err error)
 }
 
 func freePorts(n int) ([]int, error) {
@@ -182,7 +179,9 @@ func startFleet(ctx context.Context, cfg *Config, out string, onExit func(string
 				rest = append(rest, o.rest)
 			}
 		}
-		args = append(args, "--replica-sync-peers", strings.Join(peers, ","))
+		if len(peers) > 0 {
+			args = append(args, "--replica-sync-peers", strings.Join(peers, ","))
+		}
 		if i == len(fl.replicas)-1 && i > 0 {
 			// The last replica is the one the run kills: it recovers its
 			// index from the others.
@@ -543,8 +542,5 @@ func (fl *fleet) stop() {
 		if w.replay != nil {
 			w.replay.close()
 		}
-	}
-	if fl.stalled != nil {
-		fl.stalled.close()
 	}
 }
