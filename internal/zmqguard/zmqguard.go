@@ -28,6 +28,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"strings"
 	"sync"
@@ -315,6 +316,13 @@ func (c *conn) Read(p []byte) (int, error) {
 		if rej := c.rejection(); rej != nil {
 			return 0, rej // the handshake timer closed the connection under us
 		}
+		if !c.handshook && peerGone(err) {
+			// The peer hung up before finishing its handshake. zmq4 does
+			// not close a dialed connection whose handshake failed, so the
+			// descriptor would stay open until the handshake timer, which
+			// would then blame the peer for a timeout: close it now.
+			c.Close()
+		}
 	}
 	if n > 0 && len(p) < readAhead {
 		m := copy(p, c.buf[:n])
@@ -325,6 +333,14 @@ func (c *conn) Read(p []byte) (int, error) {
 		return m, err
 	}
 	return n, err
+}
+
+// peerGone reports whether a read error means the connection is over: the
+// end of the stream or a network error other than a timeout (a deadline zmq4
+// set is not the peer's doing).
+func peerGone(err error) bool {
+	var ne net.Error
+	return errors.Is(err, io.EOF) || (errors.As(err, &ne) && !ne.Timeout())
 }
 
 // rejection returns the reason the connection was dropped, or nil.

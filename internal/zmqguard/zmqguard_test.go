@@ -343,3 +343,39 @@ func TestDialerGuardsWhatADialingSocketReads(t *testing.T) {
 		t.Fatal("the dial to a hostile peer never returned")
 	}
 }
+
+// A peer that hangs up during the handshake (a replay endpoint behind a proxy
+// whose engine is gone) is a failed dial, not a protocol violation: the
+// connection is closed at once and no handshake timeout is reported later.
+// Found by the soak run, whose logs blamed such peers for "handshake_timeout"
+// seconds after the dial had failed.
+func TestDialedPeerThatHangsUpIsNotATimeout(t *testing.T) {
+	rej := make(rejects, 8)
+	scheme, err := Dialer(1<<20, rej.onReject, WithHandshakeTimeout(200*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			c.Close()
+		}
+	}()
+	for range 3 {
+		d := zmq4.NewDealer(context.Background(), zmq4.WithDialerMaxRetries(0), zmq4.WithDialerTimeout(time.Second))
+		if err := d.Dial(scheme + "://" + ln.Addr().String()); err == nil {
+			t.Fatal("dial of a peer that hangs up succeeded")
+		}
+		d.Close()
+	}
+	time.Sleep(600 * time.Millisecond) // three handshake timeouts
+	rej.none(t)
+}
