@@ -75,7 +75,7 @@ func newKVProxy(upstream string, bindUpstream bool, seed uint64) (*kvProxy, erro
 		go func() {
 			defer close(p.done)
 			defer sub.Close()
-			p.forward(sub)
+			p.forward(sub, true)
 		}()
 		return p, nil
 	}
@@ -100,11 +100,13 @@ func (p *kvProxy) session(upstream string) (received bool, err error) {
 	if err != nil {
 		return false, err
 	}
-	return p.forward(sub)
+	return p.forward(sub, false)
 }
 
-// forward passes sub's messages on until it fails.
-func (p *kvProxy) forward(sub zmq4.Socket) (received bool, err error) {
+// forward passes sub's messages on until it fails. A bound socket goes on
+// after an error: on a bound SUB it is one peer leaving (an engine killed),
+// and the engine's next incarnation dials the same socket.
+func (p *kvProxy) forward(sub zmq4.Socket, bound bool) (received bool, err error) {
 	if err := sub.SetOption(zmq4.OptionSubscribe, ""); err != nil {
 		return false, err
 	}
@@ -112,7 +114,14 @@ func (p *kvProxy) forward(sub zmq4.Socket) (received bool, err error) {
 	for {
 		msg, err := sub.Recv()
 		if err != nil {
-			return received, err
+			if !bound || p.ctx.Err() != nil {
+				return received, err
+			}
+			select {
+			case <-time.After(10 * time.Millisecond):
+			case <-p.ctx.Done():
+			}
+			continue
 		}
 		received = true
 		switch proxyMode(p.mode.Load()) {

@@ -285,3 +285,58 @@ func TestConfigValidate(t *testing.T) {
 		t.Fatalf("defaults: %v", err)
 	}
 }
+
+// A bound proxy (the collector a simulator dials) outlives its publisher: the
+// next incarnation's batches still come through. (The first hour's run lost
+// the simulator's stream at its first restart: the proxy stopped at the
+// error its SUB socket returned when the old connection died.)
+func TestKVProxyBoundOutlivesItsPublisher(t *testing.T) {
+	ctx := t.Context()
+	port, err := freePorts(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	upstream := fmt.Sprintf("tcp://127.0.0.1:%d", port[0])
+	p, err := newKVProxy(upstream, true, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.close()
+	sub := zmq4.NewSub(ctx)
+	defer sub.Close()
+	if err := sub.Dial(p.pubEndpoint()); err != nil {
+		t.Fatal(err)
+	}
+	if err := sub.SetOption(zmq4.OptionSubscribe, ""); err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan string, 64)
+	go func() {
+		for {
+			m, err := sub.Recv()
+			if err != nil {
+				return
+			}
+			got <- string(m.Frames[0])
+		}
+	}()
+	for _, name := range []string{"first", "second"} {
+		pub := zmq4.NewPub(ctx)
+		if err := pub.Dial(upstream); err != nil {
+			t.Fatal(err)
+		}
+		deadline := time.Now().Add(5 * time.Second)
+		for arrived := false; !arrived; {
+			if time.Now().After(deadline) {
+				t.Fatalf("nothing from the %s publisher came through", name)
+			}
+			pub.Send(zmq4.NewMsgFrom([]byte(name), binary.BigEndian.AppendUint64(nil, 1), []byte("payload")))
+			select {
+			case m := <-got:
+				arrived = m == name
+			case <-time.After(50 * time.Millisecond):
+			}
+		}
+		pub.Close() // the engine dies; the next one dials the same socket
+	}
+}
