@@ -162,11 +162,12 @@ func TestKvselectRestartRecoversByReplay(t *testing.T) {
 }
 
 // TestSimulatorRestartSamePort: a simulator restarted on the same ports
-// starts its sequence again at 1 with an empty cache. As in subscribe mode
-// (and Dynamo's "Worker Restarts" rules), the rank's watermark stays, the new
-// batches are skipped as stale and counted, and the index keeps the old blocks
-// until the worker is re-registered (DELETE, then POST); after that, the
-// index holds exactly the new engine's blocks.
+// starts its sequence again at 1 with an empty cache, behind the same
+// collector connection kvselect keeps bound. kvselect recognizes the restart
+// from the run of batches below its watermark, drops the old engine's blocks
+// and catches up on the new stream: the index then holds exactly the new
+// engine's blocks, with no re-registration. Dynamo's documented remedy
+// (DELETE, then POST) still gives the same index.
 func TestSimulatorRestartSamePort(t *testing.T) {
 	peerproc.SimBinary(t)
 	k := startKvselect(t, kvselectOptions{collector: true})
@@ -174,7 +175,7 @@ func TestSimulatorRestartSamePort(t *testing.T) {
 	k.register(s, 1)
 	old := prompt(1, 5*blockSize)
 	// Enough batches that the old watermark is above the new engine's first ones.
-	for i := range 4 {
+	for i := range 6 {
 		complete(t, s, prompt(100+i, 2*blockSize))
 		time.Sleep(1100 * time.Millisecond)
 	}
@@ -185,13 +186,24 @@ func TestSimulatorRestartSamePort(t *testing.T) {
 	restarted := startSimWith(t, cfg)
 	fresh := prompt(2, 3*blockSize)
 	complete(t, restarted, fresh)
-	eventually(t, "the restarted engine's batches counted stale", settle, func() bool {
-		return k.metric("kvselect_kv_events_stale_batches_total", "") > 0
+	// The simulator flushes a batch a second: keep it publishing until three
+	// of them have shown the restart.
+	n := 0
+	eventually(t, "the restart recognized and the new engine's blocks indexed", settle, func() bool {
+		if k.metric("kvselect_kv_events_publisher_restarts_total", "") < 1 {
+			n++
+			complete(t, restarted, prompt(300+n, blockSize))
+			return false
+		}
+		return k.overlaps(fresh)[1] == 3
 	})
-	if got := k.overlaps(fresh)[1]; got != 0 {
-		t.Fatalf("stale batches were applied: %d blocks", got)
+	if got := k.overlaps(old)[1]; got != 0 {
+		t.Fatalf("the old engine's blocks survived its restart: %d", got)
 	}
-	// The documented remedy.
+	if lost := k.metric("kvselect_kv_events_lost_batches_total", ""); lost != 0 {
+		t.Fatalf("%v batches lost catching up on the restarted engine", lost)
+	}
+	// The documented remedy gives the same index.
 	if code := k.do(http.MethodDelete, "/workers/1", nil, nil); code != http.StatusOK {
 		t.Fatalf("DELETE: %d", code)
 	}
@@ -200,7 +212,7 @@ func TestSimulatorRestartSamePort(t *testing.T) {
 		return k.overlaps(fresh)[1] == 3
 	})
 	if got := k.overlaps(old)[1]; got != 0 {
-		t.Fatalf("the old engine's blocks survived re-registration: %d", got)
+		t.Fatalf("the old engine's blocks came back with the re-registration: %d", got)
 	}
 	if cached := complete(t, restarted, old); cached != 0 {
 		t.Fatalf("the restarted simulator still had the old prompt (%d cached tokens)", cached)
