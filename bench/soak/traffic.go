@@ -298,20 +298,16 @@ func (t *traffic) rest(ctx context.Context, i int) {
 	}
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	steps := []struct {
+	type step struct {
 		method, path string
 		body         []byte
-	}{{http.MethodPost, "/select_and_reserve", sel}}
-	if rng.IntN(2) == 0 {
-		steps = []struct {
-			method, path string
-			body         []byte
-		}{{http.MethodPost, "/select", sel}, {http.MethodPost, "/reservations", []byte(`{"selection_id":"` + id + `","model_name":"` + model + `"}`)}}
 	}
-	steps = append(steps, struct {
-		method, path string
-		body         []byte
-	}{http.MethodPost, "/reservations/" + id + "/prefill_complete", nil})
+	steps := []step{{http.MethodPost, "/select_and_reserve", sel}}
+	if rng.IntN(2) == 0 {
+		steps = []step{{http.MethodPost, "/select", sel},
+			{http.MethodPost, "/reservations", []byte(`{"selection_id":"` + id + `","model_name":"` + model + `"}`)}}
+	}
+	steps = append(steps, step{http.MethodPost, "/reservations/" + id + "/prefill_complete", nil})
 	hold := time.Duration(20+rng.IntN(180)) * time.Millisecond
 	for k, s := range steps {
 		begin := time.Now()
