@@ -167,7 +167,7 @@ func runPhase(ctx context.Context, cfg *Config, name string, d time.Duration, fa
 		}
 	}
 	out := cfg.Out + "/" + name
-	fmt.Fprintf(progress, "%s: starting %d kvselect replicas and %d mock workers (logs in %s)\n", name, cfg.Replicas, cfg.Workers, out)
+	fmt.Fprintf(progress, "%s: starting %d kvselect replicas, %d mock workers and %d llm-d-inference-sim (logs in %s)\n", name, cfg.Replicas, cfg.Workers, cfg.Sims, out)
 	fl, err := startFleet(ctx, cfg, out, onExit)
 	if err != nil {
 		return nil, err
