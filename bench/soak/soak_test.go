@@ -131,24 +131,12 @@ func TestKVProxyModes(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer p.close()
-	sub := zmq4.NewSub(ctx)
-	defer sub.Close()
-	if err := sub.Dial(p.pubEndpoint()); err != nil {
-		t.Fatal(err)
-	}
-	if err := sub.SetOption(zmq4.OptionSubscribe, ""); err != nil {
-		t.Fatal(err)
-	}
 	msgs := make(chan uint64, 1024)
 	go func() {
-		for {
-			m, err := sub.Recv()
-			if err != nil {
-				close(msgs)
-				return
-			}
+		for m := range subscribe(t, p.pubEndpoint()) {
 			msgs <- binary.BigEndian.Uint64(m.Frames[1])
 		}
+		close(msgs)
 	}()
 	seq := uint64(0)
 	publish := func(n int) {
@@ -302,21 +290,9 @@ func TestKVProxyBoundOutlivesItsPublisher(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer p.close()
-	sub := zmq4.NewSub(ctx)
-	defer sub.Close()
-	if err := sub.Dial(p.pubEndpoint()); err != nil {
-		t.Fatal(err)
-	}
-	if err := sub.SetOption(zmq4.OptionSubscribe, ""); err != nil {
-		t.Fatal(err)
-	}
 	got := make(chan string, 64)
 	go func() {
-		for {
-			m, err := sub.Recv()
-			if err != nil {
-				return
-			}
+		for m := range subscribe(t, p.pubEndpoint()) {
 			got <- string(m.Frames[0])
 		}
 	}()
@@ -339,4 +315,30 @@ func TestKVProxyBoundOutlivesItsPublisher(t *testing.T) {
 		}
 		pub.Close() // the engine dies; the next one dials the same socket
 	}
+}
+
+// subscribe dials a SUB socket to endpoint, subscribed to everything, and
+// hands on what it receives until the test ends.
+func subscribe(t *testing.T, endpoint string) <-chan zmq4.Msg {
+	t.Helper()
+	sub := zmq4.NewSub(t.Context())
+	t.Cleanup(func() { sub.Close() })
+	if err := sub.Dial(endpoint); err != nil {
+		t.Fatal(err)
+	}
+	if err := sub.SetOption(zmq4.OptionSubscribe, ""); err != nil {
+		t.Fatal(err)
+	}
+	out := make(chan zmq4.Msg, 1024)
+	go func() {
+		defer close(out)
+		for {
+			m, err := sub.Recv()
+			if err != nil {
+				return
+			}
+			out <- m
+		}
+	}()
+	return out
 }
