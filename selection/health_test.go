@@ -3,8 +3,6 @@ package selection
 import (
 	"testing"
 	"time"
-
-	"github.com/kvselect/kvselect/selection/routerconfig"
 )
 
 func fail(t testing.TB, s *Service, id uint64, n int) HealthTransition {
@@ -226,9 +224,7 @@ func TestDeletedWorkerForgetsItsHealth(t *testing.T) {
 // the catalog, instead of each request failing with a session conflict (400)
 // until the ejection ends; the new binding then holds.
 func TestEjectedWorkerReleasesItsSessions(t *testing.T) {
-	s, _ := newService(t, func(c *routerconfig.Config) { c.SessionAffinityTTL = routerconfig.Some(time.Minute) })
-	mustUpsert(t, s, workerRec(1))
-	mustUpsert(t, s, workerRec(2))
+	s, _ := sessionService(t)
 	req := func(id string, tokens ...uint32) *SelectRequest { return sessionReq("sess", id, tokens...) }
 	first, err := s.SelectAndReserve(bg, req("a", 1, 2, 3, 4))
 	if err != nil {

@@ -585,10 +585,18 @@ func sessionReq(sid, id string, tokens ...uint32) *SelectRequest {
 	return r
 }
 
-func TestSessionAffinityKeepsSessionOnItsWorker(t *testing.T) {
+// sessionService is a service with session affinity on (one minute) and
+// workers 1 and 2.
+func sessionService(t *testing.T) (*Service, *fakeClock) {
+	t.Helper()
 	s, clock := newService(t, func(c *routerconfig.Config) { c.SessionAffinityTTL = routerconfig.Some(time.Minute) })
 	mustUpsert(t, s, workerRec(1))
 	mustUpsert(t, s, workerRec(2))
+	return s, clock
+}
+
+func TestSessionAffinityKeepsSessionOnItsWorker(t *testing.T) {
+	s, clock := sessionService(t)
 	req := func(id string, tokens ...uint32) *SelectRequest { return sessionReq("sess", id, tokens...) }
 	first, err := s.SelectAndReserve(bg, req("a", 1, 2, 3, 4))
 	if err != nil {
