@@ -9,7 +9,9 @@
 //     no other front;
 //   - the adapters (engines/..., replicas/..., discovery/...) do the I/O: they
 //     import no front and no adapter of another folder;
-//   - only server/ imports fronts and adapters together.
+//   - only server/ imports fronts and adapters together;
+//   - git tracks no compiled program (IsExecutable; the test reads every
+//     tracked file's first bytes).
 //
 // It has no code of its own beyond the rules; nothing imports it.
 package layout
