@@ -11,6 +11,6 @@
 // predicted-TTL side index; Partitions holds one Index per (model name, routing
 // group) with its frozen block size; Dump, Snapshot, DecodeDump and Restore
 // implement the /dump recovery format. The package does no I/O, starts no
-// goroutine and reads no clock: callers pass the time in. docs/index.md has the
+// goroutine and reads no clock: callers pass the time in. docs/kv-index.md has the
 // design and the semantics that deliberately differ from Dynamo.
 package index

@@ -75,7 +75,7 @@ func (c Config) Validate() (warnings []string, err error) {
 // in parallel; event application takes the write lock for one event or one batch.
 // Partitions are independent, so events for different models never contend. A
 // write holds the lock for the time it takes to apply its blocks (≈100 ns per
-// block, docs/index.md), which bounds how long a lookup can wait. The index does
+// block, docs/kv-index.md), which bounds how long a lookup can wait. The index does
 // no I/O, starts no goroutine and reads no clock: callers pass the time in.
 type Index struct {
 	cfg Config
