@@ -48,31 +48,29 @@ func parsePriority(s string) (int, error) {
 }
 
 // flowFields puts the request's priority and tenant into req: the priority
-// header, else the objective's priority (an unknown objective is priority 0,
-// counted and logged once), else none (0); the tenant is the fairness id.
-// A malformed header is the client's 400.
-func (st *stream) flowFields(req *selection.SelectRequest) error {
-	id := &st.id
+// header, else the objective's priority (an objective no table defines is
+// priority 0 and returned as unknown), else none (0); the tenant is the
+// fairness id. A malformed header is the client's 400.
+func flowFields(id *identity, objectives *flow.Objectives, req *selection.SelectRequest) (unknown string, err error) {
 	if err := selection.CheckTenant(id.tenant); err != nil {
-		return fmt.Errorf("header %s: %w", HeaderFairnessID, err)
+		return "", fmt.Errorf("header %s: %w", HeaderFairnessID, err)
 	}
 	req.Tenant = id.tenant
 	switch {
 	case id.priority != "":
 		p, err := parsePriority(id.priority)
 		if err != nil {
-			return err
+			return "", err
 		}
 		req.Priority = &p
 	case id.objective != "":
-		if p, ok := st.s.opts.Objectives.Lookup(id.objective); ok {
-			req.Priority = &p
-			break
+		p, ok := objectives.Lookup(id.objective)
+		if !ok {
+			return id.objective, nil
 		}
-		st.s.metrics.unknownObjectives.Add(1)
-		st.s.unknown.warn(st.s, id.objective)
+		req.Priority = &p
 	}
-	return nil
+	return "", nil
 }
 
 func (u *unknownObjectives) warn(s *Server, name string) {

@@ -14,6 +14,7 @@ import (
 
 	"github.com/kvselect/kvselect/envoysim"
 	"github.com/kvselect/kvselect/extproc"
+	"github.com/kvselect/kvselect/internal/metricstest"
 	"github.com/kvselect/kvselect/selection"
 	"github.com/kvselect/kvselect/selection/catalog"
 	"github.com/kvselect/kvselect/selection/flow"
@@ -212,4 +213,19 @@ func prefillWorker(id uint64, hostport string) catalog.Record {
 	w := worker(id, hostport)
 	w.Role = ptr(catalog.RolePrefill)
 	return w
+}
+
+// wantSeries checks the picker's series named in want; on a mismatch it logs
+// them all.
+func wantSeries(t *testing.T, srv *extproc.Server, want map[string]float64) {
+	t.Helper()
+	got := metricstest.Series(t, srv)
+	for k, v := range want {
+		if got[k] != v {
+			t.Errorf("%s = %v, want %v", k, got[k], v)
+		}
+	}
+	if t.Failed() {
+		t.Logf("all series: %v", got)
+	}
 }

@@ -64,7 +64,8 @@ const (
 // maxHeaderList bounds the elements of one list header (hashes, token ids).
 const maxHeaderList = 1 << 20
 
-// identity is what the request headers say about the request.
+// identity is what the request headers say about the request, and the
+// gateway's subset hint (metadata).
 type identity struct {
 	model, group, session, lora, salt string
 	selectionID, requestID            string
@@ -77,6 +78,11 @@ type identity struct {
 	path, method, authority           string
 	objective, tenant, priority       string // flow control (flow.go)
 	traceparent, tracestate, baggage  string // W3C trace context (observe.go)
+
+	// The endpoints of the gateway's subset hint (envoy.lb.subset_hint
+	// metadata), when hasSubset.
+	subset    []string
+	hasSubset bool
 }
 
 // readHeaders fills id from Envoy's header map. Envoy lower-cases keys and

@@ -219,6 +219,32 @@ func TestImmediateResponses(t *testing.T) {
 	}
 }
 
+// A body over the limit is answered with a 413 and nothing else: the
+// request is neither picked nor booked, in both modes that buffer the body
+// (the immediate response once let the last chunk go on to a pick).
+func TestOversizedBodyIsNotRouted(t *testing.T) {
+	for _, modes := range []envoysim.Modes{envoysim.GIE, {Request: envoysim.Buffered, Response: envoysim.Buffered}} {
+		t.Run(modes.Request.String(), func(t *testing.T) {
+			h := start(t, setup{opts: extproc.Options{MaxBodyBytes: 100}})
+			// The header names a model with workers: only the size refuses it.
+			_, d := h.start(t, &envoysim.Request{Modes: modes, Headers: []envoysim.Header{{Key: extproc.HeaderModelName, Value: model}},
+				Body: bytes.Repeat([]byte(" "), 101)})
+			if d.Immediate == nil || d.Immediate.Status != 413 {
+				t.Fatalf("decision %+v, want a 413 immediate response", d)
+			}
+			h.idle(t)
+			wantSeries(t, h.srv, map[string]float64{
+				"kvselect_extproc_routed_total":                          0,
+				"kvselect_extproc_pick_duration_seconds_count":           0,
+				"kvselect_extproc_immediate_responses_total{code=413}":   1,
+				"kvselect_extproc_immediate_responses_total{code=other}": 0,
+				"kvselect_extproc_bookings_freed_total{at=stream_end}":   0,
+				"kvselect_extproc_stream_errors_total":                   0,
+			})
+		})
+	}
+}
+
 // A client-chosen x-request-id that is already booked does not fail the
 // request: the booking gets its own id.
 func TestDuplicateRequestIDGetsItsOwnBooking(t *testing.T) {

@@ -211,7 +211,7 @@ func (s *Server) Process(srv extprocv3.ExternalProcessor_ProcessServer) (err err
 	// nothing of a message outlives its handling (bodies are copied into
 	// the stream's buffer, echoes are encoded before the next receive).
 	req := new(extprocv3.ProcessingRequest)
-	for !st.closed {
+	for {
 		if err := srv.RecvMsg(req); err != nil {
 			// Envoy ends every stream, normal or not, with a half-close
 			// immediately followed by a reset (its ext_proc filter closes
@@ -223,10 +223,13 @@ func (s *Server) Process(srv extprocv3.ExternalProcessor_ProcessServer) (err err
 			return status.Errorf(codes.Unknown, "receive: %v", err)
 		}
 		if err := st.handle(req); err != nil {
+			// A local reply is the exchange's last message, not a failure.
+			if r, ok := errors.AsType[*localReply](err); ok {
+				return st.reply(r)
+			}
 			return err
 		}
 	}
-	return nil
 }
 
 // kindStatus is the one table from selection error kinds to immediate-response

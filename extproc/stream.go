@@ -2,6 +2,7 @@ package extproc
 
 import (
 	"context"
+	"fmt"
 
 	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
@@ -13,9 +14,10 @@ import (
 )
 
 // stream is one HTTP request's state, owned by its stream goroutine. The
-// request side (request.go) reads the request and sends the routing
-// decision, the response side (response.go) follows the response, and bk
-// (booking.go) is the reservation both drive until it is freed.
+// request side reads the request (request.go, selectinput.go), books it and
+// sends the routing decision (route.go), the response side (response.go)
+// follows the response, and bk (booking.go) is the reservation both drive
+// until it is freed.
 type stream struct {
 	s   *Server
 	srv extprocv3.ExternalProcessor_ProcessServer
@@ -29,8 +31,6 @@ type stream struct {
 
 	// Request side.
 	id        identity
-	subset    []string
-	hasSubset bool
 	body      []byte
 	headersIn bool // request headers seen (once per stream)
 	picked    bool // routing decision sent
@@ -48,8 +48,6 @@ type stream struct {
 	// Response side.
 	sse     bool
 	counter tokenCounter
-
-	closed bool // an immediate response ended the exchange
 }
 
 func newStream(s *Server, srv extprocv3.ExternalProcessor_ProcessServer) *stream {
@@ -66,7 +64,7 @@ func (st *stream) handle(req *extprocv3.ProcessingRequest) error {
 	}
 	if !st.picked {
 		if e, ok := subsetHint(req.GetMetadataContext()); ok {
-			st.subset, st.hasSubset = e, true
+			st.id.subset, st.id.hasSubset = e, true
 		}
 	}
 	switch r := req.GetRequest().(type) {
@@ -108,19 +106,38 @@ func (st *stream) sendWith(r *extprocv3.ProcessingResponse, md *structpb.Struct)
 	return st.srv.Send(r)
 }
 
+// localReply is an immediate response: the picker answers the request itself
+// with code and {"error": msg}, and the exchange ends there. The request side
+// returns it as its error, so that every caller stops as it does on any
+// error and nothing goes on as if the request were routed; Process sends it
+// (reply) and ends the stream without a stream error.
+type localReply struct {
+	code typev3.StatusCode
+	msg  string
+}
+
+func (r *localReply) Error() string {
+	return fmt.Sprintf("immediate response %d: %s", r.code, r.msg)
+}
+
 // immediateErr answers a selection error with its mapped status.
 func (st *stream) immediateErr(err error) error {
 	code := statusOf(err)
 	if code >= 500 && selection.KindOf(err) == selection.KindInternal {
 		st.s.log.Warn("extproc: selection failed", "err", err)
 	}
-	return st.immediate(code, err.Error())
+	return immediate(code, err.Error())
 }
 
-// immediate ends the exchange with a local reply.
-func (st *stream) immediate(code typev3.StatusCode, msg string) error {
-	st.closed = true
-	st.s.metrics.immediateResponse(code)
-	st.immediateSeen(int(code), msg)
-	return st.send(immediateResponse(code, msg))
+// immediate is the local reply of code and msg, as the error that ends the
+// exchange.
+func immediate(code typev3.StatusCode, msg string) error {
+	return &localReply{code: code, msg: msg}
+}
+
+// reply sends a local reply, the exchange's last message.
+func (st *stream) reply(r *localReply) error {
+	st.s.metrics.immediateResponse(r.code)
+	st.immediateSeen(int(r.code), r.msg)
+	return st.send(immediateResponse(r.code, r.msg))
 }

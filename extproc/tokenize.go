@@ -89,7 +89,7 @@ func (st *stream) tokenize(pb *parsedBody, req *selection.SelectRequest, rewrite
 	req.TokenIDs = ids
 	if tz.forwardIDs && rewrite && pb.textFrom == textPrompt {
 		if b, err := withPromptIDs(st.body, ids); err == nil {
-			st.body = b
+			st.body, req.RequestBytes = b, len(b)
 			st.s.metrics.forwardedIDs.Add(1)
 		}
 	}

@@ -1,6 +1,7 @@
 package mockworker
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -187,59 +188,81 @@ func (wallClock) Sleep(ctx context.Context, d time.Duration) error {
 
 // withDefaults fills zero fields and validates the result.
 func (c Config) withDefaults() (Config, error) {
-	setInt := func(v *int, d int) {
-		if *v == 0 {
-			*v = d
+	c.fillDefaults()
+	errs := c.sizeErrors()
+	errs = append(errs, c.servingErrors()...)
+	errs = append(errs, c.kvEventsErrors()...)
+	if err := errors.Join(errs...); err != nil {
+		return c, fmt.Errorf("mockworker: invalid config: %w", err)
+	}
+	return c, nil
+}
+
+// fillDefaults sets the zero fields that have a default.
+func (c *Config) fillDefaults() {
+	for _, d := range []struct {
+		field *int
+		def   int
+	}{
+		{&c.BlockSize, DefaultBlockSize},
+		{&c.NumBlocks, DefaultNumBlocks},
+		{&c.DPSize, 1},
+		{&c.MaxNumSeqs, DefaultMaxNumSeqs},
+		{&c.MaxNumBatchedTokens, DefaultMaxNumBatchedTokens},
+		{&c.MaxModelLen, DefaultMaxModelLen},
+		{&c.ReplayRing, kvpublish.DefaultRingSize},
+		{&c.VocabSize, DefaultVocabSize},
+	} {
+		if *d.field == 0 {
+			*d.field = d.def
 		}
 	}
-	if c.Model == "" {
-		c.Model = DefaultModel
-	}
-	setInt(&c.BlockSize, DefaultBlockSize)
-	setInt(&c.NumBlocks, DefaultNumBlocks)
-	setInt(&c.DPSize, 1)
-	setInt(&c.MaxNumSeqs, DefaultMaxNumSeqs)
-	setInt(&c.MaxNumBatchedTokens, DefaultMaxNumBatchedTokens)
-	setInt(&c.MaxModelLen, DefaultMaxModelLen)
-	setInt(&c.ReplayRing, kvpublish.DefaultRingSize)
-	setInt(&c.VocabSize, DefaultVocabSize)
-	if c.Speedup == 0 {
-		c.Speedup = 1
-	}
-	if c.Role == "" {
-		c.Role = RoleBoth
-	}
-	if c.PrefillerHeader == "" {
-		c.PrefillerHeader = DefaultPrefillerHeader
-	}
-	if c.PrefillTimeout == 0 {
-		c.PrefillTimeout = DefaultPrefillTimeout
-	}
+	c.Model = cmp.Or(c.Model, DefaultModel)
+	c.Speedup = cmp.Or(c.Speedup, 1)
+	c.Role = cmp.Or(c.Role, RoleBoth)
+	c.PrefillerHeader = cmp.Or(c.PrefillerHeader, DefaultPrefillerHeader)
+	c.PrefillTimeout = cmp.Or(c.PrefillTimeout, DefaultPrefillTimeout)
 	if c.Clock == nil {
 		c.Clock = wallClock{}
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
+}
+
+// sizeErrors checks the sizes: the KV cache, the batch limits, the
+// data-parallel ranks, the vocabulary.
+func (c *Config) sizeErrors() []error {
 	var errs []error
-	positive := func(name string, v int) {
-		if v <= 0 {
-			errs = append(errs, fmt.Errorf("%s must be positive, got %d", name, v))
+	for _, f := range []struct {
+		name string
+		v    int
+	}{
+		{"block size", c.BlockSize},
+		{"num blocks", c.NumBlocks},
+		{"data parallel size", c.DPSize},
+		{"max num seqs", c.MaxNumSeqs},
+		{"max num batched tokens", c.MaxNumBatchedTokens},
+		{"max model len", c.MaxModelLen},
+		{"replay ring", c.ReplayRing},
+	} {
+		if f.v <= 0 {
+			errs = append(errs, fmt.Errorf("%s must be positive, got %d", f.name, f.v))
 		}
 	}
-	positive("block size", c.BlockSize)
-	positive("num blocks", c.NumBlocks)
-	positive("data parallel size", c.DPSize)
-	positive("max num seqs", c.MaxNumSeqs)
-	positive("max num batched tokens", c.MaxNumBatchedTokens)
-	positive("max model len", c.MaxModelLen)
-	positive("replay ring", c.ReplayRing)
 	if c.DPStartRank < 0 || c.DPStartRank+c.DPSize > math.MaxUint32 {
 		errs = append(errs, fmt.Errorf("data parallel ranks [%d, %d) out of range", c.DPStartRank, c.DPStartRank+c.DPSize))
 	}
 	if c.VocabSize <= firstWordID || c.VocabSize > math.MaxUint32 {
 		errs = append(errs, fmt.Errorf("vocab size must be in (%d, 2^32], got %d", firstWordID, c.VocabSize))
 	}
+	return errs
+}
+
+// servingErrors checks how requests are served: the timing model, the
+// prefill/decode role, the address advertised, the faults.
+func (c *Config) servingErrors() []error {
+	var errs []error
 	if c.PrefillPerToken < 0 || c.DecodePerToken < 0 {
 		errs = append(errs, errors.New("per-token times must not be negative"))
 	}
@@ -272,6 +295,13 @@ func (c Config) withDefaults() (Config, error) {
 	if err := c.Faults.validate(); err != nil {
 		errs = append(errs, err)
 	}
+	return errs
+}
+
+// kvEventsErrors checks the KV events: the shape, the endpoints of every
+// rank, the collector, the replay.
+func (c *Config) kvEventsErrors() []error {
+	var errs []error
 	if c.EventShape != kvpublish.ShapeMap && c.EventShape != kvpublish.ShapePositional {
 		errs = append(errs, fmt.Errorf("unknown event shape %d", c.EventShape))
 	}
@@ -297,10 +327,7 @@ func (c Config) withDefaults() (Config, error) {
 			}
 		}
 	}
-	if err := errors.Join(errs...); err != nil {
-		return c, fmt.Errorf("mockworker: invalid config: %w", err)
-	}
-	return c, nil
+	return errs
 }
 
 // LLMDTopic is the topic llm-d's engines publish KV events under when they

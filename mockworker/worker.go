@@ -327,9 +327,29 @@ func (w *Worker) Generate(ctx context.Context, req Request) (Result, error) {
 		return Result{}, ErrClosed
 	}
 
-	clk := w.cfg.Clock
-	start := clk.Now()
-	res := Result{DPRank: r.global, PromptTokens: len(req.Tokens), FinishReason: "length"}
+	start := w.cfg.Clock.Now()
+	wt, err := w.awaitAdmission(ctx, r, req)
+	if err != nil {
+		return Result{}, err
+	}
+	res := Result{DPRank: r.global, PromptTokens: len(req.Tokens), FinishReason: "length",
+		CachedTokens: wt.hit, Queued: w.cfg.Clock.Now().Sub(start)}
+	if err := w.prefill(ctx, r, req, len(req.Tokens)-wt.hit); err != nil {
+		return w.abort(ctx, r, wt.s, &res, err)
+	}
+	if err := w.decode(ctx, r, wt.s, req, start, &res); err != nil {
+		return w.abort(ctx, r, wt.s, &res, err)
+	}
+	res.Latency = w.cfg.Clock.Now().Sub(start)
+	w.finish(r, wt.s, true, len(res.Output))
+	w.metrics.observe(r, res)
+	return res, nil
+}
+
+// awaitAdmission queues the request on r and waits until the rank admits
+// it. A request whose ctx ends first leaves the queue (or, admitted
+// meanwhile, releases what it was given) and gets ctx's cause.
+func (w *Worker) awaitAdmission(ctx context.Context, r *rank, req Request) (*waiter, error) {
 	wt := &waiter{prompt: slices.Clone(req.Tokens), maxOutput: req.MaxTokens, admitted: make(chan struct{})}
 	r.mu.Lock()
 	r.queue = append(r.queue, wt)
@@ -338,55 +358,49 @@ func (w *Worker) Generate(ctx context.Context, req Request) (Result, error) {
 
 	select {
 	case <-wt.admitted:
+		return wt, nil
 	case <-ctx.Done():
-		r.mu.Lock()
-		if wt.s == nil {
-			if i := slices.Index(r.queue, wt); i >= 0 {
-				r.queue = slices.Delete(r.queue, i, i+1)
-			}
-			r.aborted++
-			w.admit(r) // the queue head may have changed
-			r.mu.Unlock()
-			return Result{}, context.Cause(ctx)
-		}
-		r.mu.Unlock() // admitted meanwhile: release below
-		w.finish(r, wt.s, false, 0)
-		return Result{}, context.Cause(ctx)
 	}
-	s := wt.s
-	res.CachedTokens = wt.hit
-	res.Queued = clk.Now().Sub(start)
+	r.mu.Lock()
+	if wt.s == nil {
+		if i := slices.Index(r.queue, wt); i >= 0 {
+			r.queue = slices.Delete(r.queue, i, i+1)
+		}
+		r.aborted++
+		w.admit(r) // the queue head may have changed
+		r.mu.Unlock()
+		return nil, context.Cause(ctx)
+	}
+	r.mu.Unlock() // admitted meanwhile: release
+	w.finish(r, wt.s, false, 0)
+	return nil, context.Cause(ctx)
+}
 
-	abort := func(err error) (Result, error) {
-		w.finish(r, s, false, len(res.Output))
-		if ctx.Err() != nil {
-			err = context.Cause(ctx)
-		}
-		return Result{}, err
-	}
-	speed := w.cfg.Speedup
+// prefill computes the prompt's uncached tokens, in one of the rank's
+// prefill slots when they are limited, or pulls their KV from the remote
+// prefill worker.
+func (w *Worker) prefill(ctx context.Context, r *rank, req Request, uncached int) error {
 	if req.RemotePrefill {
-		err = w.pullKV(ctx, r, len(req.Tokens)-wt.hit)
-	} else {
-		if r.prefill != nil {
-			select {
-			case r.prefill <- struct{}{}:
-			case <-ctx.Done():
-				return abort(context.Cause(ctx))
-			}
-		}
-		err = w.computePrefill(ctx, r, len(req.Tokens)-wt.hit, req.RemoteDecode)
-		if r.prefill != nil {
-			<-r.prefill
-		}
+		return w.pullKV(ctx, r, uncached)
 	}
-	if err != nil {
-		return abort(err)
+	if r.prefill != nil {
+		select {
+		case r.prefill <- struct{}{}:
+		case <-ctx.Done():
+			return context.Cause(ctx)
+		}
+		defer func() { <-r.prefill }()
 	}
+	return w.computePrefill(ctx, r, uncached, req.RemoteDecode)
+}
+
+// decode produces the request's output tokens into res, one decode step
+// apart, caching the KV of each block it completes and handing every token
+// to OnToken.
+func (w *Worker) decode(ctx context.Context, r *rank, s *seq, req Request, start time.Time, res *Result) error {
 	seed := promptDigest(req.Tokens)
-	vocab := w.cfg.VocabSize
 	for i := range req.MaxTokens {
-		tok := outputToken(seed, i, vocab)
+		tok := outputToken(seed, i, w.cfg.VocabSize)
 		r.mu.Lock()
 		if i == 0 {
 			// The prefill computed the prompt's KV: cache its full blocks.
@@ -401,25 +415,32 @@ func (w *Worker) Generate(ctx context.Context, req Request) (Result, error) {
 		r.mu.Unlock()
 		res.Output = append(res.Output, tok)
 		if i == 0 {
-			res.TTFT = clk.Now().Sub(start)
+			res.TTFT = w.cfg.Clock.Now().Sub(start)
 		}
 		if req.OnToken != nil {
 			if err := req.OnToken(i, tok); err != nil {
-				return abort(fmt.Errorf("mockworker: token consumer: %w", err))
+				return fmt.Errorf("mockworker: token consumer: %w", err)
 			}
 		}
 		if i+1 == req.MaxTokens {
 			break
 		}
-		itl := float64(w.cfg.DecodePerToken) * (1 + w.cfg.DecodeBatchSlowdown*float64(running-1)) / speed
+		itl := float64(w.cfg.DecodePerToken) * (1 + w.cfg.DecodeBatchSlowdown*float64(running-1)) / w.cfg.Speedup
 		if err := w.decodeStep(ctx, r, time.Duration(itl)); err != nil {
-			return abort(err)
+			return err
 		}
 	}
-	res.Latency = clk.Now().Sub(start)
-	w.finish(r, s, true, len(res.Output))
-	w.metrics.observe(r, res)
-	return res, nil
+	return nil
+}
+
+// abort releases what a request stopped early held, its output so far
+// counted; the error is ctx's cause once ctx has ended, else err.
+func (w *Worker) abort(ctx context.Context, r *rank, s *seq, res *Result, err error) (Result, error) {
+	w.finish(r, s, false, len(res.Output))
+	if ctx.Err() != nil {
+		err = context.Cause(ctx)
+	}
+	return Result{}, err
 }
 
 // admit starts queued requests in FIFO order while the rank has a free slot

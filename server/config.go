@@ -7,6 +7,9 @@ import (
 	"reflect"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvselect/kvselect/internal/access"
 	"github.com/kvselect/kvselect/selection"
 	"github.com/kvselect/kvselect/selection/kvhash"
 	"github.com/kvselect/kvselect/selection/pending"
@@ -19,6 +22,36 @@ import (
 type resolved struct {
 	cfg    selection.Config // cfg.Policy is set
 	policy policyChoice
+}
+
+// startup is the configuration run starts with.
+type startup struct {
+	file    *configFile // nil without --config
+	initial resolved
+	// authz decides who may call the REST API (auth.go); nil when nobody is
+	// authenticated. authMetrics are its sources' metrics.
+	authz       *access.Chain
+	authMetrics []prometheus.Collector
+}
+
+// configure reads the --config file, layers it with the environment and the
+// flags (resolveConfig), and builds the REST API's authorizer.
+func configure(o *options, set *settings, log *slog.Logger) (startup, error) {
+	var s startup
+	var err error
+	if o.configFile != "" {
+		if s.file, err = readConfigFile(o.configFile); err != nil {
+			return startup{}, &UsageError{err}
+		}
+	}
+	if s.initial, err = resolveConfig(o, set.lookup, s.file, set.policy, log); err != nil {
+		return startup{}, err
+	}
+	if s.authz, s.authMetrics, err = o.auth.authorizer(s.file, o.discovery.poolNamespace, o.discovery.kubeconfig, log); err != nil {
+		return startup{}, err
+	}
+	log.Debug("router configuration", routerAttrs(s.initial.cfg.Router, false)...)
+	return s, nil
 }
 
 // resolveConfig layers the configuration: defaults, then the --config file
@@ -54,6 +87,30 @@ func resolveConfig(o *options, lookup func(string) (string, bool), file *configF
 		return resolved{}, &UsageError{fmt.Errorf("%s: %w", source, err)}
 	}
 
+	applyRouterFlags(o, &rc)
+	if err := rc.Validate(); err != nil {
+		return resolved{}, &UsageError{err}
+	}
+	pol, err := newPolicy(choice, rc, file, embedded)
+	if err != nil {
+		return resolved{}, err
+	}
+	return resolved{policy: choice, cfg: selection.Config{
+		Router: rc,
+		Policy: &pol,
+		// The service builds its tracker from Tracking alone; it must say what
+		// the router configuration says. The key itself is read by
+		// loadTrackingKey, when the server starts.
+		Tracking: kvhash.TrackingConfig{
+			Algorithm: string(rc.TrackingHash),
+			KeyID:     rc.TrackingKeyID.Or(""),
+		},
+		SelectionCache: pending.Config{TTL: o.cacheTTL, MaxEntries: o.cacheMaxEntries, MaxBytes: o.cacheMaxBytes},
+	}}, nil
+}
+
+// applyRouterFlags puts the router flags given on the command line over rc.
+func applyRouterFlags(o *options, rc *routerconfig.Config) {
 	if o.set["threads"] {
 		rc.EventThreads = o.threads
 	}
@@ -77,14 +134,18 @@ func resolveConfig(o *options, lookup func(string) (string, bool), file *configF
 	if o.set["no-router-assume-kv-reuse"] {
 		rc.AssumeKVReuse = !o.noAssumeKVReuse
 	}
-	if err := rc.Validate(); err != nil {
-		return resolved{}, &UsageError{err}
-	}
+}
 
+// newPolicy builds the chosen policy: embedded (WithPolicy's) when given;
+// kv-cost with the router's cost weights from rc; any other by its name and
+// the file's parameters. An error is a *UsageError naming where the
+// offending input was.
+func newPolicy(choice policyChoice, rc routerconfig.Config, file *configFile, embedded *scheduler.Policy) (scheduler.Policy, error) {
 	var pol scheduler.Policy
+	var err error
 	switch {
 	case embedded != nil:
-		pol = *embedded
+		return *embedded, nil
 	case choice.name == scheduler.DefaultPolicyName:
 		// kv-cost's parameters are the router's cost weights, layered above.
 		pol, err = scheduler.New(choice.name, scheduler.CostParams(selection.CostWeightsOf(rc)))
@@ -92,27 +153,14 @@ func resolveConfig(o *options, lookup func(string) (string, bool), file *configF
 		pol, err = scheduler.New(choice.name, choice.params)
 	}
 	if err != nil {
-		// Name where the offending input was: the file's parameters, or
-		// whatever named the policy.
+		// The file's parameters, or whatever named the policy.
 		where := choice.source
 		if len(choice.params) > 0 {
 			where = file.path + ": policy.parameters"
 		}
-		return resolved{}, &UsageError{fmt.Errorf("%s: %w", where, err)}
+		return scheduler.Policy{}, &UsageError{fmt.Errorf("%s: %w", where, err)}
 	}
-
-	return resolved{policy: choice, cfg: selection.Config{
-		Router: rc,
-		Policy: &pol,
-		// The service builds its tracker from Tracking alone; it must say what
-		// the router configuration says. The key itself is read by
-		// loadTrackingKey, when the server starts.
-		Tracking: kvhash.TrackingConfig{
-			Algorithm: string(rc.TrackingHash),
-			KeyID:     rc.TrackingKeyID.Or(""),
-		},
-		SelectionCache: pending.Config{TTL: o.cacheTTL, MaxEntries: o.cacheMaxEntries, MaxBytes: o.cacheMaxBytes},
-	}}, nil
+	return pol, nil
 }
 
 // loadTrackingKey reads the keyed-xxh3-v1 key named by the router

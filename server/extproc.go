@@ -10,15 +10,13 @@ import (
 	"strconv"
 
 	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
+	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 
 	"github.com/kvselect/kvselect/extproc"
 	"github.com/kvselect/kvselect/internal/servingtls"
-	"github.com/kvselect/kvselect/internal/tracing"
 	"github.com/kvselect/kvselect/internal/vtcodec"
-	"github.com/kvselect/kvselect/selection"
-	"github.com/kvselect/kvselect/selection/flow"
 )
 
 // extprocFlags are the endpoint picker's flags (Envoy ext_proc, GIE protocol
@@ -139,11 +137,11 @@ type extprocServer struct {
 }
 
 // startExtProc serves the picker on --host:--extproc-port beside the REST
-// API, over the same selection.Service; nil when disabled. Serve errors go to
-// served; streamLimit is --extproc-max-streams' interceptor (limits.go).
-func startExtProc(o *options, svc *selection.Service, tokenizer selection.Tokenizer, objectives *flow.Objectives, tr *tracing.Tracing,
-	streamLimit grpc.ServerOption, log *slog.Logger, served chan<- error) (*extprocServer, error) {
-	e := o.extproc
+// API, over the same selection.Service, and registers its metrics
+// (kvselect_extproc_*); nil when disabled. Serve errors go to f.served; the
+// stream limit is --extproc-max-streams' (limits.go).
+func startExtProc(o *options, f *fronts, reg prometheus.Registerer) (*extprocServer, error) {
+	e, log := o.extproc, f.log
 	port := e.port
 	switch {
 	case o.set["extproc-port"] && port == 0:
@@ -166,14 +164,14 @@ func startExtProc(o *options, svc *selection.Service, tokenizer selection.Tokeni
 	if e.assumeSet {
 		assumed = &extproc.BodyModes{Request: e.assumedRequest, Response: e.assumedResponse}
 	}
-	picker := extproc.New(svc, extproc.Options{Logger: log, Fallbacks: e.fallbacks, MaxBodyBytes: e.maxBodyBytes,
+	picker := extproc.New(f.svc, extproc.Options{Logger: log, Fallbacks: e.fallbacks, MaxBodyBytes: e.maxBodyBytes,
 		TestPickHeader: e.testPick, DefaultModel: e.defaultModel, AssumedModes: assumed,
-		Disaggregate: o.disagg.mode == disaggAuto, PrefillHeader: o.disagg.prefillHeader, Objectives: objectives, Tracing: tr})
-	if tokenizer != nil {
+		Disaggregate: o.disagg.mode == disaggAuto, PrefillHeader: o.disagg.prefillHeader, Objectives: f.objectives, Tracing: f.tracing})
+	if f.tokenizer != nil {
 		// Before the listener serves, so that no early text prompt misses it.
-		picker.SetTokenizer(tokenizer, o.tokenize.forwardIDs)
+		picker.SetTokenizer(f.tokenizer, o.tokenize.forwardIDs)
 	}
-	opts := append(extproc.ServerOptions(), streamLimit)
+	opts := append(extproc.ServerOptions(), f.limits.streamOption())
 	if creds != nil {
 		opts = append(opts, creds)
 	}
@@ -187,10 +185,19 @@ func startExtProc(o *options, svc *selection.Service, tokenizer selection.Tokeni
 		"test_pick_header", e.testPick, "assumed_body_modes", e.assumedRequest.String()+"/"+e.assumedResponse.String(), "encoder", encoder)
 	go func() {
 		if err := g.Serve(ln); err != nil {
-			served <- fmt.Errorf("ext_proc server: %w", err)
+			f.served <- fmt.Errorf("ext_proc server: %w", err)
 		}
 	}()
+	reg.MustRegister(picker)
 	return &extprocServer{picker: picker, grpc: g, addr: ln.Addr(), log: log}, nil
+}
+
+// address is where the picker listens; nil when it is disabled.
+func (s *extprocServer) address() net.Addr {
+	if s == nil {
+		return nil
+	}
+	return s.addr
 }
 
 // shutdown reports NOT_SERVING, lets in-flight streams finish until ctx ends,

@@ -1,6 +1,8 @@
 package server
 
 import (
+	"cmp"
+	"context"
 	"errors"
 	"flag"
 	"fmt"
@@ -12,7 +14,10 @@ import (
 	"strings"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/kvselect/kvselect/engines/tokenize"
+	"github.com/kvselect/kvselect/selection"
 	"github.com/kvselect/kvselect/selection/catalog"
 	"github.com/kvselect/kvselect/selection/kvhash"
 	"github.com/kvselect/kvselect/selection/routerconfig"
@@ -360,6 +365,23 @@ func (t *tokenizeFlags) register(fs *flag.FlagSet) {
 	fs.DurationVar(&t.timeout, "tokenize-timeout", tokenize.DefaultTimeout, "budget of one text prompt's tokenization (`duration`, > 0); past it the request routes on the text index (the call still completes in the background and fills the cache)")
 	fs.IntVar(&t.cacheTokens, "tokenize-cache-tokens", tokenize.DefaultCacheTokens, "size of the tokenize cache in token `ids` (4 bytes each; 0 disables it): whole requests, and chat conversation prefixes where the engine's template allows")
 	fs.BoolVar(&t.forwardIDs, "tokenize-forward-ids", false, "replace a completions request's prompt string by its token ids in the body the picker forwards (ext_proc FULL_DUPLEX_STREAMED), so the engine skips its own tokenization")
+}
+
+// start makes the tokenizer of text prompts both fronts use (engines/
+// tokenize) and registers its metrics; nil with --tokenize off.
+func (t *tokenizeFlags) start(ctx context.Context, svc *selection.Service, reg prometheus.Registerer, log *slog.Logger) (selection.Tokenizer, error) {
+	if t.mode == tokenize.ModeOff {
+		return nil, nil
+	}
+	tk, err := tokenize.New(ctx, tokenize.Config{Mode: t.mode, Endpoints: t.endpoints, Timeout: t.timeout,
+		CacheTokens: cmp.Or(t.cacheTokens, -1), Logger: log}, svc)
+	if err != nil {
+		return nil, &UsageError{err}
+	}
+	reg.MustRegister(tk)
+	log.Info("text prompts tokenized by the engines", "mode", string(t.mode), "endpoints", t.endpoints,
+		"timeout", t.timeout.String(), "cache_tokens", t.cacheTokens, "forward_ids", t.forwardIDs)
+	return tk, nil
 }
 
 func (t *tokenizeFlags) validate(set map[string]bool) []error {

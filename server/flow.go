@@ -4,6 +4,7 @@ import (
 	"flag"
 	"fmt"
 	"hash/fnv"
+	"log/slog"
 	"strconv"
 	"time"
 
@@ -65,6 +66,27 @@ func (f *flowFlags) apply(cfg *selection.Config, m *flowMetrics) {
 	fairness, _ := flow.ParseFairness(f.mode) // validated
 	cfg.Flow = &flow.Config{Fairness: fairness, TTL: f.ttl, MaxBytes: f.maxBytes, MaxBandBytes: f.maxBandBytes, MaxTenants: f.maxTenants}
 	cfg.OnFlow = m.observe
+}
+
+// loadObjectives is the table of InferenceObjective priorities (flow
+// control) both fronts look names up in: the config file's, and the
+// InferencePool namespace's once discovery watches them. watched is the
+// table for discovery to fill, nil with flow control off: then the pool's
+// objectives matter to nothing.
+func loadObjectives(o *options, file *configFile, log *slog.Logger) (objectives, watched *flow.Objectives, err error) {
+	fromFile, err := file.objectives()
+	if err != nil {
+		return nil, nil, &UsageError{err}
+	}
+	objectives = new(flow.Objectives)
+	objectives.Set(flow.SourceFile, fromFile)
+	if o.flow.mode != flowOff {
+		return objectives, objectives, nil
+	}
+	if len(fromFile) > 0 {
+		log.Warn("the config file has objectives but --flow-control is off: their priorities order nothing", "file", o.configFile)
+	}
+	return objectives, nil, nil
 }
 
 // tenantBuckets is how many label values tenants are hashed into: the

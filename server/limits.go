@@ -32,7 +32,7 @@ type limitFlags struct {
 	writeTimeout      time.Duration
 	extprocMaxStreams int
 
-	// headerTimeout replaces run.go's readHeaderTimeout when set; not a flag,
+	// headerTimeout replaces rest.go's readHeaderTimeout when set; not a flag,
 	// it lets a test watch a slowloris be cut off in a fraction of a second.
 	headerTimeout time.Duration
 }
@@ -134,7 +134,7 @@ func (b *limiters) listener(ln net.Listener) net.Listener {
 }
 
 // applyHTTP sets the REST server's header size and timeouts. The header
-// timeout is run.go's readHeaderTimeout (or headerTimeout), no longer than a
+// timeout is rest.go's readHeaderTimeout (or headerTimeout), no longer than a
 // shorter --http-read-timeout: that one bounds the whole request.
 func (l *limitFlags) applyHTTP(srv *http.Server) {
 	srv.MaxHeaderBytes = l.maxHeaderBytes

@@ -81,7 +81,7 @@ func TestLimitFlags(t *testing.T) {
 }
 
 // TestLimitApplyHTTP: the server gets the flags' values; the header timeout is
-// run.go's unless the whole-request timeout is shorter.
+// rest.go's unless the whole-request timeout is shorter.
 func TestLimitApplyHTTP(t *testing.T) {
 	for _, tc := range []struct {
 		args       []string

@@ -33,16 +33,31 @@ type reloader struct {
 	auth     *access.Chain // the REST authorizer whose client-certificate rules a reload replaces; nil: none
 	// objectives takes the file's objectives table.
 	objectives *flow.Objectives
+	// sig (SIGHUP) and trigger (WithReload) ask for a reload; either may be
+	// nil.
+	sig     <-chan os.Signal
+	trigger <-chan struct{}
 }
 
-// run reloads on every signal until ctx ends; either channel may be nil.
-func (r *reloader) run(ctx context.Context, sig <-chan os.Signal, trigger <-chan struct{}) {
+// newReloader is the reloader of the configuration run started with (conf),
+// asked by hup or the program's trigger; nil without a --config file or a
+// trigger.
+func newReloader(o *options, set *settings, svc *selection.Service, conf startup, objectives *flow.Objectives, hup <-chan os.Signal, log *slog.Logger) *reloader {
+	if o.configFile == "" && set.reload == nil {
+		return nil
+	}
+	return &reloader{o: o, lookup: set.lookup, embedded: set.policy, svc: svc, log: log, cur: conf.initial, auth: conf.authz,
+		objectives: objectives, sig: hup, trigger: set.reload}
+}
+
+// run reloads whenever asked until ctx ends.
+func (r *reloader) run(ctx context.Context) {
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case <-sig:
-		case <-trigger:
+		case <-r.sig:
+		case <-r.trigger:
 		}
 		r.reload()
 	}

@@ -1,358 +1,154 @@
 package server
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
-	"net/http"
 	"net/netip"
 	"os"
 	"os/signal"
 	"runtime"
 	"runtime/debug"
-	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 
-	"github.com/kvselect/kvselect/engines/kvlisten"
-	"github.com/kvselect/kvselect/engines/tokenize"
-	"github.com/kvselect/kvselect/httpadmin"
-	"github.com/kvselect/kvselect/internal/access"
 	"github.com/kvselect/kvselect/internal/tracing"
-	"github.com/kvselect/kvselect/replicas/mesh"
-	"github.com/kvselect/kvselect/replicas/recovery"
 	"github.com/kvselect/kvselect/selection"
-	"github.com/kvselect/kvselect/selection/flow"
 )
 
-// envKVEventsBind is --kv-events-bind's variable.
-const envKVEventsBind = "KVSELECT_KV_EVENTS_BIND"
-
-// readHeaderTimeout bounds how long a client may take to send request headers
-// (slowloris). --http-read-timeout bounds the whole request, body included;
-// there is no write timeout by default: a selection may wait in the scheduler
-// queue for as long as its client allows (limits.go).
-const readHeaderTimeout = 10 * time.Second
-
-// idleTimeout closes keep-alive connections a client forgot; without it they
-// would stay open forever (no ReadTimeout is set to fall back on).
-const idleTimeout = 2 * time.Minute
-
-// run is Run with its options applied.
+// run is Run with its options applied. It reads as the startup order; the
+// shutdown runs in the reverse order, after drain: the upkeep goroutines, the
+// replica mesh, the KV-event listeners, the spans still buffered, the SIGHUP
+// handler.
 func run(ctx context.Context, args []string, set *settings) error {
-	o, err := parseFlags(args)
-	switch {
-	case errors.Is(err, errHelp):
-		writeHelp(set.stdout)
-		return nil
-	case err != nil:
+	o, done, err := parseCommandLine(args, set)
+	if done || err != nil {
 		return err
-	case o.version:
-		fmt.Fprintln(set.stdout, versionString(set.version))
-		return nil
 	}
 
-	log := set.logger
-	if log == nil {
-		log = newLogger(o, set.stderr)
-	}
-	var file *configFile
-	if o.configFile != "" {
-		if file, err = readConfigFile(o.configFile); err != nil {
-			return &UsageError{err}
-		}
-	}
-	initial, err := resolveConfig(o, set.lookup, file, set.policy, log)
+	// Configuration, logging, tracing.
+	log := set.loggerFor(o)
+	conf, err := configure(o, set, log)
 	if err != nil {
 		return err
 	}
-	cfg := initial.cfg
-	// Who may call the REST API (auth.go); nil when nobody is authenticated.
-	authz, authMetrics, err := o.auth.authorizer(file, o.discovery.poolNamespace, o.discovery.kubeconfig, log)
+	hup, stopHUP := catchHUP(o, set)
+	defer stopHUP()
+	tr, flushSpans, err := startTracing(ctx, set, log)
 	if err != nil {
 		return err
 	}
-	log.Debug("router configuration", routerAttrs(cfg.Router, false)...)
-	// SIGHUP is caught before anything listens: a signal sent as soon as the
-	// server answers must reload it, not end it (a signal's default action).
-	var hup chan os.Signal
-	if o.configFile != "" && set.reload == nil {
-		hup = make(chan os.Signal, 1)
-		signal.Notify(hup, syscall.SIGHUP)
-		defer signal.Stop(hup)
-	}
-	// OpenTelemetry tracing from the OTEL_* environment; off without an
-	// exporter. Spans still buffered are flushed on the way out.
-	tr, err := tracing.FromEnv(ctx, set.lookup, versionString(set.version))
+	defer flushSpans()
+	metrics := newRegistry()
+
+	// The core, with the KV-event listeners it attaches worker ranks to.
+	cfg := conf.initial.cfg
+	closeKV, err := startKVEvents(ctx, o, set.lookup, &cfg, metrics, log)
 	if err != nil {
-		return &UsageError{err}
-	}
-	defer func() {
-		flush, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		defer cancel()
-		if err := tr.Shutdown(flush); err != nil {
-			log.Warn("tracing: flushing spans at exit failed", "err", err)
-		}
-	}()
-	if tr.Enabled {
-		log.Info("tracing on: OTLP spans for both fronts (OTEL_* environment)", "protocol", tr.Protocol)
-	}
-	// GET /metrics on the REST port: process and Go runtime metrics plus what
-	// each component registers.
-	metrics := prometheus.NewRegistry()
-	metrics.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	binds := o.kvEventsBind
-	if !o.set["kv-events-bind"] {
-		if v, ok := set.lookup(envKVEventsBind); ok && strings.TrimSpace(v) != "" {
-			if binds, err = parseList(v, validateBindEndpoint); err != nil {
-				return &UsageError{fmt.Errorf("%s: %w", envKVEventsBind, err)}
-			}
-		}
-	}
-	if len(binds) > 0 && !cfg.Router.UseKVEvents {
-		return &UsageError{errors.New("--kv-events-bind needs KV events on (DYN_ROUTER_USE_KV_EVENTS is false)")}
-	}
-	if cfg.Router.UseKVEvents {
-		// One ZMQ SUB per registered worker rank, with replay gap recovery; the
-		// service attaches and detaches ranks as the catalog changes, and
-		// --threads writer lanes apply the events. Collector sockets feed the
-		// ranks registered without an endpoint of their own.
-		kv := kvlisten.New(ctx, kvlisten.Options{Logger: log, Lanes: cfg.Router.EventThreads, MaxFrameBytes: o.kvEventsMaxFrame})
-		defer kv.Close()
-		for _, ep := range binds {
-			if _, err := kv.Bind(ep); err != nil {
-				return err
-			}
-		}
-		cfg.Listeners = kv
-		cfg.EventsCollector = len(binds) > 0
-		metrics.MustRegister(kv)
-	}
-	if err := loadTrackingKey(&cfg); err != nil {
 		return err
 	}
-	cfg.Engine = o.engines.config()
-	o.disagg.apply(&cfg, log)
-	flowMetrics := newFlowMetrics()
-	o.flow.apply(&cfg, flowMetrics)
-	svc, err := selection.New(cfg)
+	defer closeKV()
+	svc, err := newCore(o, cfg, metrics, log)
 	if err != nil {
-		// Only configuration reaches New (a key of the wrong size, say).
-		if path, ok := cfg.Router.TrackingKeyFile.Get(); ok {
-			err = fmt.Errorf("tracking key file %s: %w", path, err)
-		}
-		return &UsageError{err}
+		return err
 	}
-	metrics.MustRegister(disaggMetrics{svc: svc})  // kvselect_prefill_decisions_total
-	metrics.MustRegister(routingMetrics{svc: svc}) // kvselect_selection_*
-	flowMetrics.svc = svc
-	metrics.MustRegister(flowMetrics) // kvselect_flow_*
-	if fc := svc.FlowConfig(); fc != nil {
-		log.Info("flow control on: waiting requests ordered by priority band and tenant fairness", "fairness", fc.Fairness.String(),
-			"queue_ttl", fc.TTL.String(), "max_bytes", fc.MaxBytes, "max_band_bytes", fc.MaxBandBytes, "max_tenants", fc.MaxTenants)
+
+	// Adapters: the replica mesh, index recovery, discovery, the tokenizer.
+	peers, closeMesh, err := startMesh(ctx, o, svc, cfg.Router.SessionAffinityTTL.IsSet(), metrics, log)
+	if err != nil {
+		return err
 	}
-	// Replica sync: admissions, prefill completions, frees and session
-	// bindings go out on a PUB socket and come in from every peer's (Dynamo's
-	// "Peer Planes"). A port that cannot be bound stops the server, as in
-	// Dynamo.
-	var peers httpadmin.PeerManager
-	if o.set["replica-sync-port"] {
-		keys := make([][]byte, 0, len(o.replicaSyncKeys))
-		for _, path := range o.replicaSyncKeys {
-			key, err := mesh.LoadKey(path)
-			if err != nil {
-				return &UsageError{fmt.Errorf("--replica-sync-key-file: %w", err)}
-			}
-			keys = append(keys, key)
-		}
-		var signKey []byte
-		if len(keys) > 0 {
-			signKey, keys = keys[0], keys[1:]
-		}
-		// Not stopped by the signal: frees made while in-flight requests drain
-		// still reach the peers; the deferred Close ends the mesh after that.
-		m, err := mesh.Start(context.WithoutCancel(ctx), svc, mesh.Options{
-			Bind:         "tcp://*:" + strconv.FormatUint(o.replicaSyncPort, 10),
-			Peers:        o.replicaSyncPeers,
-			Affinity:     cfg.Router.SessionAffinityTTL.IsSet(),
-			ResolvePeers: o.replicaSyncResolve,
-			Logger:       log,
-			Key:          signKey,
-			Keys:         keys,
-		})
-		if err != nil {
-			return err
-		}
-		defer m.Close()
-		metrics.MustRegister(m)
-		if signKey == nil {
-			log.Warn("replica sync runs without --replica-sync-key-file: anyone who reaches the port can inject bookings and session bindings (docs/replicas.md)", "port", o.replicaSyncPort)
-		} else {
-			log.Info("replica sync messages authenticated (HMAC-SHA256)", "verify_keys", 1+len(keys))
-		}
-		peers = m
-	}
-	// Index recovery runs while the server already answers /health; /ready
-	// stays 503 until it is over (recovery package doc).
+	defer closeMesh()
 	if len(o.indexerPeers) > 0 {
+		// Recovery runs once the server answers /health; /ready waits for it.
 		svc.SetIndexRecovery(selection.RecoveryPending)
 	}
-
-	// Workers from a file or an InferencePool, through the same catalog calls
-	// as POST/DELETE /workers (discovery.go); /ready waits for the first sync.
-	// InferenceObjective priorities (flow control), from the config file
-	// and the pool's namespace; the picker looks names up in them.
-	objectives := new(flow.Objectives)
-	fileObjectives, err := file.objectives()
+	objectives, watched, err := loadObjectives(o, conf.file, log)
 	if err != nil {
-		return &UsageError{err}
-	}
-	objectives.Set(flow.SourceFile, fileObjectives)
-	var watched *flow.Objectives // the pool's InferenceObjectives matter only to flow control
-	if o.flow.mode != flowOff {
-		watched = objectives
-	} else if len(fileObjectives) > 0 {
-		log.Warn("the config file has objectives but --flow-control is off: their priorities order nothing", "file", o.configFile)
+		return err
 	}
 	startDiscovery, err := prepareDiscovery(o.discovery, cfg.EventsCollector, svc, watched, log)
 	if err != nil {
 		return err
 	}
-
-	// Text prompts tokenized by the engines (--tokenize), for both fronts.
-	var tokenizer selection.Tokenizer
-	if tk := o.tokenize; tk.mode != tokenize.ModeOff {
-		t, err := tokenize.New(ctx, tokenize.Config{Mode: tk.mode, Endpoints: tk.endpoints, Timeout: tk.timeout,
-			CacheTokens: cmp.Or(tk.cacheTokens, -1), Logger: log}, svc)
-		if err != nil {
-			return &UsageError{err}
-		}
-		metrics.MustRegister(t)
-		tokenizer = t
-		log.Info("text prompts tokenized by the engines", "mode", string(tk.mode), "endpoints", tk.endpoints,
-			"timeout", tk.timeout.String(), "cache_tokens", tk.cacheTokens, "forward_ids", tk.forwardIDs)
-	}
-
-	host := restHost(o)
-	ln, err := net.Listen(listenNetwork(host), net.JoinHostPort(host, strconv.FormatUint(o.port, 10)))
+	tokenizer, err := o.tokenize.start(ctx, svc, metrics, log)
 	if err != nil {
 		return err
 	}
-	// Refused connections are closed before they cost a TLS handshake.
-	limits := o.limits.build()
-	metrics.MustRegister(limits)
-	ln = limits.listener(ln)
-	if tlsLn, err := o.auth.listen(ln, host, log); err != nil {
-		_ = ln.Close()
-		return err
-	} else {
-		ln = tlsLn
-	}
-	var auth access.Authorizer
-	switch {
-	case authz != nil:
-		metrics.MustRegister(authz)
-		metrics.MustRegister(authMetrics...)
-		auth = authz
-	case !isLoopback(host) && !o.auth.allowOpenAdmin:
-		log.Warn("the REST API serves worker registration, reservations and replica peers WITHOUT AUTHENTICATION on a non-loopback address: anyone who reaches it can reroute prompts. Set --auth-token-file or --auth-kubernetes (docs/security.md), or --auth-allow-unauthenticated on a trusted network",
-			"addr", ln.Addr().String())
-	}
-	srv := &http.Server{
-		Handler: limits.middleware(httpadmin.New(svc, httpadmin.Options{
-			Logger:     log,
-			Peers:      peers,
-			Metrics:    promhttp.HandlerFor(metrics, promhttp.HandlerOpts{ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}),
-			Pprof:      o.enablePprof,
-			Tokenizer:  tokenizer,
-			Auth:       auth,
-			Objectives: objectives,
-			Tracing:    tr,
-		})),
-		ReadHeaderTimeout: readHeaderTimeout,
-		IdleTimeout:       idleTimeout,
-		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
-	}
-	o.limits.applyHTTP(srv)
-	log.Info("kvselect listening", append([]any{
-		slog.String("addr", ln.Addr().String()),
-		slog.String("version", versionString(set.version)),
-	}, append(policyAttrs(initial), configAttrs(cfg)...)...)...)
 
+	// Fronts: the REST API (with the status pages: /metrics, pprof) and the
+	// endpoint picker, under one set of per-client limits.
 	served := make(chan error, 2) // the REST and the ext_proc server
-	go func() { served <- srv.Serve(ln) }()
-	// The endpoint picker (Envoy ext_proc) beside the REST port, over the same
-	// service.
-	picker, err := startExtProc(o, svc, tokenizer, objectives, tr, limits.streamOption(), log, served)
+	f := &fronts{svc: svc, tokenizer: tokenizer, objectives: objectives, tracing: tr, limits: o.limits.build(), log: log, served: served}
+	rest, err := startREST(o, f, conf, peers, metrics, set.version)
 	if err != nil {
-		_ = srv.Close()
 		return err
 	}
-	listening := Listening{REST: ln.Addr()}
-	if picker != nil {
-		metrics.MustRegister(picker.picker) // kvselect_extproc_*
-		listening.ExtProc = picker.addr
+	picker, err := startExtProc(o, f, metrics)
+	if err != nil {
+		_ = rest.http.Close()
+		return err
 	}
-	if set.listening != nil {
-		set.listening(listening)
-	}
+	set.announce(Listening{REST: rest.addr, ExtProc: picker.address()})
 
-	upkeep, stopUpkeep := context.WithCancel(ctx)
-	var wg sync.WaitGroup
-	wg.Go(func() { Upkeep(upkeep, svc, upkeepInterval(svc)) })
-	startDiscovery(upkeep, &wg)
-	// Engine metrics and health probes: stopped with the upkeep, before the
-	// service shuts down.
-	waitEngines := o.engines.startEngines(upkeep, svc, metrics, log)
-	wg.Go(waitEngines)
-	if len(o.indexerPeers) > 0 {
-		wg.Go(func() {
-			recovery.Run(upkeep, svc, recovery.Options{Peers: o.indexerPeers, Logger: log, TokenFile: o.indexerPeersToken})
-		})
-	}
-	// SIGHUP re-reads the config file (the policy parameters), unless the
-	// program gave its own trigger; the signal is caught from before the
-	// listeners open (hup above).
-	if o.configFile != "" || set.reload != nil {
-		r := &reloader{o: o, lookup: set.lookup, embedded: set.policy, svc: svc, log: log, cur: initial, auth: authz, objectives: objectives}
-		wg.Go(func() { r.run(upkeep, hup, set.reload) })
-	}
-	defer func() {
-		stopUpkeep()
-		wg.Wait()
-	}()
+	// Upkeep and reloads until the context ends or a server fails.
+	stopUpkeep := startUpkeep(ctx, o, svc, startDiscovery, newReloader(o, set, svc, conf, objectives, hup, log), metrics, log)
+	defer stopUpkeep()
+	serveErr := awaitStop(ctx, served, o.shutdownTimeout, log)
+	return drain(svc, picker, rest, o.shutdownTimeout, serveErr, log)
+}
 
-	var serveErr error
+// parseCommandLine parses args; done after --help and --version, which it
+// prints.
+func parseCommandLine(args []string, set *settings) (o *options, done bool, err error) {
+	o, err = parseFlags(args)
+	switch {
+	case errors.Is(err, errHelp):
+		writeHelp(set.stdout)
+		return nil, true, nil
+	case err != nil:
+		return nil, true, err
+	case o.version:
+		fmt.Fprintln(set.stdout, versionString(set.version))
+		return nil, true, nil
+	}
+	return o, false, nil
+}
+
+// awaitStop waits until ctx ends (serveErr nil) or a server fails
+// (serveErr says how).
+func awaitStop(ctx context.Context, served <-chan error, timeout time.Duration, log *slog.Logger) (serveErr error) {
 	select {
 	case <-ctx.Done():
-		log.Info("shutting down", "cause", context.Cause(ctx).Error(), "timeout", o.shutdownTimeout.String())
+		log.Info("shutting down", "cause", context.Cause(ctx).Error(), "timeout", timeout.String())
 	case serveErr = <-served:
 		log.Error("server failed", "err", serveErr)
 	}
+	return serveErr
+}
 
-	// Selection first, as Dynamo's service shuts down: from here selections,
-	// bookings and catalog upserts get 503 and queued selections are
-	// released, while DELETE /workers and the in-flight requests still
-	// complete.
+// drain stops the server in Dynamo's order. Selection first, as Dynamo's
+// service shuts down: from here selections, bookings and catalog upserts get
+// 503 and queued selections are released, while DELETE /workers and the
+// in-flight requests still complete. Then the picker's streams and the REST
+// connections finish, within timeout together. serveErr is a server's
+// failure, the cause of the stop.
+func drain(svc *selection.Service, picker *extprocServer, rest *restServer, timeout time.Duration, serveErr error, log *slog.Logger) error {
 	svc.Shutdown()
 	log.Info("selection service stopped admitting selections")
 	start := time.Now()
-	sctx, cancel := context.WithTimeout(context.Background(), o.shutdownTimeout)
+	sctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	picker.shutdown(sctx)
-	if err := srv.Shutdown(sctx); err != nil {
-		_ = srv.Close()
-		log.Error("graceful shutdown timed out; closed remaining connections", "timeout", o.shutdownTimeout.String())
+	if err := rest.http.Shutdown(sctx); err != nil {
+		_ = rest.http.Close()
+		log.Error("graceful shutdown timed out; closed remaining connections", "timeout", timeout.String())
 		return fmt.Errorf("graceful shutdown: %w", err)
 	}
 	if serveErr != nil {
@@ -360,6 +156,47 @@ func run(ctx context.Context, args []string, set *settings) error {
 	}
 	log.Info("shutdown complete", "took", time.Since(start).Round(time.Millisecond).String())
 	return nil
+}
+
+// catchHUP catches SIGHUP, the config file's reload signal, unless the
+// program gave its own trigger (WithReload) or there is no file; nil then.
+// It is caught before anything listens: a signal sent as soon as the server
+// answers must reload it, not end it (a signal's default action). stop
+// restores the default.
+func catchHUP(o *options, set *settings) (hup <-chan os.Signal, stop func()) {
+	if o.configFile == "" || set.reload != nil {
+		return nil, func() {}
+	}
+	ch := make(chan os.Signal, 1)
+	signal.Notify(ch, syscall.SIGHUP)
+	return ch, func() { signal.Stop(ch) }
+}
+
+// startTracing sets up OpenTelemetry tracing from the OTEL_* environment; off
+// without an exporter. flush sends the spans still buffered, on the way out.
+func startTracing(ctx context.Context, set *settings, log *slog.Logger) (tr *tracing.Tracing, flush func(), err error) {
+	tr, err = tracing.FromEnv(ctx, set.lookup, versionString(set.version))
+	if err != nil {
+		return nil, nil, &UsageError{err}
+	}
+	if tr.Enabled {
+		log.Info("tracing on: OTLP spans for both fronts (OTEL_* environment)", "protocol", tr.Protocol)
+	}
+	return tr, func() {
+		flush, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		if err := tr.Shutdown(flush); err != nil {
+			log.Warn("tracing: flushing spans at exit failed", "err", err)
+		}
+	}, nil
+}
+
+// newRegistry is what GET /metrics on the REST port serves: process and Go
+// runtime metrics, plus what each component registers.
+func newRegistry() *prometheus.Registry {
+	r := prometheus.NewRegistry()
+	r.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return r
 }
 
 // listenNetwork binds an IPv4 literal (Dynamo's 0.0.0.0) to IPv4 only, as

@@ -89,6 +89,22 @@ type Listening struct {
 // request.
 func WithListening(f func(Listening)) Option { return func(s *settings) { s.listening = f } }
 
+// announce tells WithListening's f where the servers listen.
+func (s *settings) announce(l Listening) {
+	if s.listening != nil {
+		s.listening(l)
+	}
+}
+
+// loggerFor is WithLogger's logger, else one built from --log-format and
+// --log-level writing to WithStderr's writer.
+func (s *settings) loggerFor(o *options) *slog.Logger {
+	if s.logger != nil {
+		return s.logger
+	}
+	return newLogger(o, s.stderr)
+}
+
 // WithVersion is the version --version prints and the startup log names
 // (cmd/kvselect sets it at release time); by default the module version or
 // VCS revision from the build info.

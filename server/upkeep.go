@@ -2,8 +2,13 @@ package server
 
 import (
 	"context"
+	"log/slog"
+	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvselect/kvselect/replicas/recovery"
 	"github.com/kvselect/kvselect/selection"
 )
 
@@ -40,5 +45,31 @@ func Upkeep(ctx context.Context, svc *selection.Service, every time.Duration) {
 		case <-t.C:
 			svc.Maintain(ctx)
 		}
+	}
+}
+
+// startUpkeep runs, beside the fronts, what keeps the core current: the
+// upkeep ticker, discovery (startDiscovery, from prepareDiscovery), engine
+// metrics and health probes, index recovery from --indexer-peers, and the
+// config reloads of r (nil: none). stop ends them all and waits for them,
+// before the service's adapters close.
+func startUpkeep(ctx context.Context, o *options, svc *selection.Service, startDiscovery func(context.Context, *sync.WaitGroup), r *reloader,
+	reg prometheus.Registerer, log *slog.Logger) (stop func()) {
+	upkeep, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	wg.Go(func() { Upkeep(upkeep, svc, upkeepInterval(svc)) })
+	startDiscovery(upkeep, &wg)
+	wg.Go(o.engines.startEngines(upkeep, svc, reg, log))
+	if len(o.indexerPeers) > 0 {
+		wg.Go(func() {
+			recovery.Run(upkeep, svc, recovery.Options{Peers: o.indexerPeers, Logger: log, TokenFile: o.indexerPeersToken})
+		})
+	}
+	if r != nil {
+		wg.Go(func() { r.run(upkeep) })
+	}
+	return func() {
+		cancel()
+		wg.Wait()
 	}
 }

@@ -182,137 +182,190 @@ func freeID(pod *corev1.Pod, port int32, used map[uint64]string) uint64 {
 	}
 }
 
-// podWorkers builds the records of one ready pod.
+// podWorkers builds the records of one ready pod, one per active target
+// port.
 func podWorkers(pod *corev1.Pod, poolPorts []int32, m Mapping) []catalog.Record {
-	var reasons []string
-	bad := func(format string, args ...any) { reasons = append(reasons, fmt.Sprintf(format, args...)) }
-	get := func(key string) (string, bool) {
-		if v, ok := pod.Annotations[key]; ok {
-			return strings.TrimSpace(v), true
-		}
-		v, ok := pod.Labels[key]
-		return strings.TrimSpace(v), ok
-	}
-	num := func(key string, def, min, max uint64) (uint64, bool) {
-		v, ok := get(key)
-		if !ok {
-			return def, false
-		}
-		n, err := strconv.ParseUint(v, 10, 64)
-		if err != nil || n < min || n > max {
-			bad("annotation %s %q: want an integer from %d to %d", key, v, min, max)
-			return def, true
-		}
-		return n, true
-	}
-
-	model, ok := get(AnnotationModel)
-	if !ok || model == "" {
-		bad("annotation %s is missing: set it to the model name the engine serves (vLLM --served-model-name)", AnnotationModel)
-	}
-	group, _ := get(AnnotationRoutingGroup)
-	role, roleProblem := podRole(pod, get)
-	if roleProblem != "" {
-		bad("%s", roleProblem)
-	}
-	blockSize, _ := num(AnnotationBlockSize, DefaultBlockSize, 1, 1<<31)
-	dpSize, _ := num(AnnotationDPSize, 1, 1, 1024)
-	dpStart, _ := num(AnnotationDPStartRank, 0, 0, 1<<20)
-	kvPort, hasKVPort := num(AnnotationKVEventsPort, DefaultKVEventsPort, 1, 65535)
-	subscribe := hasKVPort || !m.Collector
-	topic, hasTopic := get(AnnotationKVEventsTopic)
-	replayPort, hasReplay := num(AnnotationReplayPort, 0, 1, 65535)
-	metricsPort, hasMetricsPort := num(AnnotationMetricsPort, 0, 1, 65535)
-	engine, hasEngine := get(AnnotationEngine)
-	if hasEngine && !slices.Contains(catalog.Engines, engine) {
-		bad("annotation %s %q: want one of %s", AnnotationEngine, engine, strings.Join(catalog.Engines, ", "))
-		hasEngine = false
-	}
-	maxTokens, hasMaxTokens := num(AnnotationMaxBatchedTokens, 0, 1, 1<<40)
-	totalBlocks, hasTotalBlocks := num(AnnotationTotalKVBlocks, 0, 1, 1<<40)
-	baseID, hasID := num(AnnotationWorkerID, 0, 1, 1<<63-1)
-
-	active := poolPorts
-	if v, ok := pod.Annotations[AnnotationActivePorts]; ok {
-		sel, err := parseActivePorts(v, poolPorts)
-		if err != nil {
-			bad("annotation %s %q: %v", AnnotationActivePorts, v, err)
-		} else {
-			active = sel
-		}
-	}
-	ip := pod.Status.PodIP
-	if ip == "" {
-		bad("pod has no IP address yet")
-	}
-
-	out := make([]catalog.Record, 0, len(active))
+	c := readPodConfig(pod, poolPorts, m)
+	out := make([]catalog.Record, 0, len(c.active))
 	for idx, port := range poolPorts {
-		if !slices.Contains(active, port) {
-			continue
+		if slices.Contains(c.active, port) {
+			out = append(out, c.record(pod, idx, port))
 		}
-		r := catalog.Record{
-			WorkerID:        WorkerID(pod.Namespace, pod.Name, port),
-			ModelName:       model,
-			RoutingGroup:    group,
-			BlockSize:       ptr(uint32(blockSize)),
-			StableRoutingID: ptr(fmt.Sprintf("%s/%s:%d", pod.Namespace, pod.Name, port)),
-			SourceReasons:   slices.Clone(reasons),
-		}
-		if role != "" {
-			// A prefill pod without a routing-group annotation joins the
-			// service's prefill group (catalog.Record.ResolveRole).
-			r.Role = ptr(role)
-		}
-		if hasID {
-			r.WorkerID = (baseID + uint64(idx)) & (1<<63 - 1)
-		}
-		start := dpStart + uint64(idx)*dpSize
-		r.DataParallelStartRank = ptr(uint32(start))
-		r.DataParallelSize = ptr(uint32(dpSize))
-		if hasMaxTokens {
-			r.MaxNumBatchedTokens = ptr(maxTokens)
-		}
-		if hasTotalBlocks {
-			r.TotalKVBlocks = ptr(totalBlocks)
-		}
-		if hasTopic && topic != "" {
-			r.KVEventsTopic = ptr(topic)
-		}
-		if hasEngine {
-			r.Engine = ptr(engine)
-		}
-		if hasMetricsPort && ip != "" {
-			r.MetricsEndpoint = ptr("http://" + net.JoinHostPort(ip, strconv.Itoa(int(metricsPort))) + "/metrics")
-		}
-		if ip != "" {
-			r.Endpoint = ptr("http://" + net.JoinHostPort(ip, strconv.Itoa(int(port))))
-		}
-		if ip != "" && subscribe {
-			r.KVEventsEndpoints = make(map[uint32]string, dpSize)
-			for rank := start; rank < start+dpSize; rank++ {
-				p := kvPort + rank
-				if p > 65535 {
-					r.SourceReasons = append(r.SourceReasons, fmt.Sprintf("KV events port %d + dp_rank %d is past 65535", kvPort, rank))
-					r.KVEventsEndpoints = nil
-					break
-				}
-				r.KVEventsEndpoints[uint32(rank)] = "tcp://" + net.JoinHostPort(ip, strconv.FormatUint(p, 10))
-			}
-			if hasReplay && replayPort != 0 {
-				// The replay protocol carries no rank, so Dynamo accepts a
-				// replay endpoint only for a single-rank worker: a multi-rank
-				// worker with one is left for the catalog to flag.
-				if p := replayPort + start; p <= 65535 {
-					r.ReplayEndpoint = ptr("tcp://" + net.JoinHostPort(ip, strconv.FormatUint(p, 10)))
-				} else {
-					r.SourceReasons = append(r.SourceReasons, fmt.Sprintf("replay port %d + dp_rank %d is past 65535", replayPort, start))
-				}
-			}
-		}
-		out = append(out, r)
 	}
 	return out
+}
+
+// podAnnotations reads a pod's annotations, else its labels of the same key,
+// and collects the problems that make its workers incomplete.
+type podAnnotations struct {
+	pod     *corev1.Pod
+	reasons []string
+}
+
+func (a *podAnnotations) bad(format string, args ...any) {
+	a.reasons = append(a.reasons, fmt.Sprintf(format, args...))
+}
+
+func (a *podAnnotations) get(key string) (string, bool) {
+	if v, ok := a.pod.Annotations[key]; ok {
+		return strings.TrimSpace(v), true
+	}
+	v, ok := a.pod.Labels[key]
+	return strings.TrimSpace(v), ok
+}
+
+// num reads an integer from min to max: def when the key is absent (ok
+// false), def and a problem when it does not parse (ok true).
+func (a *podAnnotations) num(key string, def, min, max uint64) (n uint64, ok bool) {
+	v, ok := a.get(key)
+	if !ok {
+		return def, false
+	}
+	n, err := strconv.ParseUint(v, 10, 64)
+	if err != nil || n < min || n > max {
+		a.bad("annotation %s %q: want an integer from %d to %d", key, v, min, max)
+		return def, true
+	}
+	return n, true
+}
+
+// podConfig is what a pod's annotations and labels say about its workers,
+// read once for all its target ports. A has* flag says the key was set,
+// even to a value that did not parse (the value is then the default, and
+// reasons says why).
+type podConfig struct {
+	reasons                    []string
+	model, group, role, ip     string
+	blockSize, dpSize, dpStart uint64
+	kvPort                     uint64
+	subscribe                  bool // KV events from the pod's own PUB sockets (else the collector's)
+	topic                      string
+	replayPort                 uint64 // 0: no replay
+	metricsPort                uint64
+	hasMetricsPort             bool
+	engine                     string
+	hasEngine                  bool
+	maxTokens, totalBlocks     uint64
+	hasMaxTokens, hasTotal     bool
+	baseID                     uint64
+	hasID                      bool
+	active                     []int32 // the target ports the pod serves on
+}
+
+func readPodConfig(pod *corev1.Pod, poolPorts []int32, m Mapping) podConfig {
+	a := &podAnnotations{pod: pod}
+	var c podConfig
+	model, ok := a.get(AnnotationModel)
+	if !ok || model == "" {
+		a.bad("annotation %s is missing: set it to the model name the engine serves (vLLM --served-model-name)", AnnotationModel)
+	}
+	c.model = model
+	c.group, _ = a.get(AnnotationRoutingGroup)
+	var roleProblem string
+	if c.role, roleProblem = podRole(pod, a.get); roleProblem != "" {
+		a.bad("%s", roleProblem)
+	}
+	c.blockSize, _ = a.num(AnnotationBlockSize, DefaultBlockSize, 1, 1<<31)
+	c.dpSize, _ = a.num(AnnotationDPSize, 1, 1, 1024)
+	c.dpStart, _ = a.num(AnnotationDPStartRank, 0, 0, 1<<20)
+	kvPort, hasKVPort := a.num(AnnotationKVEventsPort, DefaultKVEventsPort, 1, 65535)
+	c.kvPort, c.subscribe = kvPort, hasKVPort || !m.Collector
+	c.topic, _ = a.get(AnnotationKVEventsTopic)
+	c.replayPort, _ = a.num(AnnotationReplayPort, 0, 1, 65535)
+	c.metricsPort, c.hasMetricsPort = a.num(AnnotationMetricsPort, 0, 1, 65535)
+	c.engine, c.hasEngine = a.get(AnnotationEngine)
+	if c.hasEngine && !slices.Contains(catalog.Engines, c.engine) {
+		a.bad("annotation %s %q: want one of %s", AnnotationEngine, c.engine, strings.Join(catalog.Engines, ", "))
+		c.hasEngine = false
+	}
+	c.maxTokens, c.hasMaxTokens = a.num(AnnotationMaxBatchedTokens, 0, 1, 1<<40)
+	c.totalBlocks, c.hasTotal = a.num(AnnotationTotalKVBlocks, 0, 1, 1<<40)
+	c.baseID, c.hasID = a.num(AnnotationWorkerID, 0, 1, 1<<63-1)
+	c.active = poolPorts
+	if v, ok := pod.Annotations[AnnotationActivePorts]; ok {
+		if sel, err := parseActivePorts(v, poolPorts); err != nil {
+			a.bad("annotation %s %q: %v", AnnotationActivePorts, v, err)
+		} else {
+			c.active = sel
+		}
+	}
+	if c.ip = pod.Status.PodIP; c.ip == "" {
+		a.bad("pod has no IP address yet")
+	}
+	c.reasons = a.reasons
+	return c
+}
+
+// record is the worker behind the pod's idx-th pool target port.
+func (c *podConfig) record(pod *corev1.Pod, idx int, port int32) catalog.Record {
+	r := catalog.Record{
+		WorkerID:        WorkerID(pod.Namespace, pod.Name, port),
+		ModelName:       c.model,
+		RoutingGroup:    c.group,
+		BlockSize:       ptr(uint32(c.blockSize)),
+		StableRoutingID: ptr(fmt.Sprintf("%s/%s:%d", pod.Namespace, pod.Name, port)),
+		SourceReasons:   slices.Clone(c.reasons),
+	}
+	if c.role != "" {
+		// A prefill pod without a routing-group annotation joins the
+		// service's prefill group (catalog.Record.ResolveRole).
+		r.Role = ptr(c.role)
+	}
+	if c.hasID {
+		r.WorkerID = (c.baseID + uint64(idx)) & (1<<63 - 1)
+	}
+	start := c.dpStart + uint64(idx)*c.dpSize
+	r.DataParallelStartRank = ptr(uint32(start))
+	r.DataParallelSize = ptr(uint32(c.dpSize))
+	if c.hasMaxTokens {
+		r.MaxNumBatchedTokens = ptr(c.maxTokens)
+	}
+	if c.hasTotal {
+		r.TotalKVBlocks = ptr(c.totalBlocks)
+	}
+	if c.topic != "" {
+		r.KVEventsTopic = ptr(c.topic)
+	}
+	if c.hasEngine {
+		r.Engine = ptr(c.engine)
+	}
+	if c.ip == "" {
+		return r
+	}
+	if c.hasMetricsPort {
+		r.MetricsEndpoint = ptr("http://" + net.JoinHostPort(c.ip, strconv.Itoa(int(c.metricsPort))) + "/metrics")
+	}
+	r.Endpoint = ptr("http://" + net.JoinHostPort(c.ip, strconv.Itoa(int(port))))
+	if c.subscribe {
+		c.kvEvents(&r, start)
+	}
+	return r
+}
+
+// kvEvents sets the ZMQ endpoints of the ranks from start that r's engine
+// publishes KV events on (port kvPort + rank), and its replay endpoint.
+func (c *podConfig) kvEvents(r *catalog.Record, start uint64) {
+	r.KVEventsEndpoints = make(map[uint32]string, c.dpSize)
+	for rank := start; rank < start+c.dpSize; rank++ {
+		p := c.kvPort + rank
+		if p > 65535 {
+			r.SourceReasons = append(r.SourceReasons, fmt.Sprintf("KV events port %d + dp_rank %d is past 65535", c.kvPort, rank))
+			r.KVEventsEndpoints = nil
+			break
+		}
+		r.KVEventsEndpoints[uint32(rank)] = "tcp://" + net.JoinHostPort(c.ip, strconv.FormatUint(p, 10))
+	}
+	if c.replayPort == 0 {
+		return
+	}
+	// The replay protocol carries no rank, so Dynamo accepts a replay
+	// endpoint only for a single-rank worker: a multi-rank worker with one
+	// is left for the catalog to flag.
+	if p := c.replayPort + start; p <= 65535 {
+		r.ReplayEndpoint = ptr("tcp://" + net.JoinHostPort(c.ip, strconv.FormatUint(p, 10)))
+	} else {
+		r.SourceReasons = append(r.SourceReasons, fmt.Sprintf("replay port %d + dp_rank %d is past 65535", c.replayPort, start))
+	}
 }
 
 // llmdRoles maps llm-d's role label values to kvselect's roles. An encode
