@@ -33,6 +33,7 @@ import (
 	promodel "github.com/prometheus/common/model"
 
 	"github.com/kvselect/kvselect/bench/report"
+	"github.com/kvselect/kvselect/bench/stats"
 )
 
 // Config is one soak run.
@@ -341,7 +342,7 @@ func (p *phaseRun) sample(ctx context.Context) {
 			}
 		}
 	}
-	s.PickP99 = report.Quantile(picks, 0.99)
+	s.PickP99 = stats.Quantile(picks, 0.99)
 	p.samples = append(p.samples, s)
 }
 

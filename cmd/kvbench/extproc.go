@@ -34,6 +34,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/kvselect/kvselect/bench/report"
+	"github.com/kvselect/kvselect/bench/stats"
 	"github.com/kvselect/kvselect/envoysim"
 	"github.com/kvselect/kvselect/extproc"
 	"github.com/kvselect/kvselect/httpadmin"
@@ -454,15 +455,8 @@ func percentiles(ds []time.Duration) pct {
 		return pct{}
 	}
 	slices.Sort(ds)
-	return pct{P50: int64(nearestRank(ds, 0.5)), P90: int64(nearestRank(ds, 0.9)), P99: int64(nearestRank(ds, 0.99)),
+	return pct{P50: int64(stats.SortedQuantile(ds, 0.5)), P90: int64(stats.SortedQuantile(ds, 0.9)), P99: int64(stats.SortedQuantile(ds, 0.99)),
 		Max: int64(ds[len(ds)-1])}
-}
-
-// nearestRank is the nearest-rank p-quantile (0 < p <= 1) of sorted, non-empty
-// durations: the kvbench subcommands' one percentile definition.
-func nearestRank(sorted []time.Duration, p float64) time.Duration {
-	i := int(p*float64(len(sorted))+0.999999) - 1
-	return sorted[min(max(i, 0), len(sorted)-1)]
 }
 
 func epTable(w io.Writer, r *epResult) error {

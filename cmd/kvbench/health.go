@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/kvselect/kvselect/bench/report"
+	"github.com/kvselect/kvselect/bench/stats"
 	"github.com/kvselect/kvselect/envoysim"
 )
 
@@ -379,8 +380,8 @@ func (c *healthConfig) summarize(run *healthRun, recs []healthRec, events []heal
 	}
 	for i := range run.Phases {
 		ph := &run.Phases[i]
-		ph.TTFTP50Ms = ms(quantile(ph.ttfts, 0.5))
-		ph.TTFTP90Ms = ms(quantile(ph.ttfts, 0.9))
+		ph.TTFTP50Ms = ms(stats.Quantile(ph.ttfts, 0.5))
+		ph.TTFTP90Ms = ms(stats.Quantile(ph.ttfts, 0.9))
 	}
 	if routed > 0 {
 		run.DirectShare = float64(onDirect) / float64(routed)

@@ -22,6 +22,7 @@ import (
 
 	"github.com/kvselect/kvselect/bench/pdsim"
 	"github.com/kvselect/kvselect/bench/relay"
+	"github.com/kvselect/kvselect/bench/stats"
 	"github.com/kvselect/kvselect/envoysim"
 )
 
@@ -240,8 +241,8 @@ func runPDReal(ctx context.Context, p pdReal) (pdsim.Result, error) {
 	// Times are reported at the simulated scale (× speedup), comparable
 	// with the simulation's.
 	scale := func(q time.Duration) float64 { return float64(q.Microseconds()) * p.speedup / 1000 }
-	res.TTFTP50Ms, res.TTFTP90Ms, res.TTFTP99Ms = scale(quantile(ttfts, 0.5)), scale(quantile(ttfts, 0.9)), scale(quantile(ttfts, 0.99))
-	res.ITLP50Ms, res.ITLP90Ms, res.ITLP99Ms = scale(quantile(itls, 0.5)), scale(quantile(itls, 0.9)), scale(quantile(itls, 0.99))
+	res.TTFTP50Ms, res.TTFTP90Ms, res.TTFTP99Ms = scale(stats.Quantile(ttfts, 0.5)), scale(stats.Quantile(ttfts, 0.9)), scale(stats.Quantile(ttfts, 0.99))
+	res.ITLP50Ms, res.ITLP90Ms, res.ITLP99Ms = scale(stats.Quantile(itls, 0.5)), scale(stats.Quantile(itls, 0.9)), scale(stats.Quantile(itls, 0.99))
 	res.MakespanS = elapsed.Seconds() * p.speedup
 	res.OutputTokensPS = float64(res.Requests*c.OutputTokens) / res.MakespanS
 	res.RequestsPS = float64(res.Requests) / res.MakespanS

@@ -23,6 +23,7 @@ import (
 
 	"github.com/kvselect/kvselect/bench/relay"
 	"github.com/kvselect/kvselect/bench/report"
+	"github.com/kvselect/kvselect/bench/stats"
 	"github.com/kvselect/kvselect/envoysim"
 )
 
@@ -230,8 +231,8 @@ func runTextPhase(ctx context.Context, c *textConfig, phase string, sessions []t
 	for _, r := range results {
 		ttft, pick = append(ttft, r.ttft), append(pick, r.pick)
 	}
-	ph.TTFTP50Ms, ph.TTFTP90Ms = ms(quantile(ttft, 0.5)), ms(quantile(ttft, 0.9))
-	ph.PickP50Us, ph.PickP99Us = us(quantile(pick, 0.5)), us(quantile(pick, 0.99))
+	ph.TTFTP50Ms, ph.TTFTP90Ms = ms(stats.Quantile(ttft, 0.5)), ms(stats.Quantile(ttft, 0.9))
+	ph.PickP50Us, ph.PickP99Us = us(stats.Quantile(pick, 0.5)), us(stats.Quantile(pick, 0.99))
 	queries, hits, err := fl.workerCounters()
 	if err != nil {
 		return ph, err
@@ -389,15 +390,6 @@ func (fl *textFleet) viaPicker(ctx context.Context, client *envoysim.Client, pat
 	r := relay.Relay{Picker: client, HTTP: fl.hc}
 	res, err := r.Do(ctx, path, body, envoysim.Header{Key: "x-request-id", Value: id})
 	return textResult{ttft: res.TTFT, pick: res.Pick}, err
-}
-
-func quantile(d []time.Duration, q float64) time.Duration {
-	if len(d) == 0 {
-		return 0
-	}
-	s := slices.Clone(d)
-	slices.Sort(s)
-	return s[min(len(s)-1, int(math.Ceil(q*float64(len(s))))-1)]
 }
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }

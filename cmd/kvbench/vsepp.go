@@ -27,6 +27,7 @@ import (
 
 	"github.com/kvselect/kvselect/bench/mooncake"
 	"github.com/kvselect/kvselect/bench/report"
+	"github.com/kvselect/kvselect/bench/stats"
 	"github.com/kvselect/kvselect/envoysim"
 	"github.com/kvselect/kvselect/internal/peerproc"
 )
@@ -618,7 +619,7 @@ func (c *vsConfig) runOne(ctx context.Context, picker, transport string, reqs []
 	d, t := percentiles(run.decisions), percentiles(run.ttfts)
 	run.Decision = vsPct{P50: float64(d.P50) / 1e3, P90: float64(d.P90) / 1e3, P99: float64(d.P99) / 1e3}
 	run.TTFTP50Ms, run.TTFTP90Ms = float64(t.P50)/1e6, float64(t.P90)/1e6
-	run.LoadCV = cv(run.PerEngine)
+	run.LoadCV = stats.CV(run.PerEngine)
 	queries, hits, err := fl.cacheCounters()
 	if err != nil {
 		return run, err
@@ -1139,25 +1140,4 @@ func procCPU(pid int) (time.Duration, error) {
 		return 0, fmt.Errorf("picker CPU time: /proc/%d/stat: %v %v", pid, err1, err2)
 	}
 	return time.Duration(ut+st) * 10 * time.Millisecond, nil
-}
-
-// cv is the coefficient of variation (population standard deviation over
-// the mean) of the requests per engine: 0 is a perfect spread.
-func cv(n []int) float64 {
-	if len(n) == 0 {
-		return 0
-	}
-	var sum float64
-	for _, v := range n {
-		sum += float64(v)
-	}
-	mean := sum / float64(len(n))
-	if mean == 0 {
-		return 0
-	}
-	var ss float64
-	for _, v := range n {
-		ss += (float64(v) - mean) * (float64(v) - mean)
-	}
-	return math.Sqrt(ss/float64(len(n))) / mean
 }

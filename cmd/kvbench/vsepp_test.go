@@ -261,23 +261,6 @@ func TestProcCPUCountsWork(t *testing.T) {
 	}
 }
 
-func TestLoadCV(t *testing.T) {
-	for _, tc := range []struct {
-		n    []int
-		want float64
-	}{
-		{[]int{5, 5, 5}, 0},
-		{[]int{0, 10}, 1},
-		{[]int{2, 4, 6}, math.Sqrt(8.0/3) / 4},
-		{nil, 0},
-		{[]int{0, 0}, 0},
-	} {
-		if got := cv(tc.n); math.Abs(got-tc.want) > 1e-9 {
-			t.Errorf("cv(%v) = %v, want %v", tc.n, got, tc.want)
-		}
-	}
-}
-
 // Both traffic modes issue every trace request exactly once: the closed loop
 // with at most -concurrency in flight, the open loop at a fixed rate too.
 func TestTrafficIssuesEveryRequestOnce(t *testing.T) {
