@@ -19,7 +19,6 @@ import (
 	"fmt"
 	"io"
 	"math"
-	"net/http"
 	"os"
 	"regexp"
 	"slices"
@@ -28,10 +27,7 @@ import (
 	"sync"
 	"time"
 
-	dto "github.com/prometheus/client_model/go"
-	"github.com/prometheus/common/expfmt"
-	promodel "github.com/prometheus/common/model"
-
+	"github.com/kvselect/kvselect/bench/promtext"
 	"github.com/kvselect/kvselect/bench/report"
 	"github.com/kvselect/kvselect/bench/stats"
 )
@@ -304,10 +300,8 @@ func (p *phaseRun) sample(ctx context.Context) {
 			continue
 		}
 		rs := ReplicaSample{PID: pid, RSSMiB: rssMiB(pid), FDs: openFDs(pid)}
-		if fams, err := scrape(ctx, p.fl.hc, r.rest+"/metrics"); err == nil {
-			if f := fams["go_goroutines"]; f != nil && len(f.Metric) > 0 {
-				rs.Goroutines = int(f.Metric[0].GetGauge().GetValue())
-			}
+		if m, err := promtext.Scrape(ctx, p.fl.hc, r.rest+"/metrics"); err == nil {
+			rs.Goroutines = int(m.Sum("go_goroutines"))
 		}
 		rs.Bookings, _ = p.fl.activeBookings(ctx, r)
 		s.Replicas[r.name] = rs
@@ -315,11 +309,11 @@ func (p *phaseRun) sample(ctx context.Context) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for _, w := range p.fl.workers {
-		fams, err := scrape(ctx, p.fl.hc, w.url()+"/metrics")
+		m, err := promtext.Scrape(ctx, p.fl.hc, w.url()+"/metrics")
 		if err != nil {
 			continue
 		}
-		q, h := counter(fams["vllm:prefix_cache_queries"]), counter(fams["vllm:prefix_cache_hits"])
+		q, h := m.Sum("vllm:prefix_cache_queries_total"), m.Sum("vllm:prefix_cache_hits_total")
 		prev := p.prevHits[w.id]
 		dq, dh := q-prev[0], h-prev[1]
 		if dq < 0 || dh < 0 { // the worker restarted: its counters began again
@@ -344,44 +338,6 @@ func (p *phaseRun) sample(ctx context.Context) {
 	}
 	s.PickP99 = stats.Quantile(picks, 0.99)
 	p.samples = append(p.samples, s)
-}
-
-// counter sums a counter family's series; the text parser drops the
-// _total suffix of an OpenMetrics-style name only in newer formats, so both
-// spellings are looked up by the caller's name.
-func counter(f *dto.MetricFamily) float64 {
-	var v float64
-	if f == nil {
-		return 0
-	}
-	for _, m := range f.Metric {
-		v += m.GetCounter().GetValue()
-	}
-	return v
-}
-
-func scrape(ctx context.Context, hc *http.Client, url string) (map[string]*dto.MetricFamily, error) {
-	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-	resp, err := hc.Do(req)
-	if err != nil {
-		return nil, err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("GET %s: %s", url, resp.Status)
-	}
-	parser := expfmt.NewTextParser(promodel.UTF8Validation)
-	fams, err := parser.TextToMetricFamilies(resp.Body)
-	if err != nil {
-		return nil, err
-	}
-	// Counters are exposed as name_total; index them under both names.
-	for name, f := range fams {
-		if base, ok := strings.CutSuffix(name, "_total"); ok {
-			fams[base] = f
-		}
-	}
-	return fams, nil
 }
 
 var vmRSS = regexp.MustCompile(`(?m)^VmRSS:\s+(\d+) kB`)

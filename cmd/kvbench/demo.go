@@ -25,6 +25,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/kvselect/kvselect/bench/mooncake"
+	"github.com/kvselect/kvselect/bench/promtext"
 	"github.com/kvselect/kvselect/bench/relay"
 	"github.com/kvselect/kvselect/bench/report"
 	"github.com/kvselect/kvselect/envoysim"
@@ -85,7 +86,7 @@ type demoPhase struct {
 	// ServerPick is kvselect's own decision time (its pick-duration
 	// histogram over the phase): what the picker spends, without the gRPC
 	// round trips and the scheduling of every process on the machine.
-	ServerPick *vsHist `json:"server_pick,omitempty"`
+	ServerPick *promtext.Summary `json:"server_pick,omitempty"`
 	// HitRateOverTime is the workers' prefix-cache hit rate per second of
 	// the phase.
 	HitRateOverTime []demoPoint `json:"hit_rate_over_time"`
@@ -673,26 +674,18 @@ func (fl *fleet) resetCaches(ctx context.Context) error {
 // cacheCounters sums the workers' vLLM prefix-cache counters (tokens).
 func (fl *fleet) cacheCounters() (queries, hits float64, err error) {
 	for _, w := range fl.workers {
-		series, err := scrapeSeries(fl.hc, "http://"+w+"/metrics", "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total")
+		m, err := promtext.Scrape(context.Background(), fl.hc, "http://"+w+"/metrics")
 		if err != nil {
 			return 0, 0, err
 		}
-		for k, v := range series {
-			if strings.HasPrefix(k, "vllm:prefix_cache_queries_total") {
-				queries += v
-			} else {
-				hits += v
-			}
-		}
+		queries += m.Sum("vllm:prefix_cache_queries_total")
+		hits += m.Sum("vllm:prefix_cache_hits_total")
 	}
 	return queries, hits, nil
 }
 
-// pickHistogram is kvselect's server-side decision time
-// (kvselect_extproc_pick_duration_seconds) as scraped now.
-func (fl *fleet) pickHistogram() (promHist, error) {
-	return scrapeHistogram(fl.hc, fl.rest+"/metrics", "kvselect_extproc_pick_duration_seconds")
-}
+// pickHistogram is kvselect's server-side decision time, a histogram.
+const pickHistogram = "kvselect_extproc_pick_duration_seconds"
 
 // demoTokens is the prompt of a trace request: every trace block becomes
 // blockTokens token ids derived from its hash id, so requests that share a
@@ -729,9 +722,9 @@ func (fl *fleet) replay(ctx context.Context, c *demoConfig, policy string, reqs 
 	if err != nil {
 		return ph, err
 	}
-	var pick0 promHist
+	var pick0 promtext.Samples
 	if policy == "kvselect" {
-		if pick0, err = fl.pickHistogram(); err != nil {
+		if pick0, err = promtext.Scrape(ctx, fl.hc, fl.rest+"/metrics"); err != nil {
 			return ph, err
 		}
 	}
@@ -833,11 +826,11 @@ func (fl *fleet) replay(ctx context.Context, c *demoConfig, policy string, reqs 
 		if err != nil {
 			return ph, err
 		}
-		pick1, err := fl.pickHistogram()
+		pick1, err := promtext.Scrape(ctx, fl.hc, fl.rest+"/metrics")
 		if err != nil {
 			return ph, err
 		}
-		sp := pick1.minus(pick0)
+		sp := pick1.Minus(pick0).Summarize(pickHistogram)
 		ph.ServerPick = &sp
 	}
 	return ph, nil

@@ -33,6 +33,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/kvselect/kvselect/bench/promtext"
 	"github.com/kvselect/kvselect/bench/report"
 	"github.com/kvselect/kvselect/bench/stats"
 	"github.com/kvselect/kvselect/envoysim"
@@ -564,17 +565,10 @@ func epRegister(ctx context.Context, base string, n int) error {
 
 // scrapeCPU reads process_cpu_seconds_total from the server's /metrics.
 func scrapeCPU(base string) (time.Duration, bool) {
-	res, err := http.Get(base + "/metrics")
+	m, err := promtext.Scrape(context.Background(), http.DefaultClient, base+"/metrics")
 	if err != nil {
 		return 0, false
 	}
-	defer res.Body.Close()
-	raw, _ := io.ReadAll(res.Body)
-	for line := range strings.SplitSeq(string(raw), "\n") {
-		if v, ok := strings.CutPrefix(line, "process_cpu_seconds_total "); ok {
-			f, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
-			return time.Duration(f * float64(time.Second)), err == nil
-		}
-	}
-	return 0, false
+	f := m.Sum("process_cpu_seconds_total")
+	return time.Duration(f * float64(time.Second)), f > 0
 }

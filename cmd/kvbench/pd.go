@@ -21,6 +21,7 @@ import (
 	"github.com/zeebo/xxh3"
 
 	"github.com/kvselect/kvselect/bench/pdsim"
+	"github.com/kvselect/kvselect/bench/promtext"
 	"github.com/kvselect/kvselect/bench/relay"
 	"github.com/kvselect/kvselect/bench/stats"
 	"github.com/kvselect/kvselect/envoysim"
@@ -177,7 +178,7 @@ func runPDReal(ctx context.Context, p pdReal) (pdsim.Result, error) {
 	if err := fl.dialPicker(); err != nil {
 		return res, err
 	}
-	before, err := scrape(fl.hc, fl.rest+"/metrics")
+	before, err := promtext.Scrape(ctx, fl.hc, fl.rest+"/metrics")
 	if err != nil {
 		return res, err
 	}
@@ -221,22 +222,22 @@ func runPDReal(ctx context.Context, p pdReal) (pdsim.Result, error) {
 	if err := fl.waitNoBookings(10 * time.Second); err != nil {
 		return res, err
 	}
-	after, err := scrape(fl.hc, fl.rest+"/metrics")
+	after, err := promtext.Scrape(ctx, fl.hc, fl.rest+"/metrics")
 	if err != nil {
 		return res, err
 	}
-	d := after.minus(before).byLabel("kvselect_prefill_decisions_total", "decision")
+	d := after.Minus(before).ByLabel("kvselect_prefill_decisions_total", "decision")
 	res.RemotePrefills, res.LocalPrefills = int(d["remote_prefill"]), int(d["local_prefill"])
 	if s.Prefill == 0 {
 		res.LocalPrefills = res.Requests // no prefill pool: nothing was decided
 	}
 	for _, w := range fl.workers[s.Prefill:] {
-		m, err := scrape(fl.hc, "http://"+w+"/metrics")
+		m, err := promtext.Scrape(ctx, fl.hc, "http://"+w+"/metrics")
 		if err != nil {
 			return res, err
 		}
-		res.DecodePrefilled += int(m.sum("kvselect_mockworker_prefill_computed_tokens_total"))
-		res.TransferBlocks += int(m.sum("kvselect_mockworker_kv_transfer_blocks_total"))
+		res.DecodePrefilled += int(m.Sum("kvselect_mockworker_prefill_computed_tokens_total"))
+		res.TransferBlocks += int(m.Sum("kvselect_mockworker_kv_transfer_blocks_total"))
 	}
 	// Times are reported at the simulated scale (× speedup), comparable
 	// with the simulation's.

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -9,18 +8,17 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"math"
 	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
-	"sort"
 	"strconv"
 	"strings"
 	"sync"
 	"text/tabwriter"
 	"time"
 
+	"github.com/kvselect/kvselect/bench/promtext"
 	"github.com/kvselect/kvselect/bench/relay"
 	"github.com/kvselect/kvselect/bench/report"
 	"github.com/kvselect/kvselect/bench/stats"
@@ -233,25 +231,27 @@ func runTextPhase(ctx context.Context, c *textConfig, phase string, sessions []t
 	}
 	ph.TTFTP50Ms, ph.TTFTP90Ms = ms(stats.Quantile(ttft, 0.5)), ms(stats.Quantile(ttft, 0.9))
 	ph.PickP50Us, ph.PickP99Us = us(stats.Quantile(pick, 0.5)), us(stats.Quantile(pick, 0.99))
-	queries, hits, err := fl.workerCounters()
+	queries, hits, err := fl.cacheCounters()
 	if err != nil {
 		return ph, err
 	}
 	if queries -= base.queries; queries > 0 {
 		ph.HitRate = (hits - base.hits) / queries
 	}
-	m, err := scrape(fl.hc, fl.rest+"/metrics")
+	m, err := promtext.Scrape(ctx, fl.hc, fl.rest+"/metrics")
 	if err != nil {
 		return ph, err
 	}
-	m = m.minus(base.kvselect)
-	if total := m.sum("kvselect_tokenize_requests_total"); total > 0 {
-		ph.Tokenized, ph.Fallbacks = m.byLabel("kvselect_tokenize_requests_total", "result"), m.byLabel("kvselect_tokenize_fallbacks_total", "reason")
+	m = m.Minus(base.kvselect)
+	if total := m.Sum("kvselect_tokenize_requests_total"); total > 0 {
+		const duration = "kvselect_tokenize_duration_seconds"
+		ph.Tokenized, ph.Fallbacks = m.ByLabel("kvselect_tokenize_requests_total", "result"), m.ByLabel("kvselect_tokenize_fallbacks_total", "reason")
 		ph.TokenizeCache = (ph.Tokenized["cache"] + ph.Tokenized["prefix_cache"]) / total
-		ph.TokenizeP50Us = m.histogramQuantile("kvselect_tokenize_duration_seconds", "", 0.5) * 1e6
-		ph.TokenizeP99Us = m.histogramQuantile("kvselect_tokenize_duration_seconds", "", 0.99) * 1e6
-		ph.TokenizeHitP50Us = m.histogramQuantile("kvselect_tokenize_duration_seconds", "cache", 0.5) * 1e6
-		ph.TokenizeHitP99Us = m.histogramQuantile("kvselect_tokenize_duration_seconds", "cache", 0.99) * 1e6
+		ph.TokenizeP50Us = m.HistogramQuantile(duration, 0.5) * 1e6
+		ph.TokenizeP99Us = m.HistogramQuantile(duration, 0.99) * 1e6
+		hits := m.Where("result", "cache")
+		ph.TokenizeHitP50Us = hits.HistogramQuantile(duration, 0.5) * 1e6
+		ph.TokenizeHitP99Us = hits.HistogramQuantile(duration, 0.99) * 1e6
 	}
 	return ph, nil
 }
@@ -315,28 +315,16 @@ func replayText(ctx context.Context, c *textConfig, fl *textFleet, client *envoy
 // textBaseline is what the counters held before the measured pass.
 type textBaseline struct {
 	queries, hits float64
-	kvselect      promSamples
-}
-
-func (fl *textFleet) workerCounters() (queries, hits float64, err error) {
-	for _, w := range fl.workers {
-		m, err := scrape(fl.hc, "http://"+w+"/metrics")
-		if err != nil {
-			return 0, 0, err
-		}
-		queries += m.sum("vllm:prefix_cache_queries_total")
-		hits += m.sum("vllm:prefix_cache_hits_total")
-	}
-	return queries, hits, nil
+	kvselect      promtext.Samples
 }
 
 func (fl *textFleet) baseline() (textBaseline, error) {
 	var b textBaseline
 	var err error
-	if b.queries, b.hits, err = fl.workerCounters(); err != nil {
+	if b.queries, b.hits, err = fl.cacheCounters(); err != nil {
 		return b, err
 	}
-	b.kvselect, err = scrape(fl.hc, fl.rest+"/metrics")
+	b.kvselect, err = promtext.Scrape(context.Background(), fl.hc, fl.rest+"/metrics")
 	return b, err
 }
 
@@ -394,135 +382,6 @@ func (fl *textFleet) viaPicker(ctx context.Context, client *envoysim.Client, pat
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 func us(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1000 }
-
-// promSamples are the samples of a Prometheus text exposition.
-type promSamples []struct {
-	name   string
-	labels map[string]string
-	value  float64
-}
-
-func scrape(hc *http.Client, url string) (promSamples, error) {
-	resp, err := hc.Get(url)
-	if err != nil {
-		return nil, err
-	}
-	defer resp.Body.Close()
-	var out promSamples
-	sc := bufio.NewScanner(resp.Body)
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	for sc.Scan() {
-		line := sc.Text()
-		if strings.HasPrefix(line, "#") || line == "" {
-			continue
-		}
-		i := strings.LastIndexByte(line, ' ')
-		if i < 0 {
-			continue
-		}
-		v, err := strconv.ParseFloat(line[i+1:], 64)
-		if err != nil {
-			continue
-		}
-		name, labels := line[:i], map[string]string{}
-		if j := strings.IndexByte(name, '{'); j >= 0 {
-			for _, kv := range strings.Split(strings.TrimSuffix(name[j+1:], "}"), ",") {
-				if k, val, ok := strings.Cut(kv, "="); ok {
-					labels[k] = strings.Trim(val, `"`)
-				}
-			}
-			name = name[:j]
-		}
-		out = append(out, struct {
-			name   string
-			labels map[string]string
-			value  float64
-		}{name, labels, v})
-	}
-	return out, sc.Err()
-}
-
-// minus subtracts an earlier scrape of the same counters and histograms.
-func (p promSamples) minus(before promSamples) promSamples {
-	key := func(name string, labels map[string]string) string {
-		ks := make([]string, 0, len(labels))
-		for k, v := range labels {
-			ks = append(ks, k+"="+v)
-		}
-		slices.Sort(ks)
-		return name + "{" + strings.Join(ks, ",") + "}"
-	}
-	old := map[string]float64{}
-	for _, s := range before {
-		old[key(s.name, s.labels)] = s.value
-	}
-	out := slices.Clone(p)
-	for i := range out {
-		out[i].value -= old[key(out[i].name, out[i].labels)]
-	}
-	return out
-}
-
-func (p promSamples) sum(name string) float64 {
-	t := 0.0
-	for _, s := range p {
-		if s.name == name {
-			t += s.value
-		}
-	}
-	return t
-}
-
-func (p promSamples) byLabel(name, label string) map[string]float64 {
-	out := map[string]float64{}
-	for _, s := range p {
-		if s.name == name {
-			out[s.labels[label]] += s.value
-		}
-	}
-	return out
-}
-
-// histogramQuantile interpolates a quantile inside the histogram's buckets,
-// as PromQL's histogram_quantile does, over the series whose result label is
-// result ("" sums them all).
-func (p promSamples) histogramQuantile(name, result string, q float64) float64 {
-	type bucket struct{ le, n float64 }
-	byLE := map[float64]float64{}
-	for _, s := range p {
-		if s.name != name+"_bucket" || (result != "" && s.labels["result"] != result) {
-			continue
-		}
-		le, err := strconv.ParseFloat(s.labels["le"], 64)
-		if err != nil {
-			le = math.Inf(1)
-		}
-		byLE[le] += s.value
-	}
-	var bs []bucket
-	for le, n := range byLE {
-		bs = append(bs, bucket{le, n})
-	}
-	sort.Slice(bs, func(i, j int) bool { return bs[i].le < bs[j].le })
-	if len(bs) == 0 || bs[len(bs)-1].n == 0 {
-		return 0
-	}
-	rank := q * bs[len(bs)-1].n
-	lo, below := 0.0, 0.0
-	for _, b := range bs {
-		if b.n >= rank {
-			if math.IsInf(b.le, 1) {
-				return lo
-			}
-			if b.n == below {
-				return b.le
-			}
-			return lo + (b.le-lo)*(rank-below)/(b.n-below)
-		}
-		lo, below = b.le, b.n
-	}
-	return lo
-}
 
 func textTable(w io.Writer, rep *textReport) {
 	fmt.Fprintf(w, "\n%d chat sessions (%d requests) over %d mock workers, each phase from empty caches:\n\n", rep.Sessions, rep.Requests, rep.Workers)

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"math"
 	"reflect"
 	"strings"
 	"testing"
@@ -50,35 +49,6 @@ func TestTextWorkloadIsSeededAndShaped(t *testing.T) {
 	}
 	if shared == 0 {
 		t.Fatalf("no document is quoted twice: %v", quoted)
-	}
-}
-
-func TestHistogramQuantileInterpolatesLikePromQL(t *testing.T) {
-	p := promSamples{}
-	add := func(result, le string, v float64) {
-		p = append(p, struct {
-			name   string
-			labels map[string]string
-			value  float64
-		}{"h_bucket", map[string]string{"result": result, "le": le}, v})
-	}
-	// 10 observations in (0, 1], 10 in (1, 2]; another series in (2, 4].
-	add("a", "1", 10)
-	add("a", "2", 20)
-	add("a", "4", 20)
-	add("a", "+Inf", 20)
-	add("b", "1", 0)
-	add("b", "2", 0)
-	add("b", "4", 20)
-	add("b", "+Inf", 20)
-	for _, tc := range []struct {
-		result string
-		q      float64
-		want   float64
-	}{{"a", 0.5, 1}, {"a", 0.75, 1.5}, {"b", 0.5, 3}, {"", 0.5, 2}, {"", 0.25, 1}} {
-		if got := p.histogramQuantile("h", tc.result, tc.q); math.Abs(got-tc.want) > 1e-9 {
-			t.Errorf("q%v of %q = %v, want %v", tc.q, tc.result, got, tc.want)
-		}
 	}
 }
 

@@ -26,6 +26,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/kvselect/kvselect/bench/mooncake"
+	"github.com/kvselect/kvselect/bench/promtext"
 	"github.com/kvselect/kvselect/bench/report"
 	"github.com/kvselect/kvselect/bench/stats"
 	"github.com/kvselect/kvselect/envoysim"
@@ -118,7 +119,7 @@ type vsRun struct {
 	// kvselect_extproc_pick_duration_seconds (body parse, selection,
 	// booking) or llm_d_epp_scheduler_e2e_duration_seconds (the scheduling
 	// cycle alone). Quantiles interpolate within buckets.
-	Histogram vsHist `json:"picker_histogram"`
+	Histogram promtext.Summary `json:"picker_histogram"`
 	// CPUPerRequestUs is the picker's CPU (utime+stime) over the trace run
 	// less its idle rate over the same time, per routed request;
 	// CPUPerRequestGrossUs is without the subtraction.
@@ -537,7 +538,7 @@ func (c *vsConfig) runOne(ctx context.Context, picker, transport string, reqs []
 	idleRate := float64(cpu1-cpu0) / float64(c.idle) // CPU seconds per second
 	run.IdleCPUPercent = 100 * idleRate
 
-	h0, err := scrapeHistogram(hc, pk.metrics, pk.hist)
+	h0, err := promtext.Scrape(ctx, hc, pk.metrics)
 	if err != nil {
 		return run, err
 	}
@@ -611,11 +612,11 @@ func (c *vsConfig) runOne(ctx context.Context, picker, transport string, reqs []
 		run.CPUPerRequestGrossUs = gross / float64(routed) / 1e3
 		run.CPUPerRequestUs = math.Max(0, gross-idleRate*float64(wall)) / float64(routed) / 1e3
 	}
-	h1, err := scrapeHistogram(hc, pk.metrics, pk.hist)
+	h1, err := promtext.Scrape(ctx, hc, pk.metrics)
 	if err != nil {
 		return run, err
 	}
-	run.Histogram = h1.minus(h0)
+	run.Histogram = h1.Minus(h0).Summarize(pk.hist)
 	d, t := percentiles(run.decisions), percentiles(run.ttfts)
 	run.Decision = vsPct{P50: float64(d.P50) / 1e3, P90: float64(d.P90) / 1e3, P99: float64(d.P99) / 1e3}
 	run.TTFTP50Ms, run.TTFTP90Ms = float64(t.P50)/1e6, float64(t.P90)/1e6
@@ -634,7 +635,7 @@ func (c *vsConfig) runOne(ctx context.Context, picker, transport string, reqs []
 		}
 		run.LeakedBookings = &n
 		if c.prompts == promptsTxt {
-			if err := run.tokenizeFigures(hc, pk.metrics); err != nil {
+			if err := run.tokenizeFigures(ctx, hc, pk.metrics); err != nil {
 				return run, err
 			}
 		}
@@ -657,21 +658,19 @@ func (c *vsConfig) runOne(ctx context.Context, picker, transport string, reqs []
 
 // tokenizeFigures reads how many text prompts kvselect routed on its text
 // index for want of the engine's ids, and why.
-func (run *vsRun) tokenizeFigures(hc *http.Client, metricsURL string) error {
-	const requests, fallbacks = "kvselect_tokenize_requests_total", "kvselect_tokenize_fallbacks_total"
-	series, err := scrapeSeries(hc, metricsURL, requests, fallbacks)
+func (run *vsRun) tokenizeFigures(ctx context.Context, hc *http.Client, metricsURL string) error {
+	m, err := promtext.Scrape(ctx, hc, metricsURL)
 	if err != nil {
 		return err
 	}
-	n := uint64(series[requests+`{result="fallback"}`])
+	n := uint64(m.ByLabel("kvselect_tokenize_requests_total", "result")["fallback"])
 	run.TokenizeFallbacks = &n
-	for k, v := range series {
-		reason, ok := strings.CutPrefix(k, fallbacks+`{reason="`)
-		if ok && v > 0 {
+	for reason, v := range m.ByLabel("kvselect_tokenize_fallbacks_total", "reason") {
+		if v > 0 {
 			if run.TokenizeFallbackReasons == nil {
 				run.TokenizeFallbackReasons = make(map[string]uint64)
 			}
-			run.TokenizeFallbackReasons[strings.TrimSuffix(reason, `"}`)] = uint64(v)
+			run.TokenizeFallbackReasons[reason] = uint64(v)
 		}
 	}
 	return nil

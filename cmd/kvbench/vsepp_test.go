@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"flag"
-	"math"
 	"os"
 	"path/filepath"
 	"slices"
@@ -197,46 +196,6 @@ func TestVsTextSharesPrefixesByBlock(t *testing.T) {
 	}
 	if vsText([]uint64{1, 2, 3}, 4) != a {
 		t.Fatal("not deterministic")
-	}
-}
-
-// The picker's histogram is summarised over the run alone (the difference of
-// two scrapes), quantiles interpolated within a bucket as Prometheus's
-// histogram_quantile does.
-func TestHistogramSummaryIsTheRunsShare(t *testing.T) {
-	before := `# TYPE h histogram
-h_bucket{le="0.0001"} 10
-h_bucket{le="0.0002"} 10
-h_bucket{le="0.0004"} 10
-h_bucket{le="+Inf"} 10
-h_sum 0.0005
-h_count 10
-other_bucket{le="1"} 99
-`
-	// The run adds 100 observations: 50 in (0.1, 0.2] ms, 50 in (0.2, 0.4] ms,
-	// summing to 25 ms.
-	after := `h_bucket{le="0.0001"} 10
-h_bucket{le="0.0002"} 60
-h_bucket{le="0.0004"} 110
-h_bucket{le="+Inf"} 110 1700000000000
-h_sum 0.0255
-h_count 110
-`
-	b, err := parseHistogram(strings.NewReader(before), "h")
-	if err != nil {
-		t.Fatal(err)
-	}
-	a, err := parseHistogram(strings.NewReader(after), "h")
-	if err != nil {
-		t.Fatal(err)
-	}
-	got := a.minus(b)
-	near := func(x, want float64) bool { return math.Abs(x-want) < 1e-6 }
-	if got.Count != 100 || !near(got.MeanUs, 250) || !near(got.P50Us, 200) || !near(got.P90Us, 360) || !near(got.P99Us, 396) {
-		t.Fatalf("summary %+v", got)
-	}
-	if empty := b.minus(b); empty.Count != 0 || empty.P50Us != 0 {
-		t.Fatalf("no observation: %+v", empty)
 	}
 }
 
