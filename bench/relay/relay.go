@@ -19,6 +19,22 @@ import (
 	"github.com/kvselect/kvselect/envoysim"
 )
 
+// Completion is an OpenAI completions request as the harnesses send it.
+type Completion struct {
+	Model     string `json:"model"`
+	Prompt    any    `json:"prompt"` // token ids ([]uint32) or text
+	MaxTokens int    `json:"max_tokens"`
+	Stream    bool   `json:"stream"`
+	// StreamOptions asks for the final usage event, whose cached_tokens
+	// the picker's engine hit-rate series read.
+	StreamOptions *StreamOptions `json:"stream_options,omitempty"`
+}
+
+// StreamOptions are a streamed completion's options.
+type StreamOptions struct {
+	IncludeUsage bool `json:"include_usage"`
+}
+
 // Relay sends requests through a picker to workers.
 type Relay struct {
 	Picker *envoysim.Client

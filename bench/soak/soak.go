@@ -27,6 +27,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/kvselect/kvselect/bench/fleet"
 	"github.com/kvselect/kvselect/bench/promtext"
 	"github.com/kvselect/kvselect/bench/report"
 	"github.com/kvselect/kvselect/bench/stats"
@@ -132,7 +133,7 @@ func Run(ctx context.Context, cfg Config, out, progress io.Writer) (*Report, err
 type phaseRun struct {
 	cfg      *Config
 	name     string
-	fl       *fleet
+	fl       *cluster
 	rec      *recorder
 	inj      *injector
 	progress io.Writer
@@ -165,7 +166,7 @@ func runPhase(ctx context.Context, cfg *Config, name string, d time.Duration, fa
 	}
 	out := cfg.Out + "/" + name
 	fmt.Fprintf(progress, "%s: starting %d kvselect replicas, %d mock workers and %d llm-d-inference-sim (logs in %s)\n", name, cfg.Replicas, cfg.Workers, cfg.Sims, out)
-	fl, err := startFleet(ctx, cfg, out, onExit)
+	fl, err := startCluster(ctx, cfg, out, onExit)
 	if err != nil {
 		return nil, err
 	}
@@ -177,7 +178,7 @@ func runPhase(ctx context.Context, cfg *Config, name string, d time.Duration, fa
 		fl.stop()
 	}()
 	fmt.Fprintf(progress, "%s: status pages %s/ui/ …; %s of traffic at %.0f ext_proc + %.0f REST requests/s\n",
-		name, fl.replicas[0].rest, d, cfg.ExtprocRate, cfg.RESTRate)
+		name, fl.replicas[0].kv.REST, d, cfg.ExtprocRate, cfg.RESTRate)
 
 	p.rec.begin = time.Now()
 	tr := &traffic{fl: fl, seed: cfg.Seed, nonce: fmt.Sprintf("%s-%d", name, time.Now().UnixNano()), rec: p.rec, docs: cfg.Docs}
@@ -295,15 +296,15 @@ type ReplicaSample struct {
 func (p *phaseRun) sample(ctx context.Context) {
 	s := Sample{At: time.Since(p.rec.begin), Replicas: map[string]ReplicaSample{}}
 	for _, r := range p.fl.replicas {
-		pid := r.proc.pid()
+		pid := r.kv.Proc.Pid()
 		if pid == 0 || paused(r) {
 			continue
 		}
 		rs := ReplicaSample{PID: pid, RSSMiB: rssMiB(pid), FDs: openFDs(pid)}
-		if m, err := promtext.Scrape(ctx, p.fl.hc, r.rest+"/metrics"); err == nil {
+		if m, err := promtext.Scrape(ctx, p.fl.hc, r.kv.REST+"/metrics"); err == nil {
 			rs.Goroutines = int(m.Sum("go_goroutines"))
 		}
-		rs.Bookings, _ = p.fl.activeBookings(ctx, r)
+		rs.Bookings, _ = r.kv.ActiveRequests(ctx)
 		s.Replicas[r.name] = rs
 	}
 	p.mu.Lock()
@@ -363,27 +364,6 @@ func openFDs(pid int) int {
 	return len(es)
 }
 
-// activeBookings sums a replica's active requests over every worker (GET /loads).
-func (fl *fleet) activeBookings(ctx context.Context, r *replica) (uint64, error) {
-	var loads []struct {
-		Loads []struct {
-			WorkerID            uint64 `json:"worker_id"`
-			ActiveRequests      uint64 `json:"active_requests"`
-			ActivePrefillTokens uint64 `json:"active_prefill_tokens"`
-		} `json:"loads"`
-	}
-	if err := fl.getJSON(ctx, r.rest+"/loads", &loads); err != nil {
-		return 0, err
-	}
-	var n uint64
-	for _, m := range loads {
-		for _, l := range m.Loads {
-			n += l.ActiveRequests
-		}
-	}
-	return n, nil
-}
-
 // checkLeaks waits out the booking expiry (plus the 5 s maintenance tick)
 // and then wants every replica's loads empty.
 func (p *phaseRun) checkLeaks(ctx context.Context) map[string]string {
@@ -393,7 +373,7 @@ func (p *phaseRun) checkLeaks(ctx context.Context) map[string]string {
 		bad := false
 		for _, r := range p.fl.replicas {
 			var loads []map[string]any
-			if err := p.fl.getJSON(ctx, r.rest+"/loads", &loads); err != nil {
+			if err := fleet.GetJSON(ctx, p.fl.hc, r.kv.REST+"/loads", &loads); err != nil {
 				out[r.name], bad = err.Error(), true
 				continue
 			}
@@ -439,13 +419,13 @@ func leftover(loads []map[string]any) string {
 // checkLogs looks for panics and fatal errors in every kvselect log.
 func (p *phaseRun) checkLogs() {
 	for _, r := range p.fl.replicas {
-		b, err := os.ReadFile(r.proc.log)
+		b, err := os.ReadFile(r.kv.Proc.Log)
 		if err != nil {
 			continue
 		}
 		for _, marker := range []string{"panic:", "fatal error:", "DATA RACE"} {
 			if i := strings.Index(string(b), marker); i >= 0 {
-				p.violate("no panics", fmt.Sprintf("%s log: %.400s", r.proc.name, b[i:]))
+				p.violate("no panics", fmt.Sprintf("%s log: %.400s", r.kv.Proc.Name, b[i:]))
 			}
 		}
 	}

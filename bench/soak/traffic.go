@@ -16,6 +16,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/kvselect/kvselect/bench/fleet"
 	"github.com/kvselect/kvselect/envoysim"
 )
 
@@ -81,7 +82,7 @@ func (r *recorder) snapshot() []result {
 // is the same in every phase with the same seed (prompt, session, client
 // fault), so a fault-free run and a faulted one carry the same traffic.
 type traffic struct {
-	fl       *fleet
+	fl       *cluster
 	seed     uint64
 	nonce    string
 	rec      *recorder
@@ -311,7 +312,7 @@ func (t *traffic) rest(ctx context.Context, i int) {
 	hold := time.Duration(20+rng.IntN(180)) * time.Millisecond
 	for k, s := range steps {
 		begin := time.Now()
-		status, body, err := t.fl.call(ctx, s.method, r.rest+s.path, s.body)
+		status, body, err := fleet.Call(ctx, t.fl.hc, s.method, r.kv.REST+s.path, s.body)
 		if k == 0 {
 			res.Pick = time.Since(begin)
 		}
@@ -321,7 +322,7 @@ func (t *traffic) rest(ctx context.Context, i int) {
 		}
 	}
 	time.Sleep(hold)
-	status, body, err := t.fl.call(ctx, http.MethodDelete, r.rest+"/reservations/"+id, nil)
+	status, body, err := fleet.Call(ctx, t.fl.hc, http.MethodDelete, r.kv.REST+"/reservations/"+id, nil)
 	if t.restOutcome(&res, "DELETE", status, body, err) {
 		res.Outcome, res.Status = outOK, status
 	}
@@ -353,7 +354,7 @@ func (t *traffic) restOutcome(res *result, step string, status int, body []byte,
 // vanish is a REST client that goes away mid-request: with half a body sent,
 // or with the whole request sent and the answer never read.
 func vanish(r *replica, body []byte, half bool) string {
-	c, err := net.DialTimeout("tcp", strings.TrimPrefix(r.rest, "http://"), time.Second)
+	c, err := net.DialTimeout("tcp", strings.TrimPrefix(r.kv.REST, "http://"), time.Second)
 	if err != nil {
 		return "vanished before connecting: " + err.Error()
 	}
@@ -373,7 +374,7 @@ func (t *traffic) slowReader(ctx context.Context) {
 	for i := 0; ctx.Err() == nil; i++ {
 		r := t.fl.replicas[i%len(t.fl.replicas)]
 		rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		req, _ := http.NewRequestWithContext(rctx, http.MethodGet, r.rest+"/dump", nil)
+		req, _ := http.NewRequestWithContext(rctx, http.MethodGet, r.kv.REST+"/dump", nil)
 		resp, err := http.DefaultTransport.RoundTrip(req)
 		res := result{At: time.Since(t.rec.begin), Front: "slow_reader", Replica: r.name, Outcome: outOK}
 		if err != nil {
