@@ -223,20 +223,10 @@ func Run(ctx context.Context, c Config, stdout, stderr io.Writer) (*Report, erro
 // phase's own processes.
 func StartFleet(ctx context.Context, c Config, reqs []mooncake.Request, prefix string, stderr io.Writer) (*fleet.Fleet, error) {
 	e := c.Engine
-	e.MaxModelLen = simModelLen(reqs, c.BlockTokens, c.MaxOutput)
+	e.MaxModelLen = fleet.SimModelLen(reqs, c.BlockTokens, c.MaxOutput)
 	return fleet.Start(ctx, fleet.Config{Binaries: c.Binaries, Family: c.Family, Workers: c.Workers, Engine: e,
 		Dir: c.Out, Prefix: prefix, Progress: stderr,
 		HTTP: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: c.Concurrency, MaxIdleConns: 4 * c.Concurrency}}})
-}
-
-// simModelLen is a --max-model-len that admits every request of the slice:
-// the simulator refuses prompt + max_tokens above it (1024 by default).
-func simModelLen(reqs []mooncake.Request, blockTokens, maxOutput int) int {
-	longest := 0
-	for _, r := range reqs {
-		longest = max(longest, len(r.HashIDs)*blockTokens)
-	}
-	return max(1024, longest+maxOutput+64)
 }
 
 // Replay runs one phase: open loop at the trace's (compressed) arrival

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/kvselect/kvselect/bench/benchflag"
+	"github.com/kvselect/kvselect/bench/mooncake"
 	"github.com/kvselect/kvselect/internal/peerproc"
 )
 
@@ -101,6 +102,18 @@ func (e Engine) MockWorkerArgs() []string {
 	}
 	args = append(args, "--prefill-time-per-token", e.PrefillPerToken.String(), "--decode-time-per-token", e.DecodePerToken.String())
 	return append(args, e.Extra...)
+}
+
+// SimModelLen is a --max-model-len that admits every request of a trace
+// slice sent with blockTokens tokens per trace block and at most maxOutput
+// output tokens: the simulator refuses prompt + max_tokens above it (1024 by
+// default).
+func SimModelLen(reqs []mooncake.Request, blockTokens, maxOutput int) int {
+	longest := 0
+	for _, r := range reqs {
+		longest = max(longest, len(r.HashIDs)*blockTokens)
+	}
+	return max(1024, longest+maxOutput+64)
 }
 
 // scaled is d divided by the speed-up, for engines that take no speed-up.

@@ -126,12 +126,17 @@ func (k *KVSelect) Stop() { k.Proc.Stop(10 * time.Second) }
 
 // Dial connects to the picker as Envoy does, plaintext or over TLS without
 // verifying kvselect's certificate.
-func (k *KVSelect) Dial(secure bool) (*grpc.ClientConn, error) {
+func (k *KVSelect) Dial(secure bool) (*grpc.ClientConn, error) { return Dial(k.ExtProc, secure) }
+
+// Dial connects to the ext_proc picker at addr as Envoy does (envoysim's
+// options), plaintext or over TLS without verifying the picker's
+// certificate.
+func Dial(addr string, secure bool) (*grpc.ClientConn, error) {
 	creds := grpc.WithTransportCredentials(insecure.NewCredentials())
 	if secure {
 		creds = envoysim.InsecureTLS()
 	}
-	return grpc.NewClient(k.ExtProc, append(envoysim.DialOptions(), creds)...)
+	return grpc.NewClient(addr, append(envoysim.DialOptions(), creds)...)
 }
 
 // Metrics scrapes kvselect's /metrics.
