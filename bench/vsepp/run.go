@@ -93,7 +93,7 @@ func (c *Config) runOne(ctx context.Context, name, transport string, reqs []moon
 	// Idle: the engines' PUB sockets dial the collector (they retry every
 	// second), the EPP scrapes every engine's metrics, kvselect's listeners
 	// wait. Both pickers get the same window before the first request.
-	cpu0, err := procCPU(pk.pid)
+	cpu0, err := fleet.ProcessCPU(pk.pid)
 	if err != nil {
 		return run, err
 	}
@@ -102,7 +102,7 @@ func (c *Config) runOne(ctx context.Context, name, transport string, reqs []moon
 		return run, ctx.Err()
 	case <-time.After(c.Idle):
 	}
-	cpu1, err := procCPU(pk.pid)
+	cpu1, err := fleet.ProcessCPU(pk.pid)
 	if err != nil {
 		return run, err
 	}
@@ -119,7 +119,7 @@ func (c *Config) runOne(ctx context.Context, name, transport string, reqs []moon
 		bar = report.NewProgress(stderr, label)
 	}
 	start := time.Now()
-	cpuStart, err := procCPU(pk.pid)
+	cpuStart, err := fleet.ProcessCPU(pk.pid)
 	if err != nil {
 		return run, err
 	}
@@ -167,7 +167,7 @@ func (c *Config) runOne(ctx context.Context, name, transport string, reqs []moon
 		return run, err
 	}
 	wall := time.Since(start)
-	cpuEnd, err := procCPU(pk.pid)
+	cpuEnd, err := fleet.ProcessCPU(pk.pid)
 	if err != nil {
 		return run, err
 	}

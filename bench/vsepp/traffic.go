@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"os"
 	"reflect"
 	"strconv"
 	"strings"
@@ -16,6 +15,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/kvselect/kvselect/bench/fleet"
 	"github.com/kvselect/kvselect/bench/mooncake"
 	"github.com/kvselect/kvselect/envoysim"
 )
@@ -212,7 +212,7 @@ func (c *Config) saturation(ctx context.Context, pk *picker, client *envoysim.Cl
 	// freed the way a response end frees it.
 	timer := time.AfterFunc(c.Saturate, func() { stop.Store(true) })
 	defer timer.Stop()
-	cpu0, err := procCPU(pk.pid)
+	cpu0, err := fleet.ProcessCPU(pk.pid)
 	if err != nil {
 		return err
 	}
@@ -256,7 +256,7 @@ func (c *Config) saturation(ctx context.Context, pk *picker, client *envoysim.Cl
 	}
 	wg.Wait()
 	elapsed := time.Since(start)
-	cpu1, err := procCPU(pk.pid)
+	cpu1, err := fleet.ProcessCPU(pk.pid)
 	if err != nil {
 		return err
 	}
@@ -273,30 +273,4 @@ func (c *Config) saturation(ctx context.Context, pk *picker, client *envoysim.Cl
 		run.SaturationError = *p
 	}
 	return nil
-}
-
-// procCPU is a process's user + system CPU time, all threads, from
-// /proc/<pid>/stat (clock ticks of 1/100 s, Linux's USER_HZ).
-func procCPU(pid int) (time.Duration, error) {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return 0, fmt.Errorf("picker CPU time: %w", err)
-	}
-	// The command name (field 2) is in parentheses and may hold spaces:
-	// count fields after its closing one. utime and stime are fields 14 and
-	// 15 of the line, 12 and 13 after the name.
-	i := bytes.LastIndexByte(b, ')')
-	if i < 0 {
-		return 0, fmt.Errorf("picker CPU time: malformed /proc/%d/stat", pid)
-	}
-	f := strings.Fields(string(b[i+1:]))
-	if len(f) < 13 {
-		return 0, fmt.Errorf("picker CPU time: short /proc/%d/stat", pid)
-	}
-	ut, err1 := strconv.ParseInt(f[11], 10, 64)
-	st, err2 := strconv.ParseInt(f[12], 10, 64)
-	if err1 != nil || err2 != nil {
-		return 0, fmt.Errorf("picker CPU time: /proc/%d/stat: %v %v", pid, err1, err2)
-	}
-	return time.Duration(ut+st) * 10 * time.Millisecond, nil
 }
