@@ -19,6 +19,8 @@ import (
 	"flag"
 	"fmt"
 	"math"
+	"os"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"time"
@@ -69,6 +71,32 @@ func printUsage(fs *flag.FlagSet) {
 		}
 	})
 	shown.PrintDefaults()
+}
+
+// CPUProfile is the -cpuprofile flag: a CPU profile of a run, written to
+// the file it names.
+type CPUProfile struct{ path string }
+
+// Register defines -cpuprofile.
+func (p *CPUProfile) Register(fs *flag.FlagSet) {
+	fs.StringVar(&p.path, "cpuprofile", "", "write a CPU profile of the run to this `file`")
+}
+
+// Start starts the profile when the flag is set; stop ends it and closes
+// the file.
+func (p *CPUProfile) Start() (stop func(), err error) {
+	if p.path == "" {
+		return func() {}, nil
+	}
+	f, err := os.Create(p.path)
+	if err != nil {
+		return nil, err
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return func() { pprof.StopCPUProfile(); f.Close() }, nil
 }
 
 // Split is a comma-separated list, each item trimmed, empty items dropped.

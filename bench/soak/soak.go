@@ -72,6 +72,28 @@ func Defaults() Config {
 		MaxRSSSlope: 64, MaxGoroutineSlope: 100, MaxFDSlope: 50, JudgeAfter: 10 * time.Minute}
 }
 
+// Shorten makes c the compressed run CI does: 150 s under faults after a
+// 45 s baseline, a fault every 4 s, samples every 3 s, an 8 s expiry — but
+// for the settings explicit names as given (by their kvbench soak flags:
+// duration, baseline, fault-every, sample-every, expiry).
+func (c *Config) Shorten(explicit func(flag string) bool) {
+	for _, s := range []struct {
+		flag  string
+		field *time.Duration
+		short time.Duration
+	}{
+		{"duration", &c.Duration, 150 * time.Second},
+		{"baseline", &c.Baseline, 45 * time.Second},
+		{"fault-every", &c.FaultEvery, 4 * time.Second},
+		{"sample-every", &c.SampleEvery, 3 * time.Second},
+		{"expiry", &c.Expiry, 8 * time.Second},
+	} {
+		if !explicit(s.flag) {
+			*s.field = s.short
+		}
+	}
+}
+
 func (c *Config) validate() error {
 	switch {
 	case c.Duration <= 0:
