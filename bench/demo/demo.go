@@ -41,23 +41,20 @@ import (
 
 // Config is one demo.
 type Config struct {
-	fleet.Binaries
-	Family fleet.Family
+	// Spec is the fleet; Engine.MaxNumSeqs is the simulators' alone, and
+	// Out receives demo.json, demo.svg and the processes' logs.
+	fleet.Spec
 	mooncake.Slice
-	Workers     int
 	Compress    float64 // trace time is divided by this
 	Concurrency int     // most requests in flight
 	// BlockTokens is the prompt tokens per trace block (the trace's blocks
 	// are 512 tokens; fewer keeps the demo quick).
 	BlockTokens int
-	// Engine is how the engines run; MaxNumSeqs is the simulators' alone.
-	Engine fleet.Engine
 	// MaxOutput caps the output tokens per request (the trace's lengths
 	// scaled like the prompts, then capped: every streamed chunk is an
 	// ext_proc round trip).
 	MaxOutput int
-	Out       string // demo.json, demo.svg and the processes' logs
-	Quiet     bool   // no progress bars
+	Quiet     bool // no progress bars
 }
 
 // Defaults is the demo of `make demo`. A trace block is 512 tokens; with 64
@@ -67,8 +64,8 @@ type Config struct {
 // the speed-up (with -compress 20 and 4 workers, each worker sees the load
 // one of 8 would see at the trace's own pace).
 func Defaults() Config {
-	return Config{Family: fleet.FamilyMock, Slice: mooncake.Slice{Trace: mooncake.DefaultTrace, Requests: 1000},
-		Workers: 4, Compress: 20, Concurrency: 128, BlockTokens: 64, Engine: Engine(), MaxOutput: 16, Out: "bench/out/demo"}
+	return Config{Spec: fleet.Spec{Family: fleet.FamilyMock, Workers: 4, Engine: Engine(), Out: "bench/out/demo"},
+		Slice: mooncake.Slice{Trace: mooncake.DefaultTrace, Requests: 1000}, Compress: 20, Concurrency: 128, BlockTokens: 64, MaxOutput: 16}
 }
 
 // Engine is the demo's engine, which kvbench health and observe reuse.

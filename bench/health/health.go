@@ -42,8 +42,9 @@ import (
 
 // Config is one run of the comparison.
 type Config struct {
-	fleet.Binaries
-	Workers      int
+	// Spec is the mock workers, the demo's by default; Out receives the
+	// processes' logs.
+	fleet.Spec
 	Rate         float64 // requests per second through the picker (open loop)
 	Concurrency  int     // most routed requests in flight
 	PromptTokens int     // random ids, so no prefix is shared
@@ -62,16 +63,15 @@ type Config struct {
 	Intervals    []time.Duration
 	EjectBase    time.Duration // kvselect's --eject-base
 	KVSelectArgs []string      // more kvselect flags
-	Engine       fleet.Engine  // the demo's mock workers
 	Seed         uint64        // seeds the prompts
-	Out          string        // the processes' logs
 }
 
 // Defaults is the ejection run of `make bench-health`.
 func Defaults() Config {
-	return Config{Workers: 4, Rate: 40, Concurrency: 128, PromptTokens: 1024, MaxTokens: 8,
+	return Config{Spec: fleet.Spec{Family: fleet.FamilyMock, Workers: 4, Engine: demo.Engine(), Out: "bench/out/health"},
+		Rate: 40, Concurrency: 128, PromptTokens: 1024, MaxTokens: 8,
 		Healthy: 5 * time.Second, Fault: 12 * time.Second, Recover: 10 * time.Second, FailWorker: 1, DirectWorkers: 2,
-		Intervals: []time.Duration{200 * time.Millisecond}, EjectBase: 5 * time.Second, Engine: demo.Engine(), Seed: 1, Out: "bench/out/health"}
+		Intervals: []time.Duration{200 * time.Millisecond}, EjectBase: 5 * time.Second, Seed: 1}
 }
 
 // Phase is one phase's figures for the requests kvselect routed.

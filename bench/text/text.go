@@ -45,26 +45,23 @@ var Phases = []string{"tokens", "pool", "text", "round-robin", "pool-warm", "poo
 
 // Config is one comparison.
 type Config struct {
-	fleet.Binaries
-	Workers     int
-	Concurrency int // sessions in flight; each sends its turns one after another
-	// Engine is the mock workers': a pool small enough that the sessions
-	// evict each other.
-	Engine          fleet.Engine
+	// Spec is the mock workers, whose pool is small enough that the
+	// sessions evict each other; Out receives text.json and the logs.
+	fleet.Spec
+	Concurrency     int           // sessions in flight; each sends its turns one after another
 	MaxOutput       int           // output tokens per request
 	TokenizeTimeout time.Duration // kvselect's --tokenize-timeout in the pool phases
 	KVSelectArgs    []string      // more kvselect flags, every phase
 	Phases          []string
-	Out             string // text.json and the processes' logs
 	Load            WorkloadConfig
 }
 
 // Defaults is the four-phase comparison on 4 workers.
 func Defaults() Config {
-	return Config{Workers: 4, Concurrency: 16, MaxOutput: 8, TokenizeTimeout: 20 * time.Millisecond,
+	return Config{Spec: fleet.Spec{Family: fleet.FamilyMock, Workers: 4, Out: "bench/out/text",
 		Engine: fleet.Engine{BlockSize: 16, PoolBlocks: 768, Speedup: 4, PrefillPerToken: 200 * time.Microsecond,
-			DecodePerToken: 20 * time.Millisecond, Extra: []string{"--prefill-slots", "1"}},
-		Phases: slices.Clone(Phases[:4]), Out: "bench/out/text", Load: DefaultWorkload()}
+			DecodePerToken: 20 * time.Millisecond, Extra: []string{"--prefill-slots", "1"}}},
+		Concurrency: 16, MaxOutput: 8, TokenizeTimeout: 20 * time.Millisecond, Phases: slices.Clone(Phases[:4]), Load: DefaultWorkload()}
 }
 
 // Validate checks the configuration before anything starts.

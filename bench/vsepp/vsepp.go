@@ -73,27 +73,24 @@ func isKvselect(picker string) bool {
 
 // Config is one comparison.
 type Config struct {
-	fleet.Binaries
-	Family  fleet.Family
+	// Spec is the engines: their block size (both pickers are told the
+	// same), KV pool, timing and --max-num-seqs; Out receives vs-epp.json,
+	// vs-epp.svg, the EPP configurations and the logs.
+	fleet.Spec
 	Prompts string // PromptsTokens or PromptsText
 	// KVSelectArgs and EPPArgs are more flags for the pickers.
 	KVSelectArgs, EPPArgs []string
 	mooncake.Slice
-	Loop        string  // "open" or "closed"
-	Compress    float64 // open loop: trace time is divided by this
-	Rate        float64 // open loop: fixed arrivals per second instead of the trace's
-	Concurrency int     // closed loop: clients; open loop: most in flight
-	Workers     int     // engines
-	BlockTokens int     // prompt tokens per trace block
-	// Engine is the engines' block size (both pickers are told the same),
-	// KV pool, timing and --max-num-seqs.
-	Engine              fleet.Engine
+	Loop                string  // "open" or "closed"
+	Compress            float64 // open loop: trace time is divided by this
+	Rate                float64 // open loop: fixed arrivals per second instead of the trace's
+	Concurrency         int     // closed loop: clients; open loop: most in flight
+	BlockTokens         int     // prompt tokens per trace block
 	MaxOutput           int
 	Pickers, Transports []string
 	Idle, Saturate      time.Duration
 	SaturateStreams     int
-	Pin                 bool   // the picker on CPU 0, this process with the engines on CPU 1
-	Out                 string // vs-epp.json, vs-epp.svg, the EPP configurations and the logs
+	Pin                 bool // the picker on CPU 0, this process with the engines on CPU 1
 	Quiet               bool
 	Args                string // the command line, recorded in the report
 }
@@ -104,11 +101,12 @@ type Config struct {
 // when it evicts within a request. Engines run few requests at once, so
 // that piling requests on one engine costs TTFT.
 func Defaults() Config {
-	return Config{Family: fleet.FamilySim, Prompts: PromptsTokens, Slice: mooncake.Slice{Trace: mooncake.DefaultTrace, Requests: 1000},
-		Loop: "open", Compress: 10, Concurrency: 64, Workers: 4, BlockTokens: 64,
-		Engine:    fleet.Engine{BlockSize: 16, PoolBlocks: 8192, PrefillPerToken: 20 * time.Microsecond, DecodePerToken: 2 * time.Millisecond, MaxNumSeqs: 4},
+	return Config{Spec: fleet.Spec{Family: fleet.FamilySim, Workers: 4, Out: "bench/out/vs-epp",
+		Engine: fleet.Engine{BlockSize: 16, PoolBlocks: 8192, PrefillPerToken: 20 * time.Microsecond, DecodePerToken: 2 * time.Millisecond, MaxNumSeqs: 4}},
+		Prompts: PromptsTokens, Slice: mooncake.Slice{Trace: mooncake.DefaultTrace, Requests: 1000},
+		Loop: "open", Compress: 10, Concurrency: 64, BlockTokens: 64,
 		MaxOutput: 16, Pickers: slices.Clone(Pickers), Transports: []string{"plain"}, Idle: 5 * time.Second, Saturate: 5 * time.Second,
-		SaturateStreams: 64, Pin: true, Out: "bench/out/vs-epp"}
+		SaturateStreams: 64, Pin: true}
 }
 
 // PickerRun is one picker's run on one transport.

@@ -165,10 +165,11 @@ func TestVsEPPFamilyAndPromptsChecks(t *testing.T) {
 		{family: "vllm", want: "want llmd-sim or mock"},
 		{family: fleet.FamilyMock, prompts: "chat", want: "want tokens or text"},
 	} {
-		c := Config{Slice: mooncake.Slice{Requests: 1}, Concurrency: 1, Workers: 1, BlockTokens: 1, MaxOutput: 1,
-			Engine: fleet.Engine{BlockSize: 1, PoolBlocks: 1, MaxNumSeqs: 1}, SaturateStreams: 1, Loop: "open", Compress: 1, Idle: time.Second,
-			Transports: []string{"plain"}, Pickers: []string{pickerKvselect, pickerEPP},
-			Binaries: fleet.Binaries{EPP: "/bin/true", MockWorker: "bin/kvselect-mockworker"}, Family: tc.family, Prompts: PromptsTokens}
+		c := Config{Slice: mooncake.Slice{Requests: 1}, Concurrency: 1, BlockTokens: 1, MaxOutput: 1,
+			Spec: fleet.Spec{Workers: 1, Engine: fleet.Engine{BlockSize: 1, PoolBlocks: 1, MaxNumSeqs: 1}, Family: tc.family,
+				Binaries: fleet.Binaries{EPP: "/bin/true", MockWorker: "bin/kvselect-mockworker"}},
+			SaturateStreams: 1, Loop: "open", Compress: 1, Idle: time.Second,
+			Transports: []string{"plain"}, Pickers: []string{pickerKvselect, pickerEPP}, Prompts: PromptsTokens}
 		if tc.prompts != "" {
 			c.Prompts = tc.prompts
 		}
