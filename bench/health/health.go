@@ -36,6 +36,7 @@ import (
 	"github.com/kvselect/kvselect/bench/demo"
 	"github.com/kvselect/kvselect/bench/fleet"
 	"github.com/kvselect/kvselect/bench/relay"
+	"github.com/kvselect/kvselect/bench/report"
 	"github.com/kvselect/kvselect/bench/stats"
 	"github.com/kvselect/kvselect/envoysim"
 )
@@ -64,6 +65,7 @@ type Config struct {
 	EjectBase    time.Duration // kvselect's --eject-base
 	KVSelectArgs []string      // more kvselect flags
 	Seed         uint64        // seeds the prompts
+	report.Files
 }
 
 // Defaults is the ejection run of `make bench-health`.
@@ -148,7 +150,7 @@ func (c *Config) Validate() error {
 }
 
 // Measure runs once per engine-metrics interval, each on fresh processes,
-// and prints the table.
+// prints the table and writes c.Files.
 func Measure(ctx context.Context, c Config, stdout, stderr io.Writer) (*Report, error) {
 	if err := c.Validate(); err != nil {
 		return nil, err
@@ -164,7 +166,10 @@ func Measure(ctx context.Context, c Config, stdout, stderr io.Writer) (*Report, 
 		}
 		rep.Runs = append(rep.Runs, run)
 	}
-	return rep, rep.Table(stdout, &c)
+	if err := rep.Table(stdout, &c); err != nil {
+		return rep, err
+	}
+	return rep, c.Files.Write(rep, "", nil)
 }
 
 // healthRec is one routed request.
