@@ -159,9 +159,6 @@ func Run(ctx context.Context, c Config, stdout, stderr io.Writer) (*Report, erro
 	if err != nil {
 		return nil, err
 	}
-	if err := os.MkdirAll(c.Out, 0o755); err != nil {
-		return nil, err
-	}
 	rep := &Report{Engines: c.Family, Trace: c.Trace, Requests: len(reqs), Workers: c.Workers}
 	var fl *fleet.Fleet
 	defer func() {

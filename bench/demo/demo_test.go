@@ -3,7 +3,6 @@ package demo
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"os"
 	"path/filepath"
 	"strings"
@@ -11,6 +10,7 @@ import (
 
 	"github.com/kvselect/kvselect/bench/fleet"
 	"github.com/kvselect/kvselect/bench/fleet/fleettest"
+	"github.com/kvselect/kvselect/bench/report/reporttest"
 	"github.com/kvselect/kvselect/internal/peerproc"
 )
 
@@ -30,13 +30,9 @@ func TestDemoCommand(t *testing.T) {
 			t.Errorf("output lacks %q:\n%s", want, stdout.String())
 		}
 	}
-	b, err := os.ReadFile(filepath.Join(c.Out, "demo.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var rep Report
-	if err := json.Unmarshal(b, &rep); err != nil || len(rep.Phases) != 2 {
-		t.Fatalf("demo.json: %v %s", err, b)
+	rep := reporttest.ReadJSON[Report](t, filepath.Join(c.Out, "demo.json"))
+	if len(rep.Phases) != 2 {
+		t.Fatalf("demo.json: %+v", rep)
 	}
 	for _, ph := range rep.Phases {
 		if ph.Errors != 0 || ph.Requests != 80 || ph.TTFTP50Ms <= 0 || ph.Throughput <= 0 {
@@ -83,13 +79,9 @@ func TestDemoOverLLMDSim(t *testing.T) {
 			t.Errorf("output lacks %q:\n%s", want, stdout.String())
 		}
 	}
-	b, err := os.ReadFile(filepath.Join(c.Out, "demo.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var rep Report
-	if err := json.Unmarshal(b, &rep); err != nil || len(rep.Phases) != 2 || rep.Engines != "llmd-sim" {
-		t.Fatalf("demo.json: %v %s", err, b)
+	rep := reporttest.ReadJSON[Report](t, filepath.Join(c.Out, "demo.json"))
+	if len(rep.Phases) != 2 || rep.Engines != "llmd-sim" {
+		t.Fatalf("demo.json: %+v", rep)
 	}
 	for _, ph := range rep.Phases {
 		routed := 0

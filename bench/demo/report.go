@@ -14,13 +14,7 @@ import (
 func (rep *Report) Table(w io.Writer) error {
 	fmt.Fprintf(w, "\n%d requests of %s over %d %s, each policy from empty caches:\n\n", rep.Requests, rep.Trace, rep.Workers, rep.Engines.Noun())
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	row := func(name string, f func(p Phase) string) {
-		fmt.Fprintf(tw, "%s\t", name)
-		for _, p := range rep.Phases {
-			fmt.Fprintf(tw, "%s\t", f(p))
-		}
-		fmt.Fprintln(tw)
-	}
+	row := report.Columns(tw, rep.Phases)
 	row("", func(p Phase) string { return p.Policy })
 	row("prefix-cache hit rate", func(p Phase) string { return fmt.Sprintf("%.3f", p.HitRate) })
 	row("TTFT p50 (ms)", func(p Phase) string { return fmt.Sprintf("%.1f", p.TTFTP50Ms) })

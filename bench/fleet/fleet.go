@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
 	"strconv"
 	"strings"
 	"time"
@@ -60,6 +61,9 @@ type Fleet struct {
 // REST, their replay endpoints letting kvselect catch up on what they
 // published before.
 func Start(ctx context.Context, c Config) (_ *Fleet, err error) {
+	if err := os.MkdirAll(c.Dir, 0o755); err != nil {
+		return nil, err
+	}
 	fl := &Fleet{Model: MockModel, HTTP: c.HTTP}
 	if fl.HTTP == nil {
 		fl.HTTP = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 256, MaxIdleConns: 1024}}

@@ -70,6 +70,18 @@ func Table(w io.Writer, rs ...mooncake.Result) error {
 	return tw.Flush()
 }
 
+// Columns prints, on tw, a table with a column per item of cols: row adds a
+// line named name whose cells are cell(item).
+func Columns[T any](tw *tabwriter.Writer, cols []T) (row func(name string, cell func(T) string)) {
+	return func(name string, cell func(T) string) {
+		fmt.Fprintf(tw, "%s\t", name)
+		for _, c := range cols {
+			fmt.Fprintf(tw, "%s\t", cell(c))
+		}
+		fmt.Fprintln(tw)
+	}
+}
+
 // WriteJSON writes v as indented JSON to path, creating its directory.
 func WriteJSON(path string, v any) error {
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {

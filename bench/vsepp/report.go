@@ -34,13 +34,7 @@ func (rep *Report) Table(w io.Writer) error {
 	fmt.Fprintf(w, "\n%d requests of %s (%s prompts) over %d %s, %s; %d CPUs, %s; each picker with fresh engines:\n\n",
 		rep.Requests, rep.Trace, prompts, rep.Engines, familyNoun(fleet.Family(rep.EngineFamily)), rep.Loop, rep.CPUs, pin)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	row := func(name string, f func(r PickerRun) string) {
-		fmt.Fprintf(tw, "%s\t", name)
-		for _, r := range rep.Runs {
-			fmt.Fprintf(tw, "%s\t", f(r))
-		}
-		fmt.Fprintln(tw)
-	}
+	row := report.Columns(tw, rep.Runs)
 	row("", func(r PickerRun) string { return r.label() })
 	row("decision p50 / p90 / p99, client (µs)", func(r PickerRun) string {
 		return fmt.Sprintf("%.0f / %.0f / %.0f", r.Decision.P50, r.Decision.P90, r.Decision.P99)

@@ -215,9 +215,6 @@ func Run(ctx context.Context, c Config, stdout, stderr io.Writer) (*Report, erro
 	if err != nil {
 		return nil, err
 	}
-	if err := os.MkdirAll(c.Out, 0o755); err != nil {
-		return nil, err
-	}
 	if c.Pin {
 		if err := pinSelf(1); err != nil {
 			fmt.Fprintf(stderr, "vs-epp: not pinned: %v\n", err)
