@@ -121,29 +121,11 @@ const upstreamFailure = "upstream connect error or disconnect/reset before heade
 func (r *Relay) Do(ctx context.Context, path string, body []byte, headers ...envoysim.Header) (Result, error) {
 	begin := time.Now()
 	hs := append([]envoysim.Header{{Key: "content-type", Value: "application/json"}}, headers...)
-	sctx := ctx
-	if r.Abandon == StageRequest {
-		var cancel context.CancelFunc
-		sctx, cancel = context.WithTimeout(ctx, r.AbandonAfter)
-		defer cancel()
+	x, res, err := r.decide(ctx, path, body, hs, begin)
+	if x == nil {
+		return res, err
 	}
-	x, d, err := r.Picker.Start(sctx, &envoysim.Request{Path: path, Body: body, Modes: envoysim.GIE, Headers: hs})
-	if err != nil {
-		if r.Abandon == StageRequest && ctx.Err() == nil {
-			return Result{Abandoned: StageRequest}, nil
-		}
-		return Result{}, &PickerError{Err: err}
-	}
-	res := Result{Decision: d, Pick: time.Since(begin)}
-	if d.Immediate != nil {
-		x.Close()
-		return res, fmt.Errorf("picker answered %d: %s", d.Immediate.Status, d.Immediate.Body)
-	}
-	if r.Abandon == StageRequest || r.Abandon == StageRouted {
-		x.Abort()
-		res.Abandoned = StageRouted
-		return res, nil
-	}
+	d := res.Decision
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+d.Endpoint+path, bytes.NewReader(d.Body))
 	if err != nil {
 		x.Abort()
@@ -167,12 +149,48 @@ func (r *Relay) Do(ctx context.Context, path string, body []byte, headers ...env
 		return res, err
 	}
 	defer resp.Body.Close()
+	return r.respond(x, resp, d.Endpoint, begin, res)
+}
+
+// decide runs the request through the picker up to its decision. It
+// returns the exchange to go on with, or none when the request ended there:
+// the picker answered itself, could not be reached, or the client gave up.
+func (r *Relay) decide(ctx context.Context, path string, body []byte, hs []envoysim.Header, begin time.Time) (*envoysim.Exchange, Result, error) {
+	sctx := ctx
+	if r.Abandon == StageRequest {
+		var cancel context.CancelFunc
+		sctx, cancel = context.WithTimeout(ctx, r.AbandonAfter)
+		defer cancel()
+	}
+	x, d, err := r.Picker.Start(sctx, &envoysim.Request{Path: path, Body: body, Modes: envoysim.GIE, Headers: hs})
+	if err != nil {
+		if r.Abandon == StageRequest && ctx.Err() == nil {
+			return nil, Result{Abandoned: StageRequest}, nil
+		}
+		return nil, Result{}, &PickerError{Err: err}
+	}
+	res := Result{Decision: d, Pick: time.Since(begin)}
+	if d.Immediate != nil {
+		x.Close()
+		return nil, res, fmt.Errorf("picker answered %d: %s", d.Immediate.Status, d.Immediate.Body)
+	}
+	if r.Abandon == StageRequest || r.Abandon == StageRouted {
+		x.Abort()
+		res.Abandoned = StageRouted
+		return nil, res, nil
+	}
+	return x, res, nil
+}
+
+// respond relays the worker's response through the exchange: its headers,
+// then its body chunk by chunk, timing every text event.
+func (r *Relay) respond(x *envoysim.Exchange, resp *http.Response, endpoint string, begin time.Time, res Result) (Result, error) {
 	res.Status = resp.StatusCode
 	rh := make([]envoysim.Header, 0, len(resp.Header))
 	for k, vs := range resp.Header {
 		rh = append(rh, envoysim.Header{Key: strings.ToLower(k), Value: vs[0]})
 	}
-	if _, err := x.ResponseHeaders(envoysim.Response{Status: resp.StatusCode, Headers: rh, Served: d.Endpoint}, false); err != nil {
+	if _, err := x.ResponseHeaders(envoysim.Response{Status: resp.StatusCode, Headers: rh, Served: endpoint}, false); err != nil {
 		x.Abort()
 		return res, &PickerError{Step: "response headers", Err: err}
 	}
@@ -191,8 +209,9 @@ func (r *Relay) Do(ctx context.Context, path string, body []byte, headers ...env
 		}
 		_, _ = x.ResponseBody(b, true)
 		x.Close()
-		return res, fmt.Errorf("worker %s answered %s: %s", d.Endpoint, resp.Status, bytes.TrimSpace(b))
+		return res, fmt.Errorf("worker %s answered %s: %s", endpoint, resp.Status, bytes.TrimSpace(b))
 	}
+	var err error
 	res.Events, err = r.readEvents(resp.Body, begin, func(chunk []byte) error {
 		if _, err := x.ResponseBody(chunk, false); err != nil {
 			return &PickerError{Step: "response body", Err: err}
