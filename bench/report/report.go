@@ -1,5 +1,7 @@
-// Package report prints Mooncake replay results side by side and writes them as
-// JSON, for cmd/kvbench and the peer comparison in bench/peer.
+// Package report presents what the harnesses measure: tables (Mooncake
+// replay results side by side, Columns for any runs), the -json and -svg
+// files (Files), SVG charts and progress bars, for every kvbench
+// subcommand and the peer comparison in bench/peer.
 package report
 
 import (
