@@ -175,9 +175,8 @@ type SimProcess struct {
 // Config returns what it was started with.
 func (p *SimProcess) Config() Sim { return p.cfg }
 
-// SimArgs is the command line and the environment StartSim runs, defaults
-// filled in.
-func SimArgs(cfg Sim) (args, env []string) {
+// withDefaults fills in the defaults the fields document.
+func (cfg Sim) withDefaults() Sim {
 	if cfg.Model == "" {
 		cfg.Model = "fake-model"
 	}
@@ -187,6 +186,13 @@ func SimArgs(cfg Sim) (args, env []string) {
 	if cfg.KVCacheSize == 0 {
 		cfg.KVCacheSize = 1024
 	}
+	return cfg
+}
+
+// SimArgs is the command line and the environment StartSim runs, defaults
+// filled in.
+func SimArgs(cfg Sim) (args, env []string) {
+	cfg = cfg.withDefaults()
 	args = []string{
 		"--model", cfg.Model, "--force-dummy-tokenizer",
 		"--port", strconv.Itoa(cfg.Port),
@@ -208,15 +214,7 @@ func SimArgs(cfg Sim) (args, env []string) {
 
 // StartSim starts a simulator and waits until GET /health answers 200.
 func StartSim(ctx context.Context, cfg Sim) (*SimProcess, error) {
-	if cfg.Model == "" {
-		cfg.Model = "fake-model"
-	}
-	if cfg.BlockSize == 0 {
-		cfg.BlockSize = 16
-	}
-	if cfg.KVCacheSize == 0 {
-		cfg.KVCacheSize = 1024
-	}
+	cfg = cfg.withDefaults()
 	if cfg.Port == 0 {
 		return nil, errors.New("peerproc: the simulator needs a port (it rejects 0)")
 	}
