@@ -69,9 +69,8 @@ func indexCmd(fs *flag.FlagSet, _ []string) func(context.Context, io.Writer, io.
 func restCmd(fs *flag.FlagSet, _ []string) func(context.Context, io.Writer, io.Writer) error {
 	c := restload.Defaults()
 	fs.StringVar(&c.URL, "url", "", "base URL of a kvselect REST server on loopback (empty: start one in this process on 127.0.0.1)")
-	fs.IntVar(&c.Workers, "workers", c.Workers, "workers to register (POST /workers, model \"bench\", block_size 16)")
 	fs.IntVar(&c.Clients, "clients", c.Clients, "concurrent keep-alive connections, one goroutine each (closed loop)")
-	durations(fs, &c.Duration, &c.Warmup)
+	loadFlags(fs, &c.Workers, &c.Duration, &c.Warmup)
 	fs.StringVar(&c.Prompt, "prompt", c.Prompt, "prompt form: tokens (token_ids) or hashes (block_hashes + sequence_hashes + isl_tokens)")
 	fs.IntVar(&c.Blocks, "blocks", c.Blocks, "prompt size in 16-token blocks")
 	c.Files.Register(fs)
@@ -90,8 +89,7 @@ func extprocCmd(fs *flag.FlagSet, _ []string) func(context.Context, io.Writer, i
 	c := extprocload.Defaults()
 	fs.StringVar(&c.Front, "front", c.Front, "front to drive: extproc (gRPC ext_proc via envoysim) or rest (the same lifecycle over the REST API)")
 	fs.IntVar(&c.Streams, "streams", c.Streams, "concurrent requests (one goroutine each)")
-	fs.IntVar(&c.Workers, "workers", c.Workers, "workers registered (model \"bench\", block_size 16)")
-	durations(fs, &c.Duration, &c.Warmup)
+	loadFlags(fs, &c.Workers, &c.Duration, &c.Warmup)
 	fs.IntVar(&c.Body, "body", c.Body, "request body size in bytes")
 	fs.IntVar(&c.Chunks, "chunks", c.Chunks, "streamed response chunks (one token each)")
 	fs.StringVar(&c.Prompt, "prompt", c.Prompt, "prompt form: tokens (completions prompt as token ids) or text (chat messages; ext_proc only)")
@@ -114,8 +112,10 @@ func extprocCmd(fs *flag.FlagSet, _ []string) func(context.Context, io.Writer, i
 	}
 }
 
-// durations are the measured time and the warmup of a closed loop.
-func durations(fs *flag.FlagSet, measured, warmup *time.Duration) {
+// loadFlags are what rest and extproc share: the workers they register on
+// the server, the measured time and the warmup.
+func loadFlags(fs *flag.FlagSet, workers *int, measured, warmup *time.Duration) {
+	fs.IntVar(workers, "workers", *workers, "workers to register (POST /workers, model \"bench\", block_size 16)")
 	fs.DurationVar(measured, "duration", *measured, "measured time after the warmup")
 	fs.DurationVar(warmup, "warmup", *warmup, "unmeasured time before the measurement")
 }
