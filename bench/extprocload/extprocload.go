@@ -76,6 +76,11 @@ type Config struct {
 	// CPU per request) and its ext_proc host:port; empty: the server runs
 	// in this process.
 	URL, Addr string
+	// Server, when set, is a kvselect process Run starts (bench/fleet) and
+	// measures as the external server, in place of URL and Addr: the way
+	// the picker is deployed, in a process of its own (on a CPU of its own
+	// with Server.Wrap).
+	Server *fleet.KVSelectConfig
 	report.Files
 }
 
@@ -156,6 +161,15 @@ func Run(ctx context.Context, c Config, stdout, stderr io.Writer) (*Result, erro
 		Chunks: c.Chunks, TargetRate: c.Rate, GOMAXPROCS: runtime.GOMAXPROCS(0), Server: "in-process"}
 	chunks := sseChunks(c.Chunks)
 
+	if c.Server != nil {
+		k, err := fleet.StartKVSelect(ctx, *c.Server)
+		if err != nil {
+			return nil, err
+		}
+		defer k.Stop()
+		c.URL, c.Addr = k.REST, k.ExtProc
+		fmt.Fprintf(stderr, "kvbench extproc: started %s (REST %s, ext_proc %s; log %s)\n", c.Server.Binary, k.REST, k.ExtProc, k.Proc.Log)
+	}
 	restBase, epAddr := strings.TrimSuffix(c.URL, "/"), c.Addr
 	var serverCPU func() (time.Duration, bool)
 	if c.URL == "" {

@@ -5,11 +5,15 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"os"
+	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
 	"github.com/kvselect/kvselect/bench/benchflag"
 	"github.com/kvselect/kvselect/bench/extprocload"
+	"github.com/kvselect/kvselect/bench/fleet"
 	"github.com/kvselect/kvselect/bench/kvtarget"
 	"github.com/kvselect/kvselect/bench/mooncake"
 	"github.com/kvselect/kvselect/bench/report"
@@ -98,10 +102,23 @@ func extprocCmd(fs *flag.FlagSet, _ []string) func(context.Context, io.Writer, i
 	fs.BoolVar(&c.PlainGRPC, "plain-grpc", false, "serve ext_proc with grpc.NewServer's defaults instead of extproc.ServerOptions (stream workers)")
 	fs.StringVar(&c.URL, "url", "", "REST base URL of an external kvselect on loopback (workers are registered there; its /metrics gives the server's own CPU per request); empty: run the server in this process")
 	fs.StringVar(&c.Addr, "addr", "", "ext_proc host:port of the external kvselect (with -url)")
+	server := fleet.KVSelectConfig{Name: "extproc-kvselect", Dir: os.TempDir()}
+	fs.StringVar(&server.Binary, "kvselect", "", "kvselect `binary` to start on loopback and measure as the external server (instead of -url and -addr)")
+	cpu := fs.Int("kvselect-cpu", -1, "pin the started kvselect to this `CPU` (taskset); -1: not pinned")
+	env := fs.String("kvselect-env", "", "VAR=value `words` added to the started kvselect's environment")
 	c.Files.Register(fs)
 	var prof benchflag.CPUProfile
 	prof.Register(fs)
 	return func(ctx context.Context, stdout, stderr io.Writer) error {
+		if server.Binary != "" {
+			if *cpu >= 0 {
+				server.Wrap = []string{"taskset", "-c", strconv.Itoa(*cpu)}
+			}
+			if c.JSON != "" {
+				server.Dir = filepath.Dir(c.JSON) // its log beside the report
+			}
+			server.Env, c.Server = strings.Fields(*env), &server
+		}
 		stop, err := prof.Start()
 		if err != nil {
 			return err
