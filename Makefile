@@ -33,7 +33,7 @@ test: fmt-check vet staticcheck
 # processes, which next to the parallel package tests would starve them.
 .PHONY: test-observe
 test-observe:
-	$(GO) test -count=1 -run '^TestObserveCommand$$' ./cmd/kvbench
+	$(GO) test -count=1 -run '^TestObserveCommand$$' ./bench/observe
 
 # Soak and chaos (bench/soak, docs/reliability.md): three kvselect replicas,
 # eight mock workers and, with KVSELECT_LLMD_SIM, an llm-d-inference-sim,
@@ -179,7 +179,7 @@ demo-llmd-sim:
 		echo "demo-llmd-sim: skipped: set KVSELECT_LLMD_SIM to an llm-d-inference-sim binary (github.com/llm-d/llm-d-inference-sim)"; \
 	else \
 		$(GO) build -o bin/ ./cmd/kvselect ./cmd/kvbench && \
-		bin/kvbench demo -engines llmd-sim -out $(BENCHOUT)/demo-llmd-sim; \
+		bin/kvbench demo -engine-family llmd-sim -out $(BENCHOUT)/demo-llmd-sim; \
 	fi
 
 # kvselect's picker and llm-d's endpoint picker side by side: same engines,

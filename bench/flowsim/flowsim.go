@@ -33,7 +33,7 @@ import (
 	"time"
 
 	"github.com/kvselect/kvselect/bench/eventq"
-	"github.com/kvselect/kvselect/bench/report"
+	"github.com/kvselect/kvselect/bench/stats"
 	"github.com/kvselect/kvselect/selection/flow"
 	"github.com/kvselect/kvselect/selection/scheduler"
 )
@@ -277,9 +277,9 @@ func Summarize(c Config, outs []Outcome) ([]TenantResult, error) {
 				return nil, fmt.Errorf("a %s request neither finished, expired nor was shed", cl.Tenant)
 			}
 		}
-		tr.WaitP50, tr.WaitP90 = ms(report.Quantile(waits, 0.5)), ms(report.Quantile(waits, 0.9))
-		tr.WaitMax = ms(report.Quantile(waits, 1))
-		tr.TTFTP50, tr.TTFTP90 = ms(report.Quantile(ttfts, 0.5)), ms(report.Quantile(ttfts, 0.9))
+		tr.WaitP50, tr.WaitP90 = ms(stats.Quantile(waits, 0.5)), ms(stats.Quantile(waits, 0.9))
+		tr.WaitMax = ms(stats.Quantile(waits, 1))
+		tr.TTFTP50, tr.TTFTP90 = ms(stats.Quantile(ttfts, 0.5)), ms(stats.Quantile(ttfts, 0.9))
 		res = append(res, tr)
 	}
 	return res, nil

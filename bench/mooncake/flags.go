@@ -5,6 +5,41 @@ import (
 	"fmt"
 )
 
+// DefaultTrace is the conversation trace's path from the repository root,
+// where the benchmark commands run.
+const DefaultTrace = "bench/testdata/mooncake/conversation_trace.jsonl.gz"
+
+// Slice is the part of a trace a run replays: Requests requests (all when
+// 0) after the first Offset.
+type Slice struct {
+	Trace            string
+	Requests, Offset int
+}
+
+// Register defines -trace, -requests and -offset; the values s holds are the
+// defaults.
+func (s *Slice) Register(fs *flag.FlagSet) {
+	fs.StringVar(&s.Trace, "trace", s.Trace, "Mooncake trace (`path`, .jsonl or .jsonl.gz)")
+	fs.IntVar(&s.Requests, "requests", s.Requests, "trace `requests` to replay (0: all)")
+	fs.IntVar(&s.Offset, "offset", s.Offset, "skip this many trace requests first")
+}
+
+// Load reads the trace and cuts the slice.
+func (s Slice) Load() ([]Request, error) {
+	reqs, err := LoadTrace(s.Trace)
+	if err != nil {
+		return nil, err
+	}
+	if s.Offset < 0 || s.Offset >= len(reqs) {
+		return nil, fmt.Errorf("-offset %d: the trace has %d requests", s.Offset, len(reqs))
+	}
+	end := len(reqs)
+	if s.Requests > 0 {
+		end = min(end, s.Offset+s.Requests)
+	}
+	return reqs[s.Offset:end], nil
+}
+
 // Flags are the command-line settings of a trace replay, shared by every
 // trace-driven benchmark command so they spell and default them alike.
 type Flags struct {

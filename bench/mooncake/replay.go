@@ -6,6 +6,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/kvselect/kvselect/bench/stats"
 )
 
 // Target is an index under benchmark. Worker ids are 0..Workers-1. The
@@ -290,9 +292,9 @@ func (w *Workload) Run(t Target) Result {
 		r.EventNsPerBlock = float64(evTime.Nanoseconds()) / float64(r.BlockEvents)
 	}
 	slices.Sort(lat)
-	r.LookupP50 = percentile(lat, 50)
-	r.LookupP90 = percentile(lat, 90)
-	r.LookupP99 = percentile(lat, 99)
+	r.LookupP50 = stats.SortedQuantile(lat, 0.50)
+	r.LookupP90 = stats.SortedQuantile(lat, 0.90)
+	r.LookupP99 = stats.SortedQuantile(lat, 0.99)
 	if n := len(lat); n > 0 {
 		r.LookupMax = lat[n-1]
 	}
@@ -303,16 +305,6 @@ const (
 	fnvOffset = 14695981039346656037
 	fnvPrime  = 1099511628211
 )
-
-// percentile returns the nearest-rank p-th percentile of sorted values.
-func percentile(sorted []int64, p int) int64 {
-	n := len(sorted)
-	if n == 0 {
-		return 0
-	}
-	rank := (p*n + 99) / 100 // ceil(p*n/100)
-	return sorted[max(rank, 1)-1]
-}
 
 // String formats the result as a short multi-line report.
 func (r Result) String() string {

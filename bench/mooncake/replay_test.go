@@ -173,28 +173,6 @@ func TestRunSmall(t *testing.T) {
 	}
 }
 
-func TestPercentile(t *testing.T) {
-	vals := []int64{10, 20, 30, 40, 50, 60, 70, 80, 90, 100}
-	tests := []struct {
-		vals []int64
-		p    int
-		want int64
-	}{
-		{vals, 50, 50},
-		{vals, 90, 90},
-		{vals, 99, 100},
-		{vals, 100, 100},
-		{vals, 1, 10},
-		{[]int64{7}, 50, 7},
-		{nil, 99, 0},
-	}
-	for _, tc := range tests {
-		if got := percentile(tc.vals, tc.p); got != tc.want {
-			t.Errorf("percentile(%v, %d) = %d, want %d", tc.vals, tc.p, got, tc.want)
-		}
-	}
-}
-
 func TestConfigAndAssign(t *testing.T) {
 	d := Config{}.WithDefaults()
 	if d.Workers != 64 || d.BlocksPerWorker != 16384 || d.TraceDuplication != 1 || d.PrefixBlocks != 2 || d.Assign != AssignRoundRobin {

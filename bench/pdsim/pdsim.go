@@ -30,7 +30,7 @@ import (
 	"github.com/zeebo/xxh3"
 
 	"github.com/kvselect/kvselect/bench/eventq"
-	"github.com/kvselect/kvselect/bench/report"
+	"github.com/kvselect/kvselect/bench/stats"
 	"github.com/kvselect/kvselect/selection"
 	"github.com/kvselect/kvselect/selection/catalog"
 	"github.com/kvselect/kvselect/selection/kvhash"
@@ -432,8 +432,8 @@ func (w *world) result() (Result, error) {
 			}
 		}
 	}
-	res.TTFTP50Ms, res.TTFTP90Ms, res.TTFTP99Ms = ms(report.Quantile(w.ttfts, 0.5)), ms(report.Quantile(w.ttfts, 0.9)), ms(report.Quantile(w.ttfts, 0.99))
-	res.ITLP50Ms, res.ITLP90Ms, res.ITLP99Ms = ms(report.Quantile(w.itls, 0.5)), ms(report.Quantile(w.itls, 0.9)), ms(report.Quantile(w.itls, 0.99))
+	res.TTFTP50Ms, res.TTFTP90Ms, res.TTFTP99Ms = ms(stats.Quantile(w.ttfts, 0.5)), ms(stats.Quantile(w.ttfts, 0.9)), ms(stats.Quantile(w.ttfts, 0.99))
+	res.ITLP50Ms, res.ITLP90Ms, res.ITLP99Ms = ms(stats.Quantile(w.itls, 0.5)), ms(stats.Quantile(w.itls, 0.9)), ms(stats.Quantile(w.itls, 0.99))
 	res.MakespanS = w.now.Seconds()
 	if w.now > 0 {
 		res.OutputTokensPS = float64(res.Requests*w.cfg.OutputTokens) / w.now.Seconds()

@@ -2,6 +2,7 @@ package relay
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"net"
@@ -22,10 +23,10 @@ import (
 	"github.com/kvselect/kvselect/selection/routerconfig"
 )
 
-// A request relayed through a real picker to a real mock worker: every
-// streamed token is an event, the first is the TTFT, and the picker's
-// booking is gone once Do returns (it saw the whole response path).
-func TestDoThroughPickerToWorker(t *testing.T) {
+// setup is a real picker in front of a real mock worker, and a relay to
+// them.
+func setup(t *testing.T) (*selection.Service, *Relay, *httptest.Server) {
+	t.Helper()
 	w, err := mockworker.New(mockworker.Config{Model: "m", WorkerID: 1, BlockSize: 4, NumBlocks: 64, MaxNumSeqs: 4, DPSize: 1})
 	if err != nil {
 		t.Fatal(err)
@@ -58,7 +59,33 @@ func TestDoThroughPickerToWorker(t *testing.T) {
 	}
 	t.Cleanup(func() { conn.Close() })
 
-	r := Relay{Picker: envoysim.New(conn), HTTP: ws.Client()}
+	return svc, &Relay{Picker: envoysim.New(conn), HTTP: ws.Client()}, ws
+}
+
+// waitUnbooked waits until the picker holds no booking, or fails t.
+func waitUnbooked(t *testing.T, svc *selection.Service) {
+	t.Helper()
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		left := uint64(0)
+		for _, m := range svc.Loads(nil, nil) {
+			for _, l := range m.Loads {
+				left += l.ActiveRequests
+			}
+		}
+		if left == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d bookings left", left)
+		}
+	}
+}
+
+// A request relayed through a real picker to a real mock worker: every
+// streamed token is an event, the first is the TTFT, and the picker's
+// booking is gone once Do returns (it saw the whole response path).
+func TestDoThroughPickerToWorker(t *testing.T) {
+	svc, r, ws := setup(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	body := []byte(`{"model":"m","prompt":[1,2,3,4,5,6,7,8],"max_tokens":5,"stream":true}`)
@@ -83,6 +110,44 @@ func TestDoThroughPickerToWorker(t *testing.T) {
 	if err != nil || len(d.Events) != 5 || d.Decision != nil {
 		t.Fatalf("direct = %+v, %v", d, err)
 	}
+}
+
+// A client that gives up at each stage leaves the exchange aborted, no
+// error and no booking; a slow reader gets every token; a worker that cannot
+// be reached is Envoy's 503 through the picker.
+func TestClientMisbehaviour(t *testing.T) {
+	svc, r, ws := setup(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	body := []byte(`{"model":"m","prompt":[1,2,3,4,5,6,7,8],"max_tokens":5,"stream":true}`)
+	for _, stage := range []Stage{StageRequest, StageRouted, StageResponseHeaders, StageResponseBody} {
+		rr := *r
+		rr.Abandon = stage
+		res, err := rr.Do(ctx, "/v1/completions", body)
+		want := stage
+		if stage == StageRequest && res.Abandoned == StageRouted {
+			want = StageRouted // the decision came before the client gave up
+		}
+		if err != nil || res.Abandoned != want || res.Abandoned.String() == "" {
+			t.Fatalf("abandon %s: %+v, %v", stage, res, err)
+		}
+		waitUnbooked(t, svc)
+	}
+	slow := *r
+	slow.ReadSize, slow.ReadDelay = 16, time.Millisecond
+	if res, err := slow.Do(ctx, "/v1/completions", body); err != nil || len(res.Events) != 5 || res.Abandoned != StageNone {
+		t.Fatalf("slow reader: %+v, %v", res, err)
+	}
+	waitUnbooked(t, svc)
+	ws.Close()
+	down := *r
+	down.Envoy503 = true
+	res, err := down.Do(ctx, "/v1/completions", body)
+	var pe *PickerError
+	if err == nil || errors.As(err, &pe) || res.Status != 503 {
+		t.Fatalf("unreachable worker: %+v, %v", res, err)
+	}
+	waitUnbooked(t, svc)
 }
 
 func TestEventScannerCountsTextEventsAcrossReads(t *testing.T) {

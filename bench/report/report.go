@@ -1,5 +1,7 @@
-// Package report prints Mooncake replay results side by side and writes them as
-// JSON, for cmd/kvbench and the peer comparison in bench/peer.
+// Package report presents what the harnesses measure: tables (Mooncake
+// replay results side by side, Columns for any runs), the -json and -svg
+// files (Files), SVG charts and progress bars, for every kvbench
+// subcommand and the peer comparison in bench/peer.
 package report
 
 import (
@@ -68,6 +70,18 @@ func Table(w io.Writer, rs ...mooncake.Result) error {
 	row("event apply ns/block", col(func(r mooncake.Result) string { return fmt.Sprintf("%.1f", r.EventNsPerBlock) }), faster(r0.EventNsPerBlock, r1.EventNsPerBlock))
 	row("matched workers (sum)", col(func(r mooncake.Result) string { return fmt.Sprint(r.MatchSum) }), "")
 	return tw.Flush()
+}
+
+// Columns prints, on tw, a table with a column per item of cols: row adds a
+// line named name whose cells are cell(item).
+func Columns[T any](tw *tabwriter.Writer, cols []T) (row func(name string, cell func(T) string)) {
+	return func(name string, cell func(T) string) {
+		fmt.Fprintf(tw, "%s\t", name)
+		for _, c := range cols {
+			fmt.Fprintf(tw, "%s\t", cell(c))
+		}
+		fmt.Fprintln(tw)
+	}
 }
 
 // WriteJSON writes v as indented JSON to path, creating its directory.

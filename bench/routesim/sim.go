@@ -31,6 +31,7 @@ import (
 
 	"github.com/kvselect/kvselect/bench/eventq"
 	"github.com/kvselect/kvselect/bench/mooncake"
+	"github.com/kvselect/kvselect/bench/stats"
 	"github.com/kvselect/kvselect/selection"
 )
 
@@ -497,14 +498,14 @@ func Run(ctx context.Context, w *World, trace []mooncake.Request, p Policy, prog
 	slices.Sort(ttfts)
 	slices.Sort(allTTFTs)
 	slices.Sort(selects)
-	res.TTFTP50Ms = ms(quantile(ttfts, 0.50))
-	res.TTFTP90Ms = ms(quantile(ttfts, 0.90))
-	res.TTFTP99Ms = ms(quantile(ttfts, 0.99))
-	res.AllTTFTP50Ms = ms(quantile(allTTFTs, 0.50))
-	res.AllTTFTP90Ms = ms(quantile(allTTFTs, 0.90))
-	res.AllTTFTP99Ms = ms(quantile(allTTFTs, 0.99))
-	res.SelectP50Us = us(quantile(selects, 0.50))
-	res.SelectP99Us = us(quantile(selects, 0.99))
+	res.TTFTP50Ms = ms(stats.SortedQuantile(ttfts, 0.50))
+	res.TTFTP90Ms = ms(stats.SortedQuantile(ttfts, 0.90))
+	res.TTFTP99Ms = ms(stats.SortedQuantile(ttfts, 0.99))
+	res.AllTTFTP50Ms = ms(stats.SortedQuantile(allTTFTs, 0.50))
+	res.AllTTFTP90Ms = ms(stats.SortedQuantile(allTTFTs, 0.90))
+	res.AllTTFTP99Ms = ms(stats.SortedQuantile(allTTFTs, 0.99))
+	res.SelectP50Us = us(stats.SortedQuantile(selects, 0.50))
+	res.SelectP99Us = us(stats.SortedQuantile(selects, 0.99))
 	if last > 0 {
 		res.Throughput = float64(len(trace)) / last.Seconds()
 	}
@@ -512,13 +513,6 @@ func Run(ctx context.Context, w *World, trace []mooncake.Request, p Policy, prog
 		res.MaxShare = max(res.MaxShare, float64(ws.assigned)/float64(max(len(ttfts), 1)))
 	}
 	return res, nil
-}
-
-func quantile(sorted []time.Duration, q float64) time.Duration {
-	if len(sorted) == 0 {
-		return 0
-	}
-	return sorted[min(int(q*float64(len(sorted))), len(sorted)-1)]
 }
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }

@@ -50,9 +50,9 @@ var faultKinds = []faultKind{
 	{"mesh-stalled-subscriber", 1, (*injector).meshStall},
 }
 
-// injector runs the fault schedule against a fleet.
+// injector runs the fault schedule against a cluster.
 type injector struct {
-	fl    *fleet
+	fl    *cluster
 	cfg   *Config
 	begin time.Time
 
@@ -150,12 +150,12 @@ func (in *injector) claimWorker(rng *rand.Rand, ok func(*worker) bool) *worker {
 	var names []string
 	for _, w := range in.fl.workers {
 		if ok(w) {
-			names = append(names, w.proc.name)
+			names = append(names, w.proc.Name)
 		}
 	}
 	t := in.claim(rng, names)
 	for _, w := range in.fl.workers {
-		if w.proc.name == t {
+		if w.proc.Name == t {
 			return w
 		}
 	}
@@ -179,13 +179,13 @@ func (in *injector) workerKill(ctx context.Context, rng *rand.Rand) (string, str
 	if w == nil {
 		return "", "", nil
 	}
-	defer in.release(w.proc.name)
-	w.proc.kill()
+	defer in.release(w.proc.Name)
+	w.proc.Kill()
 	down := sleepRand(rng, time.Second, 4*time.Second)
 	if err := in.fl.startWorker(w, false); err != nil {
-		return w.proc.name, "", err
+		return w.proc.Name, "", err
 	}
-	return w.proc.name, fmt.Sprintf("down %s, restarted on its ports, catalog untouched", down.Round(time.Millisecond)), nil
+	return w.proc.Name, fmt.Sprintf("down %s, restarted on its ports, catalog untouched", down.Round(time.Millisecond)), nil
 }
 
 // workerKillNewPort kills a worker and brings it back on new ports, as a
@@ -196,19 +196,19 @@ func (in *injector) workerKillNewPort(ctx context.Context, rng *rand.Rand) (stri
 	if w == nil {
 		return "", "", nil
 	}
-	defer in.release(w.proc.name)
-	w.proc.kill()
+	defer in.release(w.proc.Name)
+	w.proc.Kill()
 	down := sleepRand(rng, 500*time.Millisecond, 3*time.Second)
 	if err := in.fl.catalog(ctx, w, false); err != nil {
-		return w.proc.name, "", err
+		return w.proc.Name, "", err
 	}
 	if err := in.fl.startWorker(w, true); err != nil {
-		return w.proc.name, "", err
+		return w.proc.Name, "", err
 	}
 	if err := in.fl.catalog(ctx, w, true); err != nil {
-		return w.proc.name, "", err
+		return w.proc.Name, "", err
 	}
-	return w.proc.name, fmt.Sprintf("dead %s before leaving the catalog; back at %s", down.Round(time.Millisecond), w.url()), nil
+	return w.proc.Name, fmt.Sprintf("dead %s before leaving the catalog; back at %s", down.Round(time.Millisecond), w.url()), nil
 }
 
 // workerDrain takes a worker out of the catalog, lets its requests finish,
@@ -218,17 +218,17 @@ func (in *injector) workerDrain(ctx context.Context, rng *rand.Rand) (string, st
 	if w == nil {
 		return "", "", nil
 	}
-	defer in.release(w.proc.name)
+	defer in.release(w.proc.Name)
 	if err := in.fl.catalog(ctx, w, false); err != nil {
-		return w.proc.name, "", err
+		return w.proc.Name, "", err
 	}
 	time.Sleep(time.Second)
-	w.proc.stop(10 * time.Second)
+	w.proc.Stop(10 * time.Second)
 	sleepRand(rng, 0, 2*time.Second)
 	if err := in.fl.startWorker(w, false); err != nil {
-		return w.proc.name, "", err
+		return w.proc.Name, "", err
 	}
-	return w.proc.name, "drained, SIGTERM, restarted", in.fl.catalog(ctx, w, true)
+	return w.proc.Name, "drained, SIGTERM, restarted", in.fl.catalog(ctx, w, true)
 }
 
 // catalogChurn deletes a worker from the catalog and puts it back: DELETE
@@ -239,16 +239,16 @@ func (in *injector) catalogChurn(ctx context.Context, rng *rand.Rand) (string, s
 	if w == nil {
 		return "", "", nil
 	}
-	defer in.release(w.proc.name)
+	defer in.release(w.proc.Name)
 	how := "REST DELETE / POST"
 	if w.viaFile {
 		how = "workers file edit"
 	}
 	if err := in.fl.catalog(ctx, w, false); err != nil {
-		return w.proc.name, how, err
+		return w.proc.Name, how, err
 	}
 	sleepRand(rng, 0, 3*time.Second)
-	return w.proc.name, how, in.fl.catalog(ctx, w, true)
+	return w.proc.Name, how, in.fl.catalog(ctx, w, true)
 }
 
 // proxyFault switches a proxied worker's KV event stream to mode for a while;
@@ -261,7 +261,7 @@ func (in *injector) proxyFault(ctx context.Context, rng *rand.Rand, mode proxyMo
 	if w == nil {
 		return "", "", nil
 	}
-	defer in.release(w.proc.name)
+	defer in.release(w.proc.Name)
 	lostBefore := in.fl.lostBatches(ctx, w)
 	before := [3]uint64{w.proxy.dropped.Load(), w.proxy.duplicated.Load(), w.proxy.reordered.Load()}
 	if replayDown {
@@ -281,31 +281,31 @@ func (in *injector) proxyFault(ctx context.Context, rng *rand.Rand, mode proxyMo
 	if lost := in.fl.lostBatches(ctx, w) - lostBefore; lost > 0 {
 		detail += fmt.Sprintf("; %d batches lost across replicas, worker re-attached", lost)
 		if err := in.fl.catalog(ctx, w, false); err != nil {
-			return w.proc.name, detail, err
+			return w.proc.Name, detail, err
 		}
 		if err := in.fl.catalog(ctx, w, true); err != nil {
-			return w.proc.name, detail, err
+			return w.proc.Name, detail, err
 		}
 	}
-	return w.proc.name, detail, nil
+	return w.proc.Name, detail, nil
 }
 
 // replicaKill kills the replica that recovers from its peers and starts it
 // again on the same ports.
 func (in *injector) replicaKill(ctx context.Context, rng *rand.Rand) (string, string, error) {
 	r := in.fl.replicas[len(in.fl.replicas)-1]
-	if len(in.fl.replicas) < 2 || in.claim(rng, []string{r.proc.name}) == "" {
+	if len(in.fl.replicas) < 2 || in.claim(rng, []string{r.kv.Proc.Name}) == "" {
 		return "", "", nil
 	}
-	defer in.release(r.proc.name)
+	defer in.release(r.kv.Proc.Name)
 	in.fl.topo.Lock()
 	defer in.fl.topo.Unlock()
-	r.proc.kill()
+	r.kv.Proc.Kill()
 	down := sleepRand(rng, time.Second, 5*time.Second)
-	if err := r.proc.start(); err != nil {
-		return r.proc.name, "", err
+	if err := r.kv.Proc.Start(); err != nil {
+		return r.kv.Proc.Name, "", err
 	}
-	return r.proc.name, fmt.Sprintf("down %s, recovered from its peers", down.Round(time.Millisecond)), in.fl.replicaUp(ctx, r)
+	return r.kv.Proc.Name, fmt.Sprintf("down %s, recovered from its peers", down.Round(time.Millisecond)), in.fl.replicaUp(ctx, r)
 }
 
 // replicaPause stops a replica with SIGSTOP for longer than the booking
@@ -316,30 +316,30 @@ func (in *injector) replicaPause(ctx context.Context, rng *rand.Rand) (string, s
 		return "", "", nil
 	}
 	r := in.fl.replicas[1]
-	if in.claim(rng, []string{r.proc.name}) == "" {
+	if in.claim(rng, []string{r.kv.Proc.Name}) == "" {
 		return "", "", nil
 	}
-	defer in.release(r.proc.name)
+	defer in.release(r.kv.Proc.Name)
 	in.fl.topo.Lock()
-	err := r.proc.pause()
+	err := r.kv.Proc.Pause()
 	in.fl.topo.Unlock()
 	if err != nil {
-		return r.proc.name, "", err
+		return r.kv.Proc.Name, "", err
 	}
 	d := sleepRand(rng, in.cfg.Expiry+2*time.Second, in.cfg.Expiry+8*time.Second)
 	in.fl.topo.Lock()
 	defer in.fl.topo.Unlock()
-	if err := r.proc.resume(); err != nil {
-		return r.proc.name, "", err
+	if err := r.kv.Proc.Resume(); err != nil {
+		return r.kv.Proc.Name, "", err
 	}
 	// Catalog changes made while it slept are applied now.
-	return r.proc.name, fmt.Sprintf("stopped %s", d.Round(time.Millisecond)), in.fl.replicaUp(ctx, r)
+	return r.kv.Proc.Name, fmt.Sprintf("stopped %s", d.Round(time.Millisecond)), in.fl.replicaUp(ctx, r)
 }
 
 // meshStall subscribes to the first replica's mesh and never reads.
 func (in *injector) meshStall(ctx context.Context, rng *rand.Rand) (string, string, error) {
 	r := in.fl.replicas[0]
-	name := r.proc.name + "-mesh"
+	name := r.kv.Proc.Name + "-mesh"
 	if len(in.fl.replicas) < 2 || in.claim(rng, []string{name}) == "" {
 		return "", "", nil
 	}

@@ -1,11 +1,9 @@
 package soak
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -15,8 +13,8 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/kvselect/kvselect/bench/fleet"
 	"github.com/kvselect/kvselect/envoysim"
 	"github.com/kvselect/kvselect/internal/peerproc"
 )
@@ -26,12 +24,10 @@ const (
 	blockSize = 16
 )
 
-// replica is one kvselect process: REST and ext_proc ports, its mesh port.
+// replica is one kvselect process and its mesh port.
 type replica struct {
 	name     string
-	proc     *process
-	rest     string // http://127.0.0.1:port
-	extproc  string // 127.0.0.1:port
+	kv       *fleet.KVSelect
 	meshPort int
 	conn     *grpc.ClientConn
 	picker   *envoysim.Client
@@ -40,7 +36,7 @@ type replica struct {
 // worker is one mock worker and how the catalog learns about it.
 type worker struct {
 	id      int
-	proc    *process
+	proc    *fleet.Process
 	viaFile bool // in the workers file; otherwise registered over REST on every replica
 	proxied bool // its KV events pass the lossy proxy, its replay the TCP proxy
 	// sim is an llm-d-inference-sim: its PUB socket dials a collector, so a
@@ -82,8 +78,8 @@ func (w *worker) record() map[string]any {
 // all the time, so that removals flow as steadily as stores.
 const poolBlocks = 192
 
-// fleet is every process of a run and the catalog they share.
-type fleet struct {
+// cluster is every process of a run and the catalog they share.
+type cluster struct {
 	cfg      *Config
 	out      string
 	hc       *http.Client
@@ -97,26 +93,14 @@ type fleet struct {
 	onExit func(name string, err error)
 }
 
-func freePorts(n int) ([]int, error) {
-	ps := make([]int, n)
-	for i := range ps {
-		p, err := peerproc.FreePort()
-		if err != nil {
-			return nil, err
-		}
-		ps[i] = p
-	}
-	return ps, nil
-}
-
 // startFleet starts the workers (and the proxies of the proxied ones), writes
 // the workers file, starts the replicas and registers the REST workers on
 // each, and waits until every replica sees every worker's KV events.
-func startFleet(ctx context.Context, cfg *Config, out string, onExit func(string, error)) (_ *fleet, err error) {
+func startCluster(ctx context.Context, cfg *Config, out string, onExit func(string, error)) (_ *cluster, err error) {
 	if err := os.MkdirAll(out, 0o755); err != nil {
 		return nil, err
 	}
-	fl := &fleet{cfg: cfg, out: out, onExit: onExit, file: filepath.Join(out, "workers.json"),
+	fl := &cluster{cfg: cfg, out: out, onExit: onExit, file: filepath.Join(out, "workers.json"),
 		hc: &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 64, MaxIdleConns: 512}}}
 	defer func() {
 		if err != nil {
@@ -140,7 +124,7 @@ func startFleet(ctx context.Context, cfg *Config, out string, onExit func(string
 	}
 	for i := range cfg.Sims {
 		w := &worker{id: cfg.Workers + i + 1, sim: true, inCatalog: true}
-		ps, err := freePorts(3)
+		ps, err := fleet.FreePorts(3)
 		if err != nil {
 			return nil, err
 		}
@@ -158,25 +142,19 @@ func startFleet(ctx context.Context, cfg *Config, out string, onExit func(string
 	if err := fl.writeWorkersFile(); err != nil {
 		return nil, err
 	}
-	ports, err := freePorts(3 * cfg.Replicas)
+	ports, err := fleet.FreePorts(3 * cfg.Replicas)
 	if err != nil {
 		return nil, err
 	}
 	for i := range cfg.Replicas {
-		r := &replica{name: string(rune('a' + i)), rest: fmt.Sprintf("http://127.0.0.1:%d", ports[3*i]),
-			extproc: fmt.Sprintf("127.0.0.1:%d", ports[3*i+1]), meshPort: ports[3*i+2]}
-		fl.replicas = append(fl.replicas, r)
-	}
-	for i, r := range fl.replicas {
-		args := []string{"--host", "127.0.0.1", "--port", strings.TrimPrefix(r.rest, "http://127.0.0.1:"),
-			"--extproc-port", strings.TrimPrefix(r.extproc, "127.0.0.1:"), "--log-level", "warn",
-			"--workers-file", fl.file, "--session-affinity-ttl-secs", "120",
+		r := &replica{name: string(rune('a' + i)), meshPort: ports[3*i+2]}
+		args := []string{"--workers-file", fl.file, "--session-affinity-ttl-secs", "120",
 			"--replica-sync-port", strconv.Itoa(r.meshPort)}
 		var peers, rest []string
-		for j, o := range fl.replicas {
+		for j := range cfg.Replicas {
 			if j != i {
-				peers = append(peers, fmt.Sprintf("tcp://127.0.0.1:%d", o.meshPort))
-				rest = append(rest, o.rest)
+				peers = append(peers, fmt.Sprintf("tcp://127.0.0.1:%d", ports[3*j+2]))
+				rest = append(rest, fmt.Sprintf("http://127.0.0.1:%d", ports[3*j]))
 			}
 		}
 		if len(peers) > 0 {
@@ -187,16 +165,21 @@ func startFleet(ctx context.Context, cfg *Config, out string, onExit func(string
 			// index from the others.
 			args = append(args, "--indexer-peers", strings.Join(rest, ","))
 		}
-		r.proc = &process{name: "kvselect-" + r.name, bin: cfg.KVSelect, args: args, log: logPath(out, "kvselect-"+r.name),
-			env: []string{"DYN_ROUTER_ACTIVE_REQUEST_EXPIRY_SECS=" + strconv.Itoa(int(cfg.Expiry/time.Second))}, onExit: onExit}
-		if err := r.proc.start(); err != nil {
+		if r.kv, err = fleet.NewKVSelect(fleet.KVSelectConfig{Binary: cfg.KVSelect, Name: "kvselect-" + r.name, Dir: out,
+			Port: ports[3*i], ExtProcPort: ports[3*i+1], Args: args, HTTP: fl.hc, OnExit: onExit,
+			Env: []string{"DYN_ROUTER_ACTIVE_REQUEST_EXPIRY_SECS=" + strconv.Itoa(int(cfg.Expiry/time.Second))}}); err != nil {
 			return nil, err
 		}
-		conn, err := grpc.NewClient(r.extproc, append(envoysim.DialOptions(), grpc.WithTransportCredentials(insecure.NewCredentials()))...)
-		if err != nil {
+		fl.replicas = append(fl.replicas, r)
+		// Every replica starts before any is waited for: the last recovers
+		// its index from the others.
+		if err := r.kv.Proc.Start(); err != nil {
 			return nil, err
 		}
-		r.conn, r.picker = conn, envoysim.New(conn)
+		if r.conn, err = r.kv.Dial(false); err != nil {
+			return nil, err
+		}
+		r.picker = envoysim.New(r.conn)
 	}
 	for _, r := range fl.replicas {
 		if err := fl.replicaUp(ctx, r); err != nil {
@@ -208,9 +191,9 @@ func startFleet(ctx context.Context, cfg *Config, out string, onExit func(string
 
 // replicaUp waits for a (re)started replica to serve, registers the REST
 // workers on it and waits until it sees every catalogued worker's events.
-func (fl *fleet) replicaUp(ctx context.Context, r *replica) error {
-	if err := waitOK(ctx, fl.hc, r.rest+"/health", 30*time.Second); err != nil {
-		return fmt.Errorf("%s did not come up: %w\n%s", r.proc.name, err, r.proc.logTail(2000))
+func (fl *cluster) replicaUp(ctx context.Context, r *replica) error {
+	if err := r.kv.WaitServing(ctx); err != nil {
+		return err
 	}
 	for _, w := range fl.workers {
 		w.mu.Lock()
@@ -226,52 +209,52 @@ func (fl *fleet) replicaUp(ctx context.Context, r *replica) error {
 	return fl.waitCatalog(ctx, []*replica{r}, 60*time.Second)
 }
 
+// workerEngine is how every mock worker runs: a small pool, so that the
+// traffic evicts all the time and removals flow as steadily as stores.
+var workerEngine = fleet.Engine{BlockSize: blockSize, PoolBlocks: poolBlocks,
+	PrefillPerToken: 20 * time.Microsecond, DecodePerToken: 4 * time.Millisecond}
+
 // startWorker starts (or restarts) w's process; fresh picks new ports.
-func (fl *fleet) startWorker(w *worker, fresh bool) error {
+func (fl *cluster) startWorker(w *worker, fresh bool) error {
 	w.mu.Lock()
 	if fresh || w.port == 0 {
-		ps, err := freePorts(3)
+		ps, err := fleet.FreePorts(3)
 		if err != nil {
 			w.mu.Unlock()
 			return err
 		}
 		w.port, w.kvPort, w.rpPort = ps[0], ps[1], ps[2]
 	}
-	args := []string{"--host", "127.0.0.1", "--port", strconv.Itoa(w.port), "--worker-id", strconv.Itoa(w.id),
-		"--model", model, "--block-size", strconv.Itoa(blockSize), "--num-gpu-blocks", strconv.Itoa(poolBlocks),
-		"--kv-events-endpoint", fmt.Sprintf("tcp://127.0.0.1:%d", w.kvPort),
+	args := append([]string{"--host", "127.0.0.1", "--port", strconv.Itoa(w.port), "--worker-id", strconv.Itoa(w.id),
+		"--model", model, "--kv-events-endpoint", fmt.Sprintf("tcp://127.0.0.1:%d", w.kvPort),
 		"--kv-replay-endpoint", fmt.Sprintf("tcp://127.0.0.1:%d", w.rpPort),
 		// The ring holds a whole run's batches, so that a listener attached
 		// anew (the documented restart remedy) replays the pool exactly.
 		"--kv-replay-buffer", "100000",
-		"--prefill-time-per-token", "20us", "--decode-time-per-token", "4ms",
-		"--max-num-seqs", "64", "--shutdown-timeout", "3s", "--log-level", "warn"}
+		"--max-num-seqs", "64", "--shutdown-timeout", "3s", "--log-level", "warn"}, workerEngine.MockWorkerArgs()...)
 	bin, name := fl.cfg.MockWorker, fmt.Sprintf("worker-%d", w.id)
 	var env []string
 	if w.sim {
 		bin, name = fl.cfg.Sim, fmt.Sprintf("sim-%d", w.id)
-		args = []string{"--model", model, "--force-dummy-tokenizer", "--port", strconv.Itoa(w.port),
-			"--enable-kvcache", "--kv-cache-size", strconv.Itoa(poolBlocks), "--block-size", strconv.Itoa(blockSize),
-			"--zmq-endpoint", fmt.Sprintf("tcp://127.0.0.1:%d", w.kvPort),
-			"--kv-events-replay-endpoint", fmt.Sprintf("tcp://127.0.0.1:%d", w.rpPort),
-			"--kv-events-replay-queue-size", "100000", "--max-num-seqs", "64"}
-		// Its topic names POD_IP; without it the simulator does not start.
-		env = []string{"POD_IP=127.0.0.1"}
+		args, env = peerproc.SimArgs(peerproc.Sim{Model: model, Port: w.port, BlockSize: blockSize, KVCacheSize: poolBlocks,
+			ZMQEndpoint: fmt.Sprintf("tcp://127.0.0.1:%d", w.kvPort), ReplayPort: w.rpPort,
+			Extra: []string{"--kv-events-replay-queue-size", "100000", "--max-num-seqs", "64"}})
 	}
 	if w.proc == nil {
-		w.proc = &process{name: name, bin: bin, env: env, log: logPath(fl.out, name), onExit: fl.onExit}
+		w.proc = fleet.NewProcess(name, bin, fl.out)
+		w.proc.Env, w.proc.OnExit = env, fl.onExit
 	}
-	w.proc.args = args
+	w.proc.SetArgs(args)
 	w.mu.Unlock()
-	if err := w.proc.start(); err != nil {
+	if err := w.proc.Start(); err != nil {
 		return err
 	}
-	return waitOK(context.Background(), fl.hc, w.url()+"/health", 30*time.Second)
+	return fleet.WaitOK(context.Background(), fl.hc, w.url()+"/health", 30*time.Second)
 }
 
 // writeWorkersFile writes the file workers in the catalog, atomically (a
 // rename), as a ConfigMap update or an editor would.
-func (fl *fleet) writeWorkersFile() error {
+func (fl *cluster) writeWorkersFile() error {
 	fl.fileMu.Lock()
 	defer fl.fileMu.Unlock()
 	var recs []map[string]any
@@ -294,25 +277,15 @@ func (fl *fleet) writeWorkersFile() error {
 	return os.Rename(tmp, fl.file)
 }
 
-// post registers w on r over REST.
-func (fl *fleet) post(ctx context.Context, r *replica, w *worker) error {
-	b, _ := json.Marshal(w.record())
-	status, body, err := fl.call(ctx, http.MethodPost, r.rest+"/workers", b)
-	if err != nil {
-		return fmt.Errorf("register worker %d on %s: %w", w.id, r.name, err)
-	}
-	if status/100 != 2 {
-		return fmt.Errorf("register worker %d on %s: %d %s", w.id, r.name, status, body)
-	}
-	return nil
-}
-
 // restCatalog registers w on r over REST, or deletes it there.
-func (fl *fleet) restCatalog(ctx context.Context, r *replica, w *worker, in bool) error {
+func (fl *cluster) restCatalog(ctx context.Context, r *replica, w *worker, in bool) error {
 	if in {
-		return fl.post(ctx, r, w)
+		if err := r.kv.RegisterWorker(ctx, w.record()); err != nil {
+			return fmt.Errorf("register worker %d on %s: %w", w.id, r.name, err)
+		}
+		return nil
 	}
-	status, body, err := fl.call(ctx, http.MethodDelete, fmt.Sprintf("%s/workers/%d", r.rest, w.id), nil)
+	status, body, err := fleet.Call(ctx, fl.hc, http.MethodDelete, fmt.Sprintf("%s/workers/%d", r.kv.REST, w.id), nil)
 	if err == nil && status != http.StatusOK && status != http.StatusNotFound {
 		err = fmt.Errorf("%d %s", status, body)
 	}
@@ -323,7 +296,7 @@ func (fl *fleet) restCatalog(ctx context.Context, r *replica, w *worker, in bool
 }
 
 // catalog is setInCatalog with the replica set held still.
-func (fl *fleet) catalog(ctx context.Context, w *worker, in bool) error {
+func (fl *cluster) catalog(ctx context.Context, w *worker, in bool) error {
 	fl.topo.RLock()
 	defer fl.topo.RUnlock()
 	return fl.setInCatalog(ctx, w, in)
@@ -331,10 +304,10 @@ func (fl *fleet) catalog(ctx context.Context, w *worker, in bool) error {
 
 // lostBatches sums the KV event batches every running replica counts lost
 // for w.
-func (fl *fleet) lostBatches(ctx context.Context, w *worker) uint64 {
+func (fl *cluster) lostBatches(ctx context.Context, w *worker) uint64 {
 	var n uint64
 	for _, r := range fl.replicas {
-		if !r.proc.running() || paused(r) {
+		if !r.kv.Proc.Running() || paused(r) {
 			continue
 		}
 		var ws []struct {
@@ -343,7 +316,7 @@ func (fl *fleet) lostBatches(ctx context.Context, w *worker) uint64 {
 				Lost uint64 `json:"lost_batches"`
 			} `json:"kv_events_status"`
 		}
-		if fl.getJSON(ctx, r.rest+"/workers", &ws) != nil {
+		if fleet.GetJSON(ctx, fl.hc, r.kv.REST+"/workers", &ws) != nil {
 			continue
 		}
 		for _, x := range ws {
@@ -360,7 +333,7 @@ func (fl *fleet) lostBatches(ctx context.Context, w *worker) uint64 {
 // setInCatalog adds or removes w everywhere: the workers file, or POST /
 // DELETE on every running replica, then waits until every running replica
 // agrees. A replica that is down is brought in line when it comes back.
-func (fl *fleet) setInCatalog(ctx context.Context, w *worker, in bool) error {
+func (fl *cluster) setInCatalog(ctx context.Context, w *worker, in bool) error {
 	w.mu.Lock()
 	w.inCatalog = in
 	w.mu.Unlock()
@@ -370,24 +343,24 @@ func (fl *fleet) setInCatalog(ctx context.Context, w *worker, in bool) error {
 		}
 	} else {
 		for _, r := range fl.replicas {
-			if !r.proc.running() || paused(r) {
+			if !r.kv.Proc.Running() || paused(r) {
 				continue
 			}
-			if err := fl.restCatalog(ctx, r, w, in); err != nil && r.proc.running() {
+			if err := fl.restCatalog(ctx, r, w, in); err != nil && r.kv.Proc.Running() {
 				return err
 			}
 		}
 	}
 	var live []*replica
 	for _, r := range fl.replicas {
-		if r.proc.running() && !paused(r) {
+		if r.kv.Proc.Running() && !paused(r) {
 			live = append(live, r)
 		}
 	}
 	return fl.waitCatalog(ctx, live, 30*time.Second)
 }
 
-func paused(r *replica) bool { return r.proc.isPaused() }
+func paused(r *replica) bool { return r.kv.Proc.Paused() }
 
 type catalogWorker struct {
 	WorkerID       uint64 `json:"worker_id"`
@@ -400,7 +373,7 @@ type catalogWorker struct {
 
 // waitCatalog waits until each of rs lists exactly the catalogued workers,
 // schedulable at their current endpoints with connected KV event streams.
-func (fl *fleet) waitCatalog(ctx context.Context, rs []*replica, limit time.Duration) error {
+func (fl *cluster) waitCatalog(ctx context.Context, rs []*replica, limit time.Duration) error {
 	deadline := time.Now().Add(limit)
 	var last string
 	for {
@@ -415,7 +388,7 @@ func (fl *fleet) waitCatalog(ctx context.Context, rs []*replica, limit time.Dura
 		last = ""
 		for _, r := range rs {
 			var ws []catalogWorker
-			if err := fl.getJSON(ctx, r.rest+"/workers", &ws); err != nil {
+			if err := fleet.GetJSON(ctx, fl.hc, r.kv.REST+"/workers", &ws); err != nil {
 				last = fmt.Sprintf("%s: %v", r.name, err)
 				break
 			}
@@ -462,67 +435,12 @@ func mapsEqual(a, b map[uint64]string) bool {
 	return true
 }
 
-func (fl *fleet) call(ctx context.Context, method, url string, body []byte) (int, []byte, error) {
-	var rd io.Reader
-	if body != nil {
-		rd = bytes.NewReader(body)
-	}
-	req, err := http.NewRequestWithContext(ctx, method, url, rd)
-	if err != nil {
-		return 0, nil, err
-	}
-	if body != nil {
-		req.Header.Set("Content-Type", "application/json")
-	}
-	resp, err := fl.hc.Do(req)
-	if err != nil {
-		return 0, nil, err
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
-	return resp.StatusCode, b, err
-}
-
-func (fl *fleet) getJSON(ctx context.Context, url string, v any) error {
-	status, b, err := fl.call(ctx, http.MethodGet, url, nil)
-	if err != nil {
-		return err
-	}
-	if status != http.StatusOK {
-		return fmt.Errorf("GET %s: %d %.200s", url, status, b)
-	}
-	return json.Unmarshal(b, v)
-}
-
-func waitOK(ctx context.Context, hc *http.Client, url string, limit time.Duration) error {
-	deadline := time.Now().Add(limit)
-	for {
-		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-		resp, err := hc.Do(req)
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return nil
-			}
-			err = fmt.Errorf("%s", resp.Status)
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("%s: %w", url, err)
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(100 * time.Millisecond):
-		}
-	}
-}
-
 // stop ends everything: workers first, then replicas and proxies.
-func (fl *fleet) stop() {
+func (fl *cluster) stop() {
 	var wg sync.WaitGroup
 	for _, w := range fl.workers {
 		if w.proc != nil {
-			wg.Go(func() { w.proc.stop(10 * time.Second) })
+			wg.Go(func() { w.proc.Stop(10 * time.Second) })
 		}
 	}
 	wg.Wait()
@@ -530,8 +448,8 @@ func (fl *fleet) stop() {
 		if r.conn != nil {
 			r.conn.Close()
 		}
-		if r.proc != nil {
-			wg.Go(func() { r.proc.stop(10 * time.Second) })
+		if r.kv != nil {
+			wg.Go(r.kv.Stop)
 		}
 	}
 	wg.Wait()

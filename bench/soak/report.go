@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/kvselect/kvselect/bench/report"
+	"github.com/kvselect/kvselect/bench/stats"
 )
 
 // Report is a whole run: kvbench soak writes it as soak.json.
@@ -132,7 +133,7 @@ func (ph *Phase) summarize(results []result, trafficEnd time.Duration, cfg *Conf
 			ph.ByFault[k][r.Front+" "+r.Outcome]++
 		}
 	}
-	ph.PickP50, ph.PickP99 = report.Quantile(picks, 0.5), report.Quantile(picks, 0.99)
+	ph.PickP50, ph.PickP99 = stats.Quantile(picks, 0.5), stats.Quantile(picks, 0.99)
 	var hits, queries float64
 	for _, s := range ph.Samples {
 		if s.At > warmUp(cfg) && s.At <= trafficEnd {

@@ -19,7 +19,6 @@ import (
 	"fmt"
 	"io"
 	"math"
-	"net/http"
 	"os"
 	"regexp"
 	"slices"
@@ -28,11 +27,10 @@ import (
 	"sync"
 	"time"
 
-	dto "github.com/prometheus/client_model/go"
-	"github.com/prometheus/common/expfmt"
-	promodel "github.com/prometheus/common/model"
-
+	"github.com/kvselect/kvselect/bench/fleet"
+	"github.com/kvselect/kvselect/bench/promtext"
 	"github.com/kvselect/kvselect/bench/report"
+	"github.com/kvselect/kvselect/bench/stats"
 )
 
 // Config is one soak run.
@@ -72,6 +70,28 @@ func Defaults() Config {
 		Replicas: 3, Workers: 8, ProxiedWorkers: 2, ExtprocRate: 12, RESTRate: 6, Docs: 48,
 		FaultEvery: 20 * time.Second, SampleEvery: 10 * time.Second, Expiry: 20 * time.Second,
 		MaxRSSSlope: 64, MaxGoroutineSlope: 100, MaxFDSlope: 50, JudgeAfter: 10 * time.Minute}
+}
+
+// Shorten makes c the compressed run CI does: 150 s under faults after a
+// 45 s baseline, a fault every 4 s, samples every 3 s, an 8 s expiry — but
+// for the settings explicit names as given (by their kvbench soak flags:
+// duration, baseline, fault-every, sample-every, expiry).
+func (c *Config) Shorten(explicit func(flag string) bool) {
+	for _, s := range []struct {
+		flag  string
+		field *time.Duration
+		short time.Duration
+	}{
+		{"duration", &c.Duration, 150 * time.Second},
+		{"baseline", &c.Baseline, 45 * time.Second},
+		{"fault-every", &c.FaultEvery, 4 * time.Second},
+		{"sample-every", &c.SampleEvery, 3 * time.Second},
+		{"expiry", &c.Expiry, 8 * time.Second},
+	} {
+		if !explicit(s.flag) {
+			*s.field = s.short
+		}
+	}
 }
 
 func (c *Config) validate() error {
@@ -135,7 +155,7 @@ func Run(ctx context.Context, cfg Config, out, progress io.Writer) (*Report, err
 type phaseRun struct {
 	cfg      *Config
 	name     string
-	fl       *fleet
+	fl       *cluster
 	rec      *recorder
 	inj      *injector
 	progress io.Writer
@@ -168,7 +188,7 @@ func runPhase(ctx context.Context, cfg *Config, name string, d time.Duration, fa
 	}
 	out := cfg.Out + "/" + name
 	fmt.Fprintf(progress, "%s: starting %d kvselect replicas, %d mock workers and %d llm-d-inference-sim (logs in %s)\n", name, cfg.Replicas, cfg.Workers, cfg.Sims, out)
-	fl, err := startFleet(ctx, cfg, out, onExit)
+	fl, err := startCluster(ctx, cfg, out, onExit)
 	if err != nil {
 		return nil, err
 	}
@@ -180,7 +200,7 @@ func runPhase(ctx context.Context, cfg *Config, name string, d time.Duration, fa
 		fl.stop()
 	}()
 	fmt.Fprintf(progress, "%s: status pages %s/ui/ …; %s of traffic at %.0f ext_proc + %.0f REST requests/s\n",
-		name, fl.replicas[0].rest, d, cfg.ExtprocRate, cfg.RESTRate)
+		name, fl.replicas[0].kv.REST, d, cfg.ExtprocRate, cfg.RESTRate)
 
 	p.rec.begin = time.Now()
 	tr := &traffic{fl: fl, seed: cfg.Seed, nonce: fmt.Sprintf("%s-%d", name, time.Now().UnixNano()), rec: p.rec, docs: cfg.Docs}
@@ -298,27 +318,25 @@ type ReplicaSample struct {
 func (p *phaseRun) sample(ctx context.Context) {
 	s := Sample{At: time.Since(p.rec.begin), Replicas: map[string]ReplicaSample{}}
 	for _, r := range p.fl.replicas {
-		pid := r.proc.pid()
+		pid := r.kv.Proc.Pid()
 		if pid == 0 || paused(r) {
 			continue
 		}
 		rs := ReplicaSample{PID: pid, RSSMiB: rssMiB(pid), FDs: openFDs(pid)}
-		if fams, err := scrape(ctx, p.fl.hc, r.rest+"/metrics"); err == nil {
-			if f := fams["go_goroutines"]; f != nil && len(f.Metric) > 0 {
-				rs.Goroutines = int(f.Metric[0].GetGauge().GetValue())
-			}
+		if m, err := promtext.Scrape(ctx, p.fl.hc, r.kv.REST+"/metrics"); err == nil {
+			rs.Goroutines = int(m.Sum("go_goroutines"))
 		}
-		rs.Bookings, _ = p.fl.activeBookings(ctx, r)
+		rs.Bookings, _ = r.kv.ActiveRequests(ctx)
 		s.Replicas[r.name] = rs
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for _, w := range p.fl.workers {
-		fams, err := scrape(ctx, p.fl.hc, w.url()+"/metrics")
+		m, err := promtext.Scrape(ctx, p.fl.hc, w.url()+"/metrics")
 		if err != nil {
 			continue
 		}
-		q, h := counter(fams["vllm:prefix_cache_queries"]), counter(fams["vllm:prefix_cache_hits"])
+		q, h := m.Sum("vllm:prefix_cache_queries_total"), m.Sum("vllm:prefix_cache_hits_total")
 		prev := p.prevHits[w.id]
 		dq, dh := q-prev[0], h-prev[1]
 		if dq < 0 || dh < 0 { // the worker restarted: its counters began again
@@ -341,46 +359,8 @@ func (p *phaseRun) sample(ctx context.Context) {
 			}
 		}
 	}
-	s.PickP99 = report.Quantile(picks, 0.99)
+	s.PickP99 = stats.Quantile(picks, 0.99)
 	p.samples = append(p.samples, s)
-}
-
-// counter sums a counter family's series; the text parser drops the
-// _total suffix of an OpenMetrics-style name only in newer formats, so both
-// spellings are looked up by the caller's name.
-func counter(f *dto.MetricFamily) float64 {
-	var v float64
-	if f == nil {
-		return 0
-	}
-	for _, m := range f.Metric {
-		v += m.GetCounter().GetValue()
-	}
-	return v
-}
-
-func scrape(ctx context.Context, hc *http.Client, url string) (map[string]*dto.MetricFamily, error) {
-	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-	resp, err := hc.Do(req)
-	if err != nil {
-		return nil, err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("GET %s: %s", url, resp.Status)
-	}
-	parser := expfmt.NewTextParser(promodel.UTF8Validation)
-	fams, err := parser.TextToMetricFamilies(resp.Body)
-	if err != nil {
-		return nil, err
-	}
-	// Counters are exposed as name_total; index them under both names.
-	for name, f := range fams {
-		if base, ok := strings.CutSuffix(name, "_total"); ok {
-			fams[base] = f
-		}
-	}
-	return fams, nil
 }
 
 var vmRSS = regexp.MustCompile(`(?m)^VmRSS:\s+(\d+) kB`)
@@ -406,27 +386,6 @@ func openFDs(pid int) int {
 	return len(es)
 }
 
-// activeBookings sums a replica's active requests over every worker (GET /loads).
-func (fl *fleet) activeBookings(ctx context.Context, r *replica) (uint64, error) {
-	var loads []struct {
-		Loads []struct {
-			WorkerID            uint64 `json:"worker_id"`
-			ActiveRequests      uint64 `json:"active_requests"`
-			ActivePrefillTokens uint64 `json:"active_prefill_tokens"`
-		} `json:"loads"`
-	}
-	if err := fl.getJSON(ctx, r.rest+"/loads", &loads); err != nil {
-		return 0, err
-	}
-	var n uint64
-	for _, m := range loads {
-		for _, l := range m.Loads {
-			n += l.ActiveRequests
-		}
-	}
-	return n, nil
-}
-
 // checkLeaks waits out the booking expiry (plus the 5 s maintenance tick)
 // and then wants every replica's loads empty.
 func (p *phaseRun) checkLeaks(ctx context.Context) map[string]string {
@@ -436,7 +395,7 @@ func (p *phaseRun) checkLeaks(ctx context.Context) map[string]string {
 		bad := false
 		for _, r := range p.fl.replicas {
 			var loads []map[string]any
-			if err := p.fl.getJSON(ctx, r.rest+"/loads", &loads); err != nil {
+			if err := fleet.GetJSON(ctx, p.fl.hc, r.kv.REST+"/loads", &loads); err != nil {
 				out[r.name], bad = err.Error(), true
 				continue
 			}
@@ -482,13 +441,13 @@ func leftover(loads []map[string]any) string {
 // checkLogs looks for panics and fatal errors in every kvselect log.
 func (p *phaseRun) checkLogs() {
 	for _, r := range p.fl.replicas {
-		b, err := os.ReadFile(r.proc.log)
+		b, err := os.ReadFile(r.kv.Proc.Log)
 		if err != nil {
 			continue
 		}
 		for _, marker := range []string{"panic:", "fatal error:", "DATA RACE"} {
 			if i := strings.Index(string(b), marker); i >= 0 {
-				p.violate("no panics", fmt.Sprintf("%s log: %.400s", r.proc.name, b[i:]))
+				p.violate("no panics", fmt.Sprintf("%s log: %.400s", r.kv.Proc.Name, b[i:]))
 			}
 		}
 	}

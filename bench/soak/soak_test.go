@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/go-zeromq/zmq4"
+
+	"github.com/kvselect/kvselect/bench/fleet"
 )
 
 // Every round of the deck deals every kind exactly its weight, and the same
@@ -280,7 +282,7 @@ func TestConfigValidate(t *testing.T) {
 // error its SUB socket returned when the old connection died.)
 func TestKVProxyBoundOutlivesItsPublisher(t *testing.T) {
 	ctx := t.Context()
-	port, err := freePorts(1)
+	port, err := fleet.FreePorts(1)
 	if err != nil {
 		t.Fatal(err)
 	}

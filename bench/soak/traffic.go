@@ -1,7 +1,6 @@
 package soak
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -16,6 +15,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/kvselect/kvselect/bench/fleet"
+	"github.com/kvselect/kvselect/bench/relay"
 	"github.com/kvselect/kvselect/envoysim"
 )
 
@@ -35,17 +36,6 @@ const (
 
 // sessionHeader steers session affinity on the picker path.
 const sessionHeader = "x-kvselect-session-id"
-
-// Client stages at which an ext_proc stream is abandoned (client faults).
-const (
-	stageNone = iota
-	stageRequest
-	stageRouted
-	stageResponseHeaders
-	stageResponseBody
-)
-
-var stageNames = [...]string{"", "during the request", "after the decision", "after the response headers", "mid response body"}
 
 // result is one request as the client saw it.
 type result struct {
@@ -81,7 +71,7 @@ func (r *recorder) snapshot() []result {
 // is the same in every phase with the same seed (prompt, session, client
 // fault), so a fault-free run and a faulted one carry the same traffic.
 type traffic struct {
-	fl       *fleet
+	fl       *cluster
 	seed     uint64
 	nonce    string
 	rec      *recorder
@@ -146,22 +136,27 @@ func (t *traffic) extproc(ctx context.Context, i int) {
 	rng := rand.New(rand.NewPCG(t.seed, uint64(i)<<1))
 	toks := t.prompt(rng)
 	body := t.body(rng, toks)
-	hs := []envoysim.Header{{Key: "content-type", Value: "application/json"}, {Key: "x-request-id", Value: fmt.Sprintf("%s-x%d", t.nonce, i)}}
+	hs := []envoysim.Header{{Key: "x-request-id", Value: fmt.Sprintf("%s-x%d", t.nonce, i)}}
 	if rng.Float64() < 0.3 {
 		hs = append(hs, envoysim.Header{Key: sessionHeader, Value: "session-" + strconv.Itoa(rng.IntN(50))})
 	}
-	stage := stageNone
+	// The client gives up at one of four stages (a client fault), or reads
+	// slowly, as Envoy would relay to a client on a bad link.
+	rl := relay.Relay{HTTP: t.fl.hc, Envoy503: true}
 	if rng.Float64() < 0.08 {
-		stage = 1 + rng.IntN(4)
+		rl.Abandon = relay.Stage(1 + rng.IntN(4))
 	}
-	slow := rng.Float64() < 0.03
+	if rng.Float64() < 0.03 {
+		rl.ReadSize, rl.ReadDelay = 64, 20*time.Millisecond
+	}
 	at := time.Since(t.rec.begin)
 	n := len(t.fl.replicas)
 	first := i % n
 	var res result
 	for try := range 2 {
 		r := t.fl.replicas[(first+try)%n]
-		res = t.extprocOnce(ctx, r, body, hs, stage, slow, rng)
+		rl.Picker = r.picker
+		res = extprocOnce(ctx, &rl, body, hs, rng)
 		res.At, res.Front, res.Replica = at, "extproc", r.name
 		if res.Outcome != outUnreachable {
 			break
@@ -170,25 +165,21 @@ func (t *traffic) extproc(ctx context.Context, i int) {
 	t.rec.add(res)
 }
 
-func (t *traffic) extprocOnce(ctx context.Context, r *replica, body []byte, hs []envoysim.Header, stage int, slow bool, rng *rand.Rand) result {
+// extprocOnce is one attempt through one replica's picker, its outcome told
+// from where the relay stopped: the picker's own answer, the client giving
+// up, the worker failing, or the exchange with the picker breaking.
+func extprocOnce(ctx context.Context, rl *relay.Relay, body []byte, hs []envoysim.Header, rng *rand.Rand) result {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	sctx := ctx
-	if stage == stageRequest {
-		var c context.CancelFunc
-		sctx, c = context.WithTimeout(ctx, time.Duration(rng.IntN(3000))*time.Microsecond)
-		defer c()
+	if rl.Abandon == relay.StageRequest {
+		rl.AbandonAfter = time.Duration(rng.IntN(3000)) * time.Microsecond
 	}
-	begin := time.Now()
-	x, d, err := r.picker.Start(sctx, &envoysim.Request{Path: "/v1/completions", Body: body, Modes: envoysim.GIE, Headers: hs})
-	if err != nil {
-		if stage == stageRequest && ctx.Err() == nil {
-			return result{Outcome: outCancelled, Detail: stageNames[stage]}
-		}
-		return result{Outcome: outUnreachable, Detail: err.Error()}
-	}
-	pick := time.Since(begin)
-	if d.Immediate != nil {
+	res, err := rl.Do(ctx, "/v1/completions", body, hs...)
+	var pe *relay.PickerError
+	switch d := res.Decision; {
+	case res.Abandoned != relay.StageNone:
+		return result{Outcome: outCancelled, Pick: res.Pick, Detail: res.Abandoned.String()}
+	case d != nil && d.Immediate != nil:
 		st := int(d.Immediate.Status)
 		out := outRefused
 		switch {
@@ -197,88 +188,17 @@ func (t *traffic) extprocOnce(ctx context.Context, r *replica, body []byte, hs [
 		case st >= 500:
 			out = out5xx
 		}
-		return result{Outcome: out, Status: st, Pick: pick, Detail: string(d.Immediate.Body)}
-	}
-	if stage == stageRouted || stage == stageRequest {
-		x.Abort()
-		return result{Outcome: outCancelled, Pick: pick, Detail: stageNames[stageRouted]}
-	}
-	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+d.Endpoint+"/v1/completions", bytes.NewReader(d.Body))
-	for _, h := range hs {
-		req.Header.Set(h.Key, h.Value)
-	}
-	for k, v := range d.SetHeaders {
-		if !strings.HasPrefix(k, ":") && k != "content-length" {
-			req.Header.Set(k, v)
+		return result{Outcome: out, Status: st, Pick: res.Pick, Detail: string(d.Immediate.Body)}
+	case errors.As(err, &pe):
+		return result{Outcome: outUnreachable, Pick: res.Pick, Detail: err.Error()}
+	case err != nil || res.Status != http.StatusOK:
+		r := result{Outcome: outWorker, Status: res.Status, Pick: res.Pick}
+		if err != nil {
+			r.Detail = err.Error()
 		}
+		return r
 	}
-	resp, err := t.fl.hc.Do(req)
-	if err != nil {
-		// Envoy answers a worker it cannot reach with a 503 of its own, and
-		// that reply passes the ext_proc filter like a worker's: the picker
-		// sees the failure (and its passive health check counts it).
-		if ctx.Err() == nil {
-			body := []byte("upstream connect error or disconnect/reset before headers. reset reason: connection failure")
-			if _, herr := x.ResponseHeaders(envoysim.Response{Status: http.StatusServiceUnavailable, Served: d.Endpoint}, false); herr == nil {
-				if _, berr := x.ResponseBody(body, true); berr == nil {
-					x.Close()
-					return result{Outcome: outWorker, Status: http.StatusServiceUnavailable, Pick: pick, Detail: err.Error()}
-				}
-			}
-		}
-		x.Abort()
-		return result{Outcome: outWorker, Pick: pick, Detail: err.Error()}
-	}
-	defer resp.Body.Close()
-	rh := make([]envoysim.Header, 0, len(resp.Header))
-	for k, vs := range resp.Header {
-		rh = append(rh, envoysim.Header{Key: strings.ToLower(k), Value: vs[0]})
-	}
-	if _, err := x.ResponseHeaders(envoysim.Response{Status: resp.StatusCode, Headers: rh, Served: d.Endpoint}, false); err != nil {
-		x.Abort()
-		return result{Outcome: outUnreachable, Pick: pick, Detail: "response headers: " + err.Error()}
-	}
-	if stage == stageResponseHeaders {
-		x.Abort()
-		return result{Outcome: outCancelled, Pick: pick, Detail: stageNames[stage]}
-	}
-	bufSize := 8192
-	if slow {
-		bufSize = 64
-	}
-	buf := make([]byte, bufSize)
-	for {
-		n, rerr := resp.Body.Read(buf)
-		if n > 0 {
-			if _, err := x.ResponseBody(buf[:n], false); err != nil {
-				x.Abort()
-				return result{Outcome: outUnreachable, Pick: pick, Detail: "response body: " + err.Error()}
-			}
-			if stage == stageResponseBody {
-				x.Abort()
-				return result{Outcome: outCancelled, Pick: pick, Detail: stageNames[stage]}
-			}
-			if slow {
-				time.Sleep(20 * time.Millisecond)
-			}
-		}
-		if rerr == io.EOF {
-			break
-		}
-		if rerr != nil {
-			x.Abort()
-			return result{Outcome: outWorker, Status: resp.StatusCode, Pick: pick, Detail: rerr.Error()}
-		}
-	}
-	if _, err := x.ResponseBody(nil, true); err != nil {
-		x.Abort()
-		return result{Outcome: outUnreachable, Pick: pick, Detail: "end of stream: " + err.Error()}
-	}
-	x.Close()
-	if resp.StatusCode != http.StatusOK {
-		return result{Outcome: outWorker, Status: resp.StatusCode, Pick: pick}
-	}
-	return result{Outcome: outOK, Status: 200, Pick: pick}
+	return result{Outcome: outOK, Status: 200, Pick: res.Pick}
 }
 
 // rest is one Ray-style booking cycle on one replica: /select then
@@ -311,7 +231,7 @@ func (t *traffic) rest(ctx context.Context, i int) {
 	hold := time.Duration(20+rng.IntN(180)) * time.Millisecond
 	for k, s := range steps {
 		begin := time.Now()
-		status, body, err := t.fl.call(ctx, s.method, r.rest+s.path, s.body)
+		status, body, err := fleet.Call(ctx, t.fl.hc, s.method, r.kv.REST+s.path, s.body)
 		if k == 0 {
 			res.Pick = time.Since(begin)
 		}
@@ -321,7 +241,7 @@ func (t *traffic) rest(ctx context.Context, i int) {
 		}
 	}
 	time.Sleep(hold)
-	status, body, err := t.fl.call(ctx, http.MethodDelete, r.rest+"/reservations/"+id, nil)
+	status, body, err := fleet.Call(ctx, t.fl.hc, http.MethodDelete, r.kv.REST+"/reservations/"+id, nil)
 	if t.restOutcome(&res, "DELETE", status, body, err) {
 		res.Outcome, res.Status = outOK, status
 	}
@@ -353,7 +273,7 @@ func (t *traffic) restOutcome(res *result, step string, status int, body []byte,
 // vanish is a REST client that goes away mid-request: with half a body sent,
 // or with the whole request sent and the answer never read.
 func vanish(r *replica, body []byte, half bool) string {
-	c, err := net.DialTimeout("tcp", strings.TrimPrefix(r.rest, "http://"), time.Second)
+	c, err := net.DialTimeout("tcp", strings.TrimPrefix(r.kv.REST, "http://"), time.Second)
 	if err != nil {
 		return "vanished before connecting: " + err.Error()
 	}
@@ -373,7 +293,7 @@ func (t *traffic) slowReader(ctx context.Context) {
 	for i := 0; ctx.Err() == nil; i++ {
 		r := t.fl.replicas[i%len(t.fl.replicas)]
 		rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		req, _ := http.NewRequestWithContext(rctx, http.MethodGet, r.rest+"/dump", nil)
+		req, _ := http.NewRequestWithContext(rctx, http.MethodGet, r.kv.REST+"/dump", nil)
 		resp, err := http.DefaultTransport.RoundTrip(req)
 		res := result{At: time.Since(t.rec.begin), Front: "slow_reader", Replica: r.name, Outcome: outOK}
 		if err != nil {

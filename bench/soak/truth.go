@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kvselect/kvselect/bench/fleet"
 	"github.com/kvselect/kvselect/mockworker"
 	"github.com/kvselect/kvselect/selection/index"
 )
@@ -78,7 +79,7 @@ func (p *phaseRun) checkIndexTruth(ctx context.Context) IndexTruth {
 
 // compareIndexes reads every worker's pool and every replica's dump, pools
 // first: a block the traffic (stopped by now) cannot change.
-func (fl *fleet) compareIndexes(ctx context.Context) ([]Mismatch, int, error) {
+func (fl *cluster) compareIndexes(ctx context.Context) ([]Mismatch, int, error) {
 	pools := map[int][]uint64{}
 	total := 0
 	for _, w := range fl.workers {
@@ -86,7 +87,7 @@ func (fl *fleet) compareIndexes(ctx context.Context) ([]Mismatch, int, error) {
 			continue
 		}
 		var d mockworker.PoolDump
-		if err := fl.getJSON(ctx, w.url()+"/admin/pool", &d); err != nil {
+		if err := fleet.GetJSON(ctx, fl.hc, w.url()+"/admin/pool", &d); err != nil {
 			return nil, 0, fmt.Errorf("worker %d pool: %w", w.id, err)
 		}
 		for _, r := range d.Ranks {
@@ -97,7 +98,7 @@ func (fl *fleet) compareIndexes(ctx context.Context) ([]Mismatch, int, error) {
 	}
 	var ms []Mismatch
 	for _, r := range fl.replicas {
-		status, b, err := fl.call(ctx, http.MethodGet, r.rest+"/dump", nil)
+		status, b, err := fleet.Call(ctx, fl.hc, http.MethodGet, r.kv.REST+"/dump", nil)
 		if err != nil || status != http.StatusOK {
 			return nil, total, fmt.Errorf("replica %s dump: %d %v", r.name, status, err)
 		}
@@ -154,7 +155,7 @@ func (fl *fleet) compareIndexes(ctx context.Context) ([]Mismatch, int, error) {
 }
 
 // nudge sends worker id one small request of its own, straight to it.
-func (fl *fleet) nudge(ctx context.Context, id, round int) {
+func (fl *cluster) nudge(ctx context.Context, id, round int) {
 	for _, w := range fl.workers {
 		if w.id != id {
 			continue
@@ -164,6 +165,6 @@ func (fl *fleet) nudge(ctx context.Context, id, round int) {
 			toks[i] = fmt.Sprint(30000 + (round*7+id*131+i)%1999)
 		}
 		body := fmt.Sprintf(`{"model":%q,"prompt":[%s],"max_tokens":1}`, model, strings.Join(toks, ","))
-		fl.call(ctx, http.MethodPost, w.url()+"/v1/completions", []byte(body))
+		fleet.Call(ctx, fl.hc, http.MethodPost, w.url()+"/v1/completions", []byte(body))
 	}
 }

@@ -175,8 +175,8 @@ type SimProcess struct {
 // Config returns what it was started with.
 func (p *SimProcess) Config() Sim { return p.cfg }
 
-// StartSim starts a simulator and waits until GET /health answers 200.
-func StartSim(ctx context.Context, cfg Sim) (*SimProcess, error) {
+// withDefaults fills in the defaults the fields document.
+func (cfg Sim) withDefaults() Sim {
 	if cfg.Model == "" {
 		cfg.Model = "fake-model"
 	}
@@ -186,10 +186,14 @@ func StartSim(ctx context.Context, cfg Sim) (*SimProcess, error) {
 	if cfg.KVCacheSize == 0 {
 		cfg.KVCacheSize = 1024
 	}
-	if cfg.Port == 0 {
-		return nil, errors.New("peerproc: the simulator needs a port (it rejects 0)")
-	}
-	args := []string{
+	return cfg
+}
+
+// SimArgs is the command line and the environment StartSim runs, defaults
+// filled in.
+func SimArgs(cfg Sim) (args, env []string) {
+	cfg = cfg.withDefaults()
+	args = []string{
 		"--model", cfg.Model, "--force-dummy-tokenizer",
 		"--port", strconv.Itoa(cfg.Port),
 		"--enable-kvcache", "--kv-cache-size", strconv.Itoa(cfg.KVCacheSize),
@@ -204,9 +208,18 @@ func StartSim(ctx context.Context, cfg Sim) (*SimProcess, error) {
 	if cfg.MapEvents {
 		args = append(args, "--use-vllm-map-event-format")
 	}
-	args = append(args, cfg.Extra...)
 	// The topic names POD_IP; without it the simulator does not start.
-	e, err := startEngine(ctx, "simulator", cfg.Binary, args, []string{"POD_IP=127.0.0.1"}, cfg.Log, cfg.Port, cfg.ReplayPort, cfg.Model)
+	return append(args, cfg.Extra...), []string{"POD_IP=127.0.0.1"}
+}
+
+// StartSim starts a simulator and waits until GET /health answers 200.
+func StartSim(ctx context.Context, cfg Sim) (*SimProcess, error) {
+	cfg = cfg.withDefaults()
+	if cfg.Port == 0 {
+		return nil, errors.New("peerproc: the simulator needs a port (it rejects 0)")
+	}
+	args, env := SimArgs(cfg)
+	e, err := startEngine(ctx, "simulator", cfg.Binary, args, env, cfg.Log, cfg.Port, cfg.ReplayPort, cfg.Model)
 	if err != nil {
 		return nil, err
 	}

@@ -1,0 +1,372 @@
+// Package demo measures what KV-aware routing buys on real processes:
+// kvselect and N engines on loopback, a slice of the Mooncake conversation
+// trace replayed twice at its (compressed) arrival times — once through
+// kvselect's ext_proc picker with the Envoy-faithful client (the way Envoy
+// reaches a worker behind an InferencePool), once round-robin (Envoy's plain
+// load balancing, no picker) — each from empty prefix caches. It reports the
+// engines' prefix-cache hit rate (their own counters), TTFT, throughput and
+// the picker's decision time, as a table, JSON and an SVG chart.
+//
+// Two engine families: kvselect's mock workers, which register themselves,
+// publish KV events on a socket kvselect subscribes to, and have their caches
+// reset between phases; or the llm-d project's vLLM simulator,
+// llm-d-inference-sim, an engine kvselect's authors did not write: its KV
+// events dial kvselect's collector (--kv-events-bind, llm-d's topology), the
+// demo registers each simulator over REST, and every phase starts fresh
+// simulators, since they have no prefix-cache reset.
+package demo
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/kvselect/kvselect/bench/fleet"
+	"github.com/kvselect/kvselect/bench/mooncake"
+	"github.com/kvselect/kvselect/bench/promtext"
+	"github.com/kvselect/kvselect/bench/relay"
+	"github.com/kvselect/kvselect/bench/report"
+	"github.com/kvselect/kvselect/bench/stats"
+	"github.com/kvselect/kvselect/envoysim"
+	"github.com/kvselect/kvselect/internal/peerproc"
+)
+
+// Config is one demo.
+type Config struct {
+	// Spec is the fleet; Engine.MaxNumSeqs is the simulators' alone, and
+	// Out receives demo.json, demo.svg and the processes' logs.
+	fleet.Spec
+	mooncake.Slice
+	Compress    float64 // trace time is divided by this
+	Concurrency int     // most requests in flight
+	// BlockTokens is the prompt tokens per trace block (the trace's blocks
+	// are 512 tokens; fewer keeps the demo quick).
+	BlockTokens int
+	// MaxOutput caps the output tokens per request (the trace's lengths
+	// scaled like the prompts, then capped: every streamed chunk is an
+	// ext_proc round trip).
+	MaxOutput int
+	Quiet     bool // no progress bars
+}
+
+// Defaults is the demo of `make demo`. A trace block is 512 tokens; with 64
+// tokens per block each prompt token stands for 8, so the per-token times
+// are 8x engine-like ones: 100 µs of prefill per real token (10k prefill
+// tokens/s, a large model on one GPU) and 10 ms per output token, divided by
+// the speed-up (with -compress 20 and 4 workers, each worker sees the load
+// one of 8 would see at the trace's own pace).
+func Defaults() Config {
+	return Config{Spec: fleet.Spec{Family: fleet.FamilyMock, Workers: 4, Engine: Engine(), Out: "bench/out/demo"},
+		Slice: mooncake.Slice{Trace: mooncake.DefaultTrace, Requests: 1000}, Compress: 20, Concurrency: 128, BlockTokens: 64, MaxOutput: 16}
+}
+
+// Engine is the demo's engine, which kvbench health and observe reuse.
+// llm-d-inference-sim can chain a stored block to the wrong parent when it
+// evicts blocks of the request it is storing, which happens when the cache
+// is small next to one prompt: 8,192 blocks hold dozens of the longest
+// prompts (older blocks still get evicted between requests).
+func Engine() fleet.Engine {
+	return fleet.Engine{BlockSize: 16, PoolBlocks: 8192, PrefillPerToken: 800 * time.Microsecond, DecodePerToken: 80 * time.Millisecond,
+		Speedup: 40, MaxNumSeqs: 4, Extra: []string{"--prefill-slots", "1"}}
+}
+
+// Validate checks the configuration before anything starts.
+func (c *Config) Validate() error {
+	switch {
+	case c.Family != fleet.FamilyMock && c.Family != fleet.FamilySim:
+		return fmt.Errorf("-engine-family %q: want %s or %s", c.Family, fleet.FamilyMock, fleet.FamilySim)
+	case c.Family == fleet.FamilySim && c.Sim == "":
+		return fmt.Errorf("-engine-family %s needs llm-d-inference-sim: set -sim-bin or $%s (build it from github.com/llm-d/llm-d-inference-sim)", fleet.FamilySim, peerproc.EnvSim)
+	case c.Engine.MaxNumSeqs < 1:
+		return errors.New("-max-num-seqs must be positive")
+	case c.Workers < 1 || c.Requests < 1 || c.Concurrency < 1 || c.BlockTokens < 1 || c.Engine.BlockSize < 1 || c.Engine.PoolBlocks < 1 || c.MaxOutput < 1:
+		return errors.New("-workers, -requests, -concurrency, -block-tokens, -block-size, -pool-blocks and -max-output must be positive")
+	case !(c.Compress > 0) || !(c.Engine.Speedup > 0):
+		return errors.New("-compress and -speedup must be positive")
+	}
+	if c.Family == fleet.FamilySim {
+		if st, err := os.Stat(c.Sim); err != nil || st.IsDir() {
+			return fmt.Errorf("-sim-bin %q is not a file (set -sim-bin or $%s)", c.Sim, peerproc.EnvSim)
+		}
+	}
+	return nil
+}
+
+// Phase is one policy's run.
+type Phase struct {
+	Policy      string  `json:"policy"`
+	Requests    int     `json:"requests"`
+	Errors      int     `json:"errors"`
+	HitRate     float64 `json:"prefix_cache_hit_rate"` // cached prompt tokens / prompt tokens, from the workers' metrics
+	TTFTP50Ms   float64 `json:"ttft_p50_ms"`
+	TTFTP90Ms   float64 `json:"ttft_p90_ms"`
+	Throughput  float64 `json:"throughput_rps"`
+	SelectP50Us float64 `json:"select_p50_us,omitempty"` // ext_proc decision latency as the client saw it
+	SelectP99Us float64 `json:"select_p99_us,omitempty"`
+	// ServerPick is kvselect's own decision time (its pick-duration
+	// histogram over the phase): what the picker spends, without the gRPC
+	// round trips and the scheduling of every process on the machine.
+	ServerPick *promtext.Summary `json:"server_pick,omitempty"`
+	// HitRateOverTime is the workers' prefix-cache hit rate per second of
+	// the phase.
+	HitRateOverTime []Point `json:"hit_rate_over_time"`
+	WallSeconds     float64 `json:"wall_seconds"`
+	PerWorker       []int   `json:"requests_per_worker"`
+	LoadAfterRun    uint64  `json:"active_requests_after_run,omitempty"`
+	ttfts, selDur   []time.Duration
+}
+
+// Point is one sample of a series over a phase.
+type Point struct {
+	Seconds float64 `json:"seconds"`
+	Value   float64 `json:"value"`
+}
+
+// Report is what demo.json holds.
+type Report struct {
+	Engines  fleet.Family `json:"engines"`
+	Trace    string       `json:"trace"`
+	Requests int          `json:"requests"`
+	Workers  int          `json:"workers"`
+	Phases   []Phase      `json:"phases"`
+}
+
+// Policies are the demo's phases: kvselect's picker, then Envoy's
+// round-robin.
+const (
+	PolicyKVSelect   = "kvselect"
+	PolicyRoundRobin = "round-robin"
+)
+
+// pickHistogram is kvselect's server-side decision time.
+const pickHistogram = "kvselect_extproc_pick_duration_seconds"
+
+// Run runs both phases, prints the table to stdout, writes demo.json and
+// demo.svg into c.Out, and fails when a request failed.
+func Run(ctx context.Context, c Config, stdout, stderr io.Writer) (*Report, error) {
+	if err := c.Validate(); err != nil {
+		return nil, err
+	}
+	reqs, err := c.Slice.Load()
+	if err != nil {
+		return nil, err
+	}
+	rep := &Report{Engines: c.Family, Trace: c.Trace, Requests: len(reqs), Workers: c.Workers}
+	var fl *fleet.Fleet
+	defer func() {
+		if fl != nil {
+			fl.Stop()
+		}
+	}()
+	for _, policy := range []string{PolicyKVSelect, PolicyRoundRobin} {
+		switch {
+		case c.Family == fleet.FamilySim:
+			// The simulator cannot empty its cache: fresh processes (and a
+			// fresh kvselect, whose index they feed) for every phase.
+			if fl != nil {
+				fl.Stop()
+			}
+			if fl, err = StartFleet(ctx, c, reqs, policy, stderr); err != nil {
+				return nil, err
+			}
+		case fl == nil:
+			if fl, err = StartFleet(ctx, c, reqs, "", stderr); err != nil {
+				return nil, err
+			}
+			fallthrough
+		default:
+			if err := fl.ResetCaches(ctx); err != nil {
+				return nil, err
+			}
+		}
+		ph, err := Replay(ctx, fl, c, policy, reqs, stderr)
+		if err != nil {
+			return nil, err
+		}
+		rep.Phases = append(rep.Phases, ph)
+	}
+	if err := rep.Table(stdout); err != nil {
+		return rep, err
+	}
+	jsonPath, svg := filepath.Join(c.Out, "demo.json"), filepath.Join(c.Out, "demo.svg")
+	if err := report.WriteJSON(jsonPath, rep); err != nil {
+		return rep, err
+	}
+	title := fmt.Sprintf("kvselect demo: %d %s, %d trace requests", c.Workers, c.Family.Noun(), len(reqs))
+	if err := report.WriteSVG(svg, title, rep.Charts()...); err != nil {
+		return rep, err
+	}
+	fmt.Fprintf(stdout, "\nwrote %s and %s (logs in %s)\n", jsonPath, svg, c.Out)
+	for _, ph := range rep.Phases {
+		if ph.Errors > 0 {
+			return rep, fmt.Errorf("%s: %d of %d requests failed (see %s)", ph.Policy, ph.Errors, ph.Requests, c.Out)
+		}
+	}
+	return rep, nil
+}
+
+// StartFleet starts kvselect and c's engines; prefix names the logs of a
+// phase's own processes.
+func StartFleet(ctx context.Context, c Config, reqs []mooncake.Request, prefix string, stderr io.Writer) (*fleet.Fleet, error) {
+	e := c.Engine
+	e.MaxModelLen = fleet.SimModelLen(reqs, c.BlockTokens, c.MaxOutput)
+	return fleet.Start(ctx, fleet.Config{Binaries: c.Binaries, Family: c.Family, Workers: c.Workers, Engine: e,
+		Dir: c.Out, Prefix: prefix, Progress: stderr,
+		HTTP: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: c.Concurrency, MaxIdleConns: 4 * c.Concurrency}}})
+}
+
+// Replay runs one phase: open loop at the trace's (compressed) arrival
+// times, at most c.Concurrency requests in flight, through the picker
+// (PolicyKVSelect) or round-robin straight to the engines.
+func Replay(ctx context.Context, fl *fleet.Fleet, c Config, policy string, reqs []mooncake.Request, stderr io.Writer) (Phase, error) {
+	ph := Phase{Policy: policy, Requests: len(reqs), PerWorker: make([]int, len(fl.Workers))}
+	picker := policy == PolicyKVSelect
+	q0, h0, err := fl.CacheCounters(ctx)
+	if err != nil {
+		return ph, err
+	}
+	var pick0 promtext.Samples
+	if picker {
+		if pick0, err = fl.KV.Metrics(ctx); err != nil {
+			return ph, err
+		}
+	}
+	bodies := make([][]byte, len(reqs))
+	for i, r := range reqs {
+		b, err := json.Marshal(relay.Completion{Model: fl.Model, Prompt: mooncake.Tokens(r.HashIDs, c.BlockTokens),
+			MaxTokens: min(max(1, r.OutputLength*c.BlockTokens/512), c.MaxOutput), Stream: true,
+			StreamOptions: &relay.StreamOptions{IncludeUsage: true}})
+		if err != nil {
+			return ph, err
+		}
+		bodies[i] = b
+	}
+	var bar *report.Progress
+	if !c.Quiet {
+		bar = report.NewProgress(stderr, policy)
+	}
+	rl := fl.Relay()
+	var (
+		mu       sync.Mutex
+		done     atomic.Int64
+		wg       sync.WaitGroup
+		sem      = make(chan struct{}, c.Concurrency)
+		rr       atomic.Int64
+		firstErr error
+	)
+	start := time.Now()
+	sampling := make(chan struct{})
+	sampled := make(chan []Point)
+	go func() { sampled <- sampleHitRate(ctx, fl, start, q0, h0, sampling) }()
+	t0 := reqs[0].Timestamp
+	for i, r := range reqs {
+		at := start.Add(time.Duration(float64(time.Duration(r.Timestamp-t0)*time.Millisecond) / c.Compress))
+		if d := time.Until(at); d > 0 {
+			select {
+			case <-ctx.Done():
+				wg.Wait()
+				close(sampling)
+				<-sampled
+				return ph, ctx.Err()
+			case <-time.After(d):
+			}
+		}
+		sem <- struct{}{}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			var res relay.Result
+			var err error
+			worker := -1
+			if picker {
+				res, err = rl.Do(ctx, "/v1/completions", bodies[i], envoysim.Header{Key: "x-request-id", Value: fmt.Sprintf("demo-%d-%d", time.Now().UnixNano(), i)})
+				if d := res.Decision; d != nil && d.Immediate == nil {
+					worker = fl.Worker(d.Endpoint)
+				}
+			} else {
+				worker = int(rr.Add(1)-1) % len(fl.Workers)
+				res, err = relay.Direct(ctx, fl.HTTP, "http://"+fl.Workers[worker]+"/v1/completions", bodies[i])
+			}
+			mu.Lock()
+			if err != nil {
+				ph.Errors++
+				if firstErr == nil {
+					firstErr = err
+				}
+			} else {
+				ph.ttfts = append(ph.ttfts, res.TTFT)
+				if picker {
+					ph.selDur = append(ph.selDur, res.Pick)
+				}
+				if worker >= 0 && worker < len(ph.PerWorker) {
+					ph.PerWorker[worker]++
+				}
+			}
+			mu.Unlock()
+			bar.Update(int(done.Add(1)), len(reqs))
+		}()
+	}
+	wg.Wait()
+	wall := time.Since(start)
+	close(sampling)
+	ph.HitRateOverTime = <-sampled
+	if firstErr != nil {
+		fmt.Fprintf(stderr, "%s: first error: %v\n", policy, firstErr)
+	}
+	q1, h1, err := fl.CacheCounters(ctx)
+	if err != nil {
+		return ph, err
+	}
+	if prompt := q1 - q0; prompt > 0 {
+		ph.HitRate = (h1 - h0) / prompt
+	}
+	ph.TTFTP50Ms, ph.TTFTP90Ms = float64(stats.Quantile(ph.ttfts, 0.5))/1e6, float64(stats.Quantile(ph.ttfts, 0.9))/1e6
+	ph.SelectP50Us, ph.SelectP99Us = float64(stats.Quantile(ph.selDur, 0.5))/1e3, float64(stats.Quantile(ph.selDur, 0.99))/1e3
+	ph.WallSeconds = wall.Seconds()
+	ph.Throughput = float64(len(ph.ttfts)) / wall.Seconds()
+	if picker {
+		if ph.LoadAfterRun, err = fl.KV.ActiveRequests(ctx); err != nil {
+			return ph, err
+		}
+		pick1, err := fl.KV.Metrics(ctx)
+		if err != nil {
+			return ph, err
+		}
+		sp := pick1.Minus(pick0).Summarize(pickHistogram)
+		ph.ServerPick = &sp
+	}
+	return ph, nil
+}
+
+// sampleHitRate reads the workers' prefix-cache counters every second until
+// stop closes: the hit rate of each second of the phase (seconds without
+// prompt tokens are left out).
+func sampleHitRate(ctx context.Context, fl *fleet.Fleet, start time.Time, q, h float64, stop <-chan struct{}) []Point {
+	out := []Point{}
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	for {
+		select {
+		case <-stop:
+			return out
+		case now := <-tick.C:
+			q1, h1, err := fl.CacheCounters(ctx)
+			if err != nil {
+				continue
+			}
+			if q1 > q {
+				out = append(out, Point{Seconds: now.Sub(start).Seconds(), Value: (h1 - h) / (q1 - q)})
+			}
+			q, h = q1, h1
+		}
+	}
+}

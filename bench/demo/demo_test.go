@@ -1,0 +1,109 @@
+package demo
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/kvselect/kvselect/bench/fleet"
+	"github.com/kvselect/kvselect/bench/fleet/fleettest"
+	"github.com/kvselect/kvselect/bench/report/reporttest"
+	"github.com/kvselect/kvselect/internal/peerproc"
+)
+
+// TestDemoCommand runs the demo on a short slice: both phases, the table,
+// the JSON and the SVG, no errors, no load left.
+func TestDemoCommand(t *testing.T) {
+	c := Defaults()
+	c.Binaries = fleettest.Binaries(t)
+	c.Trace, c.Requests, c.Workers, c.Compress, c.Engine.Speedup, c.Quiet, c.Out = fleettest.Trace, 80, 2, 400, 400, true, t.TempDir()
+	var stdout, stderr bytes.Buffer
+	if _, err := Run(context.Background(), c, &stdout, &stderr); err != nil {
+		t.Fatalf("demo: %v\n%s\n%s", err, stdout.String(), stderr.String())
+	}
+	for _, want := range []string{"prefix-cache hit rate", "TTFT p90 (ms)", "round-robin", "active requests after the run: 0",
+		"decision, kvselect's own p50 / p99", "decision, client-observed p50 / p99"} {
+		if !strings.Contains(stdout.String(), want) {
+			t.Errorf("output lacks %q:\n%s", want, stdout.String())
+		}
+	}
+	rep := reporttest.ReadJSON[Report](t, filepath.Join(c.Out, "demo.json"))
+	if len(rep.Phases) != 2 {
+		t.Fatalf("demo.json: %+v", rep)
+	}
+	for _, ph := range rep.Phases {
+		if ph.Errors != 0 || ph.Requests != 80 || ph.TTFTP50Ms <= 0 || ph.Throughput <= 0 {
+			t.Fatalf("phase %+v", ph)
+		}
+		if ph.Policy == "kvselect" && (ph.ServerPick == nil || ph.ServerPick.Count != 80 || ph.ServerPick.P50Us <= 0) {
+			t.Errorf("kvselect phase: server-side decision time %+v, want 80 observations", ph.ServerPick)
+		}
+	}
+	if !strings.Contains(stderr.String(), "/ui/") {
+		t.Errorf("the demo did not print the status page URL:\n%s", stderr.String())
+	}
+	svg, err := os.ReadFile(filepath.Join(c.Out, "demo.svg"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"CDF", "Hit rate per second", "kvselect decision time", "<polyline"} {
+		if !strings.Contains(string(svg), want) {
+			t.Errorf("demo.svg lacks %q", want)
+		}
+	}
+	if strings.Contains(string(svg), "Throughput") {
+		t.Error("demo.svg still draws the throughput bar an open-loop replay cannot change")
+	}
+}
+
+// TestDemoOverLLMDSim runs the demo over llm-d-inference-sim on a short
+// slice: kvselect learns the simulators' caches only through its KV events
+// collector (they dial it; the demo registers them over REST), both phases
+// complete with fresh simulators, the hit rate comes from the simulators' own
+// counters, and no booking is left.
+func TestDemoOverLLMDSim(t *testing.T) {
+	sim := peerproc.SimBinary(t)
+	c := Defaults()
+	c.Binaries = fleettest.Binaries(t)
+	c.Family, c.Sim = fleet.FamilySim, sim
+	c.Trace, c.Requests, c.Workers, c.Compress, c.Quiet, c.Out = fleettest.Trace, 120, 2, 100, true, t.TempDir()
+	var stdout, stderr bytes.Buffer
+	if _, err := Run(context.Background(), c, &stdout, &stderr); err != nil {
+		t.Fatalf("demo: %v\n%s\n%s", err, stdout.String(), stderr.String())
+	}
+	for _, want := range []string{"llm-d-inference-sim engines", "round-robin", "active requests after the run: 0"} {
+		if !strings.Contains(stdout.String(), want) {
+			t.Errorf("output lacks %q:\n%s", want, stdout.String())
+		}
+	}
+	rep := reporttest.ReadJSON[Report](t, filepath.Join(c.Out, "demo.json"))
+	if len(rep.Phases) != 2 || rep.Engines != "llmd-sim" {
+		t.Fatalf("demo.json: %+v", rep)
+	}
+	for _, ph := range rep.Phases {
+		routed := 0
+		for _, n := range ph.PerWorker {
+			routed += n
+		}
+		// A slice of the conversation trace repeats prefixes: some of its
+		// prompt tokens must be cache hits in either phase.
+		if ph.Errors != 0 || routed != 120 || ph.HitRate <= 0 || ph.TTFTP50Ms <= 0 {
+			t.Fatalf("phase %+v", ph)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(c.Out, "kvselect-sim-1.log")); err != nil {
+		t.Fatalf("the picker phase's simulator log: %v", err)
+	}
+}
+
+// Without a simulator binary, the simulator family says where to get one.
+func TestDemoOverLLMDSimNeedsTheBinary(t *testing.T) {
+	c := Defaults()
+	c.Family = fleet.FamilySim
+	if err := c.Validate(); err == nil || !strings.Contains(err.Error(), peerproc.EnvSim) {
+		t.Fatalf("err = %v, want one naming %s", err, peerproc.EnvSim)
+	}
+}

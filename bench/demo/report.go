@@ -1,0 +1,85 @@
+package demo
+
+import (
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/kvselect/kvselect/bench/report"
+)
+
+// Table prints the phases side by side.
+func (rep *Report) Table(w io.Writer) error {
+	fmt.Fprintf(w, "\n%d requests of %s over %d %s, each policy from empty caches:\n\n", rep.Requests, rep.Trace, rep.Workers, rep.Engines.Noun())
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	row := report.Columns(tw, rep.Phases)
+	row("", func(p Phase) string { return p.Policy })
+	row("prefix-cache hit rate", func(p Phase) string { return fmt.Sprintf("%.3f", p.HitRate) })
+	row("TTFT p50 (ms)", func(p Phase) string { return fmt.Sprintf("%.1f", p.TTFTP50Ms) })
+	row("TTFT p90 (ms)", func(p Phase) string { return fmt.Sprintf("%.1f", p.TTFTP90Ms) })
+	row("throughput (req/s)", func(p Phase) string { return fmt.Sprintf("%.1f", p.Throughput) })
+	row("decision, kvselect's own p50 / p99 (µs)", func(p Phase) string {
+		if p.ServerPick == nil || p.ServerPick.Count == 0 {
+			return "-"
+		}
+		return fmt.Sprintf("%.0f / %.0f", p.ServerPick.P50Us, p.ServerPick.P99Us)
+	})
+	row("decision, client-observed p50 / p99 (µs)", func(p Phase) string {
+		if p.SelectP50Us == 0 {
+			return "-"
+		}
+		return fmt.Sprintf("%.0f / %.0f", p.SelectP50Us, p.SelectP99Us)
+	})
+	row("requests per worker", func(p Phase) string { return strings.Trim(fmt.Sprint(p.PerWorker), "[]") })
+	row("errors", func(p Phase) string { return strconv.Itoa(p.Errors) })
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	for _, p := range rep.Phases {
+		if p.Policy == PolicyKVSelect {
+			fmt.Fprintf(w, "\nkvselect active requests after the run: %d (every booking freed when its response ended)\n", p.LoadAfterRun)
+			fmt.Fprintln(w, "decision time: kvselect's own is its kvselect_extproc_pick_duration_seconds histogram (body parse, selection,\n"+
+				"booking; interpolated within buckets). The client-observed time adds the ext_proc gRPC round trips of the\n"+
+				"Envoy-faithful client and the waits of every demo process (kvselect, the workers, the client) for the\n"+
+				"machine's CPUs: on a small shared machine that queueing, not the picker, is most of it.")
+		}
+	}
+	return nil
+}
+
+// Charts are the hit rate, its course over each phase, the TTFT
+// distributions and the picker's decision time.
+func (rep *Report) Charts() []report.Chart {
+	series := make([]string, len(rep.Phases))
+	hit := [][]float64{make([]float64, len(rep.Phases))}
+	var ttft, hitOverTime []report.Line
+	for i, p := range rep.Phases {
+		series[i] = p.Policy
+		hit[0][i] = p.HitRate
+		ms := make([]float64, len(p.ttfts))
+		for j, d := range p.ttfts {
+			ms[j] = float64(d) / 1e6
+		}
+		ttft = append(ttft, report.CDF(p.Policy, ms, 200))
+		l := report.Line{Name: p.Policy}
+		for _, pt := range p.HitRateOverTime {
+			l.X, l.Y = append(l.X, pt.Seconds), append(l.Y, pt.Value)
+		}
+		hitOverTime = append(hitOverTime, l)
+	}
+	charts := []report.Chart{
+		{Title: "Prefix-cache hit rate over the phase", Groups: []string{"hit rate"}, Series: series, Values: hit},
+		{Title: "Hit rate per second of the run", Lines: hitOverTime, XLabel: "seconds since the phase began"},
+		{Title: "Time to first token, CDF (fraction of requests at or below)", Lines: ttft, XLabel: "TTFT, ms (log scale)", LogX: true},
+	}
+	for _, p := range rep.Phases {
+		if p.ServerPick != nil && p.ServerPick.Count > 0 {
+			charts = append(charts, report.Chart{Title: "kvselect decision time", Unit: "µs", Groups: []string{"p50", "p99"},
+				Series: []string{"kvselect's own (pick-duration histogram)", "client-observed (with gRPC and CPU queueing)"},
+				Values: [][]float64{{p.ServerPick.P50Us, p.SelectP50Us}, {p.ServerPick.P99Us, p.SelectP99Us}}, LowerIsBetter: true})
+		}
+	}
+	return charts
+}

@@ -1,0 +1,302 @@
+package vsepp
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"math"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"google.golang.org/grpc"
+
+	"github.com/kvselect/kvselect/bench/fleet"
+	"github.com/kvselect/kvselect/bench/mooncake"
+	"github.com/kvselect/kvselect/bench/promtext"
+	"github.com/kvselect/kvselect/bench/report"
+	"github.com/kvselect/kvselect/bench/stats"
+	"github.com/kvselect/kvselect/envoysim"
+	"github.com/kvselect/kvselect/internal/peerproc"
+)
+
+// picker is a running picker.
+type picker struct {
+	pid     int
+	metrics string          // Prometheus URL
+	hist    string          // its decision histogram
+	kv      *fleet.KVSelect // nil for the EPP
+	conn    *grpc.ClientConn
+	stop    func()
+}
+
+// runOne is one picker's run: the picker first (the engines dial its KV
+// events socket), fresh engines, an idle window, the trace, then the
+// saturating loop.
+func (c *Config) runOne(ctx context.Context, name, transport string, reqs []mooncake.Request, bodies [][]byte, stderr io.Writer) (PickerRun, error) {
+	run := PickerRun{Picker: name, Transport: transport, Requests: len(reqs), PerEngine: make([]int, c.Workers)}
+	label := name + "-" + transport
+	dir := filepath.Join(c.Out, label)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return run, err
+	}
+	hc := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: c.Concurrency, MaxIdleConns: 4 * c.Concurrency}}
+	defer hc.CloseIdleConnections()
+	// The engines' ports, the collector's and the picker's three, known
+	// before anything starts: the EPP reads its endpoints from a file.
+	ports, err := fleet.FreePorts(c.Workers + 4)
+	if err != nil {
+		return run, err
+	}
+	endpoints := make([]string, c.Workers)
+	for i, p := range ports[:c.Workers] {
+		endpoints[i] = "127.0.0.1:" + strconv.Itoa(p)
+	}
+	collector := "tcp://127.0.0.1:" + strconv.Itoa(ports[c.Workers])
+	pk, err := c.startPicker(ctx, name, transport == "tls", dir, endpoints, collector, ports[c.Workers+1:], hc)
+	if err != nil {
+		return run, err
+	}
+	defer pk.stop()
+	eng := c.Engine
+	eng.MaxModelLen = fleet.SimModelLen(reqs, c.BlockTokens, c.MaxOutput)
+	// The mock worker takes the simulator's timing model in its own terms:
+	// prefill per uncached prompt token, a fixed time per output token, at
+	// most MaxNumSeqs running.
+	engines, err := fleet.StartCollectorEngines(ctx, fleet.CollectorEngines{Binaries: c.Binaries, Family: c.Family, N: c.Workers,
+		Collector: collector, Engine: eng, Dir: dir, Ports: ports[:c.Workers]})
+	defer func() {
+		for _, e := range engines {
+			e.Stop()
+		}
+	}()
+	if err != nil {
+		return run, err
+	}
+	if pk.kv != nil {
+		for i, e := range engines {
+			if err := pk.kv.RegisterCollectorEngine(ctx, uint64(i+1), e, c.Engine.BlockSize, c.Engine.PoolBlocks); err != nil {
+				return run, err
+			}
+		}
+		if err := pk.kv.WaitWorkers(ctx, c.Workers, 60*time.Second); err != nil {
+			return run, err
+		}
+	}
+
+	// Idle: the engines' PUB sockets dial the collector (they retry every
+	// second), the EPP scrapes every engine's metrics, kvselect's listeners
+	// wait. Both pickers get the same window before the first request.
+	cpu0, err := fleet.ProcessCPU(pk.pid)
+	if err != nil {
+		return run, err
+	}
+	select {
+	case <-ctx.Done():
+		return run, ctx.Err()
+	case <-time.After(c.Idle):
+	}
+	cpu1, err := fleet.ProcessCPU(pk.pid)
+	if err != nil {
+		return run, err
+	}
+	idleRate := float64(cpu1-cpu0) / float64(c.Idle) // CPU seconds per second
+	run.IdleCPUPercent = 100 * idleRate
+
+	h0, err := promtext.Scrape(ctx, hc, pk.metrics)
+	if err != nil {
+		return run, err
+	}
+	client := envoysim.New(pk.conn)
+	var bar *report.Progress
+	if !c.Quiet {
+		bar = report.NewProgress(stderr, label)
+	}
+	start := time.Now()
+	cpuStart, err := fleet.ProcessCPU(pk.pid)
+	if err != nil {
+		return run, err
+	}
+	var (
+		mu       sync.Mutex
+		done     atomic.Int64
+		firstErr error
+	)
+	one := func(i int) {
+		res, err := exchange(ctx, client, hc, bodies[i], fmt.Sprintf("vs-%s-%d", label, i))
+		mu.Lock()
+		if err != nil {
+			run.Errors++
+			if firstErr == nil {
+				firstErr = err
+			}
+		} else {
+			run.decisions = append(run.decisions, res.decision)
+			run.ttfts = append(run.ttfts, res.ttft)
+			if k := slices.Index(endpoints, res.endpoint); k >= 0 {
+				run.PerEngine[k]++
+			} else {
+				run.Errors++
+				if firstErr == nil {
+					firstErr = fmt.Errorf("routed to %q, not one of the engines", res.endpoint)
+				}
+			}
+			if res.scores {
+				run.WithScores++
+			}
+			if res.rewritten {
+				run.BodiesReencoded++
+			}
+			if len(res.refused) > 0 {
+				run.RefusedMutations++
+				if run.RefusedSample == "" {
+					run.RefusedSample = strings.Join(res.refused, " ")
+				}
+			}
+		}
+		mu.Unlock()
+		bar.Update(int(done.Add(1)), len(reqs))
+	}
+	if err := c.traffic(ctx, reqs, one); err != nil {
+		return run, err
+	}
+	wall := time.Since(start)
+	cpuEnd, err := fleet.ProcessCPU(pk.pid)
+	if err != nil {
+		return run, err
+	}
+	if firstErr != nil {
+		run.ErrorSample = firstErr.Error()
+		fmt.Fprintf(stderr, "%s: first error: %v\n", label, firstErr)
+	}
+	routed := len(run.decisions)
+	run.WallSeconds = wall.Seconds()
+	run.Throughput = float64(routed) / wall.Seconds()
+	if routed > 0 {
+		gross := float64(cpuEnd - cpuStart)
+		run.CPUPerRequestGrossUs = gross / float64(routed) / 1e3
+		run.CPUPerRequestUs = math.Max(0, gross-idleRate*float64(wall)) / float64(routed) / 1e3
+	}
+	h1, err := promtext.Scrape(ctx, hc, pk.metrics)
+	if err != nil {
+		return run, err
+	}
+	run.Histogram = h1.Minus(h0).Summarize(pk.hist)
+	q := func(d []time.Duration, p, unit float64) float64 { return float64(stats.Quantile(d, p)) / unit }
+	run.Decision = Pct{P50: q(run.decisions, 0.5, 1e3), P90: q(run.decisions, 0.9, 1e3), P99: q(run.decisions, 0.99, 1e3)}
+	run.TTFTP50Ms, run.TTFTP90Ms = q(run.ttfts, 0.5, 1e6), q(run.ttfts, 0.9, 1e6)
+	run.LoadCV = stats.CV(run.PerEngine)
+	queries, hits, err := fleet.CacheCounters(ctx, hc, endpoints)
+	if err != nil {
+		return run, err
+	}
+	if queries > 0 {
+		run.HitRate = hits / queries
+	}
+	if pk.kv != nil {
+		n, err := pk.kv.Settle(ctx, 5*time.Second)
+		if err != nil {
+			return run, err
+		}
+		run.LeakedBookings = &n
+		if c.Prompts == PromptsText {
+			if err := run.tokenizeFigures(ctx, hc, pk.metrics); err != nil {
+				return run, err
+			}
+		}
+	}
+
+	if c.Saturate > 0 {
+		if err := c.saturation(ctx, pk, client, bodies, &run); err != nil {
+			return run, err
+		}
+		if pk.kv != nil {
+			n, err := pk.kv.Settle(ctx, 5*time.Second)
+			if err != nil {
+				return run, err
+			}
+			*run.LeakedBookings += n
+		}
+	}
+	return run, nil
+}
+
+// tokenizeFigures reads how many text prompts kvselect routed on its text
+// index for want of the engine's ids, and why.
+func (run *PickerRun) tokenizeFigures(ctx context.Context, hc *http.Client, metricsURL string) error {
+	m, err := promtext.Scrape(ctx, hc, metricsURL)
+	if err != nil {
+		return err
+	}
+	n := uint64(m.ByLabel("kvselect_tokenize_requests_total", "result")["fallback"])
+	run.TokenizeFallbacks = &n
+	for reason, v := range m.ByLabel("kvselect_tokenize_fallbacks_total", "reason") {
+		if v > 0 {
+			if run.TokenizeFallbackReasons == nil {
+				run.TokenizeFallbackReasons = make(map[string]uint64)
+			}
+			run.TokenizeFallbackReasons[reason] = uint64(v)
+		}
+	}
+	return nil
+}
+
+// startPicker starts kvselect or the EPP (on CPU 0 when pinned) on ports
+// (three) and dials its ext_proc port as Envoy would.
+func (c *Config) startPicker(ctx context.Context, name string, secure bool, dir string, endpoints []string, collector string, ports []int, hc *http.Client) (*picker, error) {
+	var wrap []string
+	if c.Pin {
+		wrap = []string{"taskset", "-c", "0"}
+	}
+	pk := &picker{}
+	var addr string
+	switch name {
+	case pickerKvselect, pickerKvselectPrefix:
+		args := []string{"--kv-events-bind", collector}
+		if secure {
+			args = append(args, "--extproc-secure-serving")
+		}
+		if name == pickerKvselectPrefix {
+			args = append(args, "--policy", "longest-prefix")
+		}
+		if c.Prompts == PromptsText {
+			args = append(args, "--tokenize", "pool")
+		}
+		k, err := fleet.StartKVSelect(ctx, fleet.KVSelectConfig{Binary: c.KVSelect, Name: name, Dir: dir, Port: ports[0], ExtProcPort: ports[1],
+			Args: append(args, c.KVSelectArgs...), Wrap: wrap, HTTP: hc})
+		if err != nil {
+			return nil, err
+		}
+		pk.kv, pk.stop, pk.pid = k, k.Stop, k.Proc.Pid()
+		pk.metrics, pk.hist, addr = k.REST+"/metrics", "kvselect_extproc_pick_duration_seconds", k.ExtProc
+	default:
+		profile := peerproc.EPPDefault
+		if name == pickerEPPTuned {
+			profile = peerproc.EPPTuned
+		}
+		p, stop, err := fleet.StartEPP(ctx, fleet.EPP{Name: name, EPP: peerproc.EPP{
+			Binary: c.EPP, Dir: dir, Endpoints: endpoints, ZMQEndpoint: collector, Model: fleet.SimModel,
+			BlockSize: c.Engine.BlockSize, Profile: profile, GRPCPort: ports[0], HealthPort: ports[1], MetricsPort: ports[2],
+			Secure: secure, Wrap: wrap, Extra: c.EPPArgs,
+		}})
+		if err != nil {
+			return nil, err
+		}
+		pk.stop, pk.pid = stop, p.Pid()
+		pk.metrics, pk.hist, addr = p.MetricsURL(), "llm_d_epp_scheduler_e2e_duration_seconds", p.Addr()
+	}
+	conn, err := fleet.Dial(addr, secure)
+	if err != nil {
+		pk.stop()
+		return nil, err
+	}
+	stopPicker := pk.stop
+	pk.conn, pk.stop = conn, func() { conn.Close(); stopPicker() }
+	return pk, nil
+}

@@ -1,0 +1,375 @@
+// Package vsepp measures kvselect's endpoint picker and llm-d's
+// (llm-d-router's EPP) side by side, each driven through envoysim exactly as
+// Envoy's ext_proc filter drives a GIE endpoint picker — FULL_DUPLEX_STREAMED
+// both ways, the body, the destination from the picker's header, the request
+// forwarded to that engine and the engine's real SSE response streamed back
+// through the picker — against the same engines and the same Mooncake trace
+// slice. The engines are llm-d-inference-sim processes or kvselect's mock
+// workers dialing the collector the same way. Every picker run starts fresh
+// engines, so each begins with empty caches and an empty index.
+//
+// How each picker learns about the engines:
+//   - kvselect binds a KV events collector (--kv-events-bind); the engines'
+//     PUB sockets dial it, and each message's topic kv@<host>:<port>@<model>
+//     names the worker, registered over REST beforehand with its endpoint
+//     and replay endpoint (no kv_events_endpoint). Load comes from its own
+//     bookings (every routed request until its response ends).
+//   - the EPP reads its endpoints from a file (file discovery), binds the
+//     SUB socket of its precise-prefix-cache producer where the engines dial
+//     (same topic), and scrapes every engine's /metrics (queue length, KV
+//     cache utilisation) every 50 ms (its --refresh-metrics-interval).
+//
+// With text prompts the trace goes out as text: kvselect runs with
+// --tokenize pool (its registered engines answer POST /tokenize), the EPP's
+// token producer renders each prompt through the first engine's
+// /v1/completions/render, which only llm-d-inference-sim serves.
+package vsepp
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/kvselect/kvselect/bench/fleet"
+	"github.com/kvselect/kvselect/bench/mooncake"
+	"github.com/kvselect/kvselect/bench/promtext"
+	"github.com/kvselect/kvselect/bench/relay"
+	"github.com/kvselect/kvselect/bench/report"
+	"github.com/kvselect/kvselect/internal/peerproc"
+)
+
+const (
+	pickerKvselect = "kvselect"
+	// pickerKvselectPrefix is kvselect tuned once for this workload, as the
+	// EPP is: the longest-prefix policy (greedy on the cached prefix,
+	// ignoring load) instead of Dynamo's cost.
+	pickerKvselectPrefix = "kvselect-prefix"
+	pickerEPP            = "epp"
+	pickerEPPTuned       = "epp-tuned"
+)
+
+// Prompt forms.
+const (
+	PromptsTokens = "tokens" // token ids
+	PromptsText   = "text"   // a text per trace block
+)
+
+// Pickers are every picker run, in the default order.
+var Pickers = []string{pickerKvselect, pickerKvselectPrefix, pickerEPP, pickerEPPTuned}
+
+// isKvselect reports whether a picker name is one of kvselect's runs.
+func isKvselect(picker string) bool {
+	return picker == pickerKvselect || picker == pickerKvselectPrefix
+}
+
+// Config is one comparison.
+type Config struct {
+	// Spec is the engines: their block size (both pickers are told the
+	// same), KV pool, timing and --max-num-seqs; Out receives vs-epp.json,
+	// vs-epp.svg, the EPP configurations and the logs.
+	fleet.Spec
+	Prompts string // PromptsTokens or PromptsText
+	// KVSelectArgs and EPPArgs are more flags for the pickers.
+	KVSelectArgs, EPPArgs []string
+	mooncake.Slice
+	Loop                string  // "open" or "closed"
+	Compress            float64 // open loop: trace time is divided by this
+	Rate                float64 // open loop: fixed arrivals per second instead of the trace's
+	Concurrency         int     // closed loop: clients; open loop: most in flight
+	BlockTokens         int     // prompt tokens per trace block
+	MaxOutput           int
+	Pickers, Transports []string
+	Idle, Saturate      time.Duration
+	SaturateStreams     int
+	Pin                 bool // the picker on CPU 0, this process with the engines on CPU 1
+	Quiet               bool
+	Args                string // the command line, recorded in the report
+}
+
+// Defaults is `make bench-vs-epp` over plaintext: every picker, 1,000
+// requests of the conversation trace at 10x its pace on four simulators.
+// The KV cache is large next to one prompt: the simulator mis-chains blocks
+// when it evicts within a request. Engines run few requests at once, so
+// that piling requests on one engine costs TTFT.
+func Defaults() Config {
+	return Config{Spec: fleet.Spec{Family: fleet.FamilySim, Workers: 4, Out: "bench/out/vs-epp",
+		Engine: fleet.Engine{BlockSize: 16, PoolBlocks: 8192, PrefillPerToken: 20 * time.Microsecond, DecodePerToken: 2 * time.Millisecond, MaxNumSeqs: 4}},
+		Prompts: PromptsTokens, Slice: mooncake.Slice{Trace: mooncake.DefaultTrace, Requests: 1000},
+		Loop: "open", Compress: 10, Concurrency: 64, BlockTokens: 64,
+		MaxOutput: 16, Pickers: slices.Clone(Pickers), Transports: []string{"plain"}, Idle: 5 * time.Second, Saturate: 5 * time.Second,
+		SaturateStreams: 64, Pin: true}
+}
+
+// PickerRun is one picker's run on one transport.
+type PickerRun struct {
+	Picker    string `json:"picker"`
+	Transport string `json:"transport"`
+	Requests  int    `json:"requests"`
+	Errors    int    `json:"errors"`
+	// ErrorSample is the first error, to read when Errors > 0.
+	ErrorSample string `json:"error_sample,omitempty"`
+	// Decision is client-side: envoysim's Start (request headers sent) to
+	// the routing decision (destination known, body streamed back), µs.
+	Decision Pct `json:"decision_us"`
+	// Histogram is the picker's own decision histogram over the trace run:
+	// kvselect_extproc_pick_duration_seconds (body parse, selection,
+	// booking) or llm_d_epp_scheduler_e2e_duration_seconds (the scheduling
+	// cycle alone). Quantiles interpolate within buckets.
+	Histogram promtext.Summary `json:"picker_histogram"`
+	// CPUPerRequestUs is the picker's CPU (utime+stime) over the trace run
+	// less its idle rate over the same time, per routed request;
+	// CPUPerRequestGrossUs is without the subtraction.
+	CPUPerRequestUs      float64 `json:"cpu_per_request_us"`
+	CPUPerRequestGrossUs float64 `json:"cpu_per_request_gross_us"`
+	// IdleCPUPercent is the picker's CPU while no request runs (KV event
+	// ingestion, metric scraping, timers), in % of one core.
+	IdleCPUPercent float64 `json:"idle_cpu_percent"`
+	// MaxRPS is the saturating closed loop's completed requests per second
+	// (picker only: the response is synthesised, no engine runs); its
+	// SaturationCPUPercent below ~90 % means the load generator, not the
+	// picker, was the limit.
+	MaxRPS               float64 `json:"max_requests_per_second"`
+	SaturationCPUPercent float64 `json:"saturation_picker_cpu_percent"`
+	// SaturationCPUPerRequestUs is the picker's CPU per request in the
+	// saturating loop: with many streams in flight, reads and writes carry
+	// several messages per system call, so this is the marginal cost, where
+	// CPUPerRequestUs at the trace's pace pays a wake-up per message.
+	SaturationCPUPerRequestUs float64 `json:"saturation_cpu_per_request_us"`
+	SaturationErrors          int     `json:"saturation_errors"`
+	SaturationError           string  `json:"saturation_error_sample,omitempty"`
+	// HitRate is cached prompt tokens / prompt tokens from the engines' own
+	// vllm:prefix_cache_* counters.
+	HitRate   float64 `json:"prefix_cache_hit_rate"`
+	TTFTP50Ms float64 `json:"ttft_p50_ms"`
+	TTFTP90Ms float64 `json:"ttft_p90_ms"`
+	PerEngine []int   `json:"requests_per_engine"`
+	// LoadCV is the coefficient of variation of PerEngine.
+	LoadCV      float64 `json:"load_cv"`
+	WallSeconds float64 `json:"wall_seconds"`
+	Throughput  float64 `json:"throughput_rps"`
+	// WithScores counts decisions whose envoy.lb metadata carried endpoint
+	// scores (the EPP's --emit-endpoint-scores).
+	WithScores int `json:"decisions_with_scores"`
+	// BodiesReencoded counts request bodies the picker streamed back as the
+	// same JSON in other bytes (the EPP re-marshals every body).
+	BodiesReencoded int `json:"bodies_reencoded"`
+	// RefusedMutations counts decisions with header mutations Envoy's
+	// default mutation rules refuse (the EPP echoes :authority, :method and
+	// :scheme); RefusedSample lists one decision's.
+	RefusedMutations int    `json:"decisions_with_refused_header_mutations"`
+	RefusedSample    string `json:"refused_header_mutations_sample,omitempty"`
+	// LeakedBookings is kvselect's active requests (GET /loads) after the
+	// trace run and after the saturation run; nil for the EPP.
+	LeakedBookings *uint64 `json:"leaked_bookings,omitempty"`
+	// TokenizeFallbacks is, for kvselect with text prompts, the trace's
+	// prompts it could not tokenize through an engine and so routed on its
+	// approximate text index (kvselect_tokenize_requests_total{result=
+	// "fallback"}); nil otherwise.
+	TokenizeFallbacks       *uint64           `json:"tokenize_fallbacks,omitempty"`
+	TokenizeFallbackReasons map[string]uint64 `json:"tokenize_fallback_reasons,omitempty"`
+
+	decisions, ttfts []time.Duration
+}
+
+type Pct struct {
+	P50 float64 `json:"p50"`
+	P90 float64 `json:"p90"`
+	P99 float64 `json:"p99"`
+}
+
+// Report is vs-epp.json.
+type Report struct {
+	Date     string `json:"date"`
+	CPUs     int    `json:"cpus"`
+	Pinned   bool   `json:"pinned"`
+	Trace    string `json:"trace"`
+	Requests int    `json:"requests"`
+	Engines  int    `json:"engines"`
+	// EngineFamily is llmd-sim (llm-d-inference-sim) or mock
+	// (kvselect-mockworker); Prompts is tokens (token-id prompts) or text.
+	EngineFamily string      `json:"engine_family"`
+	Prompts      string      `json:"prompts"`
+	Loop         string      `json:"loop"`
+	Args         string      `json:"args"`
+	EPPConfig    string      `json:"epp_config_default,omitempty"`
+	Runs         []PickerRun `json:"runs"`
+}
+
+// Run runs every picker on every transport, each with fresh engines, prints
+// the table and the goals, writes vs-epp.json and vs-epp.svg into c.Out and
+// fails when a request failed or kvselect kept a booking.
+func Run(ctx context.Context, c Config, stdout, stderr io.Writer) (*Report, error) {
+	if err := c.Validate(); err != nil {
+		return nil, err
+	}
+	reqs, err := c.Slice.Load()
+	if err != nil {
+		return nil, err
+	}
+	if c.Pin {
+		if err := pinSelf(1); err != nil {
+			fmt.Fprintf(stderr, "vs-epp: not pinned: %v\n", err)
+			c.Pin = false
+		} else {
+			fmt.Fprintln(stderr, "vs-epp: each picker on CPU 0; this load generator and the engines on CPU 1")
+		}
+	}
+	rep := &Report{Date: time.Now().UTC().Format(time.RFC3339), CPUs: runtime.NumCPU(), Pinned: c.Pin, Trace: c.Trace,
+		Requests: len(reqs), Engines: c.Workers, EngineFamily: string(c.Family), Prompts: c.Prompts, Loop: c.loopName(), Args: c.Args}
+	bodies, err := c.bodies(reqs)
+	if err != nil {
+		return nil, err
+	}
+	for _, tr := range c.Transports {
+		for _, p := range c.Pickers {
+			fmt.Fprintf(stderr, "vs-epp: %s over %s...\n", p, tr)
+			run, err := c.runOne(ctx, p, tr, reqs, bodies, stderr)
+			if err != nil {
+				return nil, fmt.Errorf("%s/%s: %w (logs in %s)", p, tr, err, c.Out)
+			}
+			rep.Runs = append(rep.Runs, run)
+		}
+	}
+	if b, err := os.ReadFile(filepath.Join(c.Out, pickerEPP+"-plain", "epp-config.yaml")); err == nil {
+		rep.EPPConfig = string(b)
+	}
+	if err := rep.Table(stdout); err != nil {
+		return rep, err
+	}
+	if err := report.WriteJSON(filepath.Join(c.Out, "vs-epp.json"), rep); err != nil {
+		return rep, err
+	}
+	svg := filepath.Join(c.Out, "vs-epp.svg")
+	title := fmt.Sprintf("kvselect vs llm-d EPP: %d %s, %d trace requests (%s prompts), %s", c.Workers, familyNoun(c.Family), len(reqs), c.Prompts, rep.Loop)
+	if err := report.WriteSVG(svg, title, rep.Charts()...); err != nil {
+		return rep, err
+	}
+	fmt.Fprintf(stdout, "\nwrote %s and %s (logs and EPP configurations in %s)\n", filepath.Join(c.Out, "vs-epp.json"), svg, c.Out)
+	for _, r := range rep.Runs {
+		if r.Errors > 0 || r.SaturationErrors > 0 {
+			return rep, fmt.Errorf("%s/%s: %d of %d requests failed (first: %s), %d in the saturating loop (first: %s)",
+				r.Picker, r.Transport, r.Errors, r.Requests, r.ErrorSample, r.SaturationErrors, r.SaturationError)
+		}
+		if r.LeakedBookings != nil && *r.LeakedBookings != 0 {
+			return rep, fmt.Errorf("%s/%s: %d bookings left after the run", r.Picker, r.Transport, *r.LeakedBookings)
+		}
+	}
+	return rep, nil
+}
+
+// Validate checks the configuration before anything starts.
+func (c *Config) Validate() error {
+	switch {
+	case c.Requests < 1 || c.Concurrency < 1 || c.Workers < 1 || c.BlockTokens < 1 || c.Engine.BlockSize < 1 || c.Engine.PoolBlocks < 1 ||
+		c.Engine.MaxNumSeqs < 1 || c.MaxOutput < 1 || c.SaturateStreams < 1:
+		return errors.New("-requests, -concurrency, -workers, -block-tokens, -block-size, -pool-blocks, -max-num-seqs, -max-output and -saturate-streams must be positive")
+	case c.Loop != "open" && c.Loop != "closed":
+		return fmt.Errorf("-loop %q: want open or closed", c.Loop)
+	case !(c.Compress > 0) || c.Rate < 0:
+		return errors.New("-compress must be positive and -rate not negative")
+	case c.Idle <= 0 || c.Saturate < 0:
+		return errors.New("-idle must be positive and -saturate not negative")
+	case len(c.Pickers) == 0 || len(c.Transports) == 0:
+		return errors.New("-pickers and -transports name at least one each")
+	}
+	for _, p := range c.Pickers {
+		if !isKvselect(p) && p != pickerEPP && p != pickerEPPTuned {
+			return fmt.Errorf("-pickers: unknown picker %q", p)
+		}
+		if !isKvselect(p) && c.EPP == "" {
+			return fmt.Errorf("picker %s needs llm-d's endpoint picker: set -epp-bin or $%s (build it from github.com/llm-d/llm-d-router, cmd/epp)", p, peerproc.EnvEPP)
+		}
+	}
+	for _, t := range c.Transports {
+		if t != "plain" && t != "tls" {
+			return fmt.Errorf("-transports: unknown transport %q", t)
+		}
+	}
+	switch c.Family {
+	case fleet.FamilySim:
+		if c.Sim == "" {
+			return fmt.Errorf("vs-epp needs llm-d-inference-sim: set -sim-bin or $%s (build it from github.com/llm-d/llm-d-inference-sim)", peerproc.EnvSim)
+		}
+	case fleet.FamilyMock:
+		if c.MockWorker == "" {
+			return errors.New("-engine-family mock needs -mockworker (build it with `make build`)")
+		}
+	default:
+		return fmt.Errorf("-engine-family %q: want %s or %s", c.Family, fleet.FamilySim, fleet.FamilyMock)
+	}
+	switch c.Prompts {
+	case PromptsTokens:
+	case PromptsText:
+		for _, p := range c.Pickers {
+			// The EPP's token producer renders text through an engine's
+			// /v1/completions/render, which the mock worker does not serve.
+			if !isKvselect(p) && c.Family == fleet.FamilyMock {
+				return fmt.Errorf("-prompts text with picker %s needs -engine-family %s: the EPP renders text prompts through an engine's /v1/completions/render, which kvselect-mockworker does not serve", p, fleet.FamilySim)
+			}
+		}
+	default:
+		return fmt.Errorf("-prompts %q: want %s or %s", c.Prompts, PromptsTokens, PromptsText)
+	}
+	return nil
+}
+
+// familyNoun names the engines of a family in the report.
+func familyNoun(family fleet.Family) string {
+	if family == fleet.FamilyMock {
+		return "kvselect-mockworker engines"
+	}
+	return "llm-d-inference-sim engines"
+}
+
+// bodies are the trace's requests as the client sends them, token ids or text.
+func (c *Config) bodies(reqs []mooncake.Request) ([][]byte, error) {
+	bodies := make([][]byte, len(reqs))
+	for i, r := range reqs {
+		maxTokens := min(max(1, r.OutputLength*c.BlockTokens/512), c.MaxOutput)
+		body := relay.Completion{Model: fleet.SimModel, Prompt: mooncake.Tokens(r.HashIDs, c.BlockTokens), MaxTokens: maxTokens, Stream: true}
+		if c.Prompts == PromptsText {
+			body.Prompt = mooncake.Text(r.HashIDs, c.BlockTokens)
+		}
+		b, err := json.Marshal(body)
+		if err != nil {
+			return nil, fmt.Errorf("request %d: %w", i, err)
+		}
+		bodies[i] = b
+	}
+	return bodies, nil
+}
+
+func (c *Config) loopName() string {
+	switch {
+	case c.Loop == "closed":
+		return fmt.Sprintf("closed loop, %d clients", c.Concurrency)
+	case c.Rate > 0:
+		return fmt.Sprintf("open loop, %.0f req/s, at most %d in flight", c.Rate, c.Concurrency)
+	}
+	return fmt.Sprintf("open loop at %gx the trace's pace, at most %d in flight", c.Compress, c.Concurrency)
+}
+
+// pinSelf moves every thread of this process to cpu, so that the engines it
+// starts inherit that CPU; the picker is started on the other one.
+func pinSelf(cpu int) error {
+	if runtime.NumCPU() < 2 {
+		return fmt.Errorf("needs 2 CPUs, found %d", runtime.NumCPU())
+	}
+	ts, err := exec.LookPath("taskset")
+	if err != nil {
+		return fmt.Errorf("taskset (util-linux) not found: %w", err)
+	}
+	if out, err := exec.Command(ts, "-a", "-p", "-c", strconv.Itoa(cpu), strconv.Itoa(os.Getpid())).CombinedOutput(); err != nil {
+		return fmt.Errorf("taskset: %w: %s", err, out)
+	}
+	return nil
+}
