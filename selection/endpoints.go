@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/kvselect/kvselect/selection/apierr"
 	"github.com/kvselect/kvselect/selection/catalog"
 	"github.com/kvselect/kvselect/selection/index"
 	"github.com/kvselect/kvselect/selection/loads"
@@ -95,11 +96,11 @@ func (s *Service) RebookServed(ctx context.Context, id, addr string, preferred [
 		}
 		switch len(ranks) {
 		case 0:
-			return nil, newError(KindNotFound, "no schedulable worker of %s is at %s", displayKey(p.key), addr)
+			return nil, apierr.New(KindNotFound, "no schedulable worker of %s is at %s", displayKey(p.key), addr)
 		case 1:
 			to = WorkerRank{WorkerID: ranks[0].WorkerID, DPRank: ranks[0].DPRank}
 		default:
-			return nil, newError(KindConflict, "%s is the address of %d ranks of %s (%s): the served rank is ambiguous, booking %s stays on worker %d dp_rank %d",
+			return nil, apierr.New(KindConflict, "%s is the address of %d ranks of %s (%s): the served rank is ambiguous, booking %s stays on worker %d dp_rank %d",
 				addr, len(ranks), displayKey(p.key), rankList(ranks), id, r.worker.WorkerID, r.worker.DPRank)
 		}
 	}
@@ -143,7 +144,7 @@ func (s *Service) Rebook(ctx context.Context, id string, to WorkerRank) (*Reserv
 	w := index.WorkerKey{WorkerID: to.WorkerID, DPRank: to.DPRank}
 	rec, ok := p.workers.Load().rank(w)
 	if !ok {
-		return nil, newError(KindNotFound, "schedulable worker %d (dp_rank %d) not found for %s", to.WorkerID, to.DPRank, displayKey(p.key))
+		return nil, apierr.New(KindNotFound, "schedulable worker %d (dp_rank %d) not found for %s", to.WorkerID, to.DPRank, displayKey(p.key))
 	}
 	if w != r.worker {
 		p.schedMu.Lock()

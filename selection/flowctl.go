@@ -8,6 +8,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/kvselect/kvselect/selection/apierr"
 	"github.com/kvselect/kvselect/selection/flow"
 	"github.com/kvselect/kvselect/selection/index"
 )
@@ -77,7 +78,7 @@ func (s *Service) FlowConfig() *flow.Config {
 // or not flow control is on: a request is refused the same way everywhere.
 func checkFlowFields(req *SelectRequest) error {
 	if p := req.Priority; p != nil && (*p < flow.MinPriority || *p > flow.MaxPriority) {
-		return newError(KindBadRequest, "priority %d is out of range [%d, %d]", *p, flow.MinPriority, flow.MaxPriority)
+		return apierr.New(KindBadRequest, "priority %d is out of range [%d, %d]", *p, flow.MinPriority, flow.MaxPriority)
 	}
 	return CheckTenant(req.Tenant)
 }
@@ -86,14 +87,14 @@ func checkFlowFields(req *SelectRequest) error {
 // printable UTF-8.
 func CheckTenant(t string) error {
 	if len(t) > flow.MaxTenantLen {
-		return newError(KindBadRequest, "tenant id is %d bytes long, more than %d", len(t), flow.MaxTenantLen)
+		return apierr.New(KindBadRequest, "tenant id is %d bytes long, more than %d", len(t), flow.MaxTenantLen)
 	}
 	if !utf8.ValidString(t) {
-		return newError(KindBadRequest, "tenant id is not valid UTF-8")
+		return apierr.New(KindBadRequest, "tenant id is not valid UTF-8")
 	}
 	for _, r := range t {
 		if r < 0x20 || r == 0x7f {
-			return newError(KindBadRequest, "tenant id contains the control character %U", r)
+			return apierr.New(KindBadRequest, "tenant id contains the control character %U", r)
 		}
 	}
 	return nil
@@ -130,15 +131,15 @@ func flowRequest(req *SelectRequest, isl, cached int) flow.Request {
 
 // flowError is the 429 of a request flow control turned away.
 func flowError(outcome string, p *partition, r flow.Request, cause error) error {
-	e := &Error{Kind: KindOverloaded, err: cause, Message: cause.Error(),
-		Details: map[string]any{"flow_outcome": outcome, "priority": r.Priority, "tenant": r.Tenant}}
+	msg := cause.Error()
 	switch outcome {
 	case FlowShed:
-		e.Message = fmt.Sprintf("sheddable request (priority %d) rejected: every worker of %s is busy", r.Priority, displayKey(p.key))
+		msg = fmt.Sprintf("sheddable request (priority %d) rejected: every worker of %s is busy", r.Priority, displayKey(p.key))
 	case FlowExpired:
-		e.Message = fmt.Sprintf("request waited the flow control queue TTL for a worker of %s", displayKey(p.key))
+		msg = fmt.Sprintf("request waited the flow control queue TTL for a worker of %s", displayKey(p.key))
 	}
-	return e
+	return apierr.WithDetails(KindOverloaded, msg, cause,
+		map[string]any{"flow_outcome": outcome, "priority": r.Priority, "tenant": r.Tenant})
 }
 
 // noteFlow reports a request leaving flow control.

@@ -5,6 +5,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/kvselect/kvselect/selection/apierr"
 	"github.com/kvselect/kvselect/selection/catalog"
 )
 
@@ -77,7 +78,7 @@ const (
 func (s *Service) ReportOutcome(workerID uint64, o Outcome) (HealthTransition, error) {
 	rec, ok := s.record(workerID)
 	if !ok {
-		return HealthUnchanged, newError(KindNotFound, "worker %d not found", workerID)
+		return HealthUnchanged, apierr.New(KindNotFound, "worker %d not found", workerID)
 	}
 	tr := s.health.report(workerID, o, s.clock(), &s.engineCfg.Health)
 	if tr == HealthRestoration {

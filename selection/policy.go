@@ -4,6 +4,7 @@ import (
 	"errors"
 	"slices"
 
+	"github.com/kvselect/kvselect/selection/apierr"
 	"github.com/kvselect/kvselect/selection/routerconfig"
 	"github.com/kvselect/kvselect/selection/scheduler"
 )
@@ -16,7 +17,7 @@ import (
 // (KindBadRequest) and changes nothing. The service keeps its own copy of p.
 func (s *Service) SetPolicy(p scheduler.Policy) error {
 	if err := validPolicy(&p, s.router); err != nil {
-		return wrapError(KindBadRequest, err)
+		return apierr.Wrap(KindBadRequest, err)
 	}
 	s.policy.Store(clonePolicy(p))
 	return nil
@@ -78,7 +79,7 @@ func (s *Service) effective(pol *scheduler.Policy, o *routerconfig.Override) (ro
 		return base, nil
 	}
 	if err := o.Validate(); err != nil {
-		return base, wrapError(KindBadRequest, err)
+		return base, apierr.Wrap(KindBadRequest, err)
 	}
 	return base.Apply(*o), nil
 }

@@ -3,6 +3,7 @@ package selection
 import (
 	"sync"
 
+	"github.com/kvselect/kvselect/selection/apierr"
 	"github.com/kvselect/kvselect/selection/kvhash"
 )
 
@@ -88,22 +89,22 @@ func (s *Service) normalize(p *partition, req *PromptRequest, reuse bool, use pr
 		return s.textPrompt(p, req), nil
 	}
 	if use == forSelection && req.BlockHashes == nil {
-		return out, newError(KindBadRequest, "block_hashes is required without token_ids")
+		return out, apierr.New(KindBadRequest, "block_hashes is required without token_ids")
 	}
 	if req.SequenceHashes == nil {
-		return out, newError(KindBadRequest, "sequence_hashes is required without token_ids")
+		return out, apierr.New(KindBadRequest, "sequence_hashes is required without token_ids")
 	}
 	if req.ISLTokens == nil {
-		return out, newError(KindBadRequest, "isl_tokens is required without token_ids")
+		return out, apierr.New(KindBadRequest, "isl_tokens is required without token_ids")
 	}
 	if *req.ISLTokens > maxISLTokens {
-		return out, newError(KindBadRequest, "isl_tokens %d exceeds the supported maximum of %d", *req.ISLTokens, uint64(maxISLTokens))
+		return out, apierr.New(KindBadRequest, "isl_tokens %d exceeds the supported maximum of %d", *req.ISLTokens, uint64(maxISLTokens))
 	}
 	if use == forSelection && *req.ISLTokens == 0 {
-		return out, newError(KindBadRequest, "isl_tokens must be greater than 0")
+		return out, apierr.New(KindBadRequest, "isl_tokens must be greater than 0")
 	}
 	if req.BlockHashes != nil && len(req.BlockHashes) != len(req.SequenceHashes) && use == forSelection {
-		return out, newError(KindBadRequest, "block_hashes length %d must match sequence_hashes length %d", len(req.BlockHashes), len(req.SequenceHashes))
+		return out, apierr.New(KindBadRequest, "block_hashes length %d must match sequence_hashes length %d", len(req.BlockHashes), len(req.SequenceHashes))
 	}
 	// Precomputed identities are trusted as sent, bit-cast from the wire's
 	// i64, as Dynamo does.

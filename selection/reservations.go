@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/kvselect/kvselect/selection/affinity"
+	"github.com/kvselect/kvselect/selection/apierr"
 	"github.com/kvselect/kvselect/selection/index"
 	"github.com/kvselect/kvselect/selection/kvhash"
 	"github.com/kvselect/kvselect/selection/loads"
@@ -27,7 +28,7 @@ func (s *Service) dropReservation(id string, now time.Time) {
 // worker_id is present, else a replay of the cached /select.
 func (s *Service) Reserve(ctx context.Context, req *ReservationRequest) (*ReservationResponse, error) {
 	if req.SelectionID == nil {
-		return nil, newError(KindBadRequest, "missing field `selection_id`")
+		return nil, apierr.New(KindBadRequest, "missing field `selection_id`")
 	}
 	if err := s.gate.admit(); err != nil {
 		return nil, err
@@ -48,12 +49,12 @@ func (s *Service) reserveExplicit(ctx context.Context, key index.Partition, req 
 	}
 	p, eff, pr := rq.part, rq.eff, rq.prompt
 	if e := req.EffectivePrefillTokens; e != nil && *e > uint64(pr.isl) {
-		return nil, newError(KindBadRequest, "effective_prefill_tokens (%d) must not exceed isl_tokens (%d)", *e, pr.isl)
+		return nil, apierr.New(KindBadRequest, "effective_prefill_tokens (%d) must not exceed isl_tokens (%d)", *e, pr.isl)
 	}
 	ws := p.workers.Load()
 	rec, ok := ws.byID[*req.WorkerID]
 	if !ok {
-		return nil, newError(KindNotFound, "schedulable worker %d not found for %s", *req.WorkerID, displayKey(key))
+		return nil, apierr.New(KindNotFound, "schedulable worker %d not found for %s", *req.WorkerID, displayKey(key))
 	}
 	w := index.WorkerKey{WorkerID: *req.WorkerID, DPRank: deref(req.DPRank, 0)}
 	// Prefill is tracked as the request says; else whenever it states its
@@ -94,7 +95,7 @@ func (s *Service) reserveReplay(ctx context.Context, key index.Partition, id str
 	pk := pending.Key{Partition: key, SelectionID: id}
 	e, gen, ok := s.pending.Peek(s.clock(), pk)
 	if !ok {
-		return nil, newError(KindNotFound, "no pending selection %s for %s (expired, already used, or never selected)", id, displayKey(key))
+		return nil, apierr.New(KindNotFound, "no pending selection %s for %s (expired, already used, or never selected)", id, displayKey(key))
 	}
 	p, err := s.readyPartition(key)
 	if err != nil {
@@ -103,7 +104,7 @@ func (s *Service) reserveReplay(ctx context.Context, key index.Partition, id str
 	ws := p.workers.Load()
 	rec, ok := ws.rank(e.Worker)
 	if !ok {
-		return nil, newError(KindNotFound, "schedulable worker %d (dp_rank %d) not found for %s", e.Worker.WorkerID, e.Worker.DPRank, displayKey(key))
+		return nil, apierr.New(KindNotFound, "schedulable worker %d (dp_rank %d) not found for %s", e.Worker.WorkerID, e.Worker.DPRank, displayKey(key))
 	}
 	if err := s.resv.claim(id); err != nil {
 		return nil, err
@@ -162,7 +163,7 @@ func (s *Service) PrefillComplete(ctx context.Context, id string) error {
 	}
 	if err := r.part.loads.PrefillComplete(id); err != nil {
 		s.dropReservation(id, s.clock())
-		return newError(KindNotFound, "reservation %s not found", id)
+		return apierr.New(KindNotFound, "reservation %s not found", id)
 	}
 	r.part.wake()
 	// Re-published on a repeated call, as Dynamo does.
@@ -174,7 +175,7 @@ func (s *Service) PrefillComplete(ctx context.Context, id string) error {
 // OutputBlock adds one output block to the booking's decode load (local only).
 func (s *Service) OutputBlock(ctx context.Context, id string, decayFraction *float64) error {
 	if f := decayFraction; f != nil && !(*f >= 0 && *f <= 1) {
-		return newError(KindBadRequest, "decay_fraction must be between 0.0 and 1.0")
+		return apierr.New(KindBadRequest, "decay_fraction must be between 0.0 and 1.0")
 	}
 	r, err := s.resv.booked(id)
 	if err != nil {
@@ -182,7 +183,7 @@ func (s *Service) OutputBlock(ctx context.Context, id string, decayFraction *flo
 	}
 	if err := r.part.loads.AddOutputBlock(id, decayFraction); err != nil {
 		s.dropReservation(id, s.clock())
-		return newError(KindNotFound, "reservation %s not found", id)
+		return apierr.New(KindNotFound, "reservation %s not found", id)
 	}
 	return nil
 }
@@ -196,7 +197,7 @@ func (s *Service) OutputBlock(ctx context.Context, id string, decayFraction *flo
 // 400 for a negative count, 404 when the booking is gone.
 func (s *Service) OutputTokens(ctx context.Context, id string, generated int) (added int, err error) {
 	if generated < 0 {
-		return 0, newError(KindBadRequest, "output token count must not be negative, got %d", generated)
+		return 0, apierr.New(KindBadRequest, "output token count must not be negative, got %d", generated)
 	}
 	r, err := s.resv.booked(id)
 	if err != nil {
@@ -205,7 +206,7 @@ func (s *Service) OutputTokens(ctx context.Context, id string, generated int) (a
 	added, err = r.part.loads.AddStreamedOutput(id, generated)
 	if err != nil {
 		s.dropReservation(id, s.clock())
-		return 0, newError(KindNotFound, "reservation %s not found", id)
+		return 0, apierr.New(KindNotFound, "reservation %s not found", id)
 	}
 	return added, nil
 }
@@ -221,7 +222,7 @@ func (s *Service) Free(ctx context.Context, id string) error {
 	r.part.wake()
 	s.freeRemotePrefill(ctx, r)
 	if ferr != nil {
-		return newError(KindNotFound, "reservation %s not found", id)
+		return apierr.New(KindNotFound, "reservation %s not found", id)
 	}
 	s.replicate(BookingFreed, r.part, id, r.worker)
 	return nil

@@ -4,6 +4,7 @@ import (
 	"sync"
 
 	"github.com/kvselect/kvselect/selection/affinity"
+	"github.com/kvselect/kvselect/selection/apierr"
 	"github.com/kvselect/kvselect/selection/index"
 )
 
@@ -41,7 +42,7 @@ func (t *reservationTable) claim(id string) error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if _, taken := t.rows[id]; taken {
-		return newError(KindConflict, "selection %s is already reserved or being reserved", id)
+		return apierr.New(KindConflict, "selection %s is already reserved or being reserved", id)
 	}
 	if t.rows == nil {
 		t.rows = make(map[string]*reservation)
@@ -85,7 +86,7 @@ func (t *reservationTable) booked(id string) (*reservation, error) {
 	defer t.mu.Unlock()
 	r, ok := t.rows[id]
 	if !ok || !r.booked {
-		return nil, newError(KindNotFound, "reservation %s not found", id)
+		return nil, apierr.New(KindNotFound, "reservation %s not found", id)
 	}
 	return r, nil
 }

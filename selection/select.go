@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/kvselect/kvselect/selection/affinity"
+	"github.com/kvselect/kvselect/selection/apierr"
 	"github.com/kvselect/kvselect/selection/catalog"
 	"github.com/kvselect/kvselect/selection/flow"
 	"github.com/kvselect/kvselect/selection/index"
@@ -56,9 +57,9 @@ func (s *Service) readyPartition(key index.Partition) (*partition, error) {
 	p := s.partition(key)
 	if p == nil || len(p.workers.Load().ranks) == 0 {
 		if !s.anySchedulable() {
-			return nil, newError(KindNotReady, "no schedulable workers are available")
+			return nil, apierr.New(KindNotReady, "no schedulable workers are available")
 		}
-		return nil, newError(KindNotReady, "no schedulable workers for %s", displayKey(key))
+		return nil, apierr.New(KindNotReady, "no schedulable workers for %s", displayKey(key))
 	}
 	return p, nil
 }
@@ -114,7 +115,7 @@ func sessionOf(req *SelectRequest) (string, error) {
 	case req.SessionContext != nil:
 		sid = req.SessionContext.SessionID
 		if t := req.SessionContext.InputTrigger; t != nil && !slices.Contains(InputTriggers, *t) {
-			return "", newError(KindBadRequest, "invalid input_trigger %q (want user_message, tool_result or other)", *t)
+			return "", apierr.New(KindBadRequest, "invalid input_trigger %q (want user_message, tool_result or other)", *t)
 		}
 	case req.SessionID != nil:
 		sid = *req.SessionID
@@ -126,7 +127,7 @@ func sessionOf(req *SelectRequest) (string, error) {
 // affinity a session id is only policy input and any length is accepted.
 func checkSessionID(p *partition, sid string) error {
 	if p.affinity != nil && len(sid) > maxSessionIDBytes {
-		return newError(KindBadRequest, "session affinity ID must not exceed %d bytes", maxSessionIDBytes)
+		return apierr.New(KindBadRequest, "session affinity ID must not exceed %d bytes", maxSessionIDBytes)
 	}
 	return nil
 }
@@ -156,7 +157,7 @@ func (s *Service) Select(ctx context.Context, req *SelectRequest) (*SelectRespon
 	target := explicitTarget(req)
 	if target == nil && sid != "" && p.affinity != nil && req.PinnedWorker == nil {
 		if t, ok, err := p.affinity.Query(s.clock(), sid); err != nil {
-			return nil, wrapError(KindBadRequest, err)
+			return nil, apierr.Wrap(KindBadRequest, err)
 		} else if ok {
 			target = &t
 		}
@@ -295,7 +296,7 @@ func (s *Service) SelectAndReserve(ctx context.Context, req *SelectRequest) (*Se
 // side), and flow control fields out of bounds.
 func (s *Service) checkRequest(req *SelectRequest) error {
 	if req.Disaggregated && partitionOf(req.PartitionKey).RoutingGroup == s.set.prefillGroup {
-		return newError(KindBadRequest, "a disaggregated request names the decode routing group, not the prefill routing group %q", s.set.prefillGroup)
+		return apierr.New(KindBadRequest, "a disaggregated request names the decode routing group, not the prefill routing group %q", s.set.prefillGroup)
 	}
 	return checkFlowFields(req)
 }
@@ -308,7 +309,7 @@ func (s *Service) holdSession(ctx context.Context, p *partition, sid string) (*a
 		ws := p.workers.Load()
 		hold, wait, err := p.affinity.Acquire(s.clock(), sid, s.sessionLive(ws))
 		if err != nil {
-			return nil, nil, wrapError(KindBadRequest, err)
+			return nil, nil, apierr.Wrap(KindBadRequest, err)
 		}
 		if wait == nil {
 			if t, bound := hold.Target(); bound {
@@ -319,7 +320,7 @@ func (s *Service) holdSession(ctx context.Context, p *partition, sid string) (*a
 		select {
 		case <-wait:
 		case <-ctx.Done():
-			return nil, nil, wrapError(KindNotReady, fmt.Errorf("waiting for session %s: %w", sid, ctx.Err()))
+			return nil, nil, apierr.Wrap(KindNotReady, fmt.Errorf("waiting for session %s: %w", sid, ctx.Err()))
 		}
 	}
 }
@@ -357,7 +358,7 @@ func (s *Service) commitSession(p *partition, hold *affinity.Hold, w index.Worke
 	if err != nil {
 		_ = p.loads.Free(id)
 		p.wake()
-		return nil, wrapError(KindBadRequest, err)
+		return nil, apierr.Wrap(KindBadRequest, err)
 	}
 	return lease, nil
 }
@@ -444,7 +445,7 @@ func (s *Service) choose(ctx context.Context, rq *prepared, req *SelectRequest,
 		ws := p.workers.Load()
 		if len(ws.ranks) == 0 {
 			p.schedMu.Unlock()
-			return nil, newError(KindNotReady, "no schedulable workers for %s", displayKey(p.key))
+			return nil, apierr.New(KindNotReady, "no schedulable workers for %s", displayKey(p.key))
 		}
 		projs := p.loads.Project(pr.tracking, p.projBuf[:0])
 		p.projBuf = projs
@@ -469,7 +470,7 @@ func (s *Service) choose(ctx context.Context, rq *prepared, req *SelectRequest,
 			case <-changed:
 				continue
 			case <-ctx.Done():
-				return nil, wrapError(KindNotReady, fmt.Errorf("queued selection for %s: %w", displayKey(p.key), ctx.Err()))
+				return nil, apierr.Wrap(KindNotReady, fmt.Errorf("queued selection for %s: %w", displayKey(p.key), ctx.Err()))
 			}
 		}
 		if ticket != nil && !refreshed && scheduler.OverlapRefreshDue(enqueued, s.clock(), s.router.OverlapRefreshAfter) {
@@ -526,7 +527,7 @@ func (s *Service) choose(ctx context.Context, rq *prepared, req *SelectRequest,
 		}
 		p.schedMu.Unlock()
 		if d.rec == nil {
-			return nil, newError(KindInternal, "selected worker %d is no longer schedulable", chosen.Worker.WorkerID)
+			return nil, apierr.New(KindInternal, "selected worker %d is no longer schedulable", chosen.Worker.WorkerID)
 		}
 		if ticket != nil {
 			ticket.dispatched = true
@@ -673,7 +674,7 @@ func (s *Service) allEjected(p *partition, ws *workerSet, now time.Time) error {
 			break
 		}
 	}
-	return newError(KindUnavailable, "%s: every schedulable worker of %s is ejected by health checks or awaiting its trial (%s)",
+	return apierr.New(KindUnavailable, "%s: every schedulable worker of %s is ejected by health checks or awaiting its trial (%s)",
 		scheduler.ErrNoEndpoints, displayKey(p.key), strings.Join(why, "; "))
 }
 
@@ -713,23 +714,23 @@ func (s *Service) rankBusy(c *scheduler.Candidate, rec *catalog.Record) bool {
 func schedulerError(err error) error {
 	switch {
 	case errors.Is(err, scheduler.ErrNoEndpoints), errors.Is(err, scheduler.ErrAllFiltered):
-		return wrapError(KindUnavailable, err)
+		return apierr.Wrap(KindUnavailable, err)
 	case errors.Is(err, scheduler.ErrAllOverloaded), errors.Is(err, scheduler.ErrPinnedOverloaded):
-		return wrapError(KindOverloaded, err)
+		return apierr.Wrap(KindOverloaded, err)
 	case errors.Is(err, scheduler.ErrPinnedNotAllowed), errors.Is(err, scheduler.ErrInvalidRequest):
-		return wrapError(KindBadRequest, err)
+		return apierr.Wrap(KindBadRequest, err)
 	}
-	return wrapError(KindInternal, err)
+	return apierr.Wrap(KindInternal, err)
 }
 
 func loadsError(err error) error {
 	switch {
 	case errors.Is(err, loads.ErrWorkerNotFound), errors.Is(err, loads.ErrRequestNotFound):
-		return wrapError(KindNotFound, err)
+		return apierr.Wrap(KindNotFound, err)
 	case errors.Is(err, loads.ErrDuplicateRequest):
-		return wrapError(KindConflict, err)
+		return apierr.Wrap(KindConflict, err)
 	}
-	return wrapError(KindInternal, err)
+	return apierr.Wrap(KindInternal, err)
 }
 
 // response assembles the selection fields of a SelectResponse.

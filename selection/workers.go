@@ -7,6 +7,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/kvselect/kvselect/selection/apierr"
 	"github.com/kvselect/kvselect/selection/catalog"
 	"github.com/kvselect/kvselect/selection/index"
 )
@@ -92,7 +93,7 @@ type attached map[uint32]catalog.RankEndpoints
 func (s *Service) UpsertWorker(ctx context.Context, rec catalog.Record) (*catalog.Record, error) {
 	rec.ResolveRole(s.set.prefillGroup)
 	if err := rec.Normalize(); err != nil {
-		return nil, newError(KindBadRequest, "%v", err)
+		return nil, apierr.New(KindBadRequest, "%v", err)
 	}
 	rec.KVEventsStatus, rec.EngineMetrics, rec.Health = nil, nil, nil // output only
 	s.catMu.Lock()
@@ -112,11 +113,11 @@ func (s *Service) PatchWorker(ctx context.Context, workerID uint64, p catalog.Pa
 	}
 	old, ok := s.record(workerID)
 	if !ok {
-		return nil, newError(KindNotFound, "worker %d not found", workerID)
+		return nil, apierr.New(KindNotFound, "worker %d not found", workerID)
 	}
 	rec := p.Apply(old)
 	if err := rec.Normalize(); err != nil {
-		return nil, newError(KindBadRequest, "%v", err)
+		return nil, apierr.New(KindBadRequest, "%v", err)
 	}
 	return s.applyRecord(rec), nil
 }
@@ -129,7 +130,7 @@ func (s *Service) DeleteWorker(ctx context.Context, workerID uint64) (*catalog.R
 	defer s.catMu.Unlock()
 	old, ok := s.record(workerID)
 	if !ok {
-		return nil, newError(KindNotFound, "worker %d not found", workerID)
+		return nil, apierr.New(KindNotFound, "worker %d not found", workerID)
 	}
 	s.retire(old)
 	s.mu.Lock()
