@@ -343,7 +343,7 @@ func targetSchedulable(ws *workerSet, t affinity.Target) bool {
 // failing with a Hard-mode conflict for as long as the ejection lasts (found
 // by the soak run: session requests answered 400 while their worker was dead).
 func (s *Service) sessionLive(ws *workerSet) func(affinity.Target) bool {
-	excluded, _ := s.health.excludedWorkers(s.clock(), s.engineCfg.Health.Base)
+	excluded, _ := s.health.Excluded(s.clock(), s.engineCfg.Health.Base)
 	return func(t affinity.Target) bool { return !excluded[t.WorkerID] && targetSchedulable(ws, t) }
 }
 
@@ -497,7 +497,7 @@ func (s *Service) choose(ctx context.Context, rq *prepared, req *SelectRequest,
 			return nil, schedulerError(err)
 		}
 		if ejected >= 0 {
-			s.health.chosen(chosen.Worker.WorkerID, now) // a probation worker's trial
+			s.health.Chosen(chosen.Worker.WorkerID, now) // a probation worker's trial
 		}
 		d := &decision{part: p, worker: chosen.Worker, overlaps: overlaps, scored: chosen, prompt: pr,
 			candidates: p.scratch.Candidates()}
@@ -595,13 +595,10 @@ func (s *Service) candidates(out []scheduler.Candidate, ws *workerSet, projs []l
 	lora string, now time.Time) ([]scheduler.Candidate, int) {
 	cfg := &s.engineCfg
 	ejected := -1
-	excluded, anyEjected := s.health.excludedWorkers(now, cfg.Health.Base)
+	excluded, anyEjected := s.health.Excluded(now, cfg.Health.Base)
 	if anyEjected {
 		ejected = 0
 	}
-	s.engines.mu.RLock()
-	scraped := len(s.engines.by) > 0
-	poolSat := true // every rank so far saturated by one threshold or the other
 	for _, pj := range projs {
 		rec, ok := ws.rank(pj.Worker)
 		if !ok {
@@ -611,38 +608,13 @@ func (s *Service) candidates(out []scheduler.Candidate, ws *workerSet, projs []l
 			ejected++
 			continue
 		}
-		c := scheduler.Candidate{
+		out = append(out, scheduler.Candidate{
 			Worker: pj.Worker, ActivePrefillTokens: pj.ActivePrefillTokens, ActiveDecodeBlocks: pj.ActiveDecodeBlocks,
 			ActiveRequests: pj.ActiveRequests, AdditionalBlocks: pj.AdditionalBlocks, Taints: rec.Taints,
-			MaxNumBatchedTokens: rec.MaxNumBatchedTokens,
-		}
-		c.Overlap = overlapOf(overlaps, pj.Worker)
-		if !scraped {
-			out = append(out, c)
-			continue
-		}
-		if er, ok := s.engines.rankLocked(pj.Worker.WorkerID, pj.Worker.DPRank, int(rec.DPSize()), now, cfg.StaleAfter); ok {
-			c.EngineFresh = true
-			c.EngineWaiting, c.EngineRunning = er.Waiting, er.Running
-			if er.HasKVUsage {
-				c.EngineKVUsage = er.KVUsage
-			}
-			c.Saturated = cfg.queueSaturated(er)
-			poolSat = poolSat && (c.Saturated || cfg.kvFull(er))
-			c.LoRAFit = loraFit(er.LoRA, lora)
-		} else {
-			poolSat = false
-		}
-		out = append(out, c)
+			MaxNumBatchedTokens: rec.MaxNumBatchedTokens, Overlap: overlapOf(overlaps, pj.Worker),
+		})
 	}
-	s.engines.mu.RUnlock()
-	if scraped && poolSat && len(out) > 0 {
-		// Every rank is saturated by one threshold or the other: the
-		// partition is, and every rank counts as saturated.
-		for i := range out {
-			out[i].Saturated = true
-		}
-	}
+	s.engines.Annotate(out, func(i int) int { return int(ws.byID[out[i].Worker.WorkerID].DPSize()) }, lora, now, cfg)
 	if !s.busyRejection() {
 		return out, ejected
 	}
@@ -666,7 +638,7 @@ func (s *Service) candidates(out []scheduler.Candidate, ws *workerSet, projs []l
 func (s *Service) allEjected(p *partition, ws *workerSet, now time.Time) error {
 	var why []string
 	for _, id := range slices.Sorted(maps.Keys(ws.byID)) {
-		if _, reason := s.health.view(id, now); reason != "" {
+		if _, reason := s.health.View(id, now); reason != "" {
 			why = append(why, fmt.Sprintf("worker %d %s", id, reason))
 		}
 		if len(why) == 8 {
@@ -680,13 +652,11 @@ func (s *Service) allEjected(p *partition, ws *workerSet, now time.Time) error {
 
 // rankSaturated reports a rank whose fresh engine figures are saturated.
 func (s *Service) rankSaturated(w index.WorkerKey, rankCount int) bool {
-	er, ok := s.engines.rank(w.WorkerID, w.DPRank, rankCount, s.clock(), s.engineCfg.StaleAfter)
-	return ok && s.engineCfg.saturated(er)
+	return s.engines.Saturated(w.WorkerID, w.DPRank, rankCount, s.clock(), &s.engineCfg)
 }
 
 func (s *Service) engineWeights() scheduler.EngineWeights {
-	c := &s.engineCfg
-	return scheduler.EngineWeights{UnbookedRequest: c.RequestWeight, KVUsage: c.KVUsageWeight, LoRAMiss: c.LoRAMissWeight}
+	return s.engineCfg.Weights()
 }
 
 func (s *Service) busyRejection() bool {

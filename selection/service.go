@@ -25,7 +25,9 @@ import (
 	"time"
 
 	"github.com/kvselect/kvselect/selection/catalog"
+	"github.com/kvselect/kvselect/selection/engine"
 	"github.com/kvselect/kvselect/selection/flow"
+	"github.com/kvselect/kvselect/selection/health"
 	"github.com/kvselect/kvselect/selection/index"
 	"github.com/kvselect/kvselect/selection/kvhash"
 	"github.com/kvselect/kvselect/selection/pending"
@@ -156,8 +158,8 @@ type Service struct {
 	repl replicaState // replica observer (sync.go)
 
 	engineCfg EngineConfig
-	engines   engineTable // engine metrics per worker (engine.go)
-	health    healthTable // ejection state per worker (health.go)
+	engines   engine.Table // engine metrics per worker (engine.go)
+	health    health.Table // ejection state per worker (health.go)
 
 	disagg        disaggState // decisions and prefill pool transitions (disagg.go)
 	onPrefillPool func(model string, usable bool, reason string)
@@ -210,7 +212,7 @@ func New(cfg Config) (*Service, error) {
 	if cfg.Engine != nil {
 		engineCfg = *cfg.Engine
 	}
-	if err := engineCfg.validate(); err != nil {
+	if err := engineCfg.Validate(); err != nil {
 		return nil, fmt.Errorf("engine config: %w", err)
 	}
 	var flowCfg *flow.Config

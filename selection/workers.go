@@ -136,8 +136,8 @@ func (s *Service) DeleteWorker(ctx context.Context, workerID uint64) (*catalog.R
 	s.mu.Lock()
 	delete(s.catalog, workerID)
 	s.mu.Unlock()
-	s.engines.forget(workerID)
-	s.health.forget(workerID)
+	s.engines.Forget(workerID)
+	s.health.Forget(workerID)
 	out := old.Clone()
 	out.Lifecycle = catalog.Unschedulable
 	out.NotSchedulableReasons = nil
@@ -171,9 +171,9 @@ func (s *Service) Workers(model, group *string) []*catalog.Record {
 	}
 	now := s.clock()
 	for _, r := range out {
-		r.EngineMetrics = s.engines.view(r, now, &s.engineCfg)
+		r.EngineMetrics = s.engines.View(r, now, &s.engineCfg)
 		var reason string
-		if r.Health, reason = s.health.view(r.WorkerID, now); reason != "" {
+		if r.Health, reason = s.health.View(r.WorkerID, now); reason != "" {
 			r.NotSchedulableReasons = append(r.NotSchedulableReasons, reason)
 		}
 	}
