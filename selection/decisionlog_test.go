@@ -66,23 +66,3 @@ func TestDecisionLogAndRoutingStats(t *testing.T) {
 		t.Errorf("matched buckets %v sum %v, want one at 0 and two at 1", st.MatchedBuckets, st.MatchedSum)
 	}
 }
-
-func TestDecisionLogIsBounded(t *testing.T) {
-	l := newDecisionLog(3)
-	for i := range 5 {
-		l.add(DecisionRecord{WorkerID: uint64(i)})
-	}
-	var ids []uint64
-	for _, r := range l.latest(0) {
-		ids = append(ids, r.WorkerID)
-	}
-	if len(ids) != 3 || ids[0] != 4 || ids[2] != 2 {
-		t.Errorf("kept %v, want the newest three, newest first", ids)
-	}
-	if got := l.latest(2); len(got) != 2 || got[0].WorkerID != 4 {
-		t.Errorf("latest(2) = %+v", got)
-	}
-	if newDecisionLog(-1).latest(0) != nil {
-		t.Error("a disabled log returned records")
-	}
-}

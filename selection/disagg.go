@@ -2,8 +2,6 @@ package selection
 
 import (
 	"context"
-	"sync"
-	"sync/atomic"
 
 	"github.com/kvselect/kvselect/selection/affinity"
 	"github.com/kvselect/kvselect/selection/index"
@@ -50,44 +48,11 @@ const DefaultPrefillRoutingGroup = "prefill"
 // booking's selection id.
 const PrefillBookingSuffix = ".prefill"
 
-// disaggState counts decisions and remembers, per model, whether the prefill
-// pool was usable at the last disaggregated request. Its mutex is a leaf.
-type disaggState struct {
-	counts [len(scheduler.DisaggReasons)]atomic.Uint64 // by scheduler.DisaggReasons index
-
-	mu     sync.Mutex
-	usable map[string]bool
-}
-
-// count records one decision and reports a change of the model's pool
-// usability (changed), which the caller hands to OnPrefillPool with no lock
-// held.
-func (st *disaggState) count(model, reason string) (usable, changed bool) {
-	for i, r := range scheduler.DisaggReasons {
-		if r == reason {
-			st.counts[i].Add(1)
-		}
-	}
-	usable = reason != scheduler.ReasonNoPrefillWorkers && reason != scheduler.ReasonPrefillUnavailable
-	st.mu.Lock()
-	defer st.mu.Unlock()
-	if st.usable == nil {
-		st.usable = make(map[string]bool)
-	}
-	prev, seen := st.usable[model]
-	st.usable[model] = usable
-	return usable, (seen && prev != usable) || (!seen && !usable)
-}
-
 // DisaggStats are the disaggregated decisions made so far, by reason (every
 // scheduler.DisaggReasons entry present). Requests to models that never had
 // a prefill pool are not counted: nothing was decided for them.
 func (s *Service) DisaggStats() map[string]uint64 {
-	out := make(map[string]uint64, len(scheduler.DisaggReasons))
-	for i, r := range scheduler.DisaggReasons {
-		out[r] = s.disagg.counts[i].Load()
-	}
-	return out
+	return s.disagg.Counts()
 }
 
 // PrefillRoutingGroup is the routing group of every model's prefill pool.
@@ -144,7 +109,7 @@ func (s *Service) noteDisagg(out *disaggOutcome) {
 	if !out.counted {
 		return
 	}
-	usable, changed := s.disagg.count(out.model, out.reason)
+	usable, changed := s.disagg.Count(out.model, out.reason)
 	if changed && s.onPrefillPool != nil {
 		s.onPrefillPool(out.model, usable, out.reason)
 	}

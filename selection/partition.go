@@ -10,6 +10,7 @@ import (
 
 	"github.com/kvselect/kvselect/selection/affinity"
 	"github.com/kvselect/kvselect/selection/catalog"
+	"github.com/kvselect/kvselect/selection/decisionlog"
 	"github.com/kvselect/kvselect/selection/flow"
 	"github.com/kvselect/kvselect/selection/index"
 	"github.com/kvselect/kvselect/selection/loads"
@@ -86,7 +87,7 @@ type partition struct {
 	changed chan struct{}    // closed and replaced whenever load may have dropped
 
 	// routing counts decisions and their matched prefixes (atomics).
-	routing routingCounters
+	routing decisionlog.Counters
 }
 
 type workerSet struct {

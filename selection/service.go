@@ -25,6 +25,7 @@ import (
 	"time"
 
 	"github.com/kvselect/kvselect/selection/catalog"
+	"github.com/kvselect/kvselect/selection/decisionlog"
 	"github.com/kvselect/kvselect/selection/engine"
 	"github.com/kvselect/kvselect/selection/flow"
 	"github.com/kvselect/kvselect/selection/health"
@@ -142,7 +143,7 @@ type Service struct {
 	rnd   *rand.Rand
 
 	// decisions keeps the latest decisions (decisionlog.go); nil when off.
-	decisions *decisionLog
+	decisions *decisionlog.Log
 
 	catMu         sync.Mutex          // serializes catalog changes
 	attachedRanks map[uint64]attached // guarded by catMu
@@ -161,7 +162,7 @@ type Service struct {
 	engines   engine.Table // engine metrics per worker (engine.go)
 	health    health.Table // ejection state per worker (health.go)
 
-	disagg        disaggState // decisions and prefill pool transitions (disagg.go)
+	disagg        decisionlog.Disagg // decisions and prefill pool transitions (disagg.go)
 	onPrefillPool func(model string, usable bool, reason string)
 	flowCfg       *flow.Config // nil: flow control off
 	onFlow        func(FlowEvent)
@@ -235,7 +236,7 @@ func New(cfg Config) (*Service, error) {
 		catalog:       make(map[uint64]*catalog.Record),
 		parts:         make(map[index.Partition]*partition),
 		onPrefillPool: cfg.OnPrefillPool,
-		decisions:     newDecisionLog(cfg.RecentDecisions),
+		decisions:     decisionlog.New(cfg.RecentDecisions),
 	}
 	s.policy.Store(clonePolicy(policy))
 	return s, nil

@@ -192,13 +192,6 @@ type DecisionDetail struct {
 	QueueWait time.Duration
 }
 
-// RankCost is one scored rank.
-type RankCost struct {
-	WorkerID uint64  `json:"worker_id"`
-	DPRank   uint32  `json:"dp_rank"`
-	Cost     float64 `json:"cost"`
-}
-
 // PrefillSelection is the prefill worker of a remote-prefill decision.
 type PrefillSelection struct {
 	// SelectionID is the prefill booking's own reservation id
