@@ -133,7 +133,7 @@ func rankList(ranks []index.WorkerKey) string {
 // successful no-op. Errors: 404 for an unknown booking or rank. The move is
 // published to replica peers as a free plus an admission.
 func (s *Service) Rebook(ctx context.Context, id string, to WorkerRank) (*ReservationResponse, error) {
-	if err := s.gate.admit(); err != nil {
+	if err := s.gate.Admit(); err != nil {
 		return nil, err
 	}
 	r, err := s.resv.booked(id)

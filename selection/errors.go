@@ -26,8 +26,3 @@ type Error = apierr.Error
 
 // KindOf returns the kind of err: an *Error's kind, KindInternal otherwise.
 func KindOf(err error) Kind { return apierr.KindOf(err) }
-
-// errShuttingDown is returned by mutating and selection calls once Shutdown ran.
-func errShuttingDown() *Error {
-	return apierr.New(KindNotReady, "selection service is shutting down")
-}

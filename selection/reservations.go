@@ -30,7 +30,7 @@ func (s *Service) Reserve(ctx context.Context, req *ReservationRequest) (*Reserv
 	if req.SelectionID == nil {
 		return nil, apierr.New(KindBadRequest, "missing field `selection_id`")
 	}
-	if err := s.gate.admit(); err != nil {
+	if err := s.gate.Admit(); err != nil {
 		return nil, err
 	}
 	key := partitionOf(req.PartitionKey)

@@ -51,7 +51,7 @@ type decision struct {
 // service shutting down, no schedulable worker anywhere, or none in the
 // partition are each a 503 with its own message.
 func (s *Service) readyPartition(key index.Partition) (*partition, error) {
-	if err := s.gate.admit(); err != nil {
+	if err := s.gate.Admit(); err != nil {
 		return nil, err
 	}
 	p := s.partition(key)
@@ -435,7 +435,7 @@ func (s *Service) choose(ctx context.Context, rq *prepared, req *SelectRequest,
 	threshold := s.router.QueueThreshold.Or(0) // read only when queueing is on
 	refreshed := false                         // overlaps refreshed since the last sleep
 	for {
-		if err := s.gate.admit(); err != nil {
+		if err := s.gate.Admit(); err != nil {
 			return nil, err
 		}
 		p.queueMu.Lock()

@@ -32,6 +32,7 @@ import (
 	"github.com/kvselect/kvselect/selection/index"
 	"github.com/kvselect/kvselect/selection/kvhash"
 	"github.com/kvselect/kvselect/selection/pending"
+	"github.com/kvselect/kvselect/selection/readiness"
 	"github.com/kvselect/kvselect/selection/routerconfig"
 	"github.com/kvselect/kvselect/selection/scheduler"
 )
@@ -154,7 +155,7 @@ type Service struct {
 
 	resv reservationTable // selection ids across every partition (restable.go)
 
-	gate readiness // shutdown, startup recovery, external conditions (readiness.go)
+	gate readiness.Gate // shutdown, startup recovery, external conditions (readiness.go)
 
 	repl replicaState // replica observer (sync.go)
 
@@ -253,7 +254,7 @@ func (s *Service) Health() bool { return true }
 // Shutdown makes mutating and selection calls fail with 503 from now on; DELETE
 // /workers keeps working and queued selections are released with an error.
 func (s *Service) Shutdown() {
-	s.gate.shutDown()
+	s.gate.ShutDown()
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	for _, p := range s.parts {

@@ -89,30 +89,6 @@ type ReplicaObserver interface {
 	SessionBound(b SessionBinding)
 }
 
-// IndexRecovery is the state of startup index recovery from peers
-// (--indexer-peers: replaying a peer's /dump before serving, as Dynamo's
-// lib/kv-router/src/services/indexer/recovery.rs does). GET /ready stays false
-// while it is pending.
-type IndexRecovery int32
-
-// Recovery states.
-const (
-	RecoveryNone      IndexRecovery = iota // not configured
-	RecoveryPending                        // fetching and replaying a peer's /dump
-	RecoveryRecovered                      // a peer's dump was replayed
-	RecoveryFailed                         // no peer answered with a usable dump: started empty
-)
-
-var recoveryNames = [...]string{RecoveryNone: "", RecoveryPending: "pending", RecoveryRecovered: "recovered", RecoveryFailed: "failed"}
-
-// String is the state as /ready reports it ("" when not configured).
-func (r IndexRecovery) String() string {
-	if r >= 0 && int(r) < len(recoveryNames) {
-		return recoveryNames[r]
-	}
-	return fmt.Sprintf("recovery(%d)", int32(r))
-}
-
 // replicaState is the service's replica wiring.
 type replicaState struct {
 	observer atomic.Pointer[observerBox]

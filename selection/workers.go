@@ -98,7 +98,7 @@ func (s *Service) UpsertWorker(ctx context.Context, rec catalog.Record) (*catalo
 	rec.KVEventsStatus, rec.EngineMetrics, rec.Health = nil, nil, nil // output only
 	s.catMu.Lock()
 	defer s.catMu.Unlock()
-	if err := s.gate.admit(); err != nil {
+	if err := s.gate.Admit(); err != nil {
 		return nil, err
 	}
 	return s.applyRecord(rec.Clone()), nil
@@ -108,7 +108,7 @@ func (s *Service) UpsertWorker(ctx context.Context, rec catalog.Record) (*catalo
 func (s *Service) PatchWorker(ctx context.Context, workerID uint64, p catalog.Patch) (*catalog.Record, error) {
 	s.catMu.Lock()
 	defer s.catMu.Unlock()
-	if err := s.gate.admit(); err != nil {
+	if err := s.gate.Admit(); err != nil {
 		return nil, err
 	}
 	old, ok := s.record(workerID)
