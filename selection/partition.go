@@ -16,6 +16,7 @@ import (
 	"github.com/kvselect/kvselect/selection/loads"
 	"github.com/kvselect/kvselect/selection/routerconfig"
 	"github.com/kvselect/kvselect/selection/scheduler"
+	"github.com/kvselect/kvselect/selection/textindex"
 )
 
 // settings are the router settings the service consults on every call, resolved
@@ -63,7 +64,7 @@ type partition struct {
 	affinity  *affinity.Table // nil when session affinity is off
 	// text is the approximate index of text prompts, apart from ix
 	// (textprompt.go); built on first use.
-	text textIndex
+	text textindex.Index
 
 	// workers is an immutable snapshot of the schedulable workers, replaced on
 	// every catalog change, so selection never takes the catalog lock.
@@ -186,7 +187,7 @@ func (s *Service) replaceWorkers(p *partition, edit func(map[uint64]*catalog.Rec
 	for _, w := range cur.ranks {
 		if _, ok := slices.BinarySearchFunc(next.ranks, w, index.CompareWorkerKeys); !ok {
 			p.ix.RemoveRank(w)
-			p.text.removeRank(w)
+			p.text.RemoveRank(w)
 		}
 	}
 	now := s.clock()

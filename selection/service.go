@@ -288,7 +288,7 @@ func (s *Service) Maintain(ctx context.Context) {
 		// Released leases and reaped bindings go to the replica peers.
 		s.flushBindings(p)
 		p.ix.Expire(now)
-		p.text.expire(now)
+		p.text.Expire(now)
 		p.expireFlow(now)
 		p.wake()
 	}
