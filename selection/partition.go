@@ -125,7 +125,7 @@ func (s *Service) newPartition(key index.Partition, blockSize uint32, eagle bool
 	if err != nil {
 		return nil, err
 	}
-	p := &partition{key: key, blockSize: blockSize, isEagle: eagle, ix: ix, loads: lt, changed: make(chan struct{}), rnd: s.childRand(),
+	p := &partition{key: key, blockSize: blockSize, isEagle: eagle, ix: ix, loads: lt, changed: make(chan struct{}), rnd: s.rnd.Child(),
 		queue: scheduler.NewQueue[*waiter](qp, s.clock())}
 	if s.flowCfg != nil {
 		p.flow = flow.New(*s.flowCfg)
@@ -135,7 +135,7 @@ func (s *Service) newPartition(key index.Partition, blockSize uint32, eagle bool
 		if s.set.affinity == routerconfig.AffinitySoft {
 			mode = affinity.Soft
 		}
-		t, err := affinity.NewTable(affinity.Config{TTL: s.set.affinityTTL, Mode: mode, WriterID: s.writerID()}, s.clock())
+		t, err := affinity.NewTable(affinity.Config{TTL: s.set.affinityTTL, Mode: mode, WriterID: s.rnd.ReplicaID()}, s.clock())
 		if err != nil {
 			return nil, fmt.Errorf("partition %s: %w", displayKey(key), err)
 		}

@@ -2,8 +2,6 @@ package selection
 
 import (
 	"context"
-	"encoding/hex"
-	"math/rand/v2"
 	"time"
 
 	"github.com/kvselect/kvselect/selection/affinity"
@@ -226,46 +224,4 @@ func (s *Service) Free(ctx context.Context, id string) error {
 	}
 	s.replicate(BookingFreed, r.part, id, r.worker)
 	return nil
-}
-
-// newUUID returns a random UUIDv4 string from the service's random source.
-func (s *Service) newUUID() string {
-	var b [16]byte
-	s.rndMu.Lock()
-	for i := range 2 {
-		v := s.rnd.Uint64()
-		for j := range 8 {
-			b[i*8+j] = byte(v >> (8 * j))
-		}
-	}
-	s.rndMu.Unlock()
-	b[6] = b[6]&0x0f | 0x40
-	b[8] = b[8]&0x3f | 0x80
-	var out [36]byte
-	hex.Encode(out[0:8], b[0:4])
-	out[8] = '-'
-	hex.Encode(out[9:13], b[4:6])
-	out[13] = '-'
-	hex.Encode(out[14:18], b[6:8])
-	out[18] = '-'
-	hex.Encode(out[19:23], b[8:10])
-	out[23] = '-'
-	hex.Encode(out[24:], b[10:])
-	return string(out[:])
-}
-
-func (s *Service) childRand() *rand.Rand {
-	s.rndMu.Lock()
-	defer s.rndMu.Unlock()
-	return rand.New(rand.NewPCG(s.rnd.Uint64(), s.rnd.Uint64()))
-}
-
-// writerID is this process's non-zero replica identity (router_id, writer_id).
-func (s *Service) writerID() uint64 {
-	s.writerOnce.Do(func() {
-		for s.writer == 0 {
-			s.writer = s.randUint64()
-		}
-	})
-	return s.writer
 }

@@ -223,7 +223,7 @@ func (s *Service) SelectAndReserve(ctx context.Context, req *SelectRequest) (*Se
 	}
 	id := deref(req.SelectionID, "")
 	if id == "" {
-		id = s.newUUID()
+		id = s.rnd.UUID()
 	}
 	if err := s.resv.claim(id); err != nil {
 		return nil, err

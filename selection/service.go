@@ -32,6 +32,7 @@ import (
 	"github.com/kvselect/kvselect/selection/index"
 	"github.com/kvselect/kvselect/selection/kvhash"
 	"github.com/kvselect/kvselect/selection/pending"
+	"github.com/kvselect/kvselect/selection/randsrc"
 	"github.com/kvselect/kvselect/selection/readiness"
 	"github.com/kvselect/kvselect/selection/routerconfig"
 	"github.com/kvselect/kvselect/selection/scheduler"
@@ -140,8 +141,9 @@ type Service struct {
 	// request loads it once (promptFor) and uses that value throughout.
 	policy atomic.Pointer[scheduler.Policy]
 
-	rndMu sync.Mutex
-	rnd   *rand.Rand
+	// rnd is the one random source: partitions' streams, generated ids,
+	// the replica id.
+	rnd *randsrc.Source
 
 	// decisions keeps the latest decisions (decisionlog.go); nil when off.
 	decisions *decisionlog.Log
@@ -167,9 +169,6 @@ type Service struct {
 	onPrefillPool func(model string, usable bool, reason string)
 	flowCfg       *flow.Config // nil: flow control off
 	onFlow        func(FlowEvent)
-
-	writerOnce sync.Once
-	writer     uint64
 }
 
 // New validates cfg and returns the service.
@@ -181,7 +180,8 @@ func New(cfg Config) (*Service, error) {
 	if rnd == nil {
 		rnd = rand.New(rand.NewChaCha8(randomSeed()))
 	}
-	tracker, err := kvhash.NewTracker(cfg.Tracking, rand.New(rand.NewPCG(rnd.Uint64(), rnd.Uint64())))
+	src := randsrc.New(rnd)
+	tracker, err := kvhash.NewTracker(cfg.Tracking, src.Child())
 	if err != nil {
 		return nil, err
 	}
@@ -232,7 +232,7 @@ func New(cfg Config) (*Service, error) {
 		flowCfg: flowCfg, onFlow: cfg.OnFlow,
 		engineCfg: engineCfg,
 		set:       set, router: cfg.Router, clock: clock, tracker: tracker,
-		listeners: cfg.Listeners, pending: pc, indexes: ixs, rnd: rnd,
+		listeners: cfg.Listeners, pending: pc, indexes: ixs, rnd: src,
 		attachedRanks: make(map[uint64]attached),
 		catalog:       make(map[uint64]*catalog.Record),
 		parts:         make(map[index.Partition]*partition),
@@ -308,12 +308,6 @@ func (s *Service) partition(key index.Partition) *partition {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	return s.parts[key]
-}
-
-func (s *Service) randUint64() uint64 {
-	s.rndMu.Lock()
-	defer s.rndMu.Unlock()
-	return s.rnd.Uint64()
 }
 
 func displayKey(k index.Partition) string {

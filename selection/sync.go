@@ -115,13 +115,13 @@ func (s *Service) replicaObserver() ReplicaObserver {
 
 // ReplicaID is this process's non-zero replica identity: the router_id of the
 // booking events and the writer_id of the session bindings it publishes.
-func (s *Service) ReplicaID() uint64 { return s.writerID() }
+func (s *Service) ReplicaID() uint64 { return s.rnd.ReplicaID() }
 
 // replicateAdd publishes a booking the service just installed.
 func (s *Service) replicateAdd(p *partition, b *loads.Booking, lora string) {
 	if o := s.replicaObserver(); o != nil {
 		ev := BookingEvent{Kind: BookingAdded, Partition: p.key, BlockSize: p.blockSize, RequestID: b.RequestID,
-			Worker: b.Worker, Origin: s.writerID(), LoraName: lora, TrackingHashes: b.TrackingHashes,
+			Worker: b.Worker, Origin: s.rnd.ReplicaID(), LoraName: lora, TrackingHashes: b.TrackingHashes,
 			TrackPrefill: b.TrackPrefill, ExpectedOutputTokens: b.ExpectedOutputTokens}
 		if b.TrackPrefill {
 			n := uint64(b.PrefillTokens)
@@ -136,7 +136,7 @@ func (s *Service) replicateAdd(p *partition, b *loads.Booking, lora string) {
 // replicate publishes a prefill completion or a free of a live booking.
 func (s *Service) replicate(kind BookingEventKind, p *partition, id string, w index.WorkerKey) {
 	if o := s.replicaObserver(); o != nil {
-		o.BookingChanged(BookingEvent{Kind: kind, Partition: p.key, BlockSize: p.blockSize, RequestID: id, Worker: w, Origin: s.writerID()})
+		o.BookingChanged(BookingEvent{Kind: kind, Partition: p.key, BlockSize: p.blockSize, RequestID: id, Worker: w, Origin: s.rnd.ReplicaID()})
 	}
 	if kind == BookingFreed {
 		s.flushBindings(p) // the free released a session lease
@@ -221,7 +221,7 @@ func (o RemoteOutcome) String() string {
 // leaves no load behind for longer than that (Dynamo's expiry task covers
 // replicated sequences the same way).
 func (s *Service) ApplyRemoteBooking(ev BookingEvent) RemoteOutcome {
-	if ev.Origin == s.writerID() {
+	if ev.Origin == s.rnd.ReplicaID() {
 		return RemoteOwn
 	}
 	p := s.partition(ev.Partition)
@@ -317,7 +317,7 @@ func (s *Service) applyRemoteLifecycle(p *partition, ev *BookingEvent) RemoteOut
 // insert / refresh / replace. The second result is the table's own verdict
 // when the binding reached a table.
 func (s *Service) ApplyRemoteBinding(b SessionBinding) (RemoteOutcome, affinity.ApplyOutcome) {
-	if b.WriterID == s.writerID() {
+	if b.WriterID == s.rnd.ReplicaID() {
 		return RemoteOwn, affinity.IgnoredOwnWriter
 	}
 	p := s.partition(b.Partition)
