@@ -1,8 +1,6 @@
 package selection
 
 import (
-	"time"
-
 	"github.com/kvselect/kvselect/selection/decisionlog"
 )
 
@@ -27,10 +25,10 @@ type RankCost = decisionlog.RankCost
 
 // RoutingStats returns every partition's routing-quality totals.
 func (s *Service) RoutingStats() []PartitionRouting {
-	parts := s.partitions()
+	parts := s.parts.All()
 	out := make([]PartitionRouting, 0, len(parts))
 	for _, p := range parts {
-		out = append(out, p.routing.Totals(p.key.Model, p.key.RoutingGroup))
+		out = append(out, p.Routing().Totals(p.Key().Model, p.Key().RoutingGroup))
 	}
 	return out
 }
@@ -38,25 +36,3 @@ func (s *Service) RoutingStats() []PartitionRouting {
 // RecentDecisions returns up to n of the latest decisions (all it keeps when
 // n ≤ 0), newest first; nil when the log is off (Config.RecentDecisions < 0).
 func (s *Service) RecentDecisions(n int) []DecisionRecord { return s.decisions.Latest(n) }
-
-// noteDecision records a decision a caller received: its partition's
-// routing-quality totals and the decision log.
-func (s *Service) noteDecision(p *partition, op string, resp *SelectResponse) {
-	d := &resp.Decision
-	p.routing.Observe(d.ISLTokens, d.CachedTokens)
-	if s.decisions == nil {
-		return
-	}
-	r := DecisionRecord{
-		Time: s.clock(), Op: op, SelectionID: deref(resp.SelectionID, ""),
-		Model: resp.ModelName, RoutingGroup: resp.RoutingGroup,
-		WorkerID: resp.WorkerID, DPRank: resp.DPRank, Endpoint: resp.Endpoint,
-		ISLTokens: d.ISLTokens, CachedTokens: d.CachedTokens, Candidates: d.Candidates,
-		Cost: d.Cost, RunnerUp: d.RunnerUp, QueueWaitMS: float64(d.QueueWait) / float64(time.Millisecond),
-	}
-	if pf := resp.Prefill.Selection; pf != nil {
-		id := pf.WorkerID
-		r.PrefillWorkerID = &id
-	}
-	s.decisions.Add(r)
-}

@@ -6,6 +6,8 @@ import (
 	"github.com/kvselect/kvselect/selection/affinity"
 	"github.com/kvselect/kvselect/selection/index"
 	"github.com/kvselect/kvselect/selection/loads"
+	"github.com/kvselect/kvselect/selection/partition"
+	"github.com/kvselect/kvselect/selection/reservation"
 	"github.com/kvselect/kvselect/selection/routerconfig"
 	"github.com/kvselect/kvselect/selection/scheduler"
 )
@@ -117,9 +119,9 @@ func (s *Service) noteDisagg(out *disaggOutcome) {
 
 // prefillPool returns the model's prefill partition (nil when the model never
 // had one) and whether it has schedulable workers now.
-func (s *Service) prefillPool(model string) (*partition, bool) {
-	p := s.partition(index.Partition{Model: model, RoutingGroup: s.set.prefillGroup})
-	return p, p != nil && len(p.workers.Load().ranks) > 0
+func (s *Service) prefillPool(model string) (*partition.Partition, bool) {
+	p := s.parts.Get(index.Partition{Model: model, RoutingGroup: s.set.prefillGroup})
+	return p, p != nil && len(p.Workers().Ranks) > 0
 }
 
 // prefillRequest is the selection request of a disaggregated request's
@@ -148,7 +150,7 @@ func (s *Service) decideDisagg(ctx context.Context, rq *prepared, req *SelectReq
 	}
 	preq := s.prefillRequest(req)
 	if pol.NeedsPrefillBusy() {
-		if p, err := s.promptFor(partitionOf(preq.PartitionKey), preq.RouterConfigOverride, &preq.PromptRequest, forSelection); err == nil {
+		if p, err := s.prepare(partitionOf(preq.PartitionKey), preq.RouterConfigOverride, &preq.PromptRequest, forSelection); err == nil {
 			prq = &p
 			if pd, err := s.choose(ctx, prq, preq, nil, nil, false); err == nil {
 				in.PrefillBusy = scheduler.PrefillBusy(pd.load.ActivePrefillTokens, pd.rec.MaxNumBatchedTokens, prefillBusyThreshold(rq.eff))
@@ -167,7 +169,7 @@ func (s *Service) decideDisagg(ctx context.Context, rq *prepared, req *SelectReq
 // away.
 func (s *Service) chooseDisaggregated(ctx context.Context, rq *prepared, req *SelectRequest,
 	target *affinity.Target, booking *loads.Booking, id string) (*decision, *disaggOutcome, error) {
-	out := &disaggOutcome{model: rq.part.key.Model}
+	out := &disaggOutcome{model: rq.part.Key().Model}
 	pool, ok := s.prefillPool(out.model)
 	out.counted = pool != nil
 	if !ok {
@@ -227,7 +229,7 @@ func (s *Service) chooseDisaggregated(ctx context.Context, rq *prepared, req *Se
 func (s *Service) bookPrefill(ctx context.Context, out *disaggOutcome, req *SelectRequest, prq *prepared, id string) error {
 	preq := s.prefillRequest(req)
 	if prq == nil {
-		p, err := s.promptFor(partitionOf(preq.PartitionKey), preq.RouterConfigOverride, &preq.PromptRequest, forSelection)
+		p, err := s.prepare(partitionOf(preq.PartitionKey), preq.RouterConfigOverride, &preq.PromptRequest, forSelection)
 		if err != nil {
 			out.reason = scheduler.ReasonPrefillUnavailable
 			return nil
@@ -235,7 +237,7 @@ func (s *Service) bookPrefill(ctx context.Context, out *disaggOutcome, req *Sele
 		prq = &p
 	}
 	pid := id + PrefillBookingSuffix
-	if err := s.resv.claim(pid); err != nil {
+	if err := s.resv.Claim(pid); err != nil {
 		return err
 	}
 	one := uint32(1)
@@ -243,7 +245,7 @@ func (s *Service) bookPrefill(ctx context.Context, out *disaggOutcome, req *Sele
 		TrackPrefill: prq.eff.TrackPrefillTokens, ExpectedOutputTokens: &one}
 	d, err := s.choose(ctx, prq, preq, nil, b, true)
 	if err != nil {
-		s.resv.unclaim(pid)
+		s.resv.Unclaim(pid)
 		if ctx.Err() != nil {
 			return err
 		}
@@ -260,9 +262,9 @@ func (s *Service) undoPrefill(out *disaggOutcome) {
 	if out.prefill == nil {
 		return
 	}
-	_ = out.prefill.part.loads.Free(out.prefillID)
-	out.prefill.part.wake()
-	s.resv.unclaim(out.prefillID)
+	_ = out.prefill.part.Loads().Free(out.prefillID)
+	out.prefill.part.Wake()
+	s.resv.Unclaim(out.prefillID)
 	out.prefill = nil
 }
 
@@ -271,15 +273,15 @@ func (s *Service) undoPrefill(out *disaggOutcome) {
 func (s *Service) installPrefill(out *disaggOutcome) {
 	d := out.prefill
 	s.recordRouting(d.part, d.worker, d.prompt)
-	s.resv.install(out.prefillID, d.part, d.worker, nil)
+	s.resv.Install(out.prefillID, d.part, d.worker, nil, "")
 	s.replicateAdd(d.part, out.booking, d.prompt.lora)
 }
 
 // freeRemotePrefill frees the remote prefill booked with reservation r, if it
 // is still booked: its decode side has the KV (prefill complete) or is gone.
-func (s *Service) freeRemotePrefill(ctx context.Context, r *reservation) {
-	if r.prefill != "" {
-		_ = s.Free(ctx, r.prefill) // not found: freed already, or expired
+func (s *Service) freeRemotePrefill(ctx context.Context, r *reservation.Row) {
+	if r.Prefill != "" {
+		_ = s.Free(ctx, r.Prefill) // not found: freed already, or expired
 	}
 }
 
@@ -313,7 +315,7 @@ func (s *Service) selectDisaggregated(ctx context.Context, req *SelectRequest) (
 // prefill is remote, selects (and caches, with an id) its prefill worker.
 func (s *Service) peekPrefill(ctx context.Context, req *SelectRequest, resp *SelectResponse, out *disaggOutcome) (string, *string, error) {
 	preq := s.prefillRequest(req)
-	prq, err := s.promptFor(partitionOf(preq.PartitionKey), preq.RouterConfigOverride, &preq.PromptRequest, forSelection)
+	prq, err := s.prepare(partitionOf(preq.PartitionKey), preq.RouterConfigOverride, &preq.PromptRequest, forSelection)
 	if err != nil {
 		return scheduler.ReasonPrefillUnavailable, nil, nil
 	}

@@ -9,6 +9,7 @@ import (
 	"github.com/kvselect/kvselect/selection/catalog"
 	"github.com/kvselect/kvselect/selection/index"
 	"github.com/kvselect/kvselect/selection/loads"
+	"github.com/kvselect/kvselect/selection/partition"
 )
 
 // RankEndpoint is a schedulable (worker, dp rank) with its worker's endpoint:
@@ -20,34 +21,19 @@ type RankEndpoint struct {
 	Endpoint string
 }
 
-// fallbacksOf turns the decision's ordered alternatives into endpoints.
-func fallbacksOf(d *decision) []RankEndpoint {
-	if len(d.alts) == 0 {
-		return nil
-	}
-	ws := d.part.workers.Load()
-	out := make([]RankEndpoint, 0, len(d.alts))
-	for _, a := range d.alts {
-		if rec, ok := ws.rank(a.Worker); ok {
-			out = append(out, RankEndpoint{WorkerID: a.Worker.WorkerID, DPRank: a.Worker.DPRank, Endpoint: rec.EndpointOrEmpty()})
-		}
-	}
-	return out
-}
-
 // Endpoints lists the schedulable ranks of a partition with their workers'
 // endpoints, sorted by (worker_id, dp_rank): what a front needs to translate a
 // gateway's endpoint addresses (a subset hint, a served endpoint) into worker
 // ids. It reads the partition's published snapshot and takes no lock.
 func (s *Service) Endpoints(key PartitionKey) []RankEndpoint {
-	p := s.partition(partitionOf(key))
+	p := s.parts.Get(partitionOf(key))
 	if p == nil {
 		return nil
 	}
-	ws := p.workers.Load()
-	out := make([]RankEndpoint, 0, len(ws.ranks))
-	for _, w := range ws.ranks {
-		out = append(out, RankEndpoint{WorkerID: w.WorkerID, DPRank: w.DPRank, Endpoint: ws.byID[w.WorkerID].EndpointOrEmpty()})
+	ws := p.Workers()
+	out := make([]RankEndpoint, 0, len(ws.Ranks))
+	for _, w := range ws.Ranks {
+		out = append(out, RankEndpoint{WorkerID: w.WorkerID, DPRank: w.DPRank, Endpoint: ws.ByID[w.WorkerID].EndpointOrEmpty()})
 	}
 	return out
 }
@@ -68,40 +54,40 @@ func (s *Service) Endpoints(key PartitionKey) []RankEndpoint {
 // schedulable worker has is a 404, as is an unknown booking. The move itself
 // is Rebook's.
 func (s *Service) RebookServed(ctx context.Context, id, addr string, preferred []WorkerRank) (*ReservationResponse, error) {
-	r, err := s.resv.booked(id)
+	r, err := s.resv.Booked(id)
 	if err != nil {
 		return nil, err
 	}
-	p := r.part
-	ws := p.workers.Load()
+	p := r.Part
+	ws := p.Workers()
 	at := func(workerID uint64) bool {
-		rec, ok := ws.byID[workerID]
+		rec, ok := ws.ByID[workerID]
 		return ok && catalog.Address(rec.EndpointOrEmpty()) == addr
 	}
-	to, found := WorkerRank{WorkerID: r.worker.WorkerID, DPRank: r.worker.DPRank}, at(r.worker.WorkerID)
+	to, found := WorkerRank{WorkerID: r.Worker.WorkerID, DPRank: r.Worker.DPRank}, at(r.Worker.WorkerID)
 	for _, w := range preferred {
 		if found {
 			break
 		}
-		if _, ok := ws.rank(index.WorkerKey{WorkerID: w.WorkerID, DPRank: w.DPRank}); ok && at(w.WorkerID) {
+		if _, ok := ws.Rank(index.WorkerKey{WorkerID: w.WorkerID, DPRank: w.DPRank}); ok && at(w.WorkerID) {
 			to, found = w, true
 		}
 	}
 	if !found {
 		var ranks []index.WorkerKey
-		for _, w := range ws.ranks {
+		for _, w := range ws.Ranks {
 			if at(w.WorkerID) {
 				ranks = append(ranks, w)
 			}
 		}
 		switch len(ranks) {
 		case 0:
-			return nil, apierr.New(KindNotFound, "no schedulable worker of %s is at %s", displayKey(p.key), addr)
+			return nil, apierr.New(KindNotFound, "no schedulable worker of %s is at %s", partition.Name(p.Key()), addr)
 		case 1:
 			to = WorkerRank{WorkerID: ranks[0].WorkerID, DPRank: ranks[0].DPRank}
 		default:
 			return nil, apierr.New(KindConflict, "%s is the address of %d ranks of %s (%s): the served rank is ambiguous, booking %s stays on worker %d dp_rank %d",
-				addr, len(ranks), displayKey(p.key), rankList(ranks), id, r.worker.WorkerID, r.worker.DPRank)
+				addr, len(ranks), partition.Name(p.Key()), rankList(ranks), id, r.Worker.WorkerID, r.Worker.DPRank)
 		}
 	}
 	return s.Rebook(ctx, id, to)
@@ -136,33 +122,31 @@ func (s *Service) Rebook(ctx context.Context, id string, to WorkerRank) (*Reserv
 	if err := s.gate.Admit(); err != nil {
 		return nil, err
 	}
-	r, err := s.resv.booked(id)
+	r, err := s.resv.Booked(id)
 	if err != nil {
 		return nil, err
 	}
-	p := r.part
+	p := r.Part
 	w := index.WorkerKey{WorkerID: to.WorkerID, DPRank: to.DPRank}
-	rec, ok := p.workers.Load().rank(w)
+	rec, ok := p.Workers().Rank(w)
 	if !ok {
-		return nil, apierr.New(KindNotFound, "schedulable worker %d (dp_rank %d) not found for %s", to.WorkerID, to.DPRank, displayKey(p.key))
+		return nil, apierr.New(KindNotFound, "schedulable worker %d (dp_rank %d) not found for %s", to.WorkerID, to.DPRank, partition.Name(p.Key()))
 	}
-	if w != r.worker {
-		p.schedMu.Lock()
-		prefill, err := p.loads.Move(id, w)
-		p.schedMu.Unlock()
+	if w != r.Worker {
+		prefill, err := p.Move(id, w)
 		if err != nil {
-			return nil, loadsError(err)
+			return nil, err
 		}
 		// A free racing this move may have dropped the row (and a new booking
 		// may reuse the id); only the row read above follows the load.
-		s.resv.move(id, r, w)
-		p.wake()
+		s.resv.Move(id, r, w)
+		p.Wake()
 		// Peers see the move as a free on the old rank and an admission on
 		// the new one. The booking keeps no tracking hashes, so the peers'
 		// mirror carries its request and remaining prefill, not its blocks.
-		s.replicate(BookingFreed, p, id, r.worker)
+		s.replicate(BookingFreed, p, id, r.Worker)
 		s.replicateAdd(p, &loads.Booking{RequestID: id, Worker: w, PrefillTokens: prefill, TrackPrefill: prefill > 0}, "")
 	}
-	return &ReservationResponse{SelectionID: id, ModelName: p.key.Model, RoutingGroup: p.key.RoutingGroup,
+	return &ReservationResponse{SelectionID: id, ModelName: p.Key().Model, RoutingGroup: p.Key().RoutingGroup,
 		WorkerID: w.WorkerID, DPRank: w.DPRank, Endpoint: rec.EndpointOrEmpty()}, nil
 }

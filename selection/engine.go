@@ -91,8 +91,8 @@ func (s *Service) ReportEngineMetrics(workerID uint64, snap EngineSnapshot) bool
 		return false
 	}
 	s.engines.Put(workerID, snap)
-	if p := s.partition(index.Partition{Model: rec.ModelName, RoutingGroup: rec.RoutingGroup}); p != nil {
-		p.wake()
+	if p := s.parts.Get(index.Partition{Model: rec.ModelName, RoutingGroup: rec.RoutingGroup}); p != nil {
+		p.Wake()
 	}
 	return true
 }

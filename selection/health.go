@@ -45,8 +45,8 @@ func (s *Service) ReportOutcome(workerID uint64, o Outcome) (HealthTransition, e
 	}
 	tr := s.health.Report(workerID, o, s.clock(), &s.engineCfg.Health)
 	if tr == HealthRestoration {
-		if p := s.partition(partitionOfRecord(rec)); p != nil {
-			p.wake()
+		if p := s.parts.Get(partitionOfRecord(rec)); p != nil {
+			p.Wake()
 		}
 	}
 	return tr, nil

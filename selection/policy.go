@@ -53,33 +53,3 @@ func clonePolicy(p scheduler.Policy) *scheduler.Policy {
 	}
 	return &p
 }
-
-// withCosts is c with its seven cost-weight fields replaced by w: the
-// inverse of CostWeightsOf.
-func withCosts(c routerconfig.Config, w scheduler.CostWeights) routerconfig.Config {
-	c.OverlapScoreCredit = w.OverlapScoreCredit
-	c.OverlapScoreCreditDecay = w.OverlapScoreCreditDecay
-	c.PrefillLoadScale = w.PrefillLoadScale
-	c.DecodeActiveRequestWeight = w.DecodeActiveRequestWeight
-	c.HostCacheHitWeight = w.HostCacheHitWeight
-	c.DiskCacheHitWeight = w.DiskCacheHitWeight
-	c.RouterTemperature = w.Temperature
-	return c
-}
-
-// effective is the router configuration one request runs with: the
-// service's, with the cost weights of the request's policy when it sets
-// them, and the request's router_config_override on top of both.
-func (s *Service) effective(pol *scheduler.Policy, o *routerconfig.Override) (routerconfig.Config, error) {
-	base := s.router
-	if c := pol.Costs; c != nil {
-		base = withCosts(base, *c)
-	}
-	if o == nil {
-		return base, nil
-	}
-	if err := o.Validate(); err != nil {
-		return base, apierr.Wrap(KindBadRequest, err)
-	}
-	return base.Apply(*o), nil
-}

@@ -32,7 +32,7 @@ func kvService(t *testing.T, tier index.Tier, edit func(*routerconfig.Config)) *
 	locals := kvhash.LocalBlockHashes(policyPrompt, "", "", kvhash.BlockOptions{BlockSize: 4})
 	ev := indexStored(1, locals)
 	ev.Tier = tier
-	if err := s.partition(partitionOf(PartitionKey{ModelName: "model"})).ix.Apply(&ev); err != nil {
+	if err := s.parts.Get(partitionOf(PartitionKey{ModelName: "model"})).Index().Apply(&ev); err != nil {
 		t.Fatal(err)
 	}
 	return s
@@ -241,7 +241,7 @@ func TestSetPolicyConcurrentWithSelectAndReserve(t *testing.T) {
 	locals := kvhash.LocalBlockHashes(policyPrompt, "", "", kvhash.BlockOptions{BlockSize: 4})
 	ev := indexStored(2, locals)
 	ev.Tier = index.TierHostPinned
-	if err := s.partition(partitionOf(PartitionKey{ModelName: "model"})).ix.Apply(&ev); err != nil {
+	if err := s.parts.Get(partitionOf(PartitionKey{ModelName: "model"})).Index().Apply(&ev); err != nil {
 		t.Fatal(err)
 	}
 	policies := []scheduler.Policy{

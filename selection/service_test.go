@@ -641,9 +641,9 @@ func TestKVHintFromSameRoleSource(t *testing.T) {
 	}
 	// Worker 1 holds two blocks of the prompt; the booking is pinned to worker 2.
 	locals := kvhash.LocalBlockHashes([]uint32{1, 2, 3, 4, 5, 6, 7, 8}, "", "", kvhash.BlockOptions{BlockSize: 4})
-	p := s.partition(partitionOf(PartitionKey{ModelName: "model"}))
+	p := s.parts.Get(partitionOf(PartitionKey{ModelName: "model"}))
 	ev := indexStored(1, locals)
-	if err := p.ix.Apply(&ev); err != nil {
+	if err := p.Index().Apply(&ev); err != nil {
 		t.Fatal(err)
 	}
 	req := selReq("hint-1", 1, 2, 3, 4, 5, 6, 7, 8)
@@ -733,7 +733,7 @@ func TestConcurrentBookingsAndCatalogChanges(t *testing.T) {
 			}
 		}
 	}
-	left := s.resv.size()
+	left := s.resv.Len()
 	if left != 0 {
 		t.Fatalf("%d reservation rows leaked", left)
 	}

@@ -7,6 +7,7 @@ import (
 	"github.com/kvselect/kvselect/selection/affinity"
 	"github.com/kvselect/kvselect/selection/index"
 	"github.com/kvselect/kvselect/selection/loads"
+	"github.com/kvselect/kvselect/selection/partition"
 )
 
 // This file holds the service's side of the replica planes (the "Peer Planes"
@@ -118,9 +119,9 @@ func (s *Service) replicaObserver() ReplicaObserver {
 func (s *Service) ReplicaID() uint64 { return s.rnd.ReplicaID() }
 
 // replicateAdd publishes a booking the service just installed.
-func (s *Service) replicateAdd(p *partition, b *loads.Booking, lora string) {
+func (s *Service) replicateAdd(p *partition.Partition, b *loads.Booking, lora string) {
 	if o := s.replicaObserver(); o != nil {
-		ev := BookingEvent{Kind: BookingAdded, Partition: p.key, BlockSize: p.blockSize, RequestID: b.RequestID,
+		ev := BookingEvent{Kind: BookingAdded, Partition: p.Key(), BlockSize: p.BlockSize(), RequestID: b.RequestID,
 			Worker: b.Worker, Origin: s.rnd.ReplicaID(), LoraName: lora, TrackingHashes: b.TrackingHashes,
 			TrackPrefill: b.TrackPrefill, ExpectedOutputTokens: b.ExpectedOutputTokens}
 		if b.TrackPrefill {
@@ -134,9 +135,9 @@ func (s *Service) replicateAdd(p *partition, b *loads.Booking, lora string) {
 }
 
 // replicate publishes a prefill completion or a free of a live booking.
-func (s *Service) replicate(kind BookingEventKind, p *partition, id string, w index.WorkerKey) {
+func (s *Service) replicate(kind BookingEventKind, p *partition.Partition, id string, w index.WorkerKey) {
 	if o := s.replicaObserver(); o != nil {
-		o.BookingChanged(BookingEvent{Kind: kind, Partition: p.key, BlockSize: p.blockSize, RequestID: id, Worker: w, Origin: s.rnd.ReplicaID()})
+		o.BookingChanged(BookingEvent{Kind: kind, Partition: p.Key(), BlockSize: p.BlockSize(), RequestID: id, Worker: w, Origin: s.rnd.ReplicaID()})
 	}
 	if kind == BookingFreed {
 		s.flushBindings(p) // the free released a session lease
@@ -146,11 +147,11 @@ func (s *Service) replicate(kind BookingEventKind, p *partition, id string, w in
 // flushBindings hands the partition's queued binding events to the observer.
 // The table's outbox is drained even without an observer, so it never fills
 // with events nobody will send.
-func (s *Service) flushBindings(p *partition) {
-	if p.affinity == nil {
+func (s *Service) flushBindings(p *partition.Partition) {
+	if p.Affinity() == nil {
 		return
 	}
-	evs := p.affinity.Events()
+	evs := p.Affinity().Events()
 	if len(evs) == 0 {
 		return
 	}
@@ -159,7 +160,7 @@ func (s *Service) flushBindings(p *partition) {
 		return
 	}
 	for _, ev := range evs {
-		o.SessionBound(SessionBinding{Partition: p.key, BindingEvent: ev})
+		o.SessionBound(SessionBinding{Partition: p.Key(), BindingEvent: ev})
 	}
 }
 
@@ -224,17 +225,17 @@ func (s *Service) ApplyRemoteBooking(ev BookingEvent) RemoteOutcome {
 	if ev.Origin == s.rnd.ReplicaID() {
 		return RemoteOwn
 	}
-	p := s.partition(ev.Partition)
+	p := s.parts.Get(ev.Partition)
 	if p == nil {
 		return RemoteUnknownPartition
 	}
-	if ev.BlockSize != p.blockSize {
+	if ev.BlockSize != p.BlockSize() {
 		return RemoteBlockSizeMismatch
 	}
 	if ev.RequestID == "" {
 		return RemoteInvalid
 	}
-	if rec, ok := p.workers.Load().byID[ev.Worker.WorkerID]; !ok {
+	if rec, ok := p.Workers().ByID[ev.Worker.WorkerID]; !ok {
 		return RemoteUnknownWorker
 	} else if !rec.HasRank(ev.Worker.DPRank) {
 		return RemoteUnknownRank
@@ -248,7 +249,7 @@ func (s *Service) ApplyRemoteBooking(ev BookingEvent) RemoteOutcome {
 	return RemoteInvalid
 }
 
-func (s *Service) applyRemoteAdd(p *partition, ev *BookingEvent) RemoteOutcome {
+func (s *Service) applyRemoteAdd(p *partition.Partition, ev *BookingEvent) RemoteOutcome {
 	prefill := 0
 	if ev.TrackPrefill && ev.PrefillTokens != nil {
 		if *ev.PrefillTokens > maxISLTokens {
@@ -256,7 +257,7 @@ func (s *Service) applyRemoteAdd(p *partition, ev *BookingEvent) RemoteOutcome {
 		}
 		prefill = int(*ev.PrefillTokens)
 	}
-	if s.resv.claim(ev.RequestID) != nil {
+	if s.resv.Claim(ev.RequestID) != nil {
 		return RemoteDuplicate
 	}
 	// ISL only drives RecordOutputTokens, which never runs for a mirror (output
@@ -264,12 +265,9 @@ func (s *Service) applyRemoteAdd(p *partition, ev *BookingEvent) RemoteOutcome {
 	// carry it.
 	b := loads.Booking{RequestID: ev.RequestID, Worker: ev.Worker, TrackingHashes: ev.TrackingHashes,
 		PrefillTokens: prefill, TrackPrefill: ev.TrackPrefill, ExpectedOutputTokens: ev.ExpectedOutputTokens}
-	p.schedMu.Lock()
-	err := p.loads.Add(s.clock(), b)
-	p.schedMu.Unlock()
-	if err != nil {
-		s.resv.unclaim(ev.RequestID)
-		switch KindOf(loadsError(err)) {
+	if err := p.Book(s.clock, b); err != nil {
+		s.resv.Unclaim(ev.RequestID)
+		switch KindOf(err) {
 		case KindNotFound:
 			return RemoteUnknownRank // the rank left between the check and the booking
 		case KindConflict:
@@ -277,31 +275,31 @@ func (s *Service) applyRemoteAdd(p *partition, ev *BookingEvent) RemoteOutcome {
 		}
 		return RemoteInvalid
 	}
-	s.resv.install(ev.RequestID, p, ev.Worker, nil)
+	s.resv.Install(ev.RequestID, p, ev.Worker, nil, "")
 	return RemoteApplied
 }
 
-func (s *Service) applyRemoteLifecycle(p *partition, ev *BookingEvent) RemoteOutcome {
-	r, err := s.resv.booked(ev.RequestID)
+func (s *Service) applyRemoteLifecycle(p *partition.Partition, ev *BookingEvent) RemoteOutcome {
+	r, err := s.resv.Booked(ev.RequestID)
 	// Reservation ids are process-global and single-booking, so the id and
 	// partition find the booking even when the event names another rank: the
 	// origin may have moved the booking to the rank that actually served it
 	// (Rebook), which is not replicated.
-	if err != nil || r.part != p {
+	if err != nil || r.Part != p {
 		return RemoteUnknownRequest
 	}
 	now := s.clock()
 	if ev.Kind == BookingPrefillCompleted {
-		if p.loads.PrefillComplete(ev.RequestID) != nil {
-			s.dropReservation(ev.RequestID, now)
+		if p.Loads().PrefillComplete(ev.RequestID) != nil {
+			s.resv.Release(ev.RequestID, now)
 			return RemoteUnknownRequest
 		}
-		p.wake()
+		p.Wake()
 		return RemoteApplied
 	}
-	ferr := p.loads.Free(ev.RequestID)
-	s.dropReservation(ev.RequestID, now)
-	p.wake()
+	ferr := p.Loads().Free(ev.RequestID)
+	s.resv.Release(ev.RequestID, now)
+	p.Wake()
 	// A local booking freed by a peer releases its session lease here; the
 	// refreshed binding is ours to publish.
 	s.flushBindings(p)
@@ -320,15 +318,15 @@ func (s *Service) ApplyRemoteBinding(b SessionBinding) (RemoteOutcome, affinity.
 	if b.WriterID == s.rnd.ReplicaID() {
 		return RemoteOwn, affinity.IgnoredOwnWriter
 	}
-	p := s.partition(b.Partition)
+	p := s.parts.Get(b.Partition)
 	if p == nil {
 		return RemoteUnknownPartition, 0
 	}
-	if p.affinity == nil {
+	if p.Affinity() == nil {
 		return RemoteAffinityDisabled, 0
 	}
-	ws := p.workers.Load()
-	out := p.affinity.ApplyRemote(s.clock(), b.BindingEvent, func(t affinity.Target) bool { return targetSchedulable(ws, t) })
+	ws := p.Workers()
+	out := p.Affinity().ApplyRemote(s.clock(), b.BindingEvent, ws.Schedulable)
 	switch {
 	case out.Applied():
 		return RemoteApplied, out

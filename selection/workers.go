@@ -10,6 +10,7 @@ import (
 	"github.com/kvselect/kvselect/selection/apierr"
 	"github.com/kvselect/kvselect/selection/catalog"
 	"github.com/kvselect/kvselect/selection/index"
+	"github.com/kvselect/kvselect/selection/partition"
 )
 
 // Listeners is the seam the KV-event adapters plug into (engines/kvlisten: a
@@ -197,10 +198,10 @@ func (s *Service) record(id uint64) (*catalog.Record, bool) {
 func (s *Service) applyRecord(rec *catalog.Record) *catalog.Record {
 	key := index.Partition{Model: rec.ModelName, RoutingGroup: rec.RoutingGroup}
 	reasons := rec.Reasons(catalog.Checks{Queueing: s.set.queueing, ConsumesEvents: s.set.useKVEvents, Collector: s.set.collector, PrefillGroup: s.set.prefillGroup})
-	var part *partition
+	var part *partition.Partition
 	if len(reasons) == 0 {
 		var err error
-		if part, err = s.ensurePartition(key, *rec.BlockSize, deref(rec.IsEagle, false)); err != nil {
+		if part, err = s.parts.Ensure(key, *rec.BlockSize, deref(rec.IsEagle, false)); err != nil {
 			reasons = append(reasons, "reconciliation failed: "+err.Error())
 		}
 	}
@@ -233,36 +234,14 @@ func (s *Service) applyRecord(rec *catalog.Record) *catalog.Record {
 	s.catalog[rec.WorkerID] = rec
 	s.mu.Unlock()
 	if rec.Lifecycle == catalog.Schedulable {
-		s.publish(part, rec)
+		s.forgetDropped(part, part.Publish(rec))
 	}
 	return rec.Clone()
 }
 
-// ensurePartition returns the partition, creating it with the worker's block
-// size and Eagle mode, which are frozen from then on.
-func (s *Service) ensurePartition(key index.Partition, blockSize uint32, eagle bool) (*partition, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if p, ok := s.parts[key]; ok {
-		if p.blockSize != blockSize {
-			return nil, fmt.Errorf("block_size mismatch for %s: existing=%d requested=%d", displayKey(key), p.blockSize, blockSize)
-		}
-		if p.isEagle != eagle {
-			return nil, fmt.Errorf("is_eagle mismatch for %s: existing=%t requested=%t", displayKey(key), p.isEagle, eagle)
-		}
-		return p, nil
-	}
-	p, err := s.newPartition(key, blockSize, eagle)
-	if err != nil {
-		return nil, err
-	}
-	s.parts[key] = p
-	return p, nil
-}
-
 // reconcileListeners attaches the worker's ranks, keeping unchanged ones. On
 // failure it rolls back the ranks it attached in this pass.
-func (s *Service) reconcileListeners(p *partition, rec *catalog.Record, prev attached) error {
+func (s *Service) reconcileListeners(p *partition.Partition, rec *catalog.Record, prev attached) error {
 	if !s.set.useKVEvents {
 		return nil
 	}
@@ -295,7 +274,7 @@ func (s *Service) reconcileListeners(p *partition, rec *catalog.Record, prev att
 		}
 		wk := index.WorkerKey{WorkerID: rec.WorkerID, DPRank: rank}
 		if s.listeners != nil {
-			a := RankAttachment{Partition: p.key, Worker: wk, Endpoints: want[rank], BlockSize: p.blockSize, Eagle: p.isEagle, Index: p.ix}
+			a := RankAttachment{Partition: p.Key(), Worker: wk, Endpoints: want[rank], BlockSize: p.BlockSize(), Eagle: p.Eagle(), Index: p.Index()}
 			if err := s.listeners.Attach(a); err != nil {
 				for _, r := range fresh {
 					s.detachRank(p, rec.WorkerID, r)
@@ -314,20 +293,40 @@ func (s *Service) reconcileListeners(p *partition, rec *catalog.Record, prev att
 	return nil
 }
 
-func (s *Service) detachRank(p *partition, workerID uint64, rank uint32) {
+func (s *Service) detachRank(p *partition.Partition, workerID uint64, rank uint32) {
 	wk := index.WorkerKey{WorkerID: workerID, DPRank: rank}
 	if s.listeners != nil {
-		s.listeners.Detach(p.key, wk)
+		s.listeners.Detach(p.Key(), wk)
 	}
-	p.ix.RemoveRank(wk)
+	p.Index().RemoveRank(wk)
+}
+
+// unpublish removes a worker from its partition's candidates; bookings on its
+// ranks are released.
+func (s *Service) unpublish(old *catalog.Record) {
+	p := s.parts.Get(partitionOfRecord(old))
+	if p == nil {
+		return
+	}
+	s.forgetDropped(p, p.ReplaceWorkers(func(m map[uint64]*catalog.Record) { delete(m, old.WorkerID) }))
+}
+
+// forgetDropped releases the reservations of bookings a change of p's
+// workers dropped, and wakes p's queue.
+func (s *Service) forgetDropped(p *partition.Partition, dropped []string) {
+	now := s.clock()
+	for _, id := range dropped {
+		s.resv.Release(id, now)
+	}
+	p.Wake()
 }
 
 // retire takes a schedulable worker out of its partition: draining (no new
 // selections), listeners detached and blocks purged, bookings released.
 func (s *Service) retire(old *catalog.Record) {
 	key := index.Partition{Model: old.ModelName, RoutingGroup: old.RoutingGroup}
+	p := s.parts.Get(key)
 	s.mu.Lock()
-	p := s.parts[key]
 	if cur, ok := s.catalog[old.WorkerID]; ok && cur == old {
 		draining := old.Clone()
 		draining.Lifecycle = catalog.Draining
@@ -343,5 +342,5 @@ func (s *Service) retire(old *catalog.Record) {
 	}
 	delete(s.attachedRanks, old.WorkerID)
 	// Approximate entries and side-index predictions go with the worker too.
-	p.ix.RemoveWorker(old.WorkerID)
+	p.Index().RemoveWorker(old.WorkerID)
 }
