@@ -325,7 +325,7 @@ func (st *stream) restrict(req *selection.SelectRequest, entries []string, what 
 	ts := parseTargets(entries)
 	var allowed []uint64
 	if len(ts) > 0 {
-		allowed = st.s.addrs.allowedWorkers(st.s.svc.Endpoints(req.PartitionKey), ts)
+		allowed = st.s.addrs.allowedWorkers(st.s.svc.Inspect().Endpoints(req.PartitionKey), ts)
 	}
 	if len(allowed) == 0 {
 		return st.immediate(typev3.StatusCode_ServiceUnavailable,

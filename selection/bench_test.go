@@ -154,7 +154,7 @@ func BenchmarkSelectAndReserveFreeDisaggregated(b *testing.B) {
 		reqs[i] = &SelectRequest{PartitionKey: PartitionKey{ModelName: "m"}, PromptRequest: PromptRequest{TokenIDs: t}, Disaggregated: true}
 	}
 	benchPairs(b, s, reqs)
-	if st := s.DisaggStats(); st["conditional_disagg_disabled"] == 0 {
+	if st := s.Inspect().DisaggStats(); st["conditional_disagg_disabled"] == 0 {
 		b.Fatalf("no remote prefill: %v", st)
 	}
 }

@@ -22,17 +22,3 @@ type PartitionRouting = decisionlog.Routing
 
 // RankCost is one scored rank.
 type RankCost = decisionlog.RankCost
-
-// RoutingStats returns every partition's routing-quality totals.
-func (s *Service) RoutingStats() []PartitionRouting {
-	parts := s.parts.All()
-	out := make([]PartitionRouting, 0, len(parts))
-	for _, p := range parts {
-		out = append(out, p.Routing().Totals(p.Key().Model, p.Key().RoutingGroup))
-	}
-	return out
-}
-
-// RecentDecisions returns up to n of the latest decisions (all it keeps when
-// n ≤ 0), newest first; nil when the log is off (Config.RecentDecisions < 0).
-func (s *Service) RecentDecisions(n int) []DecisionRecord { return s.decisions.Latest(n) }

@@ -36,7 +36,7 @@ func TestDecisionLogAndRoutingStats(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	got := s.RecentDecisions(0)
+	got := s.Inspect().RecentDecisions(0)
 	if len(got) != 3 {
 		t.Fatalf("%d decisions logged, want 3 (two bookings, one select): %+v", len(got), got)
 	}
@@ -54,7 +54,7 @@ func TestDecisionLogAndRoutingStats(t *testing.T) {
 		t.Errorf("decision times %v, %v: not the injected clock", got[2].Time, b.Time)
 	}
 
-	stats := s.RoutingStats()
+	stats := s.Inspect().RoutingStats()
 	if len(stats) != 1 {
 		t.Fatalf("routing stats for %d partitions, want 1", len(stats))
 	}

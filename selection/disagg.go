@@ -50,13 +50,6 @@ const DefaultPrefillRoutingGroup = "prefill"
 // booking's selection id.
 const PrefillBookingSuffix = ".prefill"
 
-// DisaggStats are the disaggregated decisions made so far, by reason (every
-// scheduler.DisaggReasons entry present). Requests to models that never had
-// a prefill pool are not counted: nothing was decided for them.
-func (s *Service) DisaggStats() map[string]uint64 {
-	return s.disagg.Counts()
-}
-
 // PrefillRoutingGroup is the routing group of every model's prefill pool.
 func (s *Service) PrefillRoutingGroup() string { return s.set.prefillGroup }
 
@@ -274,7 +267,7 @@ func (s *Service) installPrefill(out *disaggOutcome) {
 	d := out.prefill
 	s.recordRouting(d.part, d.worker, d.prompt)
 	s.resv.Install(out.prefillID, d.part, d.worker, nil, "")
-	s.replicateAdd(d.part, out.booking, d.prompt.lora)
+	s.repl.added(d.part, out.booking, d.prompt.lora)
 }
 
 // freeRemotePrefill frees the remote prefill booked with reservation r, if it

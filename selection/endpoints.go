@@ -21,23 +21,6 @@ type RankEndpoint struct {
 	Endpoint string
 }
 
-// Endpoints lists the schedulable ranks of a partition with their workers'
-// endpoints, sorted by (worker_id, dp_rank): what a front needs to translate a
-// gateway's endpoint addresses (a subset hint, a served endpoint) into worker
-// ids. It reads the partition's published snapshot and takes no lock.
-func (s *Service) Endpoints(key PartitionKey) []RankEndpoint {
-	p := s.parts.Get(partitionOf(key))
-	if p == nil {
-		return nil
-	}
-	ws := p.Workers()
-	out := make([]RankEndpoint, 0, len(ws.Ranks))
-	for _, w := range ws.Ranks {
-		out = append(out, RankEndpoint{WorkerID: w.WorkerID, DPRank: w.DPRank, Endpoint: ws.ByID[w.WorkerID].EndpointOrEmpty()})
-	}
-	return out
-}
-
 // RebookServed attributes a live booking to the rank at addr, the host:port a
 // gateway reports as having served the request (GIE protocol 004's served
 // endpoint) when it differs from the one selection chose; addresses compare
@@ -52,7 +35,7 @@ func (s *Service) Endpoints(key PartitionKey) []RankEndpoint {
 // registered for several workers — names no rank: the booking stays where it
 // is and the call fails with 409 (KindConflict) naming them. An address no
 // schedulable worker has is a 404, as is an unknown booking. The move itself
-// is Rebook's.
+// is rebook's.
 func (s *Service) RebookServed(ctx context.Context, id, addr string, preferred []WorkerRank) (*ReservationResponse, error) {
 	r, err := s.resv.Booked(id)
 	if err != nil {
@@ -90,7 +73,7 @@ func (s *Service) RebookServed(ctx context.Context, id, addr string, preferred [
 				addr, len(ranks), partition.Name(p.Key()), rankList(ranks), id, r.Worker.WorkerID, r.Worker.DPRank)
 		}
 	}
-	return s.Rebook(ctx, id, to)
+	return s.rebook(ctx, id, to)
 }
 
 // rankList writes ranks as "worker 1 dp_rank 0, worker 1 dp_rank 1", at most
@@ -110,7 +93,7 @@ func rankList(ranks []index.WorkerKey) string {
 	return b.String()
 }
 
-// Rebook moves a live booking to another schedulable rank of its partition,
+// rebook moves a live booking to another schedulable rank of its partition,
 // keeping its id, admission time, prompt blocks, remaining prefill and output
 // blocks. The ext_proc front calls it when the gateway reports that a
 // fallback endpoint served the request instead of the chosen one, so load is
@@ -118,7 +101,7 @@ func rankList(ranks []index.WorkerKey) string {
 // booking stays where selection put it. Moving to the current rank is a
 // successful no-op. Errors: 404 for an unknown booking or rank. The move is
 // published to replica peers as a free plus an admission.
-func (s *Service) Rebook(ctx context.Context, id string, to WorkerRank) (*ReservationResponse, error) {
+func (s *Service) rebook(ctx context.Context, id string, to WorkerRank) (*ReservationResponse, error) {
 	if err := s.gate.Admit(); err != nil {
 		return nil, err
 	}
@@ -144,8 +127,8 @@ func (s *Service) Rebook(ctx context.Context, id string, to WorkerRank) (*Reserv
 		// Peers see the move as a free on the old rank and an admission on
 		// the new one. The booking keeps no tracking hashes, so the peers'
 		// mirror carries its request and remaining prefill, not its blocks.
-		s.replicate(BookingFreed, p, id, r.Worker)
-		s.replicateAdd(p, &loads.Booking{RequestID: id, Worker: w, PrefillTokens: prefill, TrackPrefill: prefill > 0}, "")
+		s.repl.changed(BookingFreed, p, id, r.Worker)
+		s.repl.added(p, &loads.Booking{RequestID: id, Worker: w, PrefillTokens: prefill, TrackPrefill: prefill > 0}, "")
 	}
 	return &ReservationResponse{SelectionID: id, ModelName: p.Key().Model, RoutingGroup: p.Key().RoutingGroup,
 		WorkerID: w.WorkerID, DPRank: w.DPRank, Endpoint: rec.EndpointOrEmpty()}, nil

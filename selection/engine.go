@@ -1,9 +1,6 @@
 package selection
 
 import (
-	"slices"
-
-	"github.com/kvselect/kvselect/selection/catalog"
 	"github.com/kvselect/kvselect/selection/engine"
 	"github.com/kvselect/kvselect/selection/index"
 )
@@ -51,42 +48,14 @@ type EngineTarget struct {
 
 // EngineTargets lists the schedulable workers with an HTTP endpoint, in
 // worker-id order: what an engine-metrics adapter scrapes.
-func (s *Service) EngineTargets() []EngineTarget {
-	s.mu.RLock()
-	out := make([]EngineTarget, 0, len(s.catalog))
-	for _, r := range s.catalog {
-		if r.Lifecycle != catalog.Schedulable {
-			continue
-		}
-		u, ok := r.MetricsURL()
-		if !ok {
-			continue
-		}
-		t := EngineTarget{WorkerID: r.WorkerID, URL: u, Engine: r.EngineName(), Ranks: r.Ranks()}
-		if h, ok := (&catalog.Record{Endpoint: r.Endpoint}).MetricsURL(); ok {
-			t.HealthURL = h[:len(h)-len("/metrics")] + "/health"
-		}
-		out = append(out, t)
-	}
-	s.mu.RUnlock()
-	slices.SortFunc(out, func(a, b EngineTarget) int {
-		switch {
-		case a.WorkerID < b.WorkerID:
-			return -1
-		case a.WorkerID > b.WorkerID:
-			return 1
-		}
-		return 0
-	})
-	return out
-}
+func (s *Service) EngineTargets() []EngineTarget { return s.cat.engineTargets() }
 
 // ReportEngineMetrics records one scrape of a worker's engine. A report for a
 // worker the catalog does not hold is dropped (the worker may have left while
 // it was scraped); the answer says whether it was kept. Partitions whose
 // queue waits for a rank to stop being saturated are woken.
 func (s *Service) ReportEngineMetrics(workerID uint64, snap EngineSnapshot) bool {
-	rec, ok := s.record(workerID)
+	rec, ok := s.cat.record(workerID)
 	if !ok {
 		return false
 	}
@@ -95,11 +64,4 @@ func (s *Service) ReportEngineMetrics(workerID uint64, snap EngineSnapshot) bool
 		p.Wake()
 	}
 	return true
-}
-
-// EngineStats counts the scraped workers whose figures are fresh and those
-// whose last good scrape is stale or missing (selection then relies on its
-// bookings alone for them).
-func (s *Service) EngineStats() (fresh, stale int) {
-	return s.engines.Stats(s.clock(), s.engineCfg.StaleAfter)
 }

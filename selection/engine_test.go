@@ -300,7 +300,7 @@ func TestEngineMetricsView(t *testing.T) {
 	if v := s.Workers(nil, nil)[0].EngineMetrics; !v.Stale {
 		t.Fatalf("engine_metrics after 2.15 s = %+v, want stale", v)
 	}
-	if fresh, stale := s.EngineStats(); fresh != 0 || stale != 1 {
+	if fresh, stale := s.Inspect().EngineStats(); fresh != 0 || stale != 1 {
 		t.Fatalf("EngineStats = %d fresh, %d stale", fresh, stale)
 	}
 	if _, err := s.DeleteWorker(bg, 1); err != nil {

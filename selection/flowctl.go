@@ -1,9 +1,6 @@
 package selection
 
 import (
-	"cmp"
-	"slices"
-
 	"github.com/kvselect/kvselect/selection/admission"
 	"github.com/kvselect/kvselect/selection/flow"
 )
@@ -32,33 +29,6 @@ type PartitionFlow struct {
 	ModelName    string `json:"model_name"`
 	RoutingGroup string `json:"routing_group"`
 	flow.State
-}
-
-// FlowState snapshots every partition's waiting requests; empty with flow
-// control off.
-func (s *Service) FlowState() []PartitionFlow {
-	out := []PartitionFlow{}
-	if s.flowCfg == nil {
-		return out
-	}
-	now := s.clock()
-	for _, p := range s.parts.All() {
-		key := p.Key()
-		out = append(out, PartitionFlow{ModelName: key.Model, RoutingGroup: key.RoutingGroup, State: p.Queue().FlowState(now)})
-	}
-	slices.SortFunc(out, func(a, b PartitionFlow) int {
-		return cmp.Or(cmp.Compare(a.ModelName, b.ModelName), cmp.Compare(a.RoutingGroup, b.RoutingGroup))
-	})
-	return out
-}
-
-// FlowConfig is the flow control configuration, nil when it is off.
-func (s *Service) FlowConfig() *flow.Config {
-	if s.flowCfg == nil {
-		return nil
-	}
-	c := *s.flowCfg
-	return &c
 }
 
 // CheckTenant validates a tenant id: at most flow.MaxTenantLen bytes of

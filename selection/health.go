@@ -2,7 +2,6 @@ package selection
 
 import (
 	"github.com/kvselect/kvselect/selection/apierr"
-	"github.com/kvselect/kvselect/selection/catalog"
 	"github.com/kvselect/kvselect/selection/health"
 )
 
@@ -39,7 +38,7 @@ type HealthStats = health.Stats
 // A worker the catalog does not hold is a KindNotFound error. Restoring a
 // worker wakes its partition's queue.
 func (s *Service) ReportOutcome(workerID uint64, o Outcome) (HealthTransition, error) {
-	rec, ok := s.record(workerID)
+	rec, ok := s.cat.record(workerID)
 	if !ok {
 		return HealthUnchanged, apierr.New(KindNotFound, "worker %d not found", workerID)
 	}
@@ -51,13 +50,3 @@ func (s *Service) ReportOutcome(workerID uint64, o Outcome) (HealthTransition, e
 	}
 	return tr, nil
 }
-
-// WorkerHealth is the worker's health as GET /workers shows it; nil when
-// nothing was reported against it since its last restoration.
-func (s *Service) WorkerHealth(workerID uint64) *catalog.HealthView {
-	v, _ := s.health.View(workerID, s.clock())
-	return v
-}
-
-// HealthStats reports the health checks' totals (for metrics).
-func (s *Service) HealthStats() HealthStats { return s.health.Stats(s.clock()) }

@@ -23,9 +23,6 @@ func (s *Service) SetPolicy(p scheduler.Policy) error {
 	return nil
 }
 
-// Policy returns a copy of the selection policy in force.
-func (s *Service) Policy() scheduler.Policy { return *clonePolicy(*s.policy.Load()) }
-
 // validPolicy checks what Select relies on: a scorer and a picker, and cost
 // weights in the ranges the router configuration's own weights must respect
 // (a negative temperature or credit would make costs meaningless).

@@ -48,7 +48,7 @@ func costsWith(edit func(*scheduler.CostWeights)) *scheduler.CostWeights {
 // creditOf is worker 1's router credit for the policy prompt.
 func creditOf(t *testing.T, s *Service, o *routerconfig.Override) float64 {
 	t.Helper()
-	resp, err := s.OverlapScores(bg, &PromptQuery{PartitionKey: PartitionKey{ModelName: "model"},
+	resp, err := s.Inspect().OverlapScores(bg, &PromptQuery{PartitionKey: PartitionKey{ModelName: "model"},
 		PromptRequest: PromptRequest{TokenIDs: policyPrompt}, RouterConfigOverride: o})
 	if err != nil {
 		t.Fatal(err)
@@ -134,7 +134,7 @@ func TestPolicyCostsReachPotentialLoadsAndBookedPrefill(t *testing.T) {
 			if err := s.SetPolicy(pol); err != nil {
 				t.Fatal(err)
 			}
-			pl, err := s.PotentialLoads(bg, &PromptQuery{PartitionKey: PartitionKey{ModelName: "model"}, PromptRequest: PromptRequest{TokenIDs: policyPrompt}})
+			pl, err := s.Inspect().PotentialLoads(bg, &PromptQuery{PartitionKey: PartitionKey{ModelName: "model"}, PromptRequest: PromptRequest{TokenIDs: policyPrompt}})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -189,12 +189,12 @@ func TestSetPolicyTakesEffectForTheNextRequest(t *testing.T) {
 		t.Fatalf("after SetPolicy chose %d, want 2", got)
 	}
 	costs.DecodeActiveRequestWeight = 7 // the service keeps its own copy
-	if got := s.Policy(); got.Costs == nil || got.Costs.DecodeActiveRequestWeight != 2 {
+	if got := s.Inspect().Policy(); got.Costs == nil || got.Costs.DecodeActiveRequestWeight != 2 {
 		t.Fatalf("Policy() = %+v, want the costs set", got)
 	}
-	got := s.Policy()
+	got := s.Inspect().Policy()
 	got.Costs.DecodeActiveRequestWeight = 9
-	if s.Policy().Costs.DecodeActiveRequestWeight != 2 {
+	if s.Inspect().Policy().Costs.DecodeActiveRequestWeight != 2 {
 		t.Fatal("editing Policy()'s result changed the service's policy")
 	}
 
@@ -216,8 +216,8 @@ func TestSetPolicyTakesEffectForTheNextRequest(t *testing.T) {
 	if err := s.SetPolicy(scheduler.DefaultPolicy()); err != nil {
 		t.Fatal(err)
 	}
-	if got := choose(); got != 1 || s.Policy().Costs != nil {
-		t.Fatalf("back to the default policy: chose %d, costs %+v", got, s.Policy().Costs)
+	if got := choose(); got != 1 || s.Inspect().Policy().Costs != nil {
+		t.Fatalf("back to the default policy: chose %d, costs %+v", got, s.Inspect().Policy().Costs)
 	}
 }
 

@@ -31,16 +31,3 @@ func (s *Service) Ready() ReadyStatus {
 
 // SetCondition adds or replaces the condition named c.Name.
 func (s *Service) SetCondition(c Condition) { s.gate.SetCondition(c) }
-
-// RemoveCondition drops the named condition; an absent name is a no-op.
-func (s *Service) RemoveCondition(name string) { s.gate.RemoveCondition(name) }
-
-// Conditions lists the conditions sorted by name.
-func (s *Service) Conditions() []Condition { return s.gate.Conditions() }
-
-// SetIndexRecovery records the startup recovery state; readiness waits while it
-// is RecoveryPending.
-func (s *Service) SetIndexRecovery(r IndexRecovery) { s.gate.SetRecovery(r) }
-
-// IndexRecoveryState reports the startup recovery state.
-func (s *Service) IndexRecoveryState() IndexRecovery { return s.gate.Recovery() }

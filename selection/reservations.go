@@ -71,7 +71,7 @@ func (s *Service) reserveExplicit(ctx context.Context, key index.Partition, req 
 	}
 	s.recordRouting(p, w, pr)
 	s.resv.Install(id, p, w, nil, "")
-	s.replicateAdd(p, &b, pr.lora)
+	s.repl.added(p, &b, pr.lora)
 	return &ReservationResponse{SelectionID: id, ModelName: key.Model, RoutingGroup: key.RoutingGroup,
 		WorkerID: w.WorkerID, DPRank: w.DPRank, Endpoint: rec.EndpointOrEmpty()}, nil
 }
@@ -130,7 +130,7 @@ func (s *Service) reserveReplay(ctx context.Context, key index.Partition, id str
 	}
 	s.recordRouting(p, e.Worker, replayed)
 	s.resv.Install(id, p, e.Worker, lease, "")
-	s.replicateAdd(p, &b, e.LoraName)
+	s.repl.added(p, &b, e.LoraName)
 	booked = true
 	s.pending.Consume(pk, gen)
 	return &ReservationResponse{SelectionID: id, ModelName: key.Model, RoutingGroup: key.RoutingGroup,
@@ -149,7 +149,7 @@ func (s *Service) PrefillComplete(ctx context.Context, id string) error {
 	}
 	r.Part.Wake()
 	// Re-published on a repeated call, as Dynamo does.
-	s.replicate(BookingPrefillCompleted, r.Part, id, r.Worker)
+	s.repl.changed(BookingPrefillCompleted, r.Part, id, r.Worker)
 	s.freeRemotePrefill(ctx, r)
 	return nil
 }
@@ -206,6 +206,6 @@ func (s *Service) Free(ctx context.Context, id string) error {
 	if ferr != nil {
 		return apierr.New(KindNotFound, "reservation %s not found", id)
 	}
-	s.replicate(BookingFreed, r.Part, id, r.Worker)
+	s.repl.changed(BookingFreed, r.Part, id, r.Worker)
 	return nil
 }

@@ -133,7 +133,7 @@ func (s *Service) SelectAndReserve(ctx context.Context, req *SelectRequest) (*Se
 		prefillID = dis.prefillID
 	}
 	s.resv.Install(id, p, d.worker, lease, prefillID)
-	s.replicateAdd(p, booking, pr.lora)
+	s.repl.added(p, booking, pr.lora)
 	ok = true
 	resp := s.bookedResponse(d, id, booking)
 	if dis != nil {

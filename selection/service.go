@@ -20,7 +20,6 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -143,13 +142,12 @@ type Config struct {
 // injected clock is read under the scheduling lock too, so it must not call
 // into the service.
 type Service struct {
-	set       settings
-	router    routerconfig.Config
-	clock     func() time.Time
-	tracker   *kvhash.Tracker
-	listeners Listeners
-	pending   *pending.Cache
-	indexes   *index.Partitions
+	set     settings
+	router  routerconfig.Config
+	clock   func() time.Time
+	tracker *kvhash.Tracker
+	pending *pending.Cache
+	indexes *index.Partitions
 
 	// policy is the selection policy in force, replaced whole by SetPolicy. A
 	// request loads it once (prepare) and uses that value throughout.
@@ -163,22 +161,20 @@ type Service struct {
 	decisions *decisionlog.Log
 	disagg    decisionlog.Disagg // disaggregated decisions and prefill pool usability
 
-	catMu         sync.Mutex          // serializes catalog changes
-	attachedRanks map[uint64]attached // guarded by catMu
-
-	mu      sync.RWMutex // guards catalog
-	catalog map[uint64]*catalog.Record
+	cat workerCatalog // the worker records and their listeners (workers.go)
 
 	parts *partition.Set    // one per (model, routing group)
 	resv  reservation.Table // selection ids across every partition
 	gate  readiness.Gate    // shutdown, startup recovery, external conditions
 
-	repl replicaState // replica observer (sync.go)
+	repl Replica // the replica planes' side (replica.go)
 
 	engineCfg engine.Config
 	engines   engine.Table    // engine metrics per worker
 	health    health.Table    // ejection state per worker
 	judge     partition.Judge // the two above and the busy thresholds, for candidates
+
+	inspector Inspector // the read-only view Inspect returns
 
 	onPrefillPool func(model string, usable bool, reason string)
 	flowCfg       *flow.Config // nil: flow control off
@@ -239,14 +235,16 @@ func New(cfg Config) (*Service, error) {
 		flowCfg: flowCfg, onFlow: cfg.OnFlow,
 		engineCfg: engineCfg,
 		set:       set, router: cfg.Router, clock: clock, tracker: tracker,
-		listeners: cfg.Listeners, pending: pc, indexes: ixs, rnd: src,
-		attachedRanks: make(map[uint64]attached),
-		catalog:       make(map[uint64]*catalog.Record),
+		pending: pc, indexes: ixs, rnd: src,
 		onPrefillPool: cfg.OnPrefillPool,
 		decisions:     decisionlog.New(cfg.RecentDecisions),
 	}
 	s.parts = partition.NewSet((&partitionFactory{indexes: ixs, router: &s.router, set: &s.set, flow: flowCfg, rnd: src, clock: clock}).build)
 	s.judge = partition.Judge{Health: &s.health, Engines: &s.engines, Engine: &s.engineCfg, Router: &s.router, Clock: clock}
+	s.cat = workerCatalog{set: &s.set, listeners: cfg.Listeners, parts: s.parts, resv: &s.resv, gate: &s.gate, clock: clock,
+		attachedRanks: make(map[uint64]attached), records: make(map[uint64]*catalog.Record)}
+	s.inspector = Inspector{s}
+	s.repl = Replica{parts: s.parts, resv: &s.resv, indexes: ixs, gate: &s.gate, rnd: src, clock: clock}
 	s.policy.Store(clonePolicy(policy))
 	return s, nil
 }
@@ -376,18 +374,10 @@ func (s *Service) Maintain(ctx context.Context) {
 			a.Reap(now)
 		}
 		// Released leases and reaped bindings go to the replica peers.
-		s.flushBindings(p)
+		s.repl.flushBindings(p)
 		p.Index().Expire(now)
 		p.Text().Expire(now)
 		p.Queue().Expire(now)
 		p.Wake()
 	}
-}
-
-// Dump snapshots every partition's primary index (GET /dump).
-func (s *Service) Dump() index.Dump { return s.indexes.Dump() }
-
-// Restore replays a peer's dump into the local indexes (startup recovery).
-func (s *Service) Restore(d index.Dump) []index.RestoreResult {
-	return s.indexes.Restore(s.clock(), d)
 }

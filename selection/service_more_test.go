@@ -32,7 +32,7 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 }
 
 func pendingCount(s *Service) uint64 {
-	ls := s.Loads(nil, nil)
+	ls := s.Inspect().Loads(nil, nil)
 	if len(ls) == 0 {
 		return 0
 	}
@@ -61,7 +61,7 @@ func TestQueueWaitsWhileEveryWorkerIsBusy(t *testing.T) {
 		done <- err
 	}()
 	waitFor(t, "the second selection to queue", func() bool { return pendingCount(s) == 1 })
-	if got := s.Loads(nil, nil)[0].PendingISLTokens; got != 4 {
+	if got := s.Inspect().Loads(nil, nil)[0].PendingISLTokens; got != 4 {
 		t.Fatalf("pending_isl_tokens = %d, want 4", got)
 	}
 	select {
@@ -212,7 +212,7 @@ func TestHardModeRejectsDispatchAwayFromBinding(t *testing.T) {
 	second.AllowedWorkerIDs = []uint64{other}
 	_, err = s.SelectAndReserve(bg, second)
 	wantKind(t, err, KindBadRequest, "session sess is bound to worker")
-	if l := s.Loads(nil, nil)[0].Loads; l[0].ActiveRequests+l[1].ActiveRequests != 1 {
+	if l := s.Inspect().Loads(nil, nil)[0].Loads; l[0].ActiveRequests+l[1].ActiveRequests != 1 {
 		t.Fatalf("the refused booking was not freed: %+v", l)
 	}
 	wantKind(t, s.Free(bg, "b"), KindNotFound, "reservation b not found")
@@ -388,7 +388,7 @@ func TestShrunkRankForgetsItsBlocks(t *testing.T) {
 	if _, err := s.PatchWorker(bg, 1, catalog.Patch{DataParallelSize: ptr(uint32(1))}); err != nil {
 		t.Fatal(err)
 	}
-	ov, err := s.OverlapScores(bg, &PromptQuery{PartitionKey: PartitionKey{ModelName: "model"}, PromptRequest: PromptRequest{TokenIDs: []uint32{1, 2, 3, 4}}})
+	ov, err := s.Inspect().OverlapScores(bg, &PromptQuery{PartitionKey: PartitionKey{ModelName: "model"}, PromptRequest: PromptRequest{TokenIDs: []uint32{1, 2, 3, 4}}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -26,12 +26,12 @@ func BenchmarkApplyRemoteAddFree(b *testing.B) {
 	b.ReportAllocs()
 	for i := 0; b.Loop(); i++ {
 		ev := BookingEvent{Kind: BookingAdded, Partition: p.Key(), BlockSize: p.BlockSize(), RequestID: ids[i%len(ids)],
-			Worker: p.Workers().Ranks[i%64], Origin: s.ReplicaID() ^ 1, TrackingHashes: hashes, TrackPrefill: true, PrefillTokens: &prefill}
-		if out := s.ApplyRemoteBooking(ev); out != RemoteApplied {
+			Worker: p.Workers().Ranks[i%64], Origin: s.Replica().ReplicaID() ^ 1, TrackingHashes: hashes, TrackPrefill: true, PrefillTokens: &prefill}
+		if out := s.Replica().ApplyRemoteBooking(ev); out != RemoteApplied {
 			b.Fatal(out)
 		}
 		ev.Kind = BookingFreed
-		if out := s.ApplyRemoteBooking(ev); out != RemoteApplied {
+		if out := s.Replica().ApplyRemoteBooking(ev); out != RemoteApplied {
 			b.Fatal(out)
 		}
 	}

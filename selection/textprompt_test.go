@@ -37,7 +37,7 @@ func TestTextPromptLearnsFromRoutingInItsOwnIndex(t *testing.T) {
 			t.Fatalf("request %d went to worker %d (gpu overlap %d), want worker %d with overlap", i, r.WorkerID, r.Overlap.GPU, first.WorkerID)
 		}
 	}
-	if d := s.Dump(); len(d[index.PartitionKey("model", "default")].Events) != 0 {
+	if d := s.Inspect().Dump(); len(d[index.PartitionKey("model", "default")].Events) != 0 {
 		t.Fatalf("text hashes leaked into the token index: %+v", d)
 	}
 }
@@ -95,7 +95,7 @@ func TestRebookMovesTheLoadToTheServingRank(t *testing.T) {
 		t.Fatal(err)
 	}
 	before := loadsByWorker(s)
-	if _, err := s.Rebook(bg, "m", WorkerRank{WorkerID: other}); err != nil {
+	if _, err := s.rebook(bg, "m", WorkerRank{WorkerID: other}); err != nil {
 		t.Fatal(err)
 	}
 	after := loadsByWorker(s)
@@ -104,7 +104,7 @@ func TestRebookMovesTheLoadToTheServingRank(t *testing.T) {
 	if moved != before[r.WorkerID] || after[r.WorkerID] != (PotentialLoad{WorkerID: r.WorkerID}) {
 		t.Fatalf("load did not move from %d to %d: before %+v after %+v", r.WorkerID, other, before, after)
 	}
-	if _, err := s.Rebook(bg, "m", WorkerRank{WorkerID: 9}); KindOf(err) != KindNotFound {
+	if _, err := s.rebook(bg, "m", WorkerRank{WorkerID: 9}); KindOf(err) != KindNotFound {
 		t.Fatalf("rebook to an unknown worker: %v", err)
 	}
 	if err := s.Free(bg, "m"); err != nil {
@@ -115,14 +115,14 @@ func TestRebookMovesTheLoadToTheServingRank(t *testing.T) {
 			t.Fatalf("worker %d keeps load after free: %+v", w, l)
 		}
 	}
-	if _, err := s.Rebook(bg, "m", WorkerRank{WorkerID: 1}); KindOf(err) != KindNotFound {
+	if _, err := s.rebook(bg, "m", WorkerRank{WorkerID: 1}); KindOf(err) != KindNotFound {
 		t.Fatalf("rebook of a freed booking: %v", err)
 	}
 }
 
 func loadsByWorker(s *Service) map[uint64]PotentialLoad {
 	out := map[uint64]PotentialLoad{}
-	for _, m := range s.Loads(nil, nil) {
+	for _, m := range s.Inspect().Loads(nil, nil) {
 		for _, l := range m.Loads {
 			out[l.WorkerID] = l
 		}

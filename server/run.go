@@ -157,7 +157,7 @@ func run(ctx context.Context, args []string, set *settings) error {
 	metrics.MustRegister(routingMetrics{svc: svc}) // kvselect_selection_*
 	flowMetrics.svc = svc
 	metrics.MustRegister(flowMetrics) // kvselect_flow_*
-	if fc := svc.FlowConfig(); fc != nil {
+	if fc := svc.Inspect().FlowConfig(); fc != nil {
 		log.Info("flow control on: waiting requests ordered by priority band and tenant fairness", "fairness", fc.Fairness.String(),
 			"queue_ttl", fc.TTL.String(), "max_bytes", fc.MaxBytes, "max_band_bytes", fc.MaxBandBytes, "max_tenants", fc.MaxTenants)
 	}
@@ -181,7 +181,7 @@ func run(ctx context.Context, args []string, set *settings) error {
 		}
 		// Not stopped by the signal: frees made while in-flight requests drain
 		// still reach the peers; the deferred Close ends the mesh after that.
-		m, err := mesh.Start(context.WithoutCancel(ctx), svc, mesh.Options{
+		m, err := mesh.Start(context.WithoutCancel(ctx), svc.Replica(), mesh.Options{
 			Bind:         "tcp://*:" + strconv.FormatUint(o.replicaSyncPort, 10),
 			Peers:        o.replicaSyncPeers,
 			Affinity:     cfg.Router.SessionAffinityTTL.IsSet(),
@@ -205,7 +205,7 @@ func run(ctx context.Context, args []string, set *settings) error {
 	// Index recovery runs while the server already answers /health; /ready
 	// stays 503 until it is over (recovery package doc).
 	if len(o.indexerPeers) > 0 {
-		svc.SetIndexRecovery(selection.RecoveryPending)
+		svc.Replica().SetIndexRecovery(selection.RecoveryPending)
 	}
 
 	// Workers from a file or an InferencePool, through the same catalog calls
@@ -233,7 +233,7 @@ func run(ctx context.Context, args []string, set *settings) error {
 	var tokenizer selection.Tokenizer
 	if tk := o.tokenize; tk.mode != tokenize.ModeOff {
 		t, err := tokenize.New(ctx, tokenize.Config{Mode: tk.mode, Endpoints: tk.endpoints, Timeout: tk.timeout,
-			CacheTokens: cmp.Or(tk.cacheTokens, -1), Logger: log}, svc)
+			CacheTokens: cmp.Or(tk.cacheTokens, -1), Logger: log}, svc.Inspect())
 		if err != nil {
 			return &UsageError{err}
 		}
@@ -317,7 +317,7 @@ func run(ctx context.Context, args []string, set *settings) error {
 	wg.Go(waitEngines)
 	if len(o.indexerPeers) > 0 {
 		wg.Go(func() {
-			recovery.Run(upkeep, svc, recovery.Options{Peers: o.indexerPeers, Logger: log, TokenFile: o.indexerPeersToken})
+			recovery.Run(upkeep, svc.Replica(), recovery.Options{Peers: o.indexerPeers, Logger: log, TokenFile: o.indexerPeersToken})
 		})
 	}
 	// SIGHUP re-reads the config file (the policy parameters), unless the

@@ -20,7 +20,7 @@ const maintainEvery = 5 * time.Second
 // when that is shorter (but at least 50 ms): Maintain is what takes a
 // request past its TTL out of the queue, so this bounds how late that is.
 func upkeepInterval(svc *selection.Service) time.Duration {
-	if fc := svc.FlowConfig(); fc != nil {
+	if fc := svc.Inspect().FlowConfig(); fc != nil {
 		return min(maintainEvery, max(fc.TTL/10, 50*time.Millisecond))
 	}
 	return maintainEvery

@@ -69,7 +69,7 @@ func TestDoThroughPickerToWorker(t *testing.T) {
 	if res.Status != http.StatusOK || len(res.Events) != 5 || res.TTFT != res.Events[0] || res.TTFT < res.Pick || len(res.ITLs()) != 4 {
 		t.Fatalf("result = %+v", res)
 	}
-	for _, l := range svc.Loads(nil, nil)[0].Loads {
+	for _, l := range svc.Inspect().Loads(nil, nil)[0].Loads {
 		if l.ActiveRequests != 0 {
 			t.Fatalf("booking left after the relayed response: %+v", l)
 		}
