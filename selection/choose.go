@@ -74,7 +74,7 @@ func (s *Service) choose(ctx context.Context, rq *prepared, req *SelectRequest,
 			return nil, err
 		case v == mustShed:
 			ev, err := p.Queue().ShedError(&ps.ar, rq.prompt.isl)
-			s.noteFlow(ev)
+			s.onFlow(ev)
 			return nil, err
 		case v == mustWait:
 			ps.refreshed = false
@@ -99,7 +99,7 @@ func (s *Service) choose(ctx context.Context, rq *prepared, req *SelectRequest,
 		if ps.ticket != nil {
 			ps.ticket.Dispatch()
 		} else if ps.shed {
-			s.noteFlow(p.Queue().DispatchedUnqueued(&ps.ar, rq.prompt.isl))
+			s.onFlow(p.Queue().DispatchedUnqueued(&ps.ar, rq.prompt.isl))
 		}
 		return d, nil
 	}
@@ -182,7 +182,7 @@ func (s *Service) enqueue(ps *pass) error {
 	}
 	w, ev, err := q.Enqueue(&ps.ar, pr.isl, bestCached(ps.overlaps, p.BlockSize(), ps.rq.eff), ps.enqueued)
 	if err != nil {
-		s.noteFlow(*ev)
+		s.onFlow(*ev)
 		return err
 	}
 	ps.ticket = w
@@ -281,13 +281,6 @@ func (s *Service) decide(ps *pass) (*decision, verdict, error) {
 // returns, and reports how it left flow control.
 func (s *Service) leaveQueue(p *partition.Partition, w *admission.Waiter) {
 	if ev, ok := p.Queue().Leave(w, s.clock); ok {
-		s.noteFlow(ev)
-	}
-}
-
-// noteFlow reports a request leaving flow control.
-func (s *Service) noteFlow(ev FlowEvent) {
-	if s.onFlow != nil {
 		s.onFlow(ev)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 
 	"github.com/kvselect/kvselect/selection/affinity"
+	"github.com/kvselect/kvselect/selection/decisionlog"
 	"github.com/kvselect/kvselect/selection/index"
 	"github.com/kvselect/kvselect/selection/loads"
 	"github.com/kvselect/kvselect/selection/partition"
@@ -84,6 +85,46 @@ type disaggOutcome struct {
 	booking   *loads.Booking
 }
 
+// note counts the decision (for a model that has or had a prefill pool) and
+// reports a pool usability change.
+func (out *disaggOutcome) note(d *decisionlog.Disagg) {
+	if out.counted {
+		d.Record(out.model, out.reason)
+	}
+}
+
+// undo frees a remote prefill booked for a request that then failed, and
+// gives its id back to the reservation table.
+func (out *disaggOutcome) undo(resv *reservation.Table) {
+	if out.prefill == nil {
+		return
+	}
+	_ = out.prefill.part.Loads().Free(out.prefillID)
+	out.prefill.part.Wake()
+	resv.Unclaim(out.prefillID)
+	out.prefill = nil
+}
+
+// prefillPool returns the model's prefill partition in parts (nil when the
+// model never had one) and whether it has schedulable workers now.
+func prefillPool(parts *partition.Set, group, model string) (*partition.Partition, bool) {
+	p := parts.Get(index.Partition{Model: model, RoutingGroup: group})
+	return p, p != nil && len(p.Workers().Ranks) > 0
+}
+
+// prefillRequest is the selection request of a disaggregated request's
+// prefill stage in the prefill routing group: the prompt, its priority and
+// tenant; the decode side's worker constraints (allowed workers, pins,
+// taints, affinity) are not the prefill pool's.
+func prefillRequest(req *SelectRequest, group string) *SelectRequest {
+	return &SelectRequest{
+		PartitionKey:  PartitionKey{ModelName: req.ModelName, RoutingGroup: group},
+		PromptRequest: req.PromptRequest, RouterConfigOverride: req.RouterConfigOverride,
+		PriorityJump: req.PriorityJump, StrictPriority: req.StrictPriority, PolicyClass: req.PolicyClass,
+		Priority: req.Priority, Tenant: req.Tenant, RequestBytes: req.RequestBytes,
+	}
+}
+
 // disaggView sets the response's prefill fields; selectionID is the
 // prefill's id to report (its booking, or its cached pending selection), nil
 // for none.
@@ -99,37 +140,6 @@ func (s *Service) disaggView(out *disaggOutcome, resp *SelectResponse, selection
 	}
 }
 
-// noteDisagg counts the decision and reports a pool usability change.
-func (s *Service) noteDisagg(out *disaggOutcome) {
-	if !out.counted {
-		return
-	}
-	usable, changed := s.disagg.Count(out.model, out.reason)
-	if changed && s.onPrefillPool != nil {
-		s.onPrefillPool(out.model, usable, out.reason)
-	}
-}
-
-// prefillPool returns the model's prefill partition (nil when the model never
-// had one) and whether it has schedulable workers now.
-func (s *Service) prefillPool(model string) (*partition.Partition, bool) {
-	p := s.parts.Get(index.Partition{Model: model, RoutingGroup: s.set.prefillGroup})
-	return p, p != nil && len(p.Workers().Ranks) > 0
-}
-
-// prefillRequest is the selection request of a disaggregated request's
-// prefill stage: the prompt, its priority and tenant; the decode side's worker
-// constraints (allowed workers, pins, taints, affinity) are not the prefill
-// pool's.
-func (s *Service) prefillRequest(req *SelectRequest) *SelectRequest {
-	return &SelectRequest{
-		PartitionKey:  PartitionKey{ModelName: req.ModelName, RoutingGroup: s.set.prefillGroup},
-		PromptRequest: req.PromptRequest, RouterConfigOverride: req.RouterConfigOverride,
-		PriorityJump: req.PriorityJump, StrictPriority: req.StrictPriority, PolicyClass: req.PolicyClass,
-		Priority: req.Priority, Tenant: req.Tenant, RequestBytes: req.RequestBytes,
-	}
-}
-
 // decideDisagg runs Dynamo's conditional rules for a request whose decode
 // selection is peek: it probes the prefill pool when the policy reads its
 // load (returning the probe's prepared prompt, which the caller reuses).
@@ -141,7 +151,7 @@ func (s *Service) decideDisagg(ctx context.Context, rq *prepared, req *SelectReq
 		DecodeBusy: scheduler.DecodeBusy(peek.scored.PotentialDecodeBlocks, peek.rec.TotalKVBlocks,
 			optPtr(rq.eff.ConditionalDisaggDecodeBusyThreshold)),
 	}
-	preq := s.prefillRequest(req)
+	preq := prefillRequest(req, s.set.prefillGroup)
 	if pol.NeedsPrefillBusy() {
 		if p, err := s.prepare(partitionOf(preq.PartitionKey), preq.RouterConfigOverride, &preq.PromptRequest, forSelection); err == nil {
 			prq = &p
@@ -163,7 +173,7 @@ func (s *Service) decideDisagg(ctx context.Context, rq *prepared, req *SelectReq
 func (s *Service) chooseDisaggregated(ctx context.Context, rq *prepared, req *SelectRequest,
 	target *affinity.Target, booking *loads.Booking, id string) (*decision, *disaggOutcome, error) {
 	out := &disaggOutcome{model: rq.part.Key().Model}
-	pool, ok := s.prefillPool(out.model)
+	pool, ok := prefillPool(s.parts, s.set.prefillGroup, out.model)
 	out.counted = pool != nil
 	if !ok {
 		out.reason = scheduler.ReasonNoPrefillWorkers
@@ -182,7 +192,7 @@ func (s *Service) chooseDisaggregated(ctx context.Context, rq *prepared, req *Se
 		}
 		d, err := s.choose(ctx, rq, req, target, booking, true)
 		if err != nil {
-			s.undoPrefill(out)
+			out.undo(&s.resv)
 			return nil, nil, err
 		}
 		return d, out, nil
@@ -209,7 +219,7 @@ func (s *Service) chooseDisaggregated(ctx context.Context, rq *prepared, req *Se
 	drq.overlaps = peek.overlaps
 	d, err := s.choose(ctx, &drq, &pinned, nil, booking, true)
 	if err != nil {
-		s.undoPrefill(out)
+		out.undo(&s.resv)
 		return nil, nil, err
 	}
 	d.alts = peek.alts
@@ -220,7 +230,7 @@ func (s *Service) chooseDisaggregated(ctx context.Context, rq *prepared, req *Se
 // turns the decision into a local prefill (ReasonPrefillUnavailable) rather
 // than an error, unless the request itself is gone.
 func (s *Service) bookPrefill(ctx context.Context, out *disaggOutcome, req *SelectRequest, prq *prepared, id string) error {
-	preq := s.prefillRequest(req)
+	preq := prefillRequest(req, s.set.prefillGroup)
 	if prq == nil {
 		p, err := s.prepare(partitionOf(preq.PartitionKey), preq.RouterConfigOverride, &preq.PromptRequest, forSelection)
 		if err != nil {
@@ -250,17 +260,6 @@ func (s *Service) bookPrefill(ctx context.Context, out *disaggOutcome, req *Sele
 	return nil
 }
 
-// undoPrefill frees a remote prefill booked for a request that then failed.
-func (s *Service) undoPrefill(out *disaggOutcome) {
-	if out.prefill == nil {
-		return
-	}
-	_ = out.prefill.part.Loads().Free(out.prefillID)
-	out.prefill.part.Wake()
-	s.resv.Unclaim(out.prefillID)
-	out.prefill = nil
-}
-
 // installPrefill makes the booked remote prefill a reservation of its own,
 // fed to the index and the replicas like any booking.
 func (s *Service) installPrefill(out *disaggOutcome) {
@@ -268,14 +267,6 @@ func (s *Service) installPrefill(out *disaggOutcome) {
 	s.recordRouting(d.part, d.worker, d.prompt)
 	s.resv.Install(out.prefillID, d.part, d.worker, nil, "")
 	s.repl.added(d.part, out.booking, d.prompt.lora)
-}
-
-// freeRemotePrefill frees the remote prefill booked with reservation r, if it
-// is still booked: its decode side has the KV (prefill complete) or is gone.
-func (s *Service) freeRemotePrefill(ctx context.Context, r *reservation.Row) {
-	if r.Prefill != "" {
-		_ = s.Free(ctx, r.Prefill) // not found: freed already, or expired
-	}
 }
 
 // selectDisaggregated is Select for a disaggregated request: the decode
@@ -291,7 +282,7 @@ func (s *Service) selectDisaggregated(ctx context.Context, req *SelectRequest) (
 		return nil, err
 	}
 	out := &disaggOutcome{model: resp.ModelName}
-	pool, ok := s.prefillPool(out.model)
+	pool, ok := prefillPool(s.parts, s.set.prefillGroup, out.model)
 	out.counted = pool != nil
 	var prefillID *string
 	if !ok {
@@ -299,7 +290,7 @@ func (s *Service) selectDisaggregated(ctx context.Context, req *SelectRequest) (
 	} else if out.reason, prefillID, err = s.peekPrefill(ctx, req, resp, out); err != nil {
 		return nil, err
 	}
-	s.noteDisagg(out)
+	out.note(&s.disagg)
 	s.disaggView(out, resp, prefillID)
 	return resp, nil
 }
@@ -307,12 +298,12 @@ func (s *Service) selectDisaggregated(ctx context.Context, req *SelectRequest) (
 // peekPrefill decides for an unbooked disaggregated selection and, when the
 // prefill is remote, selects (and caches, with an id) its prefill worker.
 func (s *Service) peekPrefill(ctx context.Context, req *SelectRequest, resp *SelectResponse, out *disaggOutcome) (string, *string, error) {
-	preq := s.prefillRequest(req)
+	preq := prefillRequest(req, s.set.prefillGroup)
 	prq, err := s.prepare(partitionOf(preq.PartitionKey), preq.RouterConfigOverride, &preq.PromptRequest, forSelection)
 	if err != nil {
 		return scheduler.ReasonPrefillUnavailable, nil, nil
 	}
-	eff, err := s.effective(s.policy.Load(), req.RouterConfigOverride)
+	eff, err := effective(s.router, s.policy.Load(), req.RouterConfigOverride)
 	if err != nil {
 		return "", nil, err
 	}

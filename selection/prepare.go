@@ -7,6 +7,7 @@ package selection
 import (
 	"slices"
 	"sync"
+	"time"
 
 	"github.com/kvselect/kvselect/selection/admission"
 	"github.com/kvselect/kvselect/selection/affinity"
@@ -78,11 +79,11 @@ func (s *Service) prepare(key index.Partition, o *routerconfig.Override, req *Pr
 		return prepared{}, err
 	}
 	pol := s.policy.Load()
-	eff, err := s.effective(pol, o)
+	eff, err := effective(s.router, pol, o)
 	if err != nil {
 		return prepared{}, err
 	}
-	pr, err := s.normalize(p, req, eff.AssumeKVReuse, use)
+	pr, err := s.prompts.normalize(p, req, eff.AssumeKVReuse, use)
 	if err != nil {
 		return prepared{}, err
 	}
@@ -127,8 +128,8 @@ func explicitTarget(req *SelectRequest) *affinity.Target {
 // effective is the router configuration one request runs with: the
 // service's, with the cost weights of the request's policy when it sets
 // them, and the request's router_config_override on top of both.
-func (s *Service) effective(pol *scheduler.Policy, o *routerconfig.Override) (routerconfig.Config, error) {
-	base := s.router
+func effective(router routerconfig.Config, pol *scheduler.Policy, o *routerconfig.Override) (routerconfig.Config, error) {
+	base := router
 	if c := pol.Costs; c != nil {
 		base = withCosts(base, *c)
 	}
@@ -189,26 +190,33 @@ const maxISLTokens = 1 << 31
 
 var hasherPool = sync.Pool{New: func() any { return new(kvhash.Hasher) }}
 
+// normalizer turns a request's prompt into the hashes a partition works with,
+// handed the tracking-hash algorithm and the text index's retention.
+type normalizer struct {
+	tracker *kvhash.Tracker
+	textTTL time.Duration // router_ttl_secs
+}
+
 // normalize hashes or checks the request's prompt for partition p: token ids
 // are hashed here (Dynamo-exact block hashes, tracking hashes by the
 // configured algorithm), a text prompt is cut into character blocks, and
 // precomputed hashes are checked and taken as sent.
-func (s *Service) normalize(p *partition.Partition, req *PromptRequest, reuse bool, use promptUse) (prompt, error) {
+func (n *normalizer) normalize(p *partition.Partition, req *PromptRequest, reuse bool, use promptUse) (prompt, error) {
 	out := prompt{lora: deref(req.LoraName, "")}
 	tokens, mmInfos, hasTokens := req.TokenIDs, req.BlockMMInfos, req.TokenIDs != nil
 	if r := req.MMRoutingInfo; r != nil && len(r.RoutingTokenIDs) > 0 {
 		tokens, mmInfos, hasTokens = r.RoutingTokenIDs, r.BlockMMInfos, true
 	}
 	if hasTokens {
-		s.hashTokens(&out, p, req, tokens, mmInfos, reuse)
+		n.hashTokens(&out, p, req, tokens, mmInfos, reuse)
 		if req.PromptText != "" {
-			tp := s.textPrompt(p, req)
+			tp := n.textPrompt(p, req)
 			out.alsoText = &tp
 		}
 		return out, nil
 	}
 	if req.PromptText != "" && req.BlockHashes == nil && req.SequenceHashes == nil && req.ISLTokens == nil {
-		return s.textPrompt(p, req), nil
+		return n.textPrompt(p, req), nil
 	}
 	return precomputed(out, req, use)
 }
@@ -245,7 +253,7 @@ func precomputed(out prompt, req *PromptRequest, use promptUse) (prompt, error) 
 
 // hashTokens hashes the prompt's token ids into out: the public block hashes
 // and the tracking hashes.
-func (s *Service) hashTokens(out *prompt, p *partition.Partition, req *PromptRequest, tokens []uint32, mmInfos []*BlockExtraInfo, reuse bool) {
+func (n *normalizer) hashTokens(out *prompt, p *partition.Partition, req *PromptRequest, tokens []uint32, mmInfos []*BlockExtraInfo, reuse bool) {
 	eagle := p.Eagle()
 	if req.IsEagle != nil {
 		eagle = *req.IsEagle
@@ -265,23 +273,23 @@ func (s *Service) hashTokens(out *prompt, p *partition.Partition, req *PromptReq
 	}
 	opts := kvhash.BlockOptions{BlockSize: int(p.BlockSize()), Eagle: eagle, MM: mm}
 	h := hasherPool.Get().(*kvhash.Hasher)
-	n := opts.NumBlocks(len(tokens))
-	out.locals = h.AppendBlockHashes(make([]uint64, 0, n), tokens, kvhash.Salt(out.lora, salt), opts)
+	blocks := opts.NumBlocks(len(tokens))
+	out.locals = h.AppendBlockHashes(make([]uint64, 0, blocks), tokens, kvhash.Salt(out.lora, salt), opts)
 	key := p.Key()
 	scope := kvhash.Scope{Model: key.Model, RoutingGroup: key.RoutingGroup, BlockSize: p.BlockSize(),
 		CacheNamespace: salt, LoraName: out.lora, Eagle: eagle}
-	if reuse && s.tracker.DerivesFromLocal() {
-		out.tracking = kvhash.AppendSequenceHashes(make([]uint64, 0, n), out.locals, kvhash.Seed)
+	if reuse && n.tracker.DerivesFromLocal() {
+		out.tracking = kvhash.AppendSequenceHashes(make([]uint64, 0, blocks), out.locals, kvhash.Seed)
 	} else {
-		out.tracking = s.tracker.AppendTrackingHashes(h, make([]uint64, 0, n), tokens, scope, mm, reuse)
+		out.tracking = n.tracker.AppendTrackingHashes(h, make([]uint64, 0, blocks), tokens, scope, mm, reuse)
 	}
 	hasherPool.Put(h)
 	out.isl, out.hashed = len(tokens), true
 }
 
 // textPrompt normalizes a text-only prompt for partition p.
-func (s *Service) textPrompt(p *partition.Partition, req *PromptRequest) prompt {
-	p.Text().Ensure(p.BlockSize(), s.router.RouterTTL)
+func (n *normalizer) textPrompt(p *partition.Partition, req *PromptRequest) prompt {
+	p.Text().Ensure(p.BlockSize(), n.textTTL)
 	lora := deref(req.LoraName, "")
 	locals, isl := textindex.BlockHashes(req.PromptText, p.BlockSize(), lora, deref(req.CacheSalt, ""))
 	return prompt{

@@ -150,7 +150,9 @@ func (s *Service) PrefillComplete(ctx context.Context, id string) error {
 	r.Part.Wake()
 	// Re-published on a repeated call, as Dynamo does.
 	s.repl.changed(BookingPrefillCompleted, r.Part, id, r.Worker)
-	s.freeRemotePrefill(ctx, r)
+	if r.Prefill != "" {
+		_ = s.Free(ctx, r.Prefill) // not found: freed already, or expired
+	}
 	return nil
 }
 
@@ -202,7 +204,9 @@ func (s *Service) Free(ctx context.Context, id string) error {
 	ferr := r.Part.Loads().Free(id)
 	s.resv.Release(id, s.clock())
 	r.Part.Wake()
-	s.freeRemotePrefill(ctx, r)
+	if r.Prefill != "" {
+		_ = s.Free(ctx, r.Prefill) // not found: freed already, or expired
+	}
 	if ferr != nil {
 		return apierr.New(KindNotFound, "reservation %s not found", id)
 	}

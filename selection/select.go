@@ -57,7 +57,7 @@ func (s *Service) Select(ctx context.Context, req *SelectRequest) (*SelectRespon
 	}
 	resp := s.response(d, req.SelectionID)
 	if req.Advisory {
-		resp.WorkerLoad = s.workerLoad(d)
+		resp.WorkerLoad = d.workerLoad(optPtr(s.router.ConditionalDisaggPrefillBusyThreshold))
 	} else {
 		s.noteDecision(p, "select", resp)
 	}
@@ -122,7 +122,7 @@ func (s *Service) SelectAndReserve(ctx context.Context, req *SelectRequest) (*Se
 	lease, err := s.commitSession(p, hold, d.worker, id)
 	if err != nil {
 		if dis != nil {
-			s.undoPrefill(dis)
+			dis.undo(&s.resv)
 		}
 		return nil, err
 	}
@@ -137,7 +137,7 @@ func (s *Service) SelectAndReserve(ctx context.Context, req *SelectRequest) (*Se
 	ok = true
 	resp := s.bookedResponse(d, id, booking)
 	if dis != nil {
-		s.noteDisagg(dis)
+		dis.note(&s.disagg)
 		var pid *string
 		if prefillID != "" {
 			pid = &prefillID
@@ -276,13 +276,14 @@ func (s *Service) response(d *decision, selectionID *string) *SelectResponse {
 	return resp
 }
 
-// workerLoad is an advisory selection's load probe of the chosen rank.
-func (s *Service) workerLoad(d *decision) *WorkerLoadView {
+// workerLoad is an advisory selection's load probe of the chosen rank, busy
+// past the prefill-busy threshold.
+func (d *decision) workerLoad(prefillBusy *float64) *WorkerLoadView {
 	return &WorkerLoadView{
 		ActivePrefillTokens:  uint64(d.load.ActivePrefillTokens),
 		PrefillTokenCapacity: d.rec.MaxNumBatchedTokens,
 		TotalKVBlocks:        d.rec.TotalKVBlocks,
-		PrefillBusy:          scheduler.PrefillBusy(d.load.ActivePrefillTokens, d.rec.MaxNumBatchedTokens, optPtr(s.router.ConditionalDisaggPrefillBusyThreshold)),
+		PrefillBusy:          scheduler.PrefillBusy(d.load.ActivePrefillTokens, d.rec.MaxNumBatchedTokens, prefillBusy),
 	}
 }
 

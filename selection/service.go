@@ -145,7 +145,7 @@ type Service struct {
 	set     settings
 	router  routerconfig.Config
 	clock   func() time.Time
-	tracker *kvhash.Tracker
+	prompts normalizer // request prompts to hashes (prepare.go)
 	pending *pending.Cache
 	indexes *index.Partitions
 
@@ -159,7 +159,7 @@ type Service struct {
 
 	// decisions keeps the latest decisions; nil when off.
 	decisions *decisionlog.Log
-	disagg    decisionlog.Disagg // disaggregated decisions and prefill pool usability
+	disagg    decisionlog.Disagg // disaggregated decisions and prefill pool usability (Config.OnPrefillPool)
 
 	cat workerCatalog // the worker records and their listeners (workers.go)
 
@@ -176,9 +176,8 @@ type Service struct {
 
 	inspector Inspector // the read-only view Inspect returns
 
-	onPrefillPool func(model string, usable bool, reason string)
-	flowCfg       *flow.Config // nil: flow control off
-	onFlow        func(FlowEvent)
+	flowCfg *flow.Config    // nil: flow control off
+	onFlow  func(FlowEvent) // Config.OnFlow, or a no-op
 }
 
 // New validates cfg and returns the service.
@@ -233,16 +232,20 @@ func New(cfg Config) (*Service, error) {
 	}
 	s := &Service{
 		flowCfg: flowCfg, onFlow: cfg.OnFlow,
+		disagg:    decisionlog.Disagg{OnPool: cfg.OnPrefillPool},
 		engineCfg: engineCfg,
-		set:       set, router: cfg.Router, clock: clock, tracker: tracker,
+		set:       set, router: cfg.Router, clock: clock,
+		prompts: normalizer{tracker: tracker, textTTL: cfg.Router.RouterTTL},
 		pending: pc, indexes: ixs, rnd: src,
-		onPrefillPool: cfg.OnPrefillPool,
-		decisions:     decisionlog.New(cfg.RecentDecisions),
+		decisions: decisionlog.New(cfg.RecentDecisions),
 	}
 	s.parts = partition.NewSet((&partitionFactory{indexes: ixs, router: &s.router, set: &s.set, flow: flowCfg, rnd: src, clock: clock}).build)
 	s.judge = partition.Judge{Health: &s.health, Engines: &s.engines, Engine: &s.engineCfg, Router: &s.router, Clock: clock}
 	s.cat = workerCatalog{set: &s.set, listeners: cfg.Listeners, parts: s.parts, resv: &s.resv, gate: &s.gate, clock: clock,
 		attachedRanks: make(map[uint64]attached), records: make(map[uint64]*catalog.Record)}
+	if s.onFlow == nil {
+		s.onFlow = func(FlowEvent) {}
+	}
 	s.inspector = Inspector{s}
 	s.repl = Replica{parts: s.parts, resv: &s.resv, indexes: ixs, gate: &s.gate, rnd: src, clock: clock}
 	s.policy.Store(clonePolicy(policy))

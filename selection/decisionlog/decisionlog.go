@@ -178,16 +178,26 @@ func (c *Counters) Totals(model, group string) Routing {
 // model, whether the prefill pool was usable at the last one. The zero value
 // is ready; its mutex is a leaf.
 type Disagg struct {
+	// OnPool, when set, is told each time a model's prefill pool changes
+	// between usable and not (a pool first seen unusable counts as a
+	// change), with the reason; called with no lock held.
+	OnPool func(model string, usable bool, reason string)
+
 	counts [len(scheduler.DisaggReasons)]atomic.Uint64 // by scheduler.DisaggReasons index
 
 	mu     sync.Mutex
 	usable map[string]bool
 }
 
-// Count records one decision of model's for reason and reports whether the
-// model's prefill pool is usable and whether that changed (a pool first seen
-// unusable counts as a change), which the caller reports with no lock held.
-func (d *Disagg) Count(model, reason string) (usable, changed bool) {
+// Record counts one decision of model's for reason and tells OnPool when it
+// changed the pool's usability.
+func (d *Disagg) Record(model, reason string) {
+	if usable, changed := d.count(model, reason); changed && d.OnPool != nil {
+		d.OnPool(model, usable, reason)
+	}
+}
+
+func (d *Disagg) count(model, reason string) (usable, changed bool) {
 	for i, r := range scheduler.DisaggReasons {
 		if r == reason {
 			d.counts[i].Add(1)
