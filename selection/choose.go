@@ -49,14 +49,14 @@ type decision struct {
 func (s *Service) choose(ctx context.Context, rq *prepared, req *SelectRequest,
 	target *affinity.Target, booking *loads.Booking, admit bool) (*decision, error) {
 	p := rq.part
-	ps := pass{rq: rq, req: req, booking: booking, overlaps: rq.overlaps}
+	ps := pass{overlaps: rq.overlaps}
 	if ps.overlaps == nil {
 		ps.overlaps = p.Match(rq.prompt.locals, rq.prompt.text)
 	}
 	ps.enqueued = s.clock()
 	ps.sreq = schedRequest(rq, req, target, &s.engineCfg)
 	if admit && s.set.queueing {
-		if err := s.enqueue(&ps); err != nil {
+		if err := s.enqueue(rq, req, &ps); err != nil {
 			return nil, err
 		}
 		if ps.ticket != nil {
@@ -68,7 +68,7 @@ func (s *Service) choose(ctx context.Context, rq *prepared, req *SelectRequest,
 			return nil, err
 		}
 		changed := p.Queue().Changed()
-		d, v, err := s.decide(&ps)
+		d, v, err := s.decide(rq, req, booking, &ps)
 		switch {
 		case err != nil:
 			return nil, err
@@ -105,13 +105,12 @@ func (s *Service) choose(ctx context.Context, rq *prepared, req *SelectRequest,
 	}
 }
 
-// pass is one selection's state across the passes of choose's loop.
+// pass is one selection's state across the passes of choose's loop. It holds
+// no pointer to the caller's values (the prepared request, the booking):
+// escape analysis would send them to the heap with it.
 type pass struct {
-	rq       *prepared
-	req      *SelectRequest
 	sreq     *scheduler.Request
 	overlaps []index.Overlap
-	booking  *loads.Booking
 
 	ar        admission.Request
 	ticket    *admission.Waiter // queued; nil when not
@@ -172,15 +171,15 @@ func admissionRequest(req *SelectRequest) admission.Request {
 // enqueue parks the selection in its partition's queue, or marks a sheddable
 // one under flow control, which never waits. A flow controller's refusal
 // (its limits) is the request's 429.
-func (s *Service) enqueue(ps *pass) error {
-	p, pr := ps.rq.part, ps.rq.prompt
+func (s *Service) enqueue(rq *prepared, req *SelectRequest, ps *pass) error {
+	p, pr := rq.part, rq.prompt
 	q := p.Queue()
-	ps.ar = admissionRequest(ps.req)
+	ps.ar = admissionRequest(req)
 	if q.Sheddable(&ps.ar) {
 		ps.shed = true
 		return nil
 	}
-	w, ev, err := q.Enqueue(&ps.ar, pr.isl, bestCached(ps.overlaps, p.BlockSize(), ps.rq.eff), ps.enqueued)
+	w, ev, err := q.Enqueue(&ps.ar, pr.isl, bestCached(ps.overlaps, p.BlockSize(), rq.eff), ps.enqueued)
 	if err != nil {
 		s.onFlow(*ev)
 		return err
@@ -197,8 +196,7 @@ func (s *Service) enqueue(ps *pass) error {
 // control TTL passed (Maintain took it out of the queue, or would); a long
 // wait makes its enqueue-time overlap stale, so it is refreshed once it may
 // go (Dynamo's dequeue-time refresh), whether or not it slept.
-func (s *Service) queueSays(ps *pass, ws *partition.Workers, projs []loads.Projection) (verdict, error) {
-	q := ps.rq.part.Queue()
+func (s *Service) queueSays(q *admission.Queue, ps *pass, ws *partition.Workers, projs []loads.Projection) (verdict, error) {
 	threshold := s.router.QueueThreshold.Or(0) // read only when queueing is on
 	switch {
 	case ps.shed:
@@ -222,8 +220,8 @@ func (s *Service) queueSays(ps *pass, ws *partition.Workers, projs []loads.Proje
 // decide is one pass of choose under the partition's scheduling lock: the
 // queue's say, then the candidates, the policy and, with a booking, the
 // booking, so that two bookings never decide on the same load snapshot.
-func (s *Service) decide(ps *pass) (*decision, verdict, error) {
-	p, pr := ps.rq.part, ps.rq.prompt
+func (s *Service) decide(rq *prepared, req *SelectRequest, booking *loads.Booking, ps *pass) (*decision, verdict, error) {
+	p, pr := rq.part, rq.prompt
 	st := p.Sched()
 	st.Lock()
 	defer st.Unlock()
@@ -233,7 +231,7 @@ func (s *Service) decide(ps *pass) (*decision, verdict, error) {
 	}
 	projs := p.Loads().Project(pr.tracking, st.Projections[:0])
 	st.Projections = projs
-	if v, err := s.queueSays(ps, ws, projs); v != mayGo || err != nil {
+	if v, err := s.queueSays(p.Queue(), ps, ws, projs); v != mayGo || err != nil {
 		return nil, v, err
 	}
 	now := s.clock()
@@ -242,7 +240,7 @@ func (s *Service) decide(ps *pass) (*decision, verdict, error) {
 	if len(cands) == 0 && ejected > 0 {
 		return nil, mayGo, ws.EjectedError(p.Key(), &s.health, now)
 	}
-	chosen, err := ps.rq.policy.Select(st.Rand, ps.sreq, cands, &st.Scratch)
+	chosen, err := rq.policy.Select(st.Rand, ps.sreq, cands, &st.Scratch)
 	if err != nil {
 		return nil, mayGo, schedulerError(err)
 	}
@@ -255,8 +253,8 @@ func (s *Service) decide(ps *pass) (*decision, verdict, error) {
 	if ps.ticket != nil {
 		d.queueWait = now.Sub(ps.enqueued)
 	}
-	if ps.req != nil && ps.req.Fallbacks > 0 {
-		d.alts = st.Scratch.Ranked(chosen.Worker, ps.req.Fallbacks)
+	if req != nil && req.Fallbacks > 0 {
+		d.alts = st.Scratch.Ranked(chosen.Worker, req.Fallbacks)
 	}
 	d.rec, _ = ws.Rank(chosen.Worker)
 	for _, pj := range projs {
@@ -264,7 +262,7 @@ func (s *Service) decide(ps *pass) (*decision, verdict, error) {
 			d.load = pj
 		}
 	}
-	if b := ps.booking; b != nil {
+	if b := booking; b != nil {
 		b.Worker = chosen.Worker
 		if b.TrackPrefill {
 			b.PrefillTokens = chosen.EffectivePrefillTokens
