@@ -31,7 +31,7 @@ func TestConditionsHoldReadinessBack(t *testing.T) {
 	}
 	s.gate.RemoveCondition("discovery")
 	s.gate.RemoveCondition("absent")
-	if got := s.Inspect().Conditions(); len(got) != 1 || got[0].Name != "another" {
+	if got := s.gate.Conditions(); len(got) != 1 || got[0].Name != "another" {
 		t.Fatalf("after remove: %+v", got)
 	}
 }

@@ -204,12 +204,3 @@ func (in *Inspector) KVEventsCollector() (st CollectorStatus, ok bool) {
 	}
 	return CollectorStatus{}, false
 }
-
-// Conditions lists the conditions sorted by name.
-func (in *Inspector) Conditions() []Condition { return in.s.gate.Conditions() }
-
-// IndexRecoveryState reports the startup recovery state.
-func (in *Inspector) IndexRecoveryState() IndexRecovery { return in.s.gate.Recovery() }
-
-// Policy returns a copy of the selection policy in force.
-func (in *Inspector) Policy() scheduler.Policy { return *clonePolicy(*in.s.policy.Load()) }

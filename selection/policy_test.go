@@ -189,12 +189,12 @@ func TestSetPolicyTakesEffectForTheNextRequest(t *testing.T) {
 		t.Fatalf("after SetPolicy chose %d, want 2", got)
 	}
 	costs.DecodeActiveRequestWeight = 7 // the service keeps its own copy
-	if got := s.Inspect().Policy(); got.Costs == nil || got.Costs.DecodeActiveRequestWeight != 2 {
+	if got := policyInForce(s); got.Costs == nil || got.Costs.DecodeActiveRequestWeight != 2 {
 		t.Fatalf("Policy() = %+v, want the costs set", got)
 	}
-	got := s.Inspect().Policy()
+	got := policyInForce(s)
 	got.Costs.DecodeActiveRequestWeight = 9
-	if s.Inspect().Policy().Costs.DecodeActiveRequestWeight != 2 {
+	if policyInForce(s).Costs.DecodeActiveRequestWeight != 2 {
 		t.Fatal("editing Policy()'s result changed the service's policy")
 	}
 
@@ -216,8 +216,8 @@ func TestSetPolicyTakesEffectForTheNextRequest(t *testing.T) {
 	if err := s.SetPolicy(scheduler.DefaultPolicy()); err != nil {
 		t.Fatal(err)
 	}
-	if got := choose(); got != 1 || s.Inspect().Policy().Costs != nil {
-		t.Fatalf("back to the default policy: chose %d, costs %+v", got, s.Inspect().Policy().Costs)
+	if got := choose(); got != 1 || policyInForce(s).Costs != nil {
+		t.Fatalf("back to the default policy: chose %d, costs %+v", got, policyInForce(s).Costs)
 	}
 }
 
@@ -306,3 +306,6 @@ func TestSetPolicyConcurrentWithSelectAndReserve(t *testing.T) {
 	close(stop)
 	wg.Wait()
 }
+
+// policyInForce is a copy of the selection policy s runs with.
+func policyInForce(s *Service) scheduler.Policy { return *clonePolicy(*s.policy.Load()) }

@@ -370,7 +370,7 @@ func TestReadinessWaitsForIndexRecovery(t *testing.T) {
 		{RecoveryFailed, true, "failed"},
 	} {
 		s.Replica().SetIndexRecovery(c.state)
-		if st := s.Ready(); st.Ready != c.ready || st.IndexRecovery != c.text || s.Inspect().IndexRecoveryState() != c.state {
+		if st := s.Ready(); st.Ready != c.ready || st.IndexRecovery != c.text || s.gate.Recovery() != c.state {
 			t.Errorf("%v: %+v", c.state, st)
 		}
 	}

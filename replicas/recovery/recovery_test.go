@@ -158,7 +158,7 @@ func TestReadinessWaitsThenStartsEmpty(t *testing.T) {
 		done <- Run(bg, b.Replica(), Options{Peers: []string{slow, refusedURL(t)}, Delay: -1, Logger: quiet})
 	}()
 	end := time.Now().Add(10 * time.Second)
-	for b.Inspect().IndexRecoveryState() != selection.RecoveryPending {
+	for b.Ready().IndexRecovery != selection.RecoveryPending.String() {
 		if time.Now().After(end) {
 			t.Fatal("recovery never pending")
 		}
@@ -195,7 +195,7 @@ func TestLimitsAndCancellation(t *testing.T) {
 	ctx, cancel := context.WithCancel(bg)
 	cancel()
 	res = Run(ctx, b.Replica(), Options{Peers: []string{good}, Logger: quiet})
-	if res.State != selection.RecoveryFailed || b.Inspect().IndexRecoveryState() != selection.RecoveryFailed {
+	if res.State != selection.RecoveryFailed || b.Ready().IndexRecovery != selection.RecoveryFailed.String() {
 		t.Fatalf("cancelled: %+v", res)
 	}
 	if res := Run(bg, b.Replica(), Options{}); !reflect.DeepEqual(res, Result{}) {
