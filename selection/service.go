@@ -1,16 +1,3 @@
-// Package selection is kvselect's embedded selection service: the worker catalog,
-// KV-overlap indexing, KV- and load-aware worker selection, select/reserve
-// booking with the reservation lifecycle, the pending-selection cache and session
-// affinity — everything Dynamo's standalone selection service decides
-// (https://docs.nvidia.com/dynamo/dev/components/router/standalone-selection-service),
-// as a Go API. The REST and ext_proc fronts are thin translations over Service.
-//
-// The service does no I/O of its own and starts no goroutine: time comes from an
-// injected clock and periodic upkeep (expiry of stale bookings, pending
-// selections, idle sessions and approximate-index entries) runs when the host
-// calls Maintain, typically every few seconds from server.Upkeep. Callers'
-// goroutines may block inside a selection only while the scheduler queue holds
-// them (queueing enabled and every worker busy), and they honour their context.
 package selection
 
 import (
