@@ -4,7 +4,7 @@ import (
 	"github.com/kvselect/kvselect/selection/decisionlog"
 )
 
-// DefaultRecentDecisions is how many decisions RecentDecisions keeps when
+// DefaultRecentDecisions is how many decisions the decision log keeps when
 // Config.RecentDecisions is zero.
 const DefaultRecentDecisions = decisionlog.DefaultRecent
 

@@ -166,7 +166,7 @@ type prompt struct {
 	hashed bool
 	lora   string
 	// text says locals are character-block hashes of a prompt text: lookups
-	// and routing records use the partition's text index (textprompt.go).
+	// and routing records use the partition's text index (package textindex).
 	text bool
 	// alsoText is the text chain of a prompt routed by its token ids that the
 	// front also knew as text (a tokenized text prompt): the booking records

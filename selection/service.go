@@ -71,7 +71,7 @@ type Config struct {
 	// prefill worker left, every one is ejected or overloaded, or one is back),
 	// with the reason; called with no service lock held. The server logs it.
 	OnPrefillPool func(model string, usable bool, reason string)
-	// Flow turns flow control on (flowctl.go): while every worker of a
+	// Flow turns flow control on (package admission): while every worker of a
 	// partition is busy its waiting requests are ordered by priority band,
 	// tenant fairness and arrival, within Flow's limits, instead of by the
 	// router queue policy. It needs queueing (router_queue_threshold); nil
@@ -81,9 +81,9 @@ type Config struct {
 	// leaving it (dispatched, expired, shed, rejected, abandoned), with no
 	// service lock held. The server counts them.
 	OnFlow func(FlowEvent)
-	// RecentDecisions is how many of the latest decisions RecentDecisions
-	// keeps for the status page: DefaultRecentDecisions when zero, none
-	// when negative.
+	// RecentDecisions is how many of the latest decisions the decision log
+	// keeps for the status page (Inspector.RecentDecisions):
+	// DefaultRecentDecisions when zero, none when negative.
 	RecentDecisions int
 }
 

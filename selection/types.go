@@ -34,7 +34,7 @@ type PromptRequest struct {
 	IsEagle        *bool             `json:"is_eagle"`
 	// PromptText is the prompt's text as a front flattened it (not a wire
 	// field). Alone — none of the fields above set — it identifies the
-	// prompt in the partition's text index (textprompt.go). Beside token ids
+	// prompt in the partition's text index (package textindex). Beside token ids
 	// (a text prompt a Tokenizer turned into ids) the ids route, and a booking
 	// also records the text's chain in the text index.
 	PromptText string `json:"-"`
