@@ -10,7 +10,8 @@ import (
 // priority bands, fairness between tenants, FIFO inside a tenant — instead of
 // Dynamo's queue policy, and limited: queued bytes, a time to live, and
 // sheddable requests (negative priority) never wait. The controller is the
-// deterministic part; choose only waits for what it says.
+// deterministic part; each partition's waiting room (package admission) holds
+// the requests and turns them away, and choose only waits for what it says.
 
 // Flow outcomes, one per request that met flow control (FlowEvent.Outcome).
 const (

@@ -16,10 +16,11 @@ import (
 
 // This file holds the service's side of the replica planes (the "Peer Planes"
 // of Dynamo's standalone selection service docs; Dynamo's
-// lib/kv-router/src/services/common/replica_sync.rs): what a replica publishes
-// (booking transitions and session bindings, handed to a ReplicaObserver), how
-// it applies what its peers published (ApplyRemoteBooking, ApplyRemoteBinding),
-// and the state of startup index recovery that readiness waits for. The
+// lib/kv-router/src/services/common/replica_sync.rs), the Replica that
+// Service.Replica returns: what a replica publishes (booking transitions and
+// session bindings, handed to a ReplicaObserver), how it applies what its
+// peers published (ApplyRemoteBooking, ApplyRemoteBinding), and startup index
+// recovery (Restore, SetIndexRecovery, which readiness waits for). The
 // transport — ZMQ sockets, the wire envelope, peer membership — lives in
 // replicas/mesh; fetching a peer's /dump in replicas/recovery. The service
 // itself does no I/O.

@@ -1,6 +1,7 @@
 package selection
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"maps"
@@ -404,14 +405,6 @@ func (c *workerCatalog) engineTargets() []EngineTarget {
 		out = append(out, t)
 	}
 	c.mu.RUnlock()
-	slices.SortFunc(out, func(a, b EngineTarget) int {
-		switch {
-		case a.WorkerID < b.WorkerID:
-			return -1
-		case a.WorkerID > b.WorkerID:
-			return 1
-		}
-		return 0
-	})
+	slices.SortFunc(out, func(a, b EngineTarget) int { return cmp.Compare(a.WorkerID, b.WorkerID) })
 	return out
 }
