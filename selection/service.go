@@ -93,11 +93,13 @@ type Config struct {
 // down the list, and never two of one level at once (two partitions'
 // scheduling locks, say):
 //
-//  1. catMu serializes catalog changes (UpsertWorker, PatchWorker,
-//     DeleteWorker) end to end, Listeners.Attach and Detach included, so a
-//     listener implementation's own locks come after it.
-//  2. mu guards the catalog; the partition set's lock (partition.Set) guards
-//     the partition map. The two are never held together. Set.Ensure builds
+//  1. the catalog's catMu (workerCatalog, workers.go) serializes catalog
+//     changes (UpsertWorker, PatchWorker, DeleteWorker) end to end,
+//     Listeners.Attach and Detach included, so a listener implementation's
+//     own locks come after it.
+//  2. the catalog's mu guards its records; the partition set's lock
+//     (partition.Set) guards the partition map. The two are never held
+//     together. Set.Ensure builds
 //     a partition under the set's lock (index.Partitions' lock, the replica
 //     id's once, the random source's lock); Shutdown wakes every partition
 //     under its read lock (the queues' locks).
