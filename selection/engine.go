@@ -2,7 +2,6 @@ package selection
 
 import (
 	"github.com/kvselect/kvselect/selection/engine"
-	"github.com/kvselect/kvselect/selection/index"
 )
 
 // EngineConfig configures how engine metrics (ReportEngineMetrics) and
@@ -60,7 +59,7 @@ func (s *Service) ReportEngineMetrics(workerID uint64, snap EngineSnapshot) bool
 		return false
 	}
 	s.engines.Put(workerID, snap)
-	if p := s.parts.Get(index.Partition{Model: rec.ModelName, RoutingGroup: rec.RoutingGroup}); p != nil {
+	if p := s.parts.Get(partitionOfRecord(rec)); p != nil {
 		p.Wake()
 	}
 	return true

@@ -340,7 +340,3 @@ func partitionOf(k PartitionKey) index.Partition {
 	}
 	return p
 }
-
-func partitionOfRecord(r *catalog.Record) index.Partition {
-	return index.Partition{Model: r.ModelName, RoutingGroup: r.RoutingGroup}
-}

@@ -206,7 +206,7 @@ func (c *workerCatalog) list(model, group *string) []*catalog.Record {
 	c.mu.RUnlock()
 	if ls, ok := c.listeners.(ListenerStatus); ok {
 		for _, r := range out {
-			p := index.Partition{Model: r.ModelName, RoutingGroup: r.RoutingGroup}
+			p := partitionOfRecord(r)
 			for _, rank := range r.Ranks() {
 				st, ok := ls.RankEventsStatus(p, index.WorkerKey{WorkerID: r.WorkerID, DPRank: rank})
 				if !ok {
@@ -236,7 +236,7 @@ func (c *workerCatalog) record(id uint64) (*catalog.Record, bool) {
 // schedulable record to its partition. It returns a copy of the stored
 // record.
 func (c *workerCatalog) apply(rec *catalog.Record) *catalog.Record {
-	key := index.Partition{Model: rec.ModelName, RoutingGroup: rec.RoutingGroup}
+	key := partitionOfRecord(rec)
 	reasons := rec.Reasons(catalog.Checks{Queueing: c.set.queueing, ConsumesEvents: c.set.useKVEvents, Collector: c.set.collector, PrefillGroup: c.set.prefillGroup})
 	var part *partition.Partition
 	if len(reasons) == 0 {
@@ -364,7 +364,7 @@ func (c *workerCatalog) forgetDropped(p *partition.Partition, dropped []string) 
 // retire takes a schedulable worker out of its partition: draining (no new
 // selections), listeners detached and blocks purged, bookings released.
 func (c *workerCatalog) retire(old *catalog.Record) {
-	key := index.Partition{Model: old.ModelName, RoutingGroup: old.RoutingGroup}
+	key := partitionOfRecord(old)
 	p := c.parts.Get(key)
 	c.mu.Lock()
 	if cur, ok := c.records[old.WorkerID]; ok && cur == old {
@@ -407,4 +407,9 @@ func (c *workerCatalog) engineTargets() []EngineTarget {
 	c.mu.RUnlock()
 	slices.SortFunc(out, func(a, b EngineTarget) int { return cmp.Compare(a.WorkerID, b.WorkerID) })
 	return out
+}
+
+// partitionOfRecord is the partition a worker record belongs to.
+func partitionOfRecord(r *catalog.Record) index.Partition {
+	return index.Partition{Model: r.ModelName, RoutingGroup: r.RoutingGroup}
 }
