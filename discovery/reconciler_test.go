@@ -88,7 +88,7 @@ func TestApplyUpsertsSkipsConvergedAndDeletes(t *testing.T) {
 			t.Errorf("%s: catalog %v, want %v", s.name, g, s.ids)
 		}
 	}
-	if c := svc.Conditions(); len(c) != 1 || !c[0].Ready || c[0].Reason != "Synced" {
+	if c := svc.Ready().Conditions; len(c) != 1 || !c[0].Ready || c[0].Reason != "Synced" {
 		t.Fatalf("condition: %+v", c)
 	}
 }
@@ -107,7 +107,7 @@ func TestApplyRejectsDuplicateIDsBeforeAnyChange(t *testing.T) {
 	if g := ids(svc); !slices.Equal(g, []uint64{1}) {
 		t.Fatalf("catalog changed by a rejected snapshot: %v", g)
 	}
-	c := svc.Conditions()
+	c := svc.Ready().Conditions
 	if len(c) != 1 || c[0].Ready || c[0].Reason != "ApplyFailed" || !strings.Contains(c[0].Message, "duplicate worker_id") {
 		t.Fatalf("condition after a rejected snapshot: %+v", c)
 	}
@@ -219,7 +219,7 @@ func TestRunNewerSnapshotSupersedesTheRetry(t *testing.T) {
 
 	r.Update(Snapshot{Workers: []catalog.Record{rec(1, "http://a:8000")}, State: State{Ready: true}})
 	eventually(t, "the first apply to fail", func() bool {
-		c := svc.Conditions()
+		c := svc.Ready().Conditions
 		return len(c) == 1 && c[0].Reason == "ApplyFailed" && strings.Contains(c[0].Message, "retrying in 1h0m0s")
 	})
 	r.Update(Snapshot{Workers: []catalog.Record{rec(2, "http://b:8000")}, State: State{Ready: true}})

@@ -99,7 +99,7 @@ func (b *bookingBed) booking(t *testing.T, id string) *booking {
 // active is the number of bookings the core holds.
 func (b *bookingBed) active() int {
 	n := 0
-	for _, ml := range b.core.Loads(nil, nil) {
+	for _, ml := range b.core.Inspect().Loads(nil, nil) {
 		for _, l := range ml.Loads {
 			n += int(l.ActiveRequests)
 		}

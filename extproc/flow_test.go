@@ -47,7 +47,7 @@ func header(k, v string) envoysim.Header { return envoysim.Header{Key: k, Value:
 
 func queued(h *harness) map[string]int {
 	out := map[string]int{}
-	for _, p := range h.svc.FlowState() {
+	for _, p := range h.svc.Inspect().FlowState() {
 		for _, b := range p.Bands {
 			for _, t := range b.Tenants {
 				if t.Queued > 0 {
@@ -195,7 +195,7 @@ func TestQueuedStreamsAbortWithoutLeaks(t *testing.T) {
 	nRefused := 0
 	refused.Range(func(any, any) bool { nRefused++; return true })
 	t.Logf("%d streams: %d routed, %d refused, the rest aborted", n, nRouted, nRefused)
-	if st := h.svc.FlowState(); len(st) != 1 || st[0].Queued != 0 || st[0].QueuedBytes != 0 {
+	if st := h.svc.Inspect().FlowState(); len(st) != 1 || st[0].Queued != 0 || st[0].QueuedBytes != 0 {
 		t.Errorf("flow state %+v", st)
 	}
 	_ = selection.FlowDispatched

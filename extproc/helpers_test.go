@@ -110,7 +110,7 @@ func serve(t testing.TB, srv *extproc.Server) string {
 // loads returns the partition's load rows keyed by worker id.
 func (h *harness) loads() map[uint64]selection.PotentialLoad {
 	out := map[uint64]selection.PotentialLoad{}
-	for _, m := range h.svc.Loads(nil, nil) {
+	for _, m := range h.svc.Inspect().Loads(nil, nil) {
 		for _, l := range m.Loads {
 			out[l.WorkerID] = l
 		}

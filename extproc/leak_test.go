@@ -86,7 +86,7 @@ func testNoBookingOutlivesItsStream(t *testing.T, disagg bool) {
 	if disagg {
 		// Every stream that got its decision prefilled remotely; those
 		// aborted while sending the request may or may not have got one.
-		remote := h.svc.DisaggStats()["conditional_disagg_disabled"]
+		remote := h.svc.Inspect().DisaggStats()["conditional_disagg_disabled"]
 		if least := uint64(n) - countStage(n, abortBeforeBody); remote < least || remote > uint64(n) {
 			t.Fatalf("%d remote prefills, want %d to %d", remote, least, n)
 		}

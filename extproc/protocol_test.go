@@ -417,14 +417,14 @@ func TestServedAddressOfADataParallelWorkerLeavesTheBooking(t *testing.T) {
 	if d.Immediate != nil || d.Destination != "10.0.0.2:8000" {
 		t.Fatalf("decision %q (immediate %+v), want 10.0.0.2:8000 alone", d.Destination, d.Immediate)
 	}
-	before := h.svc.Loads(nil, nil)
+	before := h.svc.Inspect().Loads(nil, nil)
 	if l := h.loads()[2]; l.ActiveRequests != 1 || l.PotentialPrefillTokens != 8 {
 		t.Fatalf("worker 2 after the pick: %+v", l)
 	}
 	if _, err := x.ResponseHeaders(envoysim.Response{Served: "10.0.0.1:8000", Headers: sseHeaders()}, false); err != nil {
 		t.Fatal(err)
 	}
-	if after := h.svc.Loads(nil, nil); !reflect.DeepEqual(after, before) {
+	if after := h.svc.Inspect().Loads(nil, nil); !reflect.DeepEqual(after, before) {
 		t.Fatalf("loads changed when the served address named two ranks:\nbefore %+v\nafter  %+v", before, after)
 	}
 	if n := metricstest.Series(t, h.srv)["kvselect_extproc_rebooked_total"]; n != 0 {
@@ -606,7 +606,7 @@ func TestServerErrorsEjectTheWorker(t *testing.T) {
 		x.Close()
 	}
 	eventually(t, "the worker ejected", func() bool {
-		return h.svc.WorkerHealth(bad) != nil && h.svc.WorkerHealth(bad).State == selection.HealthEjected
+		return h.svc.Inspect().WorkerHealth(bad) != nil && h.svc.Inspect().WorkerHealth(bad).State == selection.HealthEjected
 	})
 	for i := range 20 {
 		x, d := h.start(t, &envoysim.Request{Modes: envoysim.GIE, Body: chatBody(fmt.Sprint("after ", i), false)})

@@ -162,7 +162,7 @@ func (st *stream) restrict(req *selection.SelectRequest, r *restriction) error {
 	ts := parseTargets(r.entries)
 	var allowed []uint64
 	if len(ts) > 0 {
-		allowed = st.s.addrs.allowedWorkers(st.s.svc.Endpoints(req.PartitionKey), ts)
+		allowed = st.s.addrs.allowedWorkers(st.s.svc.Inspect().Endpoints(req.PartitionKey), ts)
 	}
 	if len(allowed) == 0 {
 		return immediate(typev3.StatusCode_ServiceUnavailable,

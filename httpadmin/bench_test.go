@@ -73,7 +73,7 @@ func BenchmarkHTTPSelectAndReserveFree(b *testing.B) {
 		events = append(events, index.RouterEvent{WorkerID: uint64(i % 64), StorageTier: "device",
 			Event: index.KvCacheEvent{EventID: uint64(i), Data: index.EventData{Stored: &index.StoredData{Blocks: blocks}}}})
 	}
-	for _, res := range svc.Restore(index.Dump{index.PartitionKey("m", "default"): {BlockSize: 16, Events: events}}) {
+	for _, res := range svc.Replica().Restore(index.Dump{index.PartitionKey("m", "default"): {BlockSize: 16, Events: events}}) {
 		if res.Err != nil {
 			b.Fatalf("restore: %+v", res)
 		}

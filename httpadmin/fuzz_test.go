@@ -46,7 +46,7 @@ func FuzzSelectBody(f *testing.F) {
 	f.Fuzz(func(t *testing.T, body []byte) {
 		active := func() uint64 {
 			var n uint64
-			for _, ml := range svc.Loads(nil, nil) {
+			for _, ml := range svc.Inspect().Loads(nil, nil) {
 				for _, l := range ml.Loads {
 					n += l.ActiveRequests
 				}

@@ -116,7 +116,7 @@ func (s *server) reportHealth(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	resp := healthReportResponse{WorkerID: id, Transition: transitionName(tr), Health: catalog.HealthView{State: selection.HealthHealthy}}
-	if h := s.svc.WorkerHealth(id); h != nil {
+	if h := s.svc.Inspect().WorkerHealth(id); h != nil {
 		resp.Health = *h
 	}
 	writeJSON(w, http.StatusOK, resp)
@@ -412,7 +412,7 @@ func (s *server) free(w http.ResponseWriter, r *http.Request) {
 
 func (s *server) loads(w http.ResponseWriter, r *http.Request) {
 	model, group := filters(r)
-	writeJSON(w, http.StatusOK, s.svc.Loads(model, group))
+	writeJSON(w, http.StatusOK, s.svc.Inspect().Loads(model, group))
 }
 
 func (s *server) potentialLoads(w http.ResponseWriter, r *http.Request) {
@@ -420,7 +420,7 @@ func (s *server) potentialLoads(w http.ResponseWriter, r *http.Request) {
 	if !s.readJSON(w, r, q, func([]byte) error { return checkOverride(q.RouterConfigOverride) }) {
 		return
 	}
-	out, err := s.svc.PotentialLoads(r.Context(), q)
+	out, err := s.svc.Inspect().PotentialLoads(r.Context(), q)
 	if err != nil {
 		s.fail(w, r, err)
 		return
@@ -433,7 +433,7 @@ func (s *server) overlapScores(w http.ResponseWriter, r *http.Request) {
 	if !s.readJSON(w, r, q, func([]byte) error { return checkOverride(q.RouterConfigOverride) }) {
 		return
 	}
-	out, err := s.svc.OverlapScores(r.Context(), q)
+	out, err := s.svc.Inspect().OverlapScores(r.Context(), q)
 	if err != nil {
 		s.fail(w, r, err)
 		return
@@ -457,11 +457,11 @@ type flowStatus struct {
 }
 
 func (s *server) flow(w http.ResponseWriter, r *http.Request) {
-	out := flowStatus{Partitions: s.svc.FlowState()}
+	out := flowStatus{Partitions: s.svc.Inspect().FlowState()}
 	if s.objectives != nil {
 		out.Objectives = s.objectives.All()
 	}
-	if c := s.svc.FlowConfig(); c != nil {
+	if c := s.svc.Inspect().FlowConfig(); c != nil {
 		out.Enabled, out.Fairness, out.TTLSeconds = true, c.Fairness.String(), c.TTL.Seconds()
 		out.MaxBytes, out.MaxBandBytes, out.MaxTenants = c.MaxBytes, c.MaxBandBytes, c.MaxTenants
 	}
@@ -469,7 +469,7 @@ func (s *server) flow(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *server) dump(w http.ResponseWriter, r *http.Request) {
-	d := s.svc.Dump()
+	d := s.svc.Inspect().Dump()
 	if d == nil {
 		writeJSON(w, http.StatusOK, struct{}{})
 		return
@@ -557,7 +557,7 @@ func (s *server) listPeers(w http.ResponseWriter, r *http.Request) {
 // ---- kvselect extension: GET /kv_events/collector ----
 
 func (s *server) kvEventsCollector(w http.ResponseWriter, r *http.Request) {
-	st, ok := s.svc.KVEventsCollector()
+	st, ok := s.svc.Inspect().KVEventsCollector()
 	if !ok {
 		writeError(w, http.StatusNotFound, "no kv events collector socket is bound (--kv-events-bind)", nil)
 		return

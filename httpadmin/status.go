@@ -73,15 +73,15 @@ func (s *server) status(w http.ResponseWriter, r *http.Request) {
 		n = min(d, maxStatusDecisions)
 	}
 	doc := statusDoc{
-		Time: time.Now().UTC(), Workers: s.svc.Workers(nil, nil), Loads: s.svc.Loads(nil, nil),
+		Time: time.Now().UTC(), Workers: s.svc.Workers(nil, nil), Loads: s.svc.Inspect().Loads(nil, nil),
 		Routing: []routingRow{}, Decisions: []selection.DecisionRecord{}, Peers: []string{},
 	}
 	if n > 0 {
-		if d := s.svc.RecentDecisions(n); d != nil {
+		if d := s.svc.Inspect().RecentDecisions(n); d != nil {
 			doc.Decisions = d
 		}
 	}
-	for _, p := range s.svc.RoutingStats() {
+	for _, p := range s.svc.Inspect().RoutingStats() {
 		doc.Routing = append(doc.Routing, routingRow{Model: p.Model, RoutingGroup: p.RoutingGroup,
 			Decisions: p.Decisions, PromptTokens: p.PromptTokens, CachedTokens: p.CachedTokens})
 	}
@@ -91,7 +91,7 @@ func (s *server) status(w http.ResponseWriter, r *http.Request) {
 			doc.Peers = p
 		}
 	}
-	if st, ok := s.svc.KVEventsCollector(); ok {
+	if st, ok := s.svc.Inspect().KVEventsCollector(); ok {
 		doc.Collector = st
 	}
 	writeJSON(w, http.StatusOK, doc)

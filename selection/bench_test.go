@@ -43,14 +43,14 @@ func benchService(b *testing.B, workers int) (*Service, [][]uint32) {
 		}
 		prompts[i] = t
 	}
-	p := s.partition(index.Partition{Model: "m", RoutingGroup: "default"})
+	p := s.parts.Get(index.Partition{Model: "m", RoutingGroup: "default"})
 	for i, t := range prompts {
 		if i%2 == 1 {
 			continue
 		}
 		locals := kvhash.LocalBlockHashes(t, "", "", kvhash.BlockOptions{BlockSize: 16})
 		ev := indexStored(uint64(i%workers), locals)
-		if err := p.ix.Apply(&ev); err != nil {
+		if err := p.Index().Apply(&ev); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -154,7 +154,7 @@ func BenchmarkSelectAndReserveFreeDisaggregated(b *testing.B) {
 		reqs[i] = &SelectRequest{PartitionKey: PartitionKey{ModelName: "m"}, PromptRequest: PromptRequest{TokenIDs: t}, Disaggregated: true}
 	}
 	benchPairs(b, s, reqs)
-	if st := s.DisaggStats(); st["conditional_disagg_disabled"] == 0 {
+	if st := s.Inspect().DisaggStats(); st["conditional_disagg_disabled"] == 0 {
 		b.Fatalf("no remote prefill: %v", st)
 	}
 }

@@ -29,9 +29,9 @@ func TestConditionsHoldReadinessBack(t *testing.T) {
 	if st := s.Ready(); !st.Ready || len(st.Conditions) != 2 || st.Conditions[0].Name != "another" {
 		t.Fatalf("ready conditions: got %+v", st)
 	}
-	s.RemoveCondition("discovery")
-	s.RemoveCondition("absent")
-	if got := s.Conditions(); len(got) != 1 || got[0].Name != "another" {
+	s.gate.RemoveCondition("discovery")
+	s.gate.RemoveCondition("absent")
+	if got := s.gate.Conditions(); len(got) != 1 || got[0].Name != "another" {
 		t.Fatalf("after remove: %+v", got)
 	}
 }

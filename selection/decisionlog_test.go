@@ -36,7 +36,7 @@ func TestDecisionLogAndRoutingStats(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	got := s.RecentDecisions(0)
+	got := s.Inspect().RecentDecisions(0)
 	if len(got) != 3 {
 		t.Fatalf("%d decisions logged, want 3 (two bookings, one select): %+v", len(got), got)
 	}
@@ -54,7 +54,7 @@ func TestDecisionLogAndRoutingStats(t *testing.T) {
 		t.Errorf("decision times %v, %v: not the injected clock", got[2].Time, b.Time)
 	}
 
-	stats := s.RoutingStats()
+	stats := s.Inspect().RoutingStats()
 	if len(stats) != 1 {
 		t.Fatalf("routing stats for %d partitions, want 1", len(stats))
 	}
@@ -64,25 +64,5 @@ func TestDecisionLogAndRoutingStats(t *testing.T) {
 	}
 	if st.MatchedBuckets[0] != 1 || st.MatchedBuckets[len(st.MatchedBuckets)-2] != 1 || st.MatchedBuckets[len(st.MatchedBuckets)-1] != 3 || st.MatchedSum != 2 {
 		t.Errorf("matched buckets %v sum %v, want one at 0 and two at 1", st.MatchedBuckets, st.MatchedSum)
-	}
-}
-
-func TestDecisionLogIsBounded(t *testing.T) {
-	l := newDecisionLog(3)
-	for i := range 5 {
-		l.add(DecisionRecord{WorkerID: uint64(i)})
-	}
-	var ids []uint64
-	for _, r := range l.latest(0) {
-		ids = append(ids, r.WorkerID)
-	}
-	if len(ids) != 3 || ids[0] != 4 || ids[2] != 2 {
-		t.Errorf("kept %v, want the newest three, newest first", ids)
-	}
-	if got := l.latest(2); len(got) != 2 || got[0].WorkerID != 4 {
-		t.Errorf("latest(2) = %+v", got)
-	}
-	if newDecisionLog(-1).latest(0) != nil {
-		t.Error("a disabled log returned records")
 	}
 }

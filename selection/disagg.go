@@ -2,12 +2,13 @@ package selection
 
 import (
 	"context"
-	"sync"
-	"sync/atomic"
 
 	"github.com/kvselect/kvselect/selection/affinity"
+	"github.com/kvselect/kvselect/selection/decisionlog"
 	"github.com/kvselect/kvselect/selection/index"
 	"github.com/kvselect/kvselect/selection/loads"
+	"github.com/kvselect/kvselect/selection/partition"
+	"github.com/kvselect/kvselect/selection/reservation"
 	"github.com/kvselect/kvselect/selection/routerconfig"
 	"github.com/kvselect/kvselect/selection/scheduler"
 )
@@ -50,46 +51,6 @@ const DefaultPrefillRoutingGroup = "prefill"
 // booking's selection id.
 const PrefillBookingSuffix = ".prefill"
 
-// disaggState counts decisions and remembers, per model, whether the prefill
-// pool was usable at the last disaggregated request. Its mutex is a leaf.
-type disaggState struct {
-	counts [len(scheduler.DisaggReasons)]atomic.Uint64 // by scheduler.DisaggReasons index
-
-	mu     sync.Mutex
-	usable map[string]bool
-}
-
-// count records one decision and reports a change of the model's pool
-// usability (changed), which the caller hands to OnPrefillPool with no lock
-// held.
-func (st *disaggState) count(model, reason string) (usable, changed bool) {
-	for i, r := range scheduler.DisaggReasons {
-		if r == reason {
-			st.counts[i].Add(1)
-		}
-	}
-	usable = reason != scheduler.ReasonNoPrefillWorkers && reason != scheduler.ReasonPrefillUnavailable
-	st.mu.Lock()
-	defer st.mu.Unlock()
-	if st.usable == nil {
-		st.usable = make(map[string]bool)
-	}
-	prev, seen := st.usable[model]
-	st.usable[model] = usable
-	return usable, (seen && prev != usable) || (!seen && !usable)
-}
-
-// DisaggStats are the disaggregated decisions made so far, by reason (every
-// scheduler.DisaggReasons entry present). Requests to models that never had
-// a prefill pool are not counted: nothing was decided for them.
-func (s *Service) DisaggStats() map[string]uint64 {
-	out := make(map[string]uint64, len(scheduler.DisaggReasons))
-	for i, r := range scheduler.DisaggReasons {
-		out[r] = s.disagg.counts[i].Load()
-	}
-	return out
-}
-
 // PrefillRoutingGroup is the routing group of every model's prefill pool.
 func (s *Service) PrefillRoutingGroup() string { return s.set.prefillGroup }
 
@@ -124,6 +85,46 @@ type disaggOutcome struct {
 	booking   *loads.Booking
 }
 
+// note counts the decision (for a model that has or had a prefill pool) and
+// reports a pool usability change.
+func (out *disaggOutcome) note(d *decisionlog.Disagg) {
+	if out.counted {
+		d.Record(out.model, out.reason)
+	}
+}
+
+// undo frees a remote prefill booked for a request that then failed, and
+// gives its id back to the reservation table.
+func (out *disaggOutcome) undo(resv *reservation.Table) {
+	if out.prefill == nil {
+		return
+	}
+	_ = out.prefill.part.Loads().Free(out.prefillID)
+	out.prefill.part.Wake()
+	resv.Unclaim(out.prefillID)
+	out.prefill = nil
+}
+
+// prefillPool returns the model's prefill partition in parts (nil when the
+// model never had one) and whether it has schedulable workers now.
+func prefillPool(parts *partition.Set, group, model string) (*partition.Partition, bool) {
+	p := parts.Get(index.Partition{Model: model, RoutingGroup: group})
+	return p, p != nil && len(p.Workers().Ranks) > 0
+}
+
+// prefillRequest is the selection request of a disaggregated request's
+// prefill stage in the prefill routing group: the prompt, its priority and
+// tenant; the decode side's worker constraints (allowed workers, pins,
+// taints, affinity) are not the prefill pool's.
+func prefillRequest(req *SelectRequest, group string) *SelectRequest {
+	return &SelectRequest{
+		PartitionKey:  PartitionKey{ModelName: req.ModelName, RoutingGroup: group},
+		PromptRequest: req.PromptRequest, RouterConfigOverride: req.RouterConfigOverride,
+		PriorityJump: req.PriorityJump, StrictPriority: req.StrictPriority, PolicyClass: req.PolicyClass,
+		Priority: req.Priority, Tenant: req.Tenant, RequestBytes: req.RequestBytes,
+	}
+}
+
 // disaggView sets the response's prefill fields; selectionID is the
 // prefill's id to report (its booking, or its cached pending selection), nil
 // for none.
@@ -139,37 +140,6 @@ func (s *Service) disaggView(out *disaggOutcome, resp *SelectResponse, selection
 	}
 }
 
-// noteDisagg counts the decision and reports a pool usability change.
-func (s *Service) noteDisagg(out *disaggOutcome) {
-	if !out.counted {
-		return
-	}
-	usable, changed := s.disagg.count(out.model, out.reason)
-	if changed && s.onPrefillPool != nil {
-		s.onPrefillPool(out.model, usable, out.reason)
-	}
-}
-
-// prefillPool returns the model's prefill partition (nil when the model never
-// had one) and whether it has schedulable workers now.
-func (s *Service) prefillPool(model string) (*partition, bool) {
-	p := s.partition(index.Partition{Model: model, RoutingGroup: s.set.prefillGroup})
-	return p, p != nil && len(p.workers.Load().ranks) > 0
-}
-
-// prefillRequest is the selection request of a disaggregated request's
-// prefill stage: the prompt, its priority and tenant; the decode side's worker
-// constraints (allowed workers, pins, taints, affinity) are not the prefill
-// pool's.
-func (s *Service) prefillRequest(req *SelectRequest) *SelectRequest {
-	return &SelectRequest{
-		PartitionKey:  PartitionKey{ModelName: req.ModelName, RoutingGroup: s.set.prefillGroup},
-		PromptRequest: req.PromptRequest, RouterConfigOverride: req.RouterConfigOverride,
-		PriorityJump: req.PriorityJump, StrictPriority: req.StrictPriority, PolicyClass: req.PolicyClass,
-		Priority: req.Priority, Tenant: req.Tenant, RequestBytes: req.RequestBytes,
-	}
-}
-
 // decideDisagg runs Dynamo's conditional rules for a request whose decode
 // selection is peek: it probes the prefill pool when the policy reads its
 // load (returning the probe's prepared prompt, which the caller reuses).
@@ -181,9 +151,9 @@ func (s *Service) decideDisagg(ctx context.Context, rq *prepared, req *SelectReq
 		DecodeBusy: scheduler.DecodeBusy(peek.scored.PotentialDecodeBlocks, peek.rec.TotalKVBlocks,
 			optPtr(rq.eff.ConditionalDisaggDecodeBusyThreshold)),
 	}
-	preq := s.prefillRequest(req)
+	preq := prefillRequest(req, s.set.prefillGroup)
 	if pol.NeedsPrefillBusy() {
-		if p, err := s.promptFor(partitionOf(preq.PartitionKey), preq.RouterConfigOverride, &preq.PromptRequest, forSelection); err == nil {
+		if p, err := s.prepare(partitionOf(preq.PartitionKey), preq.RouterConfigOverride, &preq.PromptRequest, forSelection); err == nil {
 			prq = &p
 			if pd, err := s.choose(ctx, prq, preq, nil, nil, false); err == nil {
 				in.PrefillBusy = scheduler.PrefillBusy(pd.load.ActivePrefillTokens, pd.rec.MaxNumBatchedTokens, prefillBusyThreshold(rq.eff))
@@ -202,8 +172,8 @@ func (s *Service) decideDisagg(ctx context.Context, rq *prepared, req *SelectReq
 // away.
 func (s *Service) chooseDisaggregated(ctx context.Context, rq *prepared, req *SelectRequest,
 	target *affinity.Target, booking *loads.Booking, id string) (*decision, *disaggOutcome, error) {
-	out := &disaggOutcome{model: rq.part.key.Model}
-	pool, ok := s.prefillPool(out.model)
+	out := &disaggOutcome{model: rq.part.Key().Model}
+	pool, ok := prefillPool(s.parts, s.set.prefillGroup, out.model)
 	out.counted = pool != nil
 	if !ok {
 		out.reason = scheduler.ReasonNoPrefillWorkers
@@ -222,7 +192,7 @@ func (s *Service) chooseDisaggregated(ctx context.Context, rq *prepared, req *Se
 		}
 		d, err := s.choose(ctx, rq, req, target, booking, true)
 		if err != nil {
-			s.undoPrefill(out)
+			out.undo(&s.resv)
 			return nil, nil, err
 		}
 		return d, out, nil
@@ -249,7 +219,7 @@ func (s *Service) chooseDisaggregated(ctx context.Context, rq *prepared, req *Se
 	drq.overlaps = peek.overlaps
 	d, err := s.choose(ctx, &drq, &pinned, nil, booking, true)
 	if err != nil {
-		s.undoPrefill(out)
+		out.undo(&s.resv)
 		return nil, nil, err
 	}
 	d.alts = peek.alts
@@ -260,9 +230,9 @@ func (s *Service) chooseDisaggregated(ctx context.Context, rq *prepared, req *Se
 // turns the decision into a local prefill (ReasonPrefillUnavailable) rather
 // than an error, unless the request itself is gone.
 func (s *Service) bookPrefill(ctx context.Context, out *disaggOutcome, req *SelectRequest, prq *prepared, id string) error {
-	preq := s.prefillRequest(req)
+	preq := prefillRequest(req, s.set.prefillGroup)
 	if prq == nil {
-		p, err := s.promptFor(partitionOf(preq.PartitionKey), preq.RouterConfigOverride, &preq.PromptRequest, forSelection)
+		p, err := s.prepare(partitionOf(preq.PartitionKey), preq.RouterConfigOverride, &preq.PromptRequest, forSelection)
 		if err != nil {
 			out.reason = scheduler.ReasonPrefillUnavailable
 			return nil
@@ -270,7 +240,7 @@ func (s *Service) bookPrefill(ctx context.Context, out *disaggOutcome, req *Sele
 		prq = &p
 	}
 	pid := id + PrefillBookingSuffix
-	if err := s.resv.claim(pid); err != nil {
+	if err := s.resv.Claim(pid); err != nil {
 		return err
 	}
 	one := uint32(1)
@@ -278,7 +248,7 @@ func (s *Service) bookPrefill(ctx context.Context, out *disaggOutcome, req *Sele
 		TrackPrefill: prq.eff.TrackPrefillTokens, ExpectedOutputTokens: &one}
 	d, err := s.choose(ctx, prq, preq, nil, b, true)
 	if err != nil {
-		s.resv.unclaim(pid)
+		s.resv.Unclaim(pid)
 		if ctx.Err() != nil {
 			return err
 		}
@@ -290,32 +260,13 @@ func (s *Service) bookPrefill(ctx context.Context, out *disaggOutcome, req *Sele
 	return nil
 }
 
-// undoPrefill frees a remote prefill booked for a request that then failed.
-func (s *Service) undoPrefill(out *disaggOutcome) {
-	if out.prefill == nil {
-		return
-	}
-	_ = out.prefill.part.loads.Free(out.prefillID)
-	out.prefill.part.wake()
-	s.resv.unclaim(out.prefillID)
-	out.prefill = nil
-}
-
 // installPrefill makes the booked remote prefill a reservation of its own,
 // fed to the index and the replicas like any booking.
 func (s *Service) installPrefill(out *disaggOutcome) {
 	d := out.prefill
 	s.recordRouting(d.part, d.worker, d.prompt)
-	s.resv.install(out.prefillID, d.part, d.worker, nil)
-	s.replicateAdd(d.part, out.booking, d.prompt.lora)
-}
-
-// freeRemotePrefill frees the remote prefill booked with reservation r, if it
-// is still booked: its decode side has the KV (prefill complete) or is gone.
-func (s *Service) freeRemotePrefill(ctx context.Context, r *reservation) {
-	if r.prefill != "" {
-		_ = s.Free(ctx, r.prefill) // not found: freed already, or expired
-	}
+	s.resv.Install(out.prefillID, d.part, d.worker, nil, "")
+	s.repl.added(d.part, out.booking, d.prompt.lora)
 }
 
 // selectDisaggregated is Select for a disaggregated request: the decode
@@ -331,7 +282,7 @@ func (s *Service) selectDisaggregated(ctx context.Context, req *SelectRequest) (
 		return nil, err
 	}
 	out := &disaggOutcome{model: resp.ModelName}
-	pool, ok := s.prefillPool(out.model)
+	pool, ok := prefillPool(s.parts, s.set.prefillGroup, out.model)
 	out.counted = pool != nil
 	var prefillID *string
 	if !ok {
@@ -339,7 +290,7 @@ func (s *Service) selectDisaggregated(ctx context.Context, req *SelectRequest) (
 	} else if out.reason, prefillID, err = s.peekPrefill(ctx, req, resp, out); err != nil {
 		return nil, err
 	}
-	s.noteDisagg(out)
+	out.note(&s.disagg)
 	s.disaggView(out, resp, prefillID)
 	return resp, nil
 }
@@ -347,12 +298,12 @@ func (s *Service) selectDisaggregated(ctx context.Context, req *SelectRequest) (
 // peekPrefill decides for an unbooked disaggregated selection and, when the
 // prefill is remote, selects (and caches, with an id) its prefill worker.
 func (s *Service) peekPrefill(ctx context.Context, req *SelectRequest, resp *SelectResponse, out *disaggOutcome) (string, *string, error) {
-	preq := s.prefillRequest(req)
-	prq, err := s.promptFor(partitionOf(preq.PartitionKey), preq.RouterConfigOverride, &preq.PromptRequest, forSelection)
+	preq := prefillRequest(req, s.set.prefillGroup)
+	prq, err := s.prepare(partitionOf(preq.PartitionKey), preq.RouterConfigOverride, &preq.PromptRequest, forSelection)
 	if err != nil {
 		return scheduler.ReasonPrefillUnavailable, nil, nil
 	}
-	eff, err := s.effective(s.policy.Load(), req.RouterConfigOverride)
+	eff, err := effective(s.router, s.policy.Load(), req.RouterConfigOverride)
 	if err != nil {
 		return "", nil, err
 	}

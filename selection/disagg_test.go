@@ -69,7 +69,7 @@ func pdReq(id string, n int) *SelectRequest {
 // loadsOf sums each group's potential prefill tokens and active requests.
 func loadsOf(s *Service) map[string][2]uint64 {
 	out := map[string][2]uint64{}
-	for _, ml := range s.Loads(nil, nil) {
+	for _, ml := range s.Inspect().Loads(nil, nil) {
 		var sum [2]uint64
 		for _, l := range ml.Loads {
 			sum[0] += l.PotentialPrefillTokens
@@ -122,7 +122,7 @@ func TestDisaggregatedReserveUnconditionalPrefillsRemotely(t *testing.T) {
 	if err := s.Free(bg, "r1.prefill"); KindOf(err) != KindNotFound {
 		t.Fatalf("the prefill booking outlived its prefill completion: %v", err)
 	}
-	if st := s.DisaggStats(); st[scheduler.ReasonDisaggUnconditional] != 1 {
+	if st := s.Inspect().DisaggStats(); st[scheduler.ReasonDisaggUnconditional] != 1 {
 		t.Fatalf("stats = %v", st)
 	}
 }
@@ -239,7 +239,7 @@ func TestDisaggregatedFallsBackWhenPrefillPoolEmpties(t *testing.T) {
 	if strings.Join(*transitions, "|") != strings.Join(want, "|") {
 		t.Fatalf("transitions = %q, want %q (one per change)", *transitions, want)
 	}
-	st := s.DisaggStats()
+	st := s.Inspect().DisaggStats()
 	if st[scheduler.ReasonNoPrefillWorkers] != 2 || st[scheduler.ReasonDisaggUnconditional] != 2 {
 		t.Fatalf("stats = %v", st)
 	}
@@ -329,7 +329,7 @@ func TestNonDisaggregatedResponseIsUnchanged(t *testing.T) {
 	if got := loadsOf(s); got["default"] != [2]uint64{4, 1} || got["prefill"][1] != 0 {
 		t.Fatalf("loads = %v", got)
 	}
-	if st := s.DisaggStats(); st[scheduler.ReasonDisaggUnconditional]+st[scheduler.ReasonNoPrefillWorkers] != 0 {
+	if st := s.Inspect().DisaggStats(); st[scheduler.ReasonDisaggUnconditional]+st[scheduler.ReasonNoPrefillWorkers] != 0 {
 		t.Fatalf("a plain request was counted: %v", st)
 	}
 }
@@ -370,7 +370,7 @@ func TestDisaggregatedBookingsReplicate(t *testing.T) {
 	a, _ := pdService(t, nil)
 	b, _ := pdServiceSeeded(t, nil, 7)
 	ra := &recorder{}
-	a.ObserveReplicas(ra)
+	a.Replica().ObserveReplicas(ra)
 	if _, err := a.SelectAndReserve(bg, pdReq("r", 8)); err != nil {
 		t.Fatal(err)
 	}
@@ -459,7 +459,7 @@ func TestDisaggregatedConcurrentChurnLeavesNothing(t *testing.T) {
 	if got := loadsOf(s); got["prefill"] != [2]uint64{} || got["default"] != [2]uint64{} {
 		t.Fatalf("loads = %v", got)
 	}
-	st := s.DisaggStats()
+	st := s.Inspect().DisaggStats()
 	total := uint64(0)
 	for _, n := range st {
 		total += n

@@ -5,9 +5,11 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/kvselect/kvselect/selection/apierr"
 	"github.com/kvselect/kvselect/selection/catalog"
 	"github.com/kvselect/kvselect/selection/index"
 	"github.com/kvselect/kvselect/selection/loads"
+	"github.com/kvselect/kvselect/selection/partition"
 )
 
 // RankEndpoint is a schedulable (worker, dp rank) with its worker's endpoint:
@@ -17,38 +19,6 @@ type RankEndpoint struct {
 	WorkerID uint64
 	DPRank   uint32
 	Endpoint string
-}
-
-// fallbacksOf turns the decision's ordered alternatives into endpoints.
-func fallbacksOf(d *decision) []RankEndpoint {
-	if len(d.alts) == 0 {
-		return nil
-	}
-	ws := d.part.workers.Load()
-	out := make([]RankEndpoint, 0, len(d.alts))
-	for _, a := range d.alts {
-		if rec, ok := ws.rank(a.Worker); ok {
-			out = append(out, RankEndpoint{WorkerID: a.Worker.WorkerID, DPRank: a.Worker.DPRank, Endpoint: rec.EndpointOrEmpty()})
-		}
-	}
-	return out
-}
-
-// Endpoints lists the schedulable ranks of a partition with their workers'
-// endpoints, sorted by (worker_id, dp_rank): what a front needs to translate a
-// gateway's endpoint addresses (a subset hint, a served endpoint) into worker
-// ids. It reads the partition's published snapshot and takes no lock.
-func (s *Service) Endpoints(key PartitionKey) []RankEndpoint {
-	p := s.partition(partitionOf(key))
-	if p == nil {
-		return nil
-	}
-	ws := p.workers.Load()
-	out := make([]RankEndpoint, 0, len(ws.ranks))
-	for _, w := range ws.ranks {
-		out = append(out, RankEndpoint{WorkerID: w.WorkerID, DPRank: w.DPRank, Endpoint: ws.byID[w.WorkerID].EndpointOrEmpty()})
-	}
-	return out
 }
 
 // RebookServed attributes a live booking to the rank at addr, the host:port a
@@ -65,45 +35,45 @@ func (s *Service) Endpoints(key PartitionKey) []RankEndpoint {
 // registered for several workers — names no rank: the booking stays where it
 // is and the call fails with 409 (KindConflict) naming them. An address no
 // schedulable worker has is a 404, as is an unknown booking. The move itself
-// is Rebook's.
+// is rebook's.
 func (s *Service) RebookServed(ctx context.Context, id, addr string, preferred []WorkerRank) (*ReservationResponse, error) {
-	r, err := s.resv.booked(id)
+	r, err := s.resv.Booked(id)
 	if err != nil {
 		return nil, err
 	}
-	p := r.part
-	ws := p.workers.Load()
+	p := r.Part
+	ws := p.Workers()
 	at := func(workerID uint64) bool {
-		rec, ok := ws.byID[workerID]
+		rec, ok := ws.ByID[workerID]
 		return ok && catalog.Address(rec.EndpointOrEmpty()) == addr
 	}
-	to, found := WorkerRank{WorkerID: r.worker.WorkerID, DPRank: r.worker.DPRank}, at(r.worker.WorkerID)
+	to, found := WorkerRank{WorkerID: r.Worker.WorkerID, DPRank: r.Worker.DPRank}, at(r.Worker.WorkerID)
 	for _, w := range preferred {
 		if found {
 			break
 		}
-		if _, ok := ws.rank(index.WorkerKey{WorkerID: w.WorkerID, DPRank: w.DPRank}); ok && at(w.WorkerID) {
+		if _, ok := ws.Rank(index.WorkerKey{WorkerID: w.WorkerID, DPRank: w.DPRank}); ok && at(w.WorkerID) {
 			to, found = w, true
 		}
 	}
 	if !found {
 		var ranks []index.WorkerKey
-		for _, w := range ws.ranks {
+		for _, w := range ws.Ranks {
 			if at(w.WorkerID) {
 				ranks = append(ranks, w)
 			}
 		}
 		switch len(ranks) {
 		case 0:
-			return nil, newError(KindNotFound, "no schedulable worker of %s is at %s", displayKey(p.key), addr)
+			return nil, apierr.New(KindNotFound, "no schedulable worker of %s is at %s", partition.Name(p.Key()), addr)
 		case 1:
 			to = WorkerRank{WorkerID: ranks[0].WorkerID, DPRank: ranks[0].DPRank}
 		default:
-			return nil, newError(KindConflict, "%s is the address of %d ranks of %s (%s): the served rank is ambiguous, booking %s stays on worker %d dp_rank %d",
-				addr, len(ranks), displayKey(p.key), rankList(ranks), id, r.worker.WorkerID, r.worker.DPRank)
+			return nil, apierr.New(KindConflict, "%s is the address of %d ranks of %s (%s): the served rank is ambiguous, booking %s stays on worker %d dp_rank %d",
+				addr, len(ranks), partition.Name(p.Key()), rankList(ranks), id, r.Worker.WorkerID, r.Worker.DPRank)
 		}
 	}
-	return s.Rebook(ctx, id, to)
+	return s.rebook(ctx, id, to)
 }
 
 // rankList writes ranks as "worker 1 dp_rank 0, worker 1 dp_rank 1", at most
@@ -123,7 +93,7 @@ func rankList(ranks []index.WorkerKey) string {
 	return b.String()
 }
 
-// Rebook moves a live booking to another schedulable rank of its partition,
+// rebook moves a live booking to another schedulable rank of its partition,
 // keeping its id, admission time, prompt blocks, remaining prefill and output
 // blocks. The ext_proc front calls it when the gateway reports that a
 // fallback endpoint served the request instead of the chosen one, so load is
@@ -131,37 +101,35 @@ func rankList(ranks []index.WorkerKey) string {
 // booking stays where selection put it. Moving to the current rank is a
 // successful no-op. Errors: 404 for an unknown booking or rank. The move is
 // published to replica peers as a free plus an admission.
-func (s *Service) Rebook(ctx context.Context, id string, to WorkerRank) (*ReservationResponse, error) {
-	if err := s.gate.admit(); err != nil {
+func (s *Service) rebook(ctx context.Context, id string, to WorkerRank) (*ReservationResponse, error) {
+	if err := s.gate.Admit(); err != nil {
 		return nil, err
 	}
-	r, err := s.resv.booked(id)
+	r, err := s.resv.Booked(id)
 	if err != nil {
 		return nil, err
 	}
-	p := r.part
+	p := r.Part
 	w := index.WorkerKey{WorkerID: to.WorkerID, DPRank: to.DPRank}
-	rec, ok := p.workers.Load().rank(w)
+	rec, ok := p.Workers().Rank(w)
 	if !ok {
-		return nil, newError(KindNotFound, "schedulable worker %d (dp_rank %d) not found for %s", to.WorkerID, to.DPRank, displayKey(p.key))
+		return nil, apierr.New(KindNotFound, "schedulable worker %d (dp_rank %d) not found for %s", to.WorkerID, to.DPRank, partition.Name(p.Key()))
 	}
-	if w != r.worker {
-		p.schedMu.Lock()
-		prefill, err := p.loads.Move(id, w)
-		p.schedMu.Unlock()
+	if w != r.Worker {
+		prefill, err := p.Move(id, w)
 		if err != nil {
-			return nil, loadsError(err)
+			return nil, err
 		}
 		// A free racing this move may have dropped the row (and a new booking
 		// may reuse the id); only the row read above follows the load.
-		s.resv.move(id, r, w)
-		p.wake()
+		s.resv.Move(id, r, w)
+		p.Wake()
 		// Peers see the move as a free on the old rank and an admission on
 		// the new one. The booking keeps no tracking hashes, so the peers'
 		// mirror carries its request and remaining prefill, not its blocks.
-		s.replicate(BookingFreed, p, id, r.worker)
-		s.replicateAdd(p, &loads.Booking{RequestID: id, Worker: w, PrefillTokens: prefill, TrackPrefill: prefill > 0}, "")
+		s.repl.changed(BookingFreed, p, id, r.Worker)
+		s.repl.added(p, &loads.Booking{RequestID: id, Worker: w, PrefillTokens: prefill, TrackPrefill: prefill > 0}, "")
 	}
-	return &ReservationResponse{SelectionID: id, ModelName: p.key.Model, RoutingGroup: p.key.RoutingGroup,
+	return &ReservationResponse{SelectionID: id, ModelName: p.Key().Model, RoutingGroup: p.Key().RoutingGroup,
 		WorkerID: w.WorkerID, DPRank: w.DPRank, Endpoint: rec.EndpointOrEmpty()}, nil
 }

@@ -7,7 +7,7 @@ import (
 // rankLoads is /loads by (worker, dp rank), busy ranks only.
 func rankLoads(s *Service) map[WorkerRank]PotentialLoad {
 	out := map[WorkerRank]PotentialLoad{}
-	for _, m := range s.Loads(nil, nil) {
+	for _, m := range s.Inspect().Loads(nil, nil) {
 		for _, l := range m.Loads {
 			if l.ActiveRequests > 0 {
 				out[WorkerRank{WorkerID: l.WorkerID, DPRank: l.DPRank}] = l

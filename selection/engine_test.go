@@ -93,12 +93,13 @@ func TestBookedRequestsAreNotCountedTwice(t *testing.T) {
 // would see now.
 func (s *Service) candidatesFor(t testing.TB, lora string) []candidateView {
 	t.Helper()
-	p := s.partition(partitionOf(PartitionKey{ModelName: "model"}))
-	p.schedMu.Lock()
-	defer p.schedMu.Unlock()
-	ws := p.workers.Load()
-	projs := p.loads.Project(nil, nil)
-	cands, _ := s.candidates(nil, ws, projs, nil, lora, s.clock())
+	p := s.parts.Get(partitionOf(PartitionKey{ModelName: "model"}))
+	st := p.Sched()
+	st.Lock()
+	defer st.Unlock()
+	ws := p.Workers()
+	projs := p.Loads().Project(nil, nil)
+	cands, _ := ws.Candidates(nil, projs, nil, &s.judge, lora, s.clock())
 	out := make([]candidateView, len(cands))
 	for i, c := range cands {
 		out[i] = candidateView{Worker: c.Worker, EngineWaiting: c.EngineWaiting, EngineRunning: c.EngineRunning,
@@ -225,7 +226,7 @@ func TestSaturatedPartitionQueuesUntilAReportClearsIt(t *testing.T) {
 	}()
 	// Wait until the request is parked in the queue.
 	for {
-		if n, _ := s.partition(partitionOf(PartitionKey{ModelName: "model"})).pending(); n == 1 {
+		if n, _ := s.parts.Get(partitionOf(PartitionKey{ModelName: "model"})).Queue().Pending(); n == 1 {
 			break
 		}
 		select {
@@ -299,7 +300,7 @@ func TestEngineMetricsView(t *testing.T) {
 	if v := s.Workers(nil, nil)[0].EngineMetrics; !v.Stale {
 		t.Fatalf("engine_metrics after 2.15 s = %+v, want stale", v)
 	}
-	if fresh, stale := s.EngineStats(); fresh != 0 || stale != 1 {
+	if fresh, stale := s.Inspect().EngineStats(); fresh != 0 || stale != 1 {
 		t.Fatalf("EngineStats = %d fresh, %d stale", fresh, stale)
 	}
 	if _, err := s.DeleteWorker(bg, 1); err != nil {

@@ -72,7 +72,7 @@ func (f *flowEvents) count(outcome string) int {
 
 func flowQueued(s *Service) int {
 	n := 0
-	for _, p := range s.FlowState() {
+	for _, p := range s.Inspect().FlowState() {
 		n += p.Queued
 	}
 	return n

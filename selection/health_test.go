@@ -115,7 +115,7 @@ func TestEjectionProbationAndRestoration(t *testing.T) {
 	if tr := fail(t, s, 1, 1); tr != HealthEjection {
 		t.Fatalf("failed trial: %v", tr)
 	}
-	if h := s.WorkerHealth(1); h.Ejections != 2 || !h.EjectedUntil.Equal(c.Now().Add(10*time.Second)) {
+	if h := s.Inspect().WorkerHealth(1); h.Ejections != 2 || !h.EjectedUntil.Equal(c.Now().Add(10*time.Second)) {
 		t.Fatalf("second ejection = %+v", h)
 	}
 	c.Add(10 * time.Second)
@@ -125,13 +125,13 @@ func TestEjectionProbationAndRestoration(t *testing.T) {
 	if tr := succeed(t, s, 1); tr != HealthRestoration {
 		t.Fatalf("successful trial: %v", tr)
 	}
-	if s.WorkerHealth(1) != nil {
-		t.Fatalf("restored worker keeps health state %+v", s.WorkerHealth(1))
+	if s.Inspect().WorkerHealth(1) != nil {
+		t.Fatalf("restored worker keeps health state %+v", s.Inspect().WorkerHealth(1))
 	}
 	if got := picks(t, s, 40, nil); got[1] == 0 {
 		t.Fatalf("restored worker never picked: %v", got)
 	}
-	st := s.HealthStats()
+	st := s.Inspect().HealthStats()
 	if st.Ejections != 2 || st.Restorations != 1 || st.Ejected != 0 {
 		t.Fatalf("stats = %+v", st)
 	}
@@ -143,7 +143,7 @@ func TestEjectionGrowsToTheCap(t *testing.T) {
 	fail(t, s, 1, 5)
 	want := 5 * time.Second
 	for i := range 10 {
-		h := s.WorkerHealth(1)
+		h := s.Inspect().WorkerHealth(1)
 		if got := h.EjectedUntil.Sub(c.Now()); got != want {
 			t.Fatalf("ejection %d lasts %s, want %s", i+1, got, want)
 		}
@@ -176,7 +176,7 @@ func TestEveryWorkerEjectedIs503WithTheReason(t *testing.T) {
 	fail(t, s, 2, 5)
 	_, err := s.SelectAndReserve(bg, selReq("x", 1, 2, 3))
 	wantKind(t, err, KindUnavailable, "worker 1 ejected: 5 consecutive failures; worker 2 ejected: 5 consecutive failures")
-	if st := s.HealthStats(); st.Ejected != 2 {
+	if st := s.Inspect().HealthStats(); st.Ejected != 2 {
 		t.Fatalf("stats = %+v", st)
 	}
 }

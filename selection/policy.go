@@ -4,6 +4,7 @@ import (
 	"errors"
 	"slices"
 
+	"github.com/kvselect/kvselect/selection/apierr"
 	"github.com/kvselect/kvselect/selection/routerconfig"
 	"github.com/kvselect/kvselect/selection/scheduler"
 )
@@ -16,14 +17,11 @@ import (
 // (KindBadRequest) and changes nothing. The service keeps its own copy of p.
 func (s *Service) SetPolicy(p scheduler.Policy) error {
 	if err := validPolicy(&p, s.router); err != nil {
-		return wrapError(KindBadRequest, err)
+		return apierr.Wrap(KindBadRequest, err)
 	}
 	s.policy.Store(clonePolicy(p))
 	return nil
 }
-
-// Policy returns a copy of the selection policy in force.
-func (s *Service) Policy() scheduler.Policy { return *clonePolicy(*s.policy.Load()) }
 
 // validPolicy checks what Select relies on: a scorer and a picker, and cost
 // weights in the ranges the router configuration's own weights must respect
@@ -51,34 +49,4 @@ func clonePolicy(p scheduler.Policy) *scheduler.Policy {
 		p.Costs = &c
 	}
 	return &p
-}
-
-// withCosts is c with its seven cost-weight fields replaced by w: the
-// inverse of CostWeightsOf.
-func withCosts(c routerconfig.Config, w scheduler.CostWeights) routerconfig.Config {
-	c.OverlapScoreCredit = w.OverlapScoreCredit
-	c.OverlapScoreCreditDecay = w.OverlapScoreCreditDecay
-	c.PrefillLoadScale = w.PrefillLoadScale
-	c.DecodeActiveRequestWeight = w.DecodeActiveRequestWeight
-	c.HostCacheHitWeight = w.HostCacheHitWeight
-	c.DiskCacheHitWeight = w.DiskCacheHitWeight
-	c.RouterTemperature = w.Temperature
-	return c
-}
-
-// effective is the router configuration one request runs with: the
-// service's, with the cost weights of the request's policy when it sets
-// them, and the request's router_config_override on top of both.
-func (s *Service) effective(pol *scheduler.Policy, o *routerconfig.Override) (routerconfig.Config, error) {
-	base := s.router
-	if c := pol.Costs; c != nil {
-		base = withCosts(base, *c)
-	}
-	if o == nil {
-		return base, nil
-	}
-	if err := o.Validate(); err != nil {
-		return base, wrapError(KindBadRequest, err)
-	}
-	return base.Apply(*o), nil
 }

@@ -32,7 +32,7 @@ func kvService(t *testing.T, tier index.Tier, edit func(*routerconfig.Config)) *
 	locals := kvhash.LocalBlockHashes(policyPrompt, "", "", kvhash.BlockOptions{BlockSize: 4})
 	ev := indexStored(1, locals)
 	ev.Tier = tier
-	if err := s.partition(partitionOf(PartitionKey{ModelName: "model"})).ix.Apply(&ev); err != nil {
+	if err := s.parts.Get(partitionOf(PartitionKey{ModelName: "model"})).Index().Apply(&ev); err != nil {
 		t.Fatal(err)
 	}
 	return s
@@ -48,7 +48,7 @@ func costsWith(edit func(*scheduler.CostWeights)) *scheduler.CostWeights {
 // creditOf is worker 1's router credit for the policy prompt.
 func creditOf(t *testing.T, s *Service, o *routerconfig.Override) float64 {
 	t.Helper()
-	resp, err := s.OverlapScores(bg, &PromptQuery{PartitionKey: PartitionKey{ModelName: "model"},
+	resp, err := s.Inspect().OverlapScores(bg, &PromptQuery{PartitionKey: PartitionKey{ModelName: "model"},
 		PromptRequest: PromptRequest{TokenIDs: policyPrompt}, RouterConfigOverride: o})
 	if err != nil {
 		t.Fatal(err)
@@ -134,7 +134,7 @@ func TestPolicyCostsReachPotentialLoadsAndBookedPrefill(t *testing.T) {
 			if err := s.SetPolicy(pol); err != nil {
 				t.Fatal(err)
 			}
-			pl, err := s.PotentialLoads(bg, &PromptQuery{PartitionKey: PartitionKey{ModelName: "model"}, PromptRequest: PromptRequest{TokenIDs: policyPrompt}})
+			pl, err := s.Inspect().PotentialLoads(bg, &PromptQuery{PartitionKey: PartitionKey{ModelName: "model"}, PromptRequest: PromptRequest{TokenIDs: policyPrompt}})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -189,12 +189,12 @@ func TestSetPolicyTakesEffectForTheNextRequest(t *testing.T) {
 		t.Fatalf("after SetPolicy chose %d, want 2", got)
 	}
 	costs.DecodeActiveRequestWeight = 7 // the service keeps its own copy
-	if got := s.Policy(); got.Costs == nil || got.Costs.DecodeActiveRequestWeight != 2 {
+	if got := policyInForce(s); got.Costs == nil || got.Costs.DecodeActiveRequestWeight != 2 {
 		t.Fatalf("Policy() = %+v, want the costs set", got)
 	}
-	got := s.Policy()
+	got := policyInForce(s)
 	got.Costs.DecodeActiveRequestWeight = 9
-	if s.Policy().Costs.DecodeActiveRequestWeight != 2 {
+	if policyInForce(s).Costs.DecodeActiveRequestWeight != 2 {
 		t.Fatal("editing Policy()'s result changed the service's policy")
 	}
 
@@ -216,8 +216,8 @@ func TestSetPolicyTakesEffectForTheNextRequest(t *testing.T) {
 	if err := s.SetPolicy(scheduler.DefaultPolicy()); err != nil {
 		t.Fatal(err)
 	}
-	if got := choose(); got != 1 || s.Policy().Costs != nil {
-		t.Fatalf("back to the default policy: chose %d, costs %+v", got, s.Policy().Costs)
+	if got := choose(); got != 1 || policyInForce(s).Costs != nil {
+		t.Fatalf("back to the default policy: chose %d, costs %+v", got, policyInForce(s).Costs)
 	}
 }
 
@@ -241,7 +241,7 @@ func TestSetPolicyConcurrentWithSelectAndReserve(t *testing.T) {
 	locals := kvhash.LocalBlockHashes(policyPrompt, "", "", kvhash.BlockOptions{BlockSize: 4})
 	ev := indexStored(2, locals)
 	ev.Tier = index.TierHostPinned
-	if err := s.partition(partitionOf(PartitionKey{ModelName: "model"})).ix.Apply(&ev); err != nil {
+	if err := s.parts.Get(partitionOf(PartitionKey{ModelName: "model"})).Index().Apply(&ev); err != nil {
 		t.Fatal(err)
 	}
 	policies := []scheduler.Policy{
@@ -306,3 +306,6 @@ func TestSetPolicyConcurrentWithSelectAndReserve(t *testing.T) {
 	close(stop)
 	wg.Wait()
 }
+
+// policyInForce is a copy of the selection policy s runs with.
+func policyInForce(s *Service) scheduler.Policy { return *clonePolicy(*s.policy.Load()) }

@@ -2,34 +2,23 @@ package selection
 
 import (
 	"context"
-	"encoding/hex"
-	"math/rand/v2"
-	"time"
 
 	"github.com/kvselect/kvselect/selection/affinity"
+	"github.com/kvselect/kvselect/selection/apierr"
 	"github.com/kvselect/kvselect/selection/index"
 	"github.com/kvselect/kvselect/selection/kvhash"
 	"github.com/kvselect/kvselect/selection/loads"
+	"github.com/kvselect/kvselect/selection/partition"
 	"github.com/kvselect/kvselect/selection/pending"
 )
-
-// dropReservation forgets a row whose booking is gone (freed, expired, or its
-// worker left) and releases the session lease it held.
-func (s *Service) dropReservation(id string, now time.Time) {
-	// The lease is released after the table let go of its lock: the affinity
-	// table's lock is a leaf of its own.
-	if lease, ok := s.resv.drop(id); ok && lease != nil {
-		lease.Release(now)
-	}
-}
 
 // Reserve books a reservation (POST /reservations): the explicit form when
 // worker_id is present, else a replay of the cached /select.
 func (s *Service) Reserve(ctx context.Context, req *ReservationRequest) (*ReservationResponse, error) {
 	if req.SelectionID == nil {
-		return nil, newError(KindBadRequest, "missing field `selection_id`")
+		return nil, apierr.New(KindBadRequest, "missing field `selection_id`")
 	}
-	if err := s.gate.admit(); err != nil {
+	if err := s.gate.Admit(); err != nil {
 		return nil, err
 	}
 	key := partitionOf(req.PartitionKey)
@@ -42,18 +31,18 @@ func (s *Service) Reserve(ctx context.Context, req *ReservationRequest) (*Reserv
 func (s *Service) reserveExplicit(ctx context.Context, key index.Partition, req *ReservationRequest) (*ReservationResponse, error) {
 	id := *req.SelectionID
 	s.pending.Discard(pending.Key{Partition: key, SelectionID: id})
-	rq, err := s.promptFor(key, req.RouterConfigOverride, &req.PromptRequest, forReservation)
+	rq, err := s.prepare(key, req.RouterConfigOverride, &req.PromptRequest, forReservation)
 	if err != nil {
 		return nil, err
 	}
 	p, eff, pr := rq.part, rq.eff, rq.prompt
 	if e := req.EffectivePrefillTokens; e != nil && *e > uint64(pr.isl) {
-		return nil, newError(KindBadRequest, "effective_prefill_tokens (%d) must not exceed isl_tokens (%d)", *e, pr.isl)
+		return nil, apierr.New(KindBadRequest, "effective_prefill_tokens (%d) must not exceed isl_tokens (%d)", *e, pr.isl)
 	}
-	ws := p.workers.Load()
-	rec, ok := ws.byID[*req.WorkerID]
+	ws := p.Workers()
+	rec, ok := ws.ByID[*req.WorkerID]
 	if !ok {
-		return nil, newError(KindNotFound, "schedulable worker %d not found for %s", *req.WorkerID, displayKey(key))
+		return nil, apierr.New(KindNotFound, "schedulable worker %d not found for %s", *req.WorkerID, partition.Name(key))
 	}
 	w := index.WorkerKey{WorkerID: *req.WorkerID, DPRank: deref(req.DPRank, 0)}
 	// Prefill is tracked as the request says; else whenever it states its
@@ -71,21 +60,18 @@ func (s *Service) reserveExplicit(ctx context.Context, key index.Partition, req 
 	} else if track {
 		prefill = pr.isl
 	}
-	if err := s.resv.claim(id); err != nil {
+	if err := s.resv.Claim(id); err != nil {
 		return nil, err
 	}
 	b := loads.Booking{RequestID: id, Worker: w, TrackingHashes: pr.tracking, ISL: pr.isl, PrefillTokens: prefill,
 		TrackPrefill: track, ExpectedOutputTokens: req.ExpectedOutputTokens}
-	p.schedMu.Lock()
-	err = p.loads.Add(s.clock(), b)
-	p.schedMu.Unlock()
-	if err != nil {
-		s.resv.unclaim(id)
-		return nil, loadsError(err)
+	if err := p.Book(s.clock, b); err != nil {
+		s.resv.Unclaim(id)
+		return nil, err
 	}
 	s.recordRouting(p, w, pr)
-	s.resv.install(id, p, w, nil)
-	s.replicateAdd(p, &b, pr.lora)
+	s.resv.Install(id, p, w, nil, "")
+	s.repl.added(p, &b, pr.lora)
 	return &ReservationResponse{SelectionID: id, ModelName: key.Model, RoutingGroup: key.RoutingGroup,
 		WorkerID: w.WorkerID, DPRank: w.DPRank, Endpoint: rec.EndpointOrEmpty()}, nil
 }
@@ -94,28 +80,28 @@ func (s *Service) reserveReplay(ctx context.Context, key index.Partition, id str
 	pk := pending.Key{Partition: key, SelectionID: id}
 	e, gen, ok := s.pending.Peek(s.clock(), pk)
 	if !ok {
-		return nil, newError(KindNotFound, "no pending selection %s for %s (expired, already used, or never selected)", id, displayKey(key))
+		return nil, apierr.New(KindNotFound, "no pending selection %s for %s (expired, already used, or never selected)", id, partition.Name(key))
 	}
 	p, err := s.readyPartition(key)
 	if err != nil {
 		return nil, err
 	}
-	ws := p.workers.Load()
-	rec, ok := ws.rank(e.Worker)
+	ws := p.Workers()
+	rec, ok := ws.Rank(e.Worker)
 	if !ok {
-		return nil, newError(KindNotFound, "schedulable worker %d (dp_rank %d) not found for %s", e.Worker.WorkerID, e.Worker.DPRank, displayKey(key))
+		return nil, apierr.New(KindNotFound, "schedulable worker %d (dp_rank %d) not found for %s", e.Worker.WorkerID, e.Worker.DPRank, partition.Name(key))
 	}
-	if err := s.resv.claim(id); err != nil {
+	if err := s.resv.Claim(id); err != nil {
 		return nil, err
 	}
 	booked := false
 	defer func() {
 		if !booked {
-			s.resv.unclaim(id)
+			s.resv.Unclaim(id)
 		}
 	}()
 	var hold *affinity.Hold
-	if e.SessionID != "" && p.affinity != nil {
+	if e.SessionID != "" && p.Affinity() != nil {
 		if hold, _, err = s.holdSession(ctx, p, e.SessionID); err != nil {
 			return nil, err
 		}
@@ -126,14 +112,11 @@ func (s *Service) reserveReplay(ctx context.Context, key index.Partition, id str
 	}
 	b := loads.Booking{RequestID: id, Worker: e.Worker, TrackingHashes: e.TrackingHashes, ISL: e.ISL,
 		PrefillTokens: prefill, TrackPrefill: e.TrackPrefill, ExpectedOutputTokens: e.ExpectedOutputTokens}
-	p.schedMu.Lock()
-	err = p.loads.Add(s.clock(), b)
-	p.schedMu.Unlock()
-	if err != nil {
+	if err := p.Book(s.clock, b); err != nil {
 		if hold != nil {
 			hold.Abort(s.clock())
 		}
-		return nil, loadsError(err)
+		return nil, err
 	}
 	lease, err := s.commitSession(p, hold, e.Worker, id)
 	if err != nil {
@@ -146,8 +129,8 @@ func (s *Service) reserveReplay(ctx context.Context, key index.Partition, id str
 		replayed.alsoText = &prompt{locals: e.TextBlockHashes, tracking: kvhash.SequenceHashes(e.TextBlockHashes)}
 	}
 	s.recordRouting(p, e.Worker, replayed)
-	s.resv.install(id, p, e.Worker, lease)
-	s.replicateAdd(p, &b, e.LoraName)
+	s.resv.Install(id, p, e.Worker, lease, "")
+	s.repl.added(p, &b, e.LoraName)
 	booked = true
 	s.pending.Consume(pk, gen)
 	return &ReservationResponse{SelectionID: id, ModelName: key.Model, RoutingGroup: key.RoutingGroup,
@@ -156,33 +139,35 @@ func (s *Service) reserveReplay(ctx context.Context, key index.Partition, id str
 
 // PrefillComplete clears the booking's active prefill load.
 func (s *Service) PrefillComplete(ctx context.Context, id string) error {
-	r, err := s.resv.booked(id)
+	r, err := s.resv.Booked(id)
 	if err != nil {
 		return err
 	}
-	if err := r.part.loads.PrefillComplete(id); err != nil {
-		s.dropReservation(id, s.clock())
-		return newError(KindNotFound, "reservation %s not found", id)
+	if err := r.Part.Loads().PrefillComplete(id); err != nil {
+		s.resv.Release(id, s.clock())
+		return apierr.New(KindNotFound, "reservation %s not found", id)
 	}
-	r.part.wake()
+	r.Part.Wake()
 	// Re-published on a repeated call, as Dynamo does.
-	s.replicate(BookingPrefillCompleted, r.part, id, r.worker)
-	s.freeRemotePrefill(ctx, r)
+	s.repl.changed(BookingPrefillCompleted, r.Part, id, r.Worker)
+	if r.Prefill != "" {
+		_ = s.Free(ctx, r.Prefill) // not found: freed already, or expired
+	}
 	return nil
 }
 
 // OutputBlock adds one output block to the booking's decode load (local only).
 func (s *Service) OutputBlock(ctx context.Context, id string, decayFraction *float64) error {
 	if f := decayFraction; f != nil && !(*f >= 0 && *f <= 1) {
-		return newError(KindBadRequest, "decay_fraction must be between 0.0 and 1.0")
+		return apierr.New(KindBadRequest, "decay_fraction must be between 0.0 and 1.0")
 	}
-	r, err := s.resv.booked(id)
+	r, err := s.resv.Booked(id)
 	if err != nil {
 		return err
 	}
-	if err := r.part.loads.AddOutputBlock(id, decayFraction); err != nil {
-		s.dropReservation(id, s.clock())
-		return newError(KindNotFound, "reservation %s not found", id)
+	if err := r.Part.Loads().AddOutputBlock(id, decayFraction); err != nil {
+		s.resv.Release(id, s.clock())
+		return apierr.New(KindNotFound, "reservation %s not found", id)
 	}
 	return nil
 }
@@ -196,75 +181,35 @@ func (s *Service) OutputBlock(ctx context.Context, id string, decayFraction *flo
 // 400 for a negative count, 404 when the booking is gone.
 func (s *Service) OutputTokens(ctx context.Context, id string, generated int) (added int, err error) {
 	if generated < 0 {
-		return 0, newError(KindBadRequest, "output token count must not be negative, got %d", generated)
+		return 0, apierr.New(KindBadRequest, "output token count must not be negative, got %d", generated)
 	}
-	r, err := s.resv.booked(id)
+	r, err := s.resv.Booked(id)
 	if err != nil {
 		return 0, err
 	}
-	added, err = r.part.loads.AddStreamedOutput(id, generated)
+	added, err = r.Part.Loads().AddStreamedOutput(id, generated)
 	if err != nil {
-		s.dropReservation(id, s.clock())
-		return 0, newError(KindNotFound, "reservation %s not found", id)
+		s.resv.Release(id, s.clock())
+		return 0, apierr.New(KindNotFound, "reservation %s not found", id)
 	}
 	return added, nil
 }
 
 // Free releases the booking, its reservation row and session lease.
 func (s *Service) Free(ctx context.Context, id string) error {
-	r, err := s.resv.booked(id)
+	r, err := s.resv.Booked(id)
 	if err != nil {
 		return err
 	}
-	ferr := r.part.loads.Free(id)
-	s.dropReservation(id, s.clock())
-	r.part.wake()
-	s.freeRemotePrefill(ctx, r)
+	ferr := r.Part.Loads().Free(id)
+	s.resv.Release(id, s.clock())
+	r.Part.Wake()
+	if r.Prefill != "" {
+		_ = s.Free(ctx, r.Prefill) // not found: freed already, or expired
+	}
 	if ferr != nil {
-		return newError(KindNotFound, "reservation %s not found", id)
+		return apierr.New(KindNotFound, "reservation %s not found", id)
 	}
-	s.replicate(BookingFreed, r.part, id, r.worker)
+	s.repl.changed(BookingFreed, r.Part, id, r.Worker)
 	return nil
-}
-
-// newUUID returns a random UUIDv4 string from the service's random source.
-func (s *Service) newUUID() string {
-	var b [16]byte
-	s.rndMu.Lock()
-	for i := range 2 {
-		v := s.rnd.Uint64()
-		for j := range 8 {
-			b[i*8+j] = byte(v >> (8 * j))
-		}
-	}
-	s.rndMu.Unlock()
-	b[6] = b[6]&0x0f | 0x40
-	b[8] = b[8]&0x3f | 0x80
-	var out [36]byte
-	hex.Encode(out[0:8], b[0:4])
-	out[8] = '-'
-	hex.Encode(out[9:13], b[4:6])
-	out[13] = '-'
-	hex.Encode(out[14:18], b[6:8])
-	out[18] = '-'
-	hex.Encode(out[19:23], b[8:10])
-	out[23] = '-'
-	hex.Encode(out[24:], b[10:])
-	return string(out[:])
-}
-
-func (s *Service) childRand() *rand.Rand {
-	s.rndMu.Lock()
-	defer s.rndMu.Unlock()
-	return rand.New(rand.NewPCG(s.rnd.Uint64(), s.rnd.Uint64()))
-}
-
-// writerID is this process's non-zero replica identity (router_id, writer_id).
-func (s *Service) writerID() uint64 {
-	s.writerOnce.Do(func() {
-		for s.writer == 0 {
-			s.writer = s.randUint64()
-		}
-	})
-	return s.writer
 }

@@ -1,16 +1,3 @@
-// Package selection is kvselect's embedded selection service: the worker catalog,
-// KV-overlap indexing, KV- and load-aware worker selection, select/reserve
-// booking with the reservation lifecycle, the pending-selection cache and session
-// affinity — everything Dynamo's standalone selection service decides
-// (https://docs.nvidia.com/dynamo/dev/components/router/standalone-selection-service),
-// as a Go API. The REST and ext_proc fronts are thin translations over Service.
-//
-// The service does no I/O of its own and starts no goroutine: time comes from an
-// injected clock and periodic upkeep (expiry of stale bookings, pending
-// selections, idle sessions and approximate-index entries) runs when the host
-// calls Maintain, typically every few seconds from server.Upkeep. Callers'
-// goroutines may block inside a selection only while the scheduler queue holds
-// them (queueing enabled and every worker busy), and they honour their context.
 package selection
 
 import (
@@ -20,15 +7,24 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/kvselect/kvselect/selection/admission"
+	"github.com/kvselect/kvselect/selection/affinity"
 	"github.com/kvselect/kvselect/selection/catalog"
+	"github.com/kvselect/kvselect/selection/decisionlog"
+	"github.com/kvselect/kvselect/selection/engine"
 	"github.com/kvselect/kvselect/selection/flow"
+	"github.com/kvselect/kvselect/selection/health"
 	"github.com/kvselect/kvselect/selection/index"
 	"github.com/kvselect/kvselect/selection/kvhash"
+	"github.com/kvselect/kvselect/selection/loads"
+	"github.com/kvselect/kvselect/selection/partition"
 	"github.com/kvselect/kvselect/selection/pending"
+	"github.com/kvselect/kvselect/selection/randsrc"
+	"github.com/kvselect/kvselect/selection/readiness"
+	"github.com/kvselect/kvselect/selection/reservation"
 	"github.com/kvselect/kvselect/selection/routerconfig"
 	"github.com/kvselect/kvselect/selection/scheduler"
 )
@@ -75,7 +71,7 @@ type Config struct {
 	// prefill worker left, every one is ejected or overloaded, or one is back),
 	// with the reason; called with no service lock held. The server logs it.
 	OnPrefillPool func(model string, usable bool, reason string)
-	// Flow turns flow control on (flowctl.go): while every worker of a
+	// Flow turns flow control on (package admission): while every worker of a
 	// partition is busy its waiting requests are ordered by priority band,
 	// tenant fairness and arrival, within Flow's limits, instead of by the
 	// router queue policy. It needs queueing (router_queue_threshold); nil
@@ -85,87 +81,92 @@ type Config struct {
 	// leaving it (dispatched, expired, shed, rejected, abandoned), with no
 	// service lock held. The server counts them.
 	OnFlow func(FlowEvent)
-	// RecentDecisions is how many of the latest decisions RecentDecisions
-	// keeps for the status page: DefaultRecentDecisions when zero, none
-	// when negative.
+	// RecentDecisions is how many of the latest decisions the decision log
+	// keeps for the status page (Inspector.RecentDecisions):
+	// DefaultRecentDecisions when zero, none when negative.
 	RecentDecisions int
 }
 
 // Service is the embedded selection service. It is safe for concurrent use.
 //
 // Lock order. A goroutine holding one of these locks takes only locks further
-// down the list, and never two of one level at once (two partitions' schedMu,
-// say):
+// down the list, and never two of one level at once (two partitions'
+// scheduling locks, say):
 //
-//  1. catMu serializes catalog changes (UpsertWorker, PatchWorker,
-//     DeleteWorker) end to end, Listeners.Attach and Detach included, so a
-//     listener implementation's own locks come after it.
-//  2. mu guards the catalog and partition maps. ensurePartition builds a
-//     partition under it (index.Partitions' lock, writerOnce, rndMu);
-//     Shutdown wakes every partition under its read lock (queueMu).
-//  3. writerOnce (a sync.Once, thus a lock) draws the replica id from rndMu.
-//  4. a partition's schedMu makes select-and-book atomic: under it choose
-//     projects and books (loads.Tracker), runs the policy (whose own state,
-//     if any, is a leaf) and asks the queue whether it may proceed (queueMu);
-//     replaceWorkers swaps the worker set and the tracker's ranks.
-//  5. a partition's queueMu guards its queue and wake channel.
-//  6. leaves, which call into nothing that locks: the reservation table's mu,
-//     the readiness conditions' mu, rndMu, loads.Tracker's, index.Index's,
+//  1. the catalog's catMu (workerCatalog, workers.go) serializes catalog
+//     changes (UpsertWorker, PatchWorker, DeleteWorker) end to end,
+//     Listeners.Attach and Detach included, so a listener implementation's
+//     own locks come after it.
+//  2. the catalog's mu guards its records; the partition set's lock
+//     (partition.Set) guards the partition map. The two are never held
+//     together. Set.Ensure builds
+//     a partition under the set's lock (index.Partitions' lock, the replica
+//     id's once, the random source's lock); Shutdown wakes every partition
+//     under its read lock (the queues' locks).
+//  3. the replica id's sync.Once (randsrc.Source.ReplicaID) draws the id
+//     under the random source's lock.
+//  4. a partition's scheduling lock (partition.Sched) makes select-and-book
+//     atomic: under it choose's decide projects and books (loads.Tracker),
+//     runs the policy (whose own state, if any, is a leaf) and asks the
+//     queue whether it may proceed (admission.Queue's lock);
+//     Partition.ReplaceWorkers swaps the worker set and the tracker's ranks
+//     under it.
+//  5. a partition's queue lock (admission.Queue) guards its waiting
+//     selections and wake channel.
+//  6. leaves, which call into nothing that locks: the reservation table's
+//     (reservation.Table), the readiness conditions' (readiness.Gate), the
+//     random source's (randsrc.Source), loads.Tracker's, index.Index's,
 //     index.Partitions', affinity.Table's, pending.Cache's, kvhash.Tracker's,
-//     the text index's build lock, the engine table's, the health table's and
-//     the decision log's.
+//     the text index's build lock (textindex.Index), the engine table's
+//     (engine.Table), the health table's (health.Table), the decision log's
+//     and the disaggregation counts' (decisionlog).
 //     Two leaves are never held together.
 //
 // Hence: a session lease is released (affinity.Table) only after the
 // reservation table let go of the row; frees, prefill completions and output
-// blocks reach loads.Tracker without schedMu (they only lower or grow one
-// booking, which no decision needs to see atomically with its own booking);
-// the replica observer and the listeners' RankEventsStatus are called with no
-// service lock held. The injected clock is read under schedMu too, so it must
-// not call into the service.
+// blocks reach loads.Tracker without the scheduling lock (they only lower or
+// grow one booking, which no decision needs to see atomically with its own
+// booking); the replica observer, the flow and prefill-pool callbacks and the
+// listeners' RankEventsStatus are called with no service lock held. The
+// injected clock is read under the scheduling lock too, so it must not call
+// into the service.
 type Service struct {
-	set       settings
-	router    routerconfig.Config
-	clock     func() time.Time
-	tracker   *kvhash.Tracker
-	listeners Listeners
-	pending   *pending.Cache
-	indexes   *index.Partitions
+	set     settings
+	router  routerconfig.Config
+	clock   func() time.Time
+	prompts normalizer // request prompts to hashes (prepare.go)
+	pending *pending.Cache
+	indexes *index.Partitions
 
 	// policy is the selection policy in force, replaced whole by SetPolicy. A
-	// request loads it once (promptFor) and uses that value throughout.
+	// request loads it once (prepare) and uses that value throughout.
 	policy atomic.Pointer[scheduler.Policy]
 
-	rndMu sync.Mutex
-	rnd   *rand.Rand
+	// rnd is the one random source: partitions' streams, generated ids,
+	// the replica id.
+	rnd *randsrc.Source
 
-	// decisions keeps the latest decisions (decisionlog.go); nil when off.
-	decisions *decisionLog
+	// decisions keeps the latest decisions; nil when off.
+	decisions *decisionlog.Log
+	disagg    decisionlog.Disagg // disaggregated decisions and prefill pool usability (Config.OnPrefillPool)
 
-	catMu         sync.Mutex          // serializes catalog changes
-	attachedRanks map[uint64]attached // guarded by catMu
+	cat workerCatalog // the worker records and their listeners (workers.go)
 
-	mu      sync.RWMutex // guards catalog and parts
-	catalog map[uint64]*catalog.Record
-	parts   map[index.Partition]*partition
+	parts *partition.Set    // one per (model, routing group)
+	resv  reservation.Table // selection ids across every partition
+	gate  readiness.Gate    // shutdown, startup recovery, external conditions
 
-	resv reservationTable // selection ids across every partition (restable.go)
+	repl Replica // the replica planes' side (replica.go)
 
-	gate readiness // shutdown, startup recovery, external conditions (readiness.go)
+	engineCfg engine.Config
+	engines   engine.Table    // engine metrics per worker
+	health    health.Table    // ejection state per worker
+	judge     partition.Judge // the two above and the busy thresholds, for candidates
 
-	repl replicaState // replica observer (sync.go)
+	inspector Inspector // the read-only view Inspect returns
 
-	engineCfg EngineConfig
-	engines   engineTable // engine metrics per worker (engine.go)
-	health    healthTable // ejection state per worker (health.go)
-
-	disagg        disaggState // decisions and prefill pool transitions (disagg.go)
-	onPrefillPool func(model string, usable bool, reason string)
-	flowCfg       *flow.Config // nil: flow control off
-	onFlow        func(FlowEvent)
-
-	writerOnce sync.Once
-	writer     uint64
+	flowCfg *flow.Config    // nil: flow control off
+	onFlow  func(FlowEvent) // Config.OnFlow, or a no-op
 }
 
 // New validates cfg and returns the service.
@@ -177,7 +178,8 @@ func New(cfg Config) (*Service, error) {
 	if rnd == nil {
 		rnd = rand.New(rand.NewChaCha8(randomSeed()))
 	}
-	tracker, err := kvhash.NewTracker(cfg.Tracking, rand.New(rand.NewPCG(rnd.Uint64(), rnd.Uint64())))
+	src := randsrc.New(rnd)
+	tracker, err := kvhash.NewTracker(cfg.Tracking, src.Child())
 	if err != nil {
 		return nil, err
 	}
@@ -206,42 +208,136 @@ func New(cfg Config) (*Service, error) {
 	if clock == nil {
 		clock = time.Now
 	}
-	engineCfg := DefaultEngineConfig()
+	engineCfg := engine.DefaultConfig()
 	if cfg.Engine != nil {
 		engineCfg = *cfg.Engine
 	}
-	if err := engineCfg.validate(); err != nil {
+	if err := engineCfg.Validate(); err != nil {
 		return nil, fmt.Errorf("engine config: %w", err)
 	}
-	var flowCfg *flow.Config
-	if cfg.Flow != nil {
-		if !set.queueing {
-			return nil, errors.New("flow control orders the requests that wait while every worker is busy: it needs queueing on (DYN_ROUTER_QUEUE_THRESHOLD, router_queue_threshold)")
-		}
-		if err := cfg.Flow.Validate(); err != nil {
-			return nil, fmt.Errorf("flow control: %w", err)
-		}
-		c := cfg.Flow.WithDefaults()
-		flowCfg = &c
+	flowCfg, err := flowConfig(cfg.Flow, set.queueing)
+	if err != nil {
+		return nil, err
 	}
 	s := &Service{
 		flowCfg: flowCfg, onFlow: cfg.OnFlow,
+		disagg:    decisionlog.Disagg{OnPool: cfg.OnPrefillPool},
 		engineCfg: engineCfg,
-		set:       set, router: cfg.Router, clock: clock, tracker: tracker,
-		listeners: cfg.Listeners, pending: pc, indexes: ixs, rnd: rnd,
-		attachedRanks: make(map[uint64]attached),
-		catalog:       make(map[uint64]*catalog.Record),
-		parts:         make(map[index.Partition]*partition),
-		onPrefillPool: cfg.OnPrefillPool,
-		decisions:     newDecisionLog(cfg.RecentDecisions),
+		set:       set, router: cfg.Router, clock: clock,
+		prompts: normalizer{tracker: tracker, textTTL: cfg.Router.RouterTTL},
+		pending: pc, indexes: ixs, rnd: src,
+		decisions: decisionlog.New(cfg.RecentDecisions),
 	}
+	s.parts = partition.NewSet((&partitionFactory{indexes: ixs, router: &s.router, set: &s.set, flow: flowCfg, rnd: src, clock: clock}).build)
+	s.judge = partition.Judge{Health: &s.health, Engines: &s.engines, Engine: &s.engineCfg, Router: &s.router, Clock: clock}
+	s.cat = workerCatalog{set: &s.set, listeners: cfg.Listeners, parts: s.parts, resv: &s.resv, gate: &s.gate, clock: clock,
+		attachedRanks: make(map[uint64]attached), records: make(map[uint64]*catalog.Record)}
+	if s.onFlow == nil {
+		s.onFlow = func(FlowEvent) {}
+	}
+	s.inspector = Inspector{s}
+	s.repl = Replica{parts: s.parts, resv: &s.resv, indexes: ixs, gate: &s.gate, rnd: src, clock: clock}
 	s.policy.Store(clonePolicy(policy))
 	return s, nil
+}
+
+// flowConfig validates the flow control configuration, nil for off, and
+// fills in its defaults.
+func flowConfig(c *flow.Config, queueing bool) (*flow.Config, error) {
+	if c == nil {
+		return nil, nil
+	}
+	if !queueing {
+		return nil, errors.New("flow control orders the requests that wait while every worker is busy: it needs queueing on (DYN_ROUTER_QUEUE_THRESHOLD, router_queue_threshold)")
+	}
+	if err := c.Validate(); err != nil {
+		return nil, fmt.Errorf("flow control: %w", err)
+	}
+	out := c.WithDefaults()
+	return &out, nil
 }
 
 func randomSeed() (seed [32]byte) {
 	_, _ = crand.Read(seed[:]) // never fails on supported platforms
 	return seed
+}
+
+// settings are the router settings the service consults on every call, resolved
+// once at build time.
+type settings struct {
+	useKVEvents bool
+	collector   bool // a KV events collector socket feeds ranks without endpoints
+	queueing    bool
+	indexConfig index.Config
+	affinityTTL time.Duration // 0 = session affinity off
+	affinity    routerconfig.SessionAffinityMode
+	// prefillGroup is the routing group of every model's prefill pool.
+	prefillGroup string
+}
+
+func settingsFrom(c routerconfig.Config) (settings, error) {
+	s := settings{
+		useKVEvents: c.UseKVEvents,
+		queueing:    c.QueueingEnabled(),
+		indexConfig: index.Config{
+			Approximate:  !c.UseKVEvents,
+			TTL:          c.RouterTTL,
+			PredictedTTL: c.PredictedTTL.Or(0),
+			CachePolicy:  string(c.ApproximateCachePolicy),
+		},
+		affinityTTL: c.SessionAffinityTTL.Or(0),
+		affinity:    c.SessionAffinityMode,
+	}
+	probe := s.indexConfig
+	probe.BlockSize = 1
+	if _, err := probe.Validate(); err != nil {
+		return s, err
+	}
+	return s, nil
+}
+
+// partitionFactory makes a service's partitions from its settings.
+type partitionFactory struct {
+	indexes *index.Partitions
+	router  *routerconfig.Config
+	set     *settings
+	flow    *flow.Config
+	rnd     *randsrc.Source
+	clock   func() time.Time
+}
+
+func (f *partitionFactory) build(key index.Partition, blockSize uint32, eagle bool) (*partition.Partition, error) {
+	ix, err := f.indexes.Ensure(key, blockSize)
+	if err != nil {
+		return nil, err
+	}
+	lt, err := loads.New(loads.Config{
+		BlockSize:         blockSize,
+		TrackActiveBlocks: f.router.TrackActiveBlocks,
+		TrackOutputBlocks: f.router.TrackOutputBlocks,
+		Expiry:            f.router.ActiveRequestExpiry,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("partition %s: %w", partition.Name(key), err)
+	}
+	qp, err := scheduler.ParseQueuePolicy(string(f.router.QueuePolicy))
+	if err != nil {
+		return nil, err
+	}
+	parts := partition.Parts{Key: key, BlockSize: blockSize, Eagle: eagle, Index: ix, Loads: lt, Rand: f.rnd.Child()}
+	parts.Queue = admission.New(key, partition.Name(key), qp, f.flow, f.clock())
+	if f.set.affinityTTL > 0 {
+		mode := affinity.Hard
+		if f.set.affinity == routerconfig.AffinitySoft {
+			mode = affinity.Soft
+		}
+		t, err := affinity.NewTable(affinity.Config{TTL: f.set.affinityTTL, Mode: mode, WriterID: f.rnd.ReplicaID()}, f.clock())
+		if err != nil {
+			return nil, fmt.Errorf("partition %s: %w", partition.Name(key), err)
+		}
+		parts.Affinity = t
+	}
+	return partition.New(parts), nil
 }
 
 // Health is process liveness (GET /health).
@@ -250,20 +346,8 @@ func (s *Service) Health() bool { return true }
 // Shutdown makes mutating and selection calls fail with 503 from now on; DELETE
 // /workers keeps working and queued selections are released with an error.
 func (s *Service) Shutdown() {
-	s.gate.shutDown()
-	s.mu.RLock()
-	defer s.mu.RUnlock()
-	for _, p := range s.parts {
-		p.wake()
-	}
-}
-
-// Dump snapshots every partition's primary index (GET /dump).
-func (s *Service) Dump() index.Dump { return s.indexes.Dump() }
-
-// Restore replays a peer's dump into the local indexes (startup recovery).
-func (s *Service) Restore(d index.Dump) []index.RestoreResult {
-	return s.indexes.Restore(s.clock(), d)
+	s.gate.ShutDown()
+	s.parts.WakeAll()
 }
 
 // Maintain runs periodic upkeep at the current time: reclaims bookings older
@@ -274,59 +358,18 @@ func (s *Service) Restore(d index.Dump) []index.RestoreResult {
 // it every few seconds (with flow control, at least every tenth of the TTL).
 func (s *Service) Maintain(ctx context.Context) {
 	now := s.clock()
-	for _, p := range s.partitions() {
-		for _, id := range p.loads.Expire(now) {
-			s.dropReservation(id, now)
+	for _, p := range s.parts.All() {
+		for _, id := range p.Loads().Expire(now) {
+			s.resv.Release(id, now)
 		}
-		if p.affinity != nil {
-			p.affinity.Reap(now)
+		if a := p.Affinity(); a != nil {
+			a.Reap(now)
 		}
 		// Released leases and reaped bindings go to the replica peers.
-		s.flushBindings(p)
-		p.ix.Expire(now)
-		p.text.expire(now)
-		p.expireFlow(now)
-		p.wake()
+		s.repl.flushBindings(p)
+		p.Index().Expire(now)
+		p.Text().Expire(now)
+		p.Queue().Expire(now)
+		p.Wake()
 	}
-}
-
-func (s *Service) partitions() []*partition {
-	s.mu.RLock()
-	defer s.mu.RUnlock()
-	out := make([]*partition, 0, len(s.parts))
-	for _, p := range s.parts {
-		out = append(out, p)
-	}
-	return out
-}
-
-func (s *Service) partition(key index.Partition) *partition {
-	s.mu.RLock()
-	defer s.mu.RUnlock()
-	return s.parts[key]
-}
-
-func (s *Service) randUint64() uint64 {
-	s.rndMu.Lock()
-	defer s.rndMu.Unlock()
-	return s.rnd.Uint64()
-}
-
-func displayKey(k index.Partition) string {
-	return fmt.Sprintf("model=%s routing_group=%s", k.Model, k.RoutingGroup)
-}
-
-func partitionOfRecord(r *catalog.Record) index.Partition {
-	return index.Partition{Model: r.ModelName, RoutingGroup: r.RoutingGroup}
-}
-
-func partitionOf(k PartitionKey) index.Partition {
-	p := index.Partition{Model: k.ModelName, RoutingGroup: k.RoutingGroup}
-	if p.Model == "" {
-		p.Model = catalog.DefaultPartitionName
-	}
-	if p.RoutingGroup == "" {
-		p.RoutingGroup = catalog.DefaultPartitionName
-	}
-	return p
 }

@@ -32,7 +32,7 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 }
 
 func pendingCount(s *Service) uint64 {
-	ls := s.Loads(nil, nil)
+	ls := s.Inspect().Loads(nil, nil)
 	if len(ls) == 0 {
 		return 0
 	}
@@ -61,7 +61,7 @@ func TestQueueWaitsWhileEveryWorkerIsBusy(t *testing.T) {
 		done <- err
 	}()
 	waitFor(t, "the second selection to queue", func() bool { return pendingCount(s) == 1 })
-	if got := s.Loads(nil, nil)[0].PendingISLTokens; got != 4 {
+	if got := s.Inspect().Loads(nil, nil)[0].PendingISLTokens; got != 4 {
 		t.Fatalf("pending_isl_tokens = %d, want 4", got)
 	}
 	select {
@@ -101,7 +101,7 @@ func TestQueueOrderAndCancellation(t *testing.T) {
 		t.Fatalf("cancelled waiter: %v", err)
 	}
 	waitFor(t, "the cancelled waiter to leave", func() bool { return pendingCount(s) == 0 })
-	if s.resv.has("gone") {
+	if s.resv.Has("gone") {
 		t.Fatal("a cancelled selection kept its reservation id")
 	}
 	// Strict priority goes first: low queues before high, high books first.
@@ -212,7 +212,7 @@ func TestHardModeRejectsDispatchAwayFromBinding(t *testing.T) {
 	second.AllowedWorkerIDs = []uint64{other}
 	_, err = s.SelectAndReserve(bg, second)
 	wantKind(t, err, KindBadRequest, "session sess is bound to worker")
-	if l := s.Loads(nil, nil)[0].Loads; l[0].ActiveRequests+l[1].ActiveRequests != 1 {
+	if l := s.Inspect().Loads(nil, nil)[0].Loads; l[0].ActiveRequests+l[1].ActiveRequests != 1 {
 		t.Fatalf("the refused booking was not freed: %+v", l)
 	}
 	wantKind(t, s.Free(bg, "b"), KindNotFound, "reservation b not found")
@@ -285,7 +285,7 @@ func TestKVHintNeedsSameRoleNonAgentSource(t *testing.T) {
 			}
 			locals := kvhash.LocalBlockHashes([]uint32{1, 2, 3, 4}, "", "", kvhash.BlockOptions{BlockSize: 4})
 			ev := indexStored(1, locals)
-			s.partition(index.Partition{Model: "model", RoutingGroup: "default"}).ix.Apply(&ev)
+			s.parts.Get(index.Partition{Model: "model", RoutingGroup: "default"}).Index().Apply(&ev)
 			req := selReq("h", 1, 2, 3, 4)
 			req.PinnedWorker = &WorkerRank{WorkerID: 2}
 			resp, err := s.SelectAndReserve(bg, req)
@@ -356,7 +356,7 @@ func TestQueuedSelectionRefreshesOverlap(t *testing.T) {
 	// While it waits, worker 2 caches the whole prompt; time passes the refresh bound.
 	locals := kvhash.LocalBlockHashes(prompt, "", "", kvhash.BlockOptions{BlockSize: 4})
 	ev := indexStored(2, locals)
-	if err := s.partition(index.Partition{Model: "model", RoutingGroup: "default"}).ix.Apply(&ev); err != nil {
+	if err := s.parts.Get(index.Partition{Model: "model", RoutingGroup: "default"}).Index().Apply(&ev); err != nil {
 		t.Fatal(err)
 	}
 	clock.Add(11 * time.Second)
@@ -388,7 +388,7 @@ func TestShrunkRankForgetsItsBlocks(t *testing.T) {
 	if _, err := s.PatchWorker(bg, 1, catalog.Patch{DataParallelSize: ptr(uint32(1))}); err != nil {
 		t.Fatal(err)
 	}
-	ov, err := s.OverlapScores(bg, &PromptQuery{PartitionKey: PartitionKey{ModelName: "model"}, PromptRequest: PromptRequest{TokenIDs: []uint32{1, 2, 3, 4}}})
+	ov, err := s.Inspect().OverlapScores(bg, &PromptQuery{PartitionKey: PartitionKey{ModelName: "model"}, PromptRequest: PromptRequest{TokenIDs: []uint32{1, 2, 3, 4}}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -451,16 +451,16 @@ func TestListenerReconciliationRankByRank(t *testing.T) {
 	if got := l.take(); !slices.Equal(got, []string{"attach 1/0 tcp://w:5557", "attach 1/1 tcp://w:5558"}) {
 		t.Fatalf("first upsert: %v", got)
 	}
-	p := s.partition(index.Partition{Model: "model", RoutingGroup: "default"})
+	p := s.parts.Get(index.Partition{Model: "model", RoutingGroup: "default"})
 	for rank := range uint32(2) {
 		ev := indexStored(1, []uint64{100 + uint64(rank)})
 		ev.Worker.DPRank = rank
-		if err := p.ix.Apply(&ev); err != nil {
+		if err := p.Index().Apply(&ev); err != nil {
 			t.Fatal(err)
 		}
 	}
 	held := func(rank uint32) bool {
-		for _, o := range p.ix.Match([]uint64{100 + uint64(rank)}, false, nil) {
+		for _, o := range p.Index().Match([]uint64{100 + uint64(rank)}, false, nil) {
 			if o.Worker.DPRank == rank {
 				return true
 			}

@@ -81,7 +81,7 @@ func selReq(id string, tokens ...uint32) *SelectRequest {
 
 func loadOf(t testing.TB, s *Service) PotentialLoad {
 	t.Helper()
-	ls := s.Loads(nil, nil)
+	ls := s.Inspect().Loads(nil, nil)
 	if len(ls) != 1 || len(ls[0].Loads) == 0 {
 		t.Fatalf("loads = %+v", ls)
 	}
@@ -135,7 +135,7 @@ func TestOverlapScoresListsEveryRank(t *testing.T) {
 	w2 := workerRec(2)
 	w2.DataParallelStartRank, w2.DataParallelSize = ptr(uint32(2)), ptr(uint32(2))
 	mustUpsert(t, s, w2)
-	resp, err := s.OverlapScores(bg, &PromptQuery{PartitionKey: PartitionKey{ModelName: "model"}, PromptRequest: PromptRequest{TokenIDs: []uint32{1, 2, 3, 4}}})
+	resp, err := s.Inspect().OverlapScores(bg, &PromptQuery{PartitionKey: PartitionKey{ModelName: "model"}, PromptRequest: PromptRequest{TokenIDs: []uint32{1, 2, 3, 4}}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -213,7 +213,7 @@ func TestExplicitReplayPreservesDisabledPrefillTracking(t *testing.T) {
 			t.Fatalf("loads = %+v", l)
 		}
 	}
-	pl, err := b.PotentialLoads(bg, &PromptQuery{PartitionKey: PartitionKey{ModelName: "model"}, PromptRequest: PromptRequest{TokenIDs: []uint32{1, 2, 3, 4}},
+	pl, err := b.Inspect().PotentialLoads(bg, &PromptQuery{PartitionKey: PartitionKey{ModelName: "model"}, PromptRequest: PromptRequest{TokenIDs: []uint32{1, 2, 3, 4}},
 		RouterConfigOverride: &routerconfig.Override{TrackPrefillTokens: ptr(false)}})
 	if err != nil || pl[0].PotentialDecodeBlocks != 1 {
 		t.Fatalf("potential loads = %+v, %v (active blocks must be deduplicated by tracking hash)", pl, err)
@@ -390,7 +390,7 @@ func TestDumpAndApproximateRecording(t *testing.T) {
 	s, _ := newService(t, nil)
 	mustUpsert(t, s, workerRec(1))
 	mustUpsert(t, s, workerRec(2))
-	if d := s.Dump(); d["model:default"].BlockSize != 4 || d["model:default"].Events == nil && len(d) != 1 {
+	if d := s.Inspect().Dump(); d["model:default"].BlockSize != 4 || d["model:default"].Events == nil && len(d) != 1 {
 		t.Fatalf("dump = %+v", d)
 	}
 	tokens := []uint32{1, 2, 3, 4, 5, 6, 7, 8}
@@ -408,13 +408,13 @@ func TestDumpAndApproximateRecording(t *testing.T) {
 	if resp.WorkerID != booked.WorkerID && resp.Overlap.LongestMatched == 0 {
 		t.Fatalf("the booking was not recorded: %+v", resp)
 	}
-	ov, _ := s.OverlapScores(bg, &PromptQuery{PartitionKey: PartitionKey{ModelName: "model"}, PromptRequest: PromptRequest{TokenIDs: tokens}})
+	ov, _ := s.Inspect().OverlapScores(bg, &PromptQuery{PartitionKey: PartitionKey{ModelName: "model"}, PromptRequest: PromptRequest{TokenIDs: tokens}})
 	for _, r := range ov.Workers {
 		if r.WorkerID == booked.WorkerID && r.DeviceBlocks != 2 {
 			t.Fatalf("recorded blocks = %+v", r)
 		}
 	}
-	if len(s.Dump()["model:default"].Events) == 0 {
+	if len(s.Inspect().Dump()["model:default"].Events) == 0 {
 		t.Fatal("dump misses the recorded routing decision")
 	}
 }
@@ -641,9 +641,9 @@ func TestKVHintFromSameRoleSource(t *testing.T) {
 	}
 	// Worker 1 holds two blocks of the prompt; the booking is pinned to worker 2.
 	locals := kvhash.LocalBlockHashes([]uint32{1, 2, 3, 4, 5, 6, 7, 8}, "", "", kvhash.BlockOptions{BlockSize: 4})
-	p := s.partition(partitionOf(PartitionKey{ModelName: "model"}))
+	p := s.parts.Get(partitionOf(PartitionKey{ModelName: "model"}))
 	ev := indexStored(1, locals)
-	if err := p.ix.Apply(&ev); err != nil {
+	if err := p.Index().Apply(&ev); err != nil {
 		t.Fatal(err)
 	}
 	req := selReq("hint-1", 1, 2, 3, 4, 5, 6, 7, 8)
@@ -726,14 +726,14 @@ func TestConcurrentBookingsAndCatalogChanges(t *testing.T) {
 			t.Fatalf("booking %s freed %d times", id, n)
 		}
 	}
-	for _, ml := range s.Loads(nil, nil) {
+	for _, ml := range s.Inspect().Loads(nil, nil) {
 		for _, l := range ml.Loads {
 			if l.ActiveRequests != 0 || l.PotentialDecodeBlocks != 0 || l.PotentialPrefillTokens != 0 {
 				t.Fatalf("load left behind: %+v", l)
 			}
 		}
 	}
-	left := s.resv.size()
+	left := s.resv.Len()
 	if left != 0 {
 		t.Fatalf("%d reservation rows leaked", left)
 	}

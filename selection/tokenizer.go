@@ -12,7 +12,7 @@ import (
 // for it. selection never calls one: the fronts do, before Select, when they
 // hold a prompt known only as text (engines/tokenize asks the engines'
 // /tokenize; server wires it into the fronts). On any error the front routes
-// the text on the partition's text index instead (textprompt.go), so an
+// the text on the partition's text index instead (package textindex), so an
 // implementation may fail fast.
 type Tokenizer interface {
 	Tokenize(ctx context.Context, req *TokenizeRequest) ([]uint32, error)

@@ -34,7 +34,7 @@ type PromptRequest struct {
 	IsEagle        *bool             `json:"is_eagle"`
 	// PromptText is the prompt's text as a front flattened it (not a wire
 	// field). Alone — none of the fields above set — it identifies the
-	// prompt in the partition's text index (textprompt.go). Beside token ids
+	// prompt in the partition's text index (package textindex). Beside token ids
 	// (a text prompt a Tokenizer turned into ids) the ids route, and a booking
 	// also records the text's chain in the text index.
 	PromptText string `json:"-"`
@@ -190,13 +190,6 @@ type DecisionDetail struct {
 	ISLTokens, CachedTokens int
 	// QueueWait is the time the selection spent queued (0 without queueing).
 	QueueWait time.Duration
-}
-
-// RankCost is one scored rank.
-type RankCost struct {
-	WorkerID uint64  `json:"worker_id"`
-	DPRank   uint32  `json:"dp_rank"`
-	Cost     float64 `json:"cost"`
 }
 
 // PrefillSelection is the prefill worker of a remote-prefill decision.

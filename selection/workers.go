@@ -1,14 +1,20 @@
 package selection
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"maps"
 	"slices"
+	"sync"
 	"time"
 
+	"github.com/kvselect/kvselect/selection/apierr"
 	"github.com/kvselect/kvselect/selection/catalog"
 	"github.com/kvselect/kvselect/selection/index"
+	"github.com/kvselect/kvselect/selection/partition"
+	"github.com/kvselect/kvselect/selection/readiness"
+	"github.com/kvselect/kvselect/selection/reservation"
 )
 
 // Listeners is the seam the KV-event adapters plug into (engines/kvlisten: a
@@ -63,15 +69,6 @@ type UnmatchedTopic struct {
 	LastSeen time.Time `json:"last_seen"`
 }
 
-// KVEventsCollector reports the KV events collector sockets; ok is false when
-// none is bound.
-func (s *Service) KVEventsCollector() (st CollectorStatus, ok bool) {
-	if c, is := s.listeners.(EventsCollector); is {
-		return c.CollectorStatus()
-	}
-	return CollectorStatus{}, false
-}
-
 // RankAttachment is everything a listener needs for one worker rank: where its
 // engine publishes, how to hash what it publishes, and the index to feed.
 type RankAttachment struct {
@@ -92,70 +89,124 @@ type attached map[uint32]catalog.RankEndpoints
 func (s *Service) UpsertWorker(ctx context.Context, rec catalog.Record) (*catalog.Record, error) {
 	rec.ResolveRole(s.set.prefillGroup)
 	if err := rec.Normalize(); err != nil {
-		return nil, newError(KindBadRequest, "%v", err)
+		return nil, apierr.New(KindBadRequest, "%v", err)
 	}
 	rec.KVEventsStatus, rec.EngineMetrics, rec.Health = nil, nil, nil // output only
-	s.catMu.Lock()
-	defer s.catMu.Unlock()
-	if err := s.gate.admit(); err != nil {
-		return nil, err
-	}
-	return s.applyRecord(rec.Clone()), nil
+	return s.cat.upsert(rec.Clone())
 }
 
 // PatchWorker applies a partial update (PATCH /workers/{id}).
 func (s *Service) PatchWorker(ctx context.Context, workerID uint64, p catalog.Patch) (*catalog.Record, error) {
-	s.catMu.Lock()
-	defer s.catMu.Unlock()
-	if err := s.gate.admit(); err != nil {
-		return nil, err
-	}
-	old, ok := s.record(workerID)
-	if !ok {
-		return nil, newError(KindNotFound, "worker %d not found", workerID)
-	}
-	rec := p.Apply(old)
-	if err := rec.Normalize(); err != nil {
-		return nil, newError(KindBadRequest, "%v", err)
-	}
-	return s.applyRecord(rec), nil
+	return s.cat.patch(workerID, p)
 }
 
 // DeleteWorker drains and removes a worker (DELETE /workers/{id}); it works
 // during shutdown. Bookings on it are released as it leaves its partition's
-// load tracker.
+// load tracker, and its engine figures and health state are forgotten.
 func (s *Service) DeleteWorker(ctx context.Context, workerID uint64) (*catalog.Record, error) {
-	s.catMu.Lock()
-	defer s.catMu.Unlock()
-	old, ok := s.record(workerID)
-	if !ok {
-		return nil, newError(KindNotFound, "worker %d not found", workerID)
+	return s.cat.remove(workerID, func(id uint64) {
+		s.engines.Forget(id)
+		s.health.Forget(id)
+	})
+}
+
+// Workers lists catalog records, optionally filtered by model and routing
+// group, with their KV event listeners' status, engine figures and health.
+func (s *Service) Workers(model, group *string) []*catalog.Record {
+	out := s.cat.list(model, group)
+	now := s.clock()
+	for _, r := range out {
+		r.EngineMetrics = s.engines.View(r, now, &s.engineCfg)
+		var reason string
+		if r.Health, reason = s.health.View(r.WorkerID, now); reason != "" {
+			r.NotSchedulableReasons = append(r.NotSchedulableReasons, reason)
+		}
 	}
-	s.retire(old)
-	s.mu.Lock()
-	delete(s.catalog, workerID)
-	s.mu.Unlock()
-	s.engines.forget(workerID)
-	s.health.forget(workerID)
+	catalog.Sort(out)
+	return out
+}
+
+// workerCatalog is the worker catalog: the records by worker id, the KV event
+// listeners attached for each schedulable worker's ranks, and the publishing
+// of schedulable records to their partitions. catMu serializes its changes
+// end to end; mu guards the records (see the lock order on Service).
+type workerCatalog struct {
+	set       *settings
+	listeners Listeners
+	parts     *partition.Set
+	resv      *reservation.Table
+	gate      *readiness.Gate
+	clock     func() time.Time
+
+	catMu         sync.Mutex          // serializes catalog changes
+	attachedRanks map[uint64]attached // guarded by catMu
+
+	mu      sync.RWMutex // guards records
+	records map[uint64]*catalog.Record
+}
+
+// upsert stores a normalized record, unless the service is shutting down.
+func (c *workerCatalog) upsert(rec *catalog.Record) (*catalog.Record, error) {
+	c.catMu.Lock()
+	defer c.catMu.Unlock()
+	if err := c.gate.Admit(); err != nil {
+		return nil, err
+	}
+	return c.apply(rec), nil
+}
+
+// patch applies a partial update to worker workerID's record.
+func (c *workerCatalog) patch(workerID uint64, p catalog.Patch) (*catalog.Record, error) {
+	c.catMu.Lock()
+	defer c.catMu.Unlock()
+	if err := c.gate.Admit(); err != nil {
+		return nil, err
+	}
+	old, ok := c.record(workerID)
+	if !ok {
+		return nil, apierr.New(KindNotFound, "worker %d not found", workerID)
+	}
+	rec := p.Apply(old)
+	if err := rec.Normalize(); err != nil {
+		return nil, apierr.New(KindBadRequest, "%v", err)
+	}
+	return c.apply(rec), nil
+}
+
+// remove retires and forgets worker workerID, calling forget with its id
+// before the catalog's next change.
+func (c *workerCatalog) remove(workerID uint64, forget func(uint64)) (*catalog.Record, error) {
+	c.catMu.Lock()
+	defer c.catMu.Unlock()
+	old, ok := c.record(workerID)
+	if !ok {
+		return nil, apierr.New(KindNotFound, "worker %d not found", workerID)
+	}
+	c.retire(old)
+	c.mu.Lock()
+	delete(c.records, workerID)
+	c.mu.Unlock()
+	forget(workerID)
 	out := old.Clone()
 	out.Lifecycle = catalog.Unschedulable
 	out.NotSchedulableReasons = nil
 	return out, nil
 }
 
-// Workers lists catalog records, optionally filtered by model and routing group.
-func (s *Service) Workers(model, group *string) []*catalog.Record {
-	s.mu.RLock()
-	out := make([]*catalog.Record, 0, len(s.catalog))
-	for _, r := range s.catalog {
+// list copies the records of model and group (nil: any) with their KV event
+// listeners' status.
+func (c *workerCatalog) list(model, group *string) []*catalog.Record {
+	c.mu.RLock()
+	out := make([]*catalog.Record, 0, len(c.records))
+	for _, r := range c.records {
 		if (model == nil || r.ModelName == *model) && (group == nil || r.RoutingGroup == *group) {
 			out = append(out, r.Clone())
 		}
 	}
-	s.mu.RUnlock()
-	if ls, ok := s.listeners.(ListenerStatus); ok {
+	c.mu.RUnlock()
+	if ls, ok := c.listeners.(ListenerStatus); ok {
 		for _, r := range out {
-			p := index.Partition{Model: r.ModelName, RoutingGroup: r.RoutingGroup}
+			p := partitionOfRecord(r)
 			for _, rank := range r.Ranks() {
 				st, ok := ls.RankEventsStatus(p, index.WorkerKey{WorkerID: r.WorkerID, DPRank: rank})
 				if !ok {
@@ -168,58 +219,49 @@ func (s *Service) Workers(model, group *string) []*catalog.Record {
 			}
 		}
 	}
-	now := s.clock()
-	for _, r := range out {
-		r.EngineMetrics = s.engines.view(r, now, &s.engineCfg)
-		var reason string
-		if r.Health, reason = s.health.view(r.WorkerID, now); reason != "" {
-			r.NotSchedulableReasons = append(r.NotSchedulableReasons, reason)
-		}
-	}
-	catalog.Sort(out)
 	return out
 }
 
-func (s *Service) record(id uint64) (*catalog.Record, bool) {
-	s.mu.RLock()
-	defer s.mu.RUnlock()
-	r, ok := s.catalog[id]
+func (c *workerCatalog) record(id uint64) (*catalog.Record, bool) {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	r, ok := c.records[id]
 	return r, ok
 }
 
-// applyRecord stores a normalized record under catMu, as Dynamo's
+// apply stores a normalized record under catMu, as Dynamo's
 // core/workers.rs upsert does: it computes why the record cannot be scheduled
 // (if so), retires the previous record when it leaves its partition or becomes
 // incomplete, reconciles the listeners rank by rank, then publishes the
 // schedulable record to its partition. It returns a copy of the stored
 // record.
-func (s *Service) applyRecord(rec *catalog.Record) *catalog.Record {
-	key := index.Partition{Model: rec.ModelName, RoutingGroup: rec.RoutingGroup}
-	reasons := rec.Reasons(catalog.Checks{Queueing: s.set.queueing, ConsumesEvents: s.set.useKVEvents, Collector: s.set.collector, PrefillGroup: s.set.prefillGroup})
-	var part *partition
+func (c *workerCatalog) apply(rec *catalog.Record) *catalog.Record {
+	key := partitionOfRecord(rec)
+	reasons := rec.Reasons(catalog.Checks{Queueing: c.set.queueing, ConsumesEvents: c.set.useKVEvents, Collector: c.set.collector, PrefillGroup: c.set.prefillGroup})
+	var part *partition.Partition
 	if len(reasons) == 0 {
 		var err error
-		if part, err = s.ensurePartition(key, *rec.BlockSize, deref(rec.IsEagle, false)); err != nil {
+		if part, err = c.parts.Ensure(key, *rec.BlockSize, deref(rec.IsEagle, false)); err != nil {
 			reasons = append(reasons, "reconciliation failed: "+err.Error())
 		}
 	}
-	old, had := s.record(rec.WorkerID)
+	old, had := c.record(rec.WorkerID)
 	oldSchedulable := had && old.Lifecycle == catalog.Schedulable
 	samePartition := had && old.ModelName == rec.ModelName && old.RoutingGroup == rec.RoutingGroup
 	if oldSchedulable && (!samePartition || len(reasons) > 0) {
-		s.retire(old)
+		c.retire(old)
 		oldSchedulable = false
 	}
 	if len(reasons) == 0 {
 		var prev attached
 		if oldSchedulable {
-			prev = s.attachedRanks[rec.WorkerID]
+			prev = c.attachedRanks[rec.WorkerID]
 		}
-		if err := s.reconcileListeners(part, rec, prev); err != nil {
+		if err := c.reconcileListeners(part, rec, prev); err != nil {
 			reasons = append(reasons, "reconciliation failed: "+err.Error())
 			if oldSchedulable {
 				// The old ranks were torn down with the failed reconciliation.
-				s.unpublish(old)
+				c.unpublish(old)
 			}
 		}
 	}
@@ -228,44 +270,22 @@ func (s *Service) applyRecord(rec *catalog.Record) *catalog.Record {
 	if len(reasons) == 0 {
 		rec.Lifecycle = catalog.Schedulable
 	}
-	s.mu.Lock()
-	s.catalog[rec.WorkerID] = rec
-	s.mu.Unlock()
+	c.mu.Lock()
+	c.records[rec.WorkerID] = rec
+	c.mu.Unlock()
 	if rec.Lifecycle == catalog.Schedulable {
-		s.publish(part, rec)
+		c.forgetDropped(part, part.Publish(rec))
 	}
 	return rec.Clone()
 }
 
-// ensurePartition returns the partition, creating it with the worker's block
-// size and Eagle mode, which are frozen from then on.
-func (s *Service) ensurePartition(key index.Partition, blockSize uint32, eagle bool) (*partition, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if p, ok := s.parts[key]; ok {
-		if p.blockSize != blockSize {
-			return nil, fmt.Errorf("block_size mismatch for %s: existing=%d requested=%d", displayKey(key), p.blockSize, blockSize)
-		}
-		if p.isEagle != eagle {
-			return nil, fmt.Errorf("is_eagle mismatch for %s: existing=%t requested=%t", displayKey(key), p.isEagle, eagle)
-		}
-		return p, nil
-	}
-	p, err := s.newPartition(key, blockSize, eagle)
-	if err != nil {
-		return nil, err
-	}
-	s.parts[key] = p
-	return p, nil
-}
-
 // reconcileListeners attaches the worker's ranks, keeping unchanged ones. On
 // failure it rolls back the ranks it attached in this pass.
-func (s *Service) reconcileListeners(p *partition, rec *catalog.Record, prev attached) error {
-	if !s.set.useKVEvents {
+func (c *workerCatalog) reconcileListeners(p *partition.Partition, rec *catalog.Record, prev attached) error {
+	if !c.set.useKVEvents {
 		return nil
 	}
-	want := rec.KVEndpoints(s.set.collector)
+	want := rec.KVEndpoints(c.set.collector)
 	for _, rank := range slices.Sorted(maps.Keys(want)) {
 		eps := want[rank]
 		if eps.KVEvents != "" {
@@ -286,61 +306,110 @@ func (s *Service) reconcileListeners(p *partition, rec *catalog.Record, prev att
 			next[rank] = old // unchanged: keeps listener, watermark and blocks
 			continue
 		}
-		s.detachRank(p, rec.WorkerID, rank)
+		c.detachRank(p, rec.WorkerID, rank)
 	}
 	for _, rank := range slices.Sorted(maps.Keys(want)) {
 		if _, kept := next[rank]; kept {
 			continue
 		}
 		wk := index.WorkerKey{WorkerID: rec.WorkerID, DPRank: rank}
-		if s.listeners != nil {
-			a := RankAttachment{Partition: p.key, Worker: wk, Endpoints: want[rank], BlockSize: p.blockSize, Eagle: p.isEagle, Index: p.ix}
-			if err := s.listeners.Attach(a); err != nil {
+		if c.listeners != nil {
+			a := RankAttachment{Partition: p.Key(), Worker: wk, Endpoints: want[rank], BlockSize: p.BlockSize(), Eagle: p.Eagle(), Index: p.Index()}
+			if err := c.listeners.Attach(a); err != nil {
 				for _, r := range fresh {
-					s.detachRank(p, rec.WorkerID, r)
+					c.detachRank(p, rec.WorkerID, r)
 				}
 				for r := range next {
-					s.detachRank(p, rec.WorkerID, r)
+					c.detachRank(p, rec.WorkerID, r)
 				}
-				delete(s.attachedRanks, rec.WorkerID)
+				delete(c.attachedRanks, rec.WorkerID)
 				return fmt.Errorf("attach dp_rank %d: %w", rank, err)
 			}
 		}
 		next[rank] = want[rank]
 		fresh = append(fresh, rank)
 	}
-	s.attachedRanks[rec.WorkerID] = next
+	c.attachedRanks[rec.WorkerID] = next
 	return nil
 }
 
-func (s *Service) detachRank(p *partition, workerID uint64, rank uint32) {
+func (c *workerCatalog) detachRank(p *partition.Partition, workerID uint64, rank uint32) {
 	wk := index.WorkerKey{WorkerID: workerID, DPRank: rank}
-	if s.listeners != nil {
-		s.listeners.Detach(p.key, wk)
+	if c.listeners != nil {
+		c.listeners.Detach(p.Key(), wk)
 	}
-	p.ix.RemoveRank(wk)
+	p.Index().RemoveRank(wk)
+}
+
+// unpublish removes a worker from its partition's candidates; bookings on its
+// ranks are released.
+func (c *workerCatalog) unpublish(old *catalog.Record) {
+	p := c.parts.Get(partitionOfRecord(old))
+	if p == nil {
+		return
+	}
+	c.forgetDropped(p, p.ReplaceWorkers(func(m map[uint64]*catalog.Record) { delete(m, old.WorkerID) }))
+}
+
+// forgetDropped releases the reservations of bookings a change of p's
+// workers dropped, and wakes p's queue.
+func (c *workerCatalog) forgetDropped(p *partition.Partition, dropped []string) {
+	now := c.clock()
+	for _, id := range dropped {
+		c.resv.Release(id, now)
+	}
+	p.Wake()
 }
 
 // retire takes a schedulable worker out of its partition: draining (no new
 // selections), listeners detached and blocks purged, bookings released.
-func (s *Service) retire(old *catalog.Record) {
-	key := index.Partition{Model: old.ModelName, RoutingGroup: old.RoutingGroup}
-	s.mu.Lock()
-	p := s.parts[key]
-	if cur, ok := s.catalog[old.WorkerID]; ok && cur == old {
+func (c *workerCatalog) retire(old *catalog.Record) {
+	key := partitionOfRecord(old)
+	p := c.parts.Get(key)
+	c.mu.Lock()
+	if cur, ok := c.records[old.WorkerID]; ok && cur == old {
 		draining := old.Clone()
 		draining.Lifecycle = catalog.Draining
-		s.catalog[old.WorkerID] = draining
+		c.records[old.WorkerID] = draining
 	}
-	s.mu.Unlock()
+	c.mu.Unlock()
 	if p == nil {
 		return
 	}
-	s.unpublish(old)
-	for rank := range s.attachedRanks[old.WorkerID] {
-		s.detachRank(p, old.WorkerID, rank)
+	c.unpublish(old)
+	for rank := range c.attachedRanks[old.WorkerID] {
+		c.detachRank(p, old.WorkerID, rank)
 	}
-	delete(s.attachedRanks, old.WorkerID)
+	delete(c.attachedRanks, old.WorkerID)
 	// Approximate entries and side-index predictions go with the worker too.
-	p.ix.RemoveWorker(old.WorkerID)
+	p.Index().RemoveWorker(old.WorkerID)
+}
+
+// engineTargets lists the schedulable workers with an HTTP endpoint, in
+// worker-id order.
+func (c *workerCatalog) engineTargets() []EngineTarget {
+	c.mu.RLock()
+	out := make([]EngineTarget, 0, len(c.records))
+	for _, r := range c.records {
+		if r.Lifecycle != catalog.Schedulable {
+			continue
+		}
+		u, ok := r.MetricsURL()
+		if !ok {
+			continue
+		}
+		t := EngineTarget{WorkerID: r.WorkerID, URL: u, Engine: r.EngineName(), Ranks: r.Ranks()}
+		if h, ok := (&catalog.Record{Endpoint: r.Endpoint}).MetricsURL(); ok {
+			t.HealthURL = h[:len(h)-len("/metrics")] + "/health"
+		}
+		out = append(out, t)
+	}
+	c.mu.RUnlock()
+	slices.SortFunc(out, func(a, b EngineTarget) int { return cmp.Compare(a.WorkerID, b.WorkerID) })
+	return out
+}
+
+// partitionOfRecord is the partition a worker record belongs to.
+func partitionOfRecord(r *catalog.Record) index.Partition {
+	return index.Partition{Model: r.ModelName, RoutingGroup: r.RoutingGroup}
 }

@@ -73,7 +73,7 @@ func newCore(o *options, cfg selection.Config, reg prometheus.Registerer, log *s
 	reg.MustRegister(routingMetrics{svc: svc}) // kvselect_selection_*
 	flowMetrics.svc = svc
 	reg.MustRegister(flowMetrics) // kvselect_flow_*
-	if fc := svc.FlowConfig(); fc != nil {
+	if fc := svc.Inspect().FlowConfig(); fc != nil {
 		log.Info("flow control on: waiting requests ordered by priority band and tenant fairness", "fairness", fc.Fairness.String(),
 			"queue_ttl", fc.TTL.String(), "max_bytes", fc.MaxBytes, "max_band_bytes", fc.MaxBandBytes, "max_tenants", fc.MaxTenants)
 	}

@@ -85,7 +85,7 @@ type disaggMetrics struct{ svc *selection.Service }
 func (disaggMetrics) Describe(ch chan<- *prometheus.Desc) { ch <- descDisaggDecisions }
 
 func (m disaggMetrics) Collect(ch chan<- prometheus.Metric) {
-	st := m.svc.DisaggStats()
+	st := m.svc.Inspect().DisaggStats()
 	for _, reason := range scheduler.DisaggReasons {
 		decision := "local_prefill"
 		if scheduler.ReasonRemote(reason) {

@@ -16,7 +16,7 @@ import (
 )
 
 // engineFlags are the engine-metrics, saturation and health flags
-// (engines/metrics scrapes and probes; selection/engine.go and health.go
+// (engines/metrics scrapes and probes; selection/engine and selection/health
 // decide what the figures mean).
 type engineFlags struct {
 	interval, timeout, staleAfter time.Duration

@@ -374,7 +374,7 @@ func (t *tokenizeFlags) start(ctx context.Context, svc *selection.Service, reg p
 		return nil, nil
 	}
 	tk, err := tokenize.New(ctx, tokenize.Config{Mode: t.mode, Endpoints: t.endpoints, Timeout: t.timeout,
-		CacheTokens: cmp.Or(t.cacheTokens, -1), Logger: log}, svc)
+		CacheTokens: cmp.Or(t.cacheTokens, -1), Logger: log}, svc.Inspect())
 	if err != nil {
 		return nil, &UsageError{err}
 	}

@@ -157,7 +157,7 @@ func (m *flowMetrics) Collect(ch chan<- prometheus.Metric) {
 	if m.svc == nil {
 		return
 	}
-	for _, p := range m.svc.FlowState() {
+	for _, p := range m.svc.Inspect().FlowState() {
 		ch <- prometheus.MustNewConstMetric(descFlowQueuedBytes, prometheus.GaugeValue, float64(p.QueuedBytes), p.ModelName, p.RoutingGroup)
 		ch <- prometheus.MustNewConstMetric(descFlowEvicted, prometheus.CounterValue, float64(p.EvictedTenants), p.ModelName, p.RoutingGroup)
 		queued := map[[2]string]int{}

@@ -31,13 +31,13 @@ func (healthMetrics) Describe(ch chan<- *prometheus.Desc) {
 }
 
 func (m healthMetrics) Collect(ch chan<- prometheus.Metric) {
-	st := m.svc.HealthStats()
+	st := m.svc.Inspect().HealthStats()
 	ch <- prometheus.MustNewConstMetric(descEjections, prometheus.CounterValue, float64(st.Ejections))
 	ch <- prometheus.MustNewConstMetric(descRestorations, prometheus.CounterValue, float64(st.Restorations))
 	ch <- prometheus.MustNewConstMetric(descEjected, prometheus.GaugeValue, float64(st.Ejected))
 	ch <- prometheus.MustNewConstMetric(descOutcomes, prometheus.CounterValue, float64(st.Successes), "ok")
 	ch <- prometheus.MustNewConstMetric(descOutcomes, prometheus.CounterValue, float64(st.Failures), "failure")
-	fresh, stale := m.svc.EngineStats()
+	fresh, stale := m.svc.Inspect().EngineStats()
 	ch <- prometheus.MustNewConstMetric(descEngineViews, prometheus.GaugeValue, float64(fresh), "fresh")
 	ch <- prometheus.MustNewConstMetric(descEngineViews, prometheus.GaugeValue, float64(stale), "stale")
 }

@@ -36,7 +36,7 @@ func startMesh(ctx context.Context, o *options, svc *selection.Service, affinity
 	}
 	// Not stopped by the signal: frees made while in-flight requests drain
 	// still reach the peers; close ends the mesh after that.
-	m, err := mesh.Start(context.WithoutCancel(ctx), svc, mesh.Options{
+	m, err := mesh.Start(context.WithoutCancel(ctx), svc.Replica(), mesh.Options{
 		Bind:         "tcp://*:" + strconv.FormatUint(o.replicaSyncPort, 10),
 		Peers:        o.replicaSyncPeers,
 		Affinity:     affinity,

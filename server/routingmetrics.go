@@ -49,7 +49,7 @@ func (m routingMetrics) Collect(ch chan<- prometheus.Metric) {
 	for k, n := range workers {
 		ch <- prometheus.MustNewConstMetric(descWorkers, prometheus.GaugeValue, float64(n), k.model, k.group, k.lifecycle)
 	}
-	for _, p := range m.svc.RoutingStats() {
+	for _, p := range m.svc.Inspect().RoutingStats() {
 		ch <- prometheus.MustNewConstMetric(descDecisions, prometheus.CounterValue, float64(p.Decisions), p.Model, p.RoutingGroup)
 		ch <- prometheus.MustNewConstMetric(descPromptTokens, prometheus.CounterValue, float64(p.PromptTokens), p.Model, p.RoutingGroup)
 		ch <- prometheus.MustNewConstMetric(descCachedTokens, prometheus.CounterValue, float64(p.CachedTokens), p.Model, p.RoutingGroup)

@@ -67,7 +67,7 @@ func run(ctx context.Context, args []string, set *settings) error {
 	defer closeMesh()
 	if len(o.indexerPeers) > 0 {
 		// Recovery runs once the server answers /health; /ready waits for it.
-		svc.SetIndexRecovery(selection.RecoveryPending)
+		svc.Replica().SetIndexRecovery(selection.RecoveryPending)
 	}
 	objectives, watched, err := loadObjectives(o, conf.file, log)
 	if err != nil {

@@ -25,7 +25,7 @@ const maintainEvery = 5 * time.Second
 // when that is shorter (but at least 50 ms): Maintain is what takes a
 // request past its TTL out of the queue, so this bounds how late that is.
 func upkeepInterval(svc *selection.Service) time.Duration {
-	if fc := svc.FlowConfig(); fc != nil {
+	if fc := svc.Inspect().FlowConfig(); fc != nil {
 		return min(maintainEvery, max(fc.TTL/10, 50*time.Millisecond))
 	}
 	return maintainEvery
@@ -62,7 +62,7 @@ func startUpkeep(ctx context.Context, o *options, svc *selection.Service, startD
 	wg.Go(o.engines.startEngines(upkeep, svc, reg, log))
 	if len(o.indexerPeers) > 0 {
 		wg.Go(func() {
-			recovery.Run(upkeep, svc, recovery.Options{Peers: o.indexerPeers, Logger: log, TokenFile: o.indexerPeersToken})
+			recovery.Run(upkeep, svc.Replica(), recovery.Options{Peers: o.indexerPeers, Logger: log, TokenFile: o.indexerPeersToken})
 		})
 	}
 	if r != nil {

@@ -425,7 +425,7 @@ func (w *world) token(ctx context.Context, r *request) error {
 
 func (w *world) result() (Result, error) {
 	res := w.res
-	for _, ml := range w.svc.Loads(nil, nil) {
+	for _, ml := range w.svc.Inspect().Loads(nil, nil) {
 		for _, l := range ml.Loads {
 			if l.ActiveRequests != 0 || l.PotentialPrefillTokens != 0 || l.PotentialDecodeBlocks != 0 {
 				return res, fmt.Errorf("pdsim: load left on worker %d (%s) after the run: %+v", l.WorkerID, ml.RoutingGroup, l)

@@ -67,7 +67,7 @@ func waitUnbooked(t *testing.T, svc *selection.Service) {
 	t.Helper()
 	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
 		left := uint64(0)
-		for _, m := range svc.Loads(nil, nil) {
+		for _, m := range svc.Inspect().Loads(nil, nil) {
 			for _, l := range m.Loads {
 				left += l.ActiveRequests
 			}
@@ -96,7 +96,7 @@ func TestDoThroughPickerToWorker(t *testing.T) {
 	if res.Status != http.StatusOK || len(res.Events) != 5 || res.TTFT != res.Events[0] || res.TTFT < res.Pick || len(res.ITLs()) != 4 {
 		t.Fatalf("result = %+v", res)
 	}
-	for _, l := range svc.Loads(nil, nil)[0].Loads {
+	for _, l := range svc.Inspect().Loads(nil, nil)[0].Loads {
 		if l.ActiveRequests != 0 {
 			t.Fatalf("booking left after the relayed response: %+v", l)
 		}

@@ -120,12 +120,12 @@ func newNode(ctx context.Context, cfg Config, seed uint64, dump index.Dump) (*no
 			return nil, err
 		}
 	}
-	for _, r := range svc.Restore(dump) {
+	for _, r := range svc.Replica().Restore(dump) {
 		if r.Err != nil || r.Failed > 0 {
 			return nil, fmt.Errorf("seed the hot prefix: %+v", r)
 		}
 	}
-	m, err := mesh.Start(ctx, svc, mesh.Options{Bind: "tcp://127.0.0.1:0", Logger: quiet, ReconnectMax: 200 * time.Millisecond})
+	m, err := mesh.Start(ctx, svc.Replica(), mesh.Options{Bind: "tcp://127.0.0.1:0", Logger: quiet, ReconnectMax: 200 * time.Millisecond})
 	if err != nil {
 		return nil, err
 	}
@@ -258,7 +258,7 @@ loop:
 				continue
 			}
 			reqs, load := make([]float64, cfg.Workers), make([]float64, cfg.Workers)
-			for _, l := range truth.svc.Loads(nil, nil)[0].Loads {
+			for _, l := range truth.svc.Inspect().Loads(nil, nil)[0].Loads {
 				i := int(l.WorkerID) - 1
 				reqs[i] = float64(l.ActiveRequests)
 				load[i] = float64(l.PotentialPrefillTokens)/float64(cfg.BlockSize) + float64(l.PotentialDecodeBlocks)
@@ -360,7 +360,7 @@ func carries(ctx context.Context, from, to *node) error {
 }
 
 func busy(n *node) bool {
-	for _, l := range n.svc.Loads(nil, nil)[0].Loads {
+	for _, l := range n.svc.Inspect().Loads(nil, nil)[0].Loads {
 		if l.ActiveRequests > 0 {
 			return true
 		}

@@ -384,7 +384,7 @@ func seedIndex(svc *selection.Service, prompts [][]uint32, workers int) (int, er
 		events = append(events, index.RouterEvent{WorkerID: uint64(i % workers), StorageTier: "device",
 			Event: index.KvCacheEvent{EventID: uint64(i), Data: index.EventData{Stored: &index.StoredData{Blocks: blocks}}}})
 	}
-	for _, r := range svc.Restore(index.Dump{index.PartitionKey(model, "default"): {BlockSize: blockSize, Events: events}}) {
+	for _, r := range svc.Replica().Restore(index.Dump{index.PartitionKey(model, "default"): {BlockSize: blockSize, Events: events}}) {
 		if r.Err != nil {
 			return 0, fmt.Errorf("seed the index: %+v", r)
 		}

@@ -181,7 +181,7 @@ func (p *Service) Done(ctx context.Context, r *Request)       { _ = p.svc.Free(c
 
 // Loads exposes the service's active-load view (for tests: everything freed
 // at the end of a run).
-func (p *Service) Loads() []selection.ModelLoad { return p.svc.Loads(nil, nil) }
+func (p *Service) Loads() []selection.ModelLoad { return p.svc.Inspect().Loads(nil, nil) }
 
 // eventSink is the in-process Listeners adapter: it remembers which index
 // each rank feeds.

@@ -168,7 +168,7 @@ func checkRBAC(t *testing.T, cfg *rest.Config, admin client.Client, scheme *runt
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("discovery as %s never synced: workers %+v, conditions %+v, objectives %v", sa, ws, svc.Conditions(), objectives.All())
+			t.Fatalf("discovery as %s never synced: workers %+v, conditions %+v, objectives %v", sa, ws, svc.Ready().Conditions, objectives.All())
 		}
 		time.Sleep(50 * time.Millisecond)
 	}

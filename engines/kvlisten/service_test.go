@@ -42,7 +42,7 @@ func TestServiceIndexesRegisteredWorkerEvents(t *testing.T) {
 	query := &selection.PromptQuery{PartitionKey: selection.PartitionKey{ModelName: "m"}, PromptRequest: selection.PromptRequest{
 		BlockHashes: i64(c.locals), SequenceHashes: i64(kvhash.SequenceHashes(c.locals)), ISLTokens: &isl}}
 	deviceBlocks := func() uint32 {
-		resp, err := svc.OverlapScores(ctx, query)
+		resp, err := svc.Inspect().OverlapScores(ctx, query)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -3,7 +3,7 @@
 // TensorRT-LLM names, per data-parallel rank where the engine labels ranks)
 // and hands the figures to the selection core, and optionally probes each
 // worker's /health for the core's health checks. The core decides what the
-// figures mean (selection/engine.go, selection/health.go); this package only
+// figures mean (selection/engine, selection/health); this package only
 // fetches, parses and refuses what it cannot trust.
 package metrics
 

@@ -214,10 +214,10 @@ func TestProberEjectsAndRestores(t *testing.T) {
 			time.Sleep(2 * time.Millisecond)
 		}
 	}
-	waitFor("ejection", func() bool { return svc.HealthStats().Ejections >= 1 })
+	waitFor("ejection", func() bool { return svc.Inspect().HealthStats().Ejections >= 1 })
 	<-healthy
 	healthy <- true
-	waitFor("restoration", func() bool { return svc.HealthStats().Restorations == 1 })
+	waitFor("restoration", func() bool { return svc.Inspect().HealthStats().Restorations == 1 })
 	if m.Count("probes", "failure") < 5 || m.Count("probes", "ok") < 1 {
 		t.Fatalf("probes: %d failures, %d ok", m.Count("probes", "failure"), m.Count("probes", "ok"))
 	}

@@ -140,7 +140,8 @@ type Config struct {
 }
 
 // Pool is what ModePool reads of the selection service: the schedulable
-// ranks of a partition and their active load. *selection.Service has both.
+// ranks of a partition and their active load. (*selection.Service).Inspect()
+// has both.
 type Pool interface {
 	Endpoints(key selection.PartitionKey) []selection.RankEndpoint
 	Loads(model, group *string) []selection.ModelLoad

@@ -284,7 +284,7 @@ func TestBadEnginesFallBackCountedByReason(t *testing.T) {
 			srv := httptest.NewServer(tc.handler)
 			t.Cleanup(srv.Close)
 			tk := newTokenizer(t, tokenize.Config{Mode: tokenize.ModePool, Timeout: 50 * time.Millisecond,
-				MaxTokens: 100, MaxResponseBytes: 2048}, newService(t, "m", srv.URL))
+				MaxTokens: 100, MaxResponseBytes: 2048}, newService(t, "m", srv.URL).Inspect())
 			ids, err := tk.Tokenize(context.Background(), &selection.TokenizeRequest{
 				PartitionKey: selection.PartitionKey{ModelName: "m"}, Prompt: "some text"})
 			fe, ok := errors.AsType[*tokenize.FallbackError](err)
@@ -297,7 +297,7 @@ func TestBadEnginesFallBackCountedByReason(t *testing.T) {
 		})
 	}
 	t.Run("no worker", func(t *testing.T) {
-		tk := newTokenizer(t, tokenize.Config{Mode: tokenize.ModePool}, newService(t, "m"))
+		tk := newTokenizer(t, tokenize.Config{Mode: tokenize.ModePool}, newService(t, "m").Inspect())
 		_, err := tk.Tokenize(context.Background(), &selection.TokenizeRequest{PartitionKey: selection.PartitionKey{ModelName: "m"}, Prompt: "x"})
 		if fe, ok := errors.AsType[*tokenize.FallbackError](err); !ok || fe.Reason != tokenize.ReasonNoWorker {
 			t.Fatalf("got %v", err)
@@ -307,7 +307,7 @@ func TestBadEnginesFallBackCountedByReason(t *testing.T) {
 		srv := httptest.NewServer(http.NotFoundHandler())
 		url := srv.URL
 		srv.Close()
-		tk := newTokenizer(t, tokenize.Config{Mode: tokenize.ModePool, Timeout: time.Second}, newService(t, "m", url))
+		tk := newTokenizer(t, tokenize.Config{Mode: tokenize.ModePool, Timeout: time.Second}, newService(t, "m", url).Inspect())
 		_, err := tk.Tokenize(context.Background(), &selection.TokenizeRequest{PartitionKey: selection.PartitionKey{ModelName: "m"}, Prompt: "x"})
 		if fe, ok := errors.AsType[*tokenize.FallbackError](err); !ok || fe.Reason != tokenize.ReasonUnavailable {
 			t.Fatalf("got %v", err)
@@ -335,7 +335,7 @@ func TestLateAnswerFillsTheCache(t *testing.T) {
 	// The late call may take long on a loaded machine; it must not give up
 	// before the test releases it (that would make a second engine call).
 	tk := newTokenizer(t, tokenize.Config{Mode: tokenize.ModePool, Timeout: 10 * time.Millisecond, BackgroundTimeout: time.Minute},
-		newService(t, "m", srv.URL))
+		newService(t, "m", srv.URL).Inspect())
 	req := &selection.TokenizeRequest{PartitionKey: selection.PartitionKey{ModelName: "m"}, Prompt: "late"}
 	if _, err := tk.Tokenize(context.Background(), req); err == nil {
 		t.Fatal("answered within a budget the engine cannot meet")
@@ -375,7 +375,7 @@ func TestPoolAsksTheLeastLoadedWorker(t *testing.T) {
 		SelectionID: ptr("busy"), WorkerID: ptr(uint64(1)), PromptRequest: selection.PromptRequest{TokenIDs: make([]uint32, 64)}}); err != nil {
 		t.Fatal(err)
 	}
-	tk := newTokenizer(t, tokenize.Config{Mode: tokenize.ModePool, CacheTokens: -1, Timeout: time.Second}, svc)
+	tk := newTokenizer(t, tokenize.Config{Mode: tokenize.ModePool, CacheTokens: -1, Timeout: time.Second}, svc.Inspect())
 	for i := range 6 {
 		if _, err := tk.Tokenize(context.Background(), &selection.TokenizeRequest{PartitionKey: selection.PartitionKey{ModelName: "m"},
 			Prompt: fmt.Sprint("p", i)}); err != nil {

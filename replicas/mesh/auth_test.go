@@ -421,7 +421,7 @@ func TestStartRejectsShortKeys(t *testing.T) {
 		{Key: testKey("k"), Keys: [][]byte{[]byte("short")}},
 	} {
 		o.Bind = "tcp://127.0.0.1:0"
-		if m, err := Start(bg, a.svc, o); err == nil || !strings.Contains(err.Error(), "replica sync key") {
+		if m, err := Start(bg, a.svc.Replica(), o); err == nil || !strings.Contains(err.Error(), "replica sync key") {
 			if m != nil {
 				_ = m.Close()
 			}

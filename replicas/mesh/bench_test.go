@@ -64,7 +64,7 @@ func BenchmarkMeshAddFree(b *testing.B) {
 		if _, err := svc.UpsertWorker(bg, catalog.Record{WorkerID: 1, ModelName: "model", Endpoint: &ep, BlockSize: &bs}); err != nil {
 			b.Fatal(err)
 		}
-		m, err := Start(bg, svc, Options{Bind: "tcp://127.0.0.1:0", Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+		m, err := Start(bg, svc.Replica(), Options{Bind: "tcp://127.0.0.1:0", Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 		if err != nil {
 			b.Fatal(err)
 		}

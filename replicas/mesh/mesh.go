@@ -64,8 +64,8 @@ const (
 	DefaultResolveEvery = 10 * time.Second
 )
 
-// Replica is what the mesh needs of the local service; *selection.Service is
-// one.
+// Replica is what the mesh needs of the local service;
+// (*selection.Service).Replica() is one.
 type Replica interface {
 	ReplicaID() uint64
 	ObserveReplicas(selection.ReplicaObserver)

@@ -80,7 +80,7 @@ func newReplicaWith(t *testing.T, name string, seed uint64, clk *clock, workers 
 	if opt != nil {
 		opt(&o)
 	}
-	m, err := Start(bg, svc, o)
+	m, err := Start(bg, svc.Replica(), o)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -116,7 +116,7 @@ func eventually(t *testing.T, what string, cond func() bool) {
 // load sums a replica's load over all workers of the partition.
 func load(r *replica) selection.PotentialLoad {
 	var sum selection.PotentialLoad
-	for _, ml := range r.svc.Loads(nil, nil) {
+	for _, ml := range r.svc.Inspect().Loads(nil, nil) {
 		for _, l := range ml.Loads {
 			sum.ActiveRequests += l.ActiveRequests
 			sum.PotentialPrefillTokens += l.PotentialPrefillTokens
@@ -349,15 +349,15 @@ func TestStartRejectsBadPeerAndFreesPort(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := Start(bg, svc, Options{Bind: "tcp://" + addr, Peers: []string{"not-an-endpoint"}}); err == nil {
+	if _, err := Start(bg, svc.Replica(), Options{Bind: "tcp://" + addr, Peers: []string{"not-an-endpoint"}}); err == nil {
 		t.Fatal("bad peer accepted")
 	}
-	m, err := Start(bg, svc, Options{Bind: "tcp://" + addr, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	m, err := Start(bg, svc.Replica(), Options{Bind: "tcp://" + addr, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
 		t.Fatalf("port not free after a failed start: %v", err)
 	}
 	_ = m.Close()
-	if _, err := Start(bg, svc, Options{Bind: "tcp://*:0x"}); err == nil {
+	if _, err := Start(bg, svc.Replica(), Options{Bind: "tcp://*:0x"}); err == nil {
 		t.Fatal("bad bind accepted")
 	}
 }
@@ -406,7 +406,7 @@ func TestResolvePeersExpandsNamesAndSkipsSelf(t *testing.T) {
 	if _, err := svc.UpsertWorker(bg, catalog.Record{WorkerID: 1, ModelName: "model", Endpoint: &ep, BlockSize: &bs}); err != nil {
 		t.Fatal(err)
 	}
-	m, err := Start(bg, svc, Options{Bind: "tcp://127.0.0.1:0", ResolvePeers: true, ResolveEvery: 50 * time.Millisecond,
+	m, err := Start(bg, svc.Replica(), Options{Bind: "tcp://127.0.0.1:0", ResolvePeers: true, ResolveEvery: 50 * time.Millisecond,
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
 		t.Fatal(err)

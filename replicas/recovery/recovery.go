@@ -46,7 +46,7 @@ const (
 	DefaultMaxBytes = 2 << 30
 )
 
-// Target is what recovery feeds; *selection.Service is one.
+// Target is what recovery feeds; (*selection.Service).Replica() is one.
 type Target interface {
 	Restore(index.Dump) []index.RestoreResult
 	SetIndexRecovery(selection.IndexRecovery)

@@ -71,7 +71,7 @@ func peerWithIndex(t *testing.T) (*selection.Service, string) {
 
 func dumpJSON(t *testing.T, s *selection.Service) string {
 	t.Helper()
-	b, err := json.Marshal(s.Dump())
+	b, err := json.Marshal(s.Inspect().Dump())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -111,7 +111,7 @@ func TestRecoversFromFirstUsablePeer(t *testing.T) {
 		}),
 	}
 	b := newService(t, 2, 3)
-	res := Run(bg, b, Options{Peers: append(bad, good+"/"), Delay: -1, Logger: quiet})
+	res := Run(bg, b.Replica(), Options{Peers: append(bad, good+"/"), Delay: -1, Logger: quiet})
 	if res.State != selection.RecoveryRecovered || res.Peer != good+"/" || len(res.Failed) != len(bad) {
 		t.Fatalf("result %+v", res)
 	}
@@ -154,9 +154,11 @@ func TestReadinessWaitsThenStartsEmpty(t *testing.T) {
 	})
 	b := newService(t, 2, 1)
 	done := make(chan Result, 1)
-	go func() { done <- Run(bg, b, Options{Peers: []string{slow, refusedURL(t)}, Delay: -1, Logger: quiet}) }()
+	go func() {
+		done <- Run(bg, b.Replica(), Options{Peers: []string{slow, refusedURL(t)}, Delay: -1, Logger: quiet})
+	}()
 	end := time.Now().Add(10 * time.Second)
-	for b.IndexRecoveryState() != selection.RecoveryPending {
+	for b.Ready().IndexRecovery != selection.RecoveryPending.String() {
 		if time.Now().After(end) {
 			t.Fatal("recovery never pending")
 		}
@@ -173,7 +175,7 @@ func TestReadinessWaitsThenStartsEmpty(t *testing.T) {
 	if st := b.Ready(); !st.Ready || st.IndexRecovery != "failed" {
 		t.Fatalf("ready after failed recovery: %+v", st)
 	}
-	if d := b.Dump(); len(d["model:g:1"].Events) != 0 {
+	if d := b.Inspect().Dump(); len(d["model:g:1"].Events) != 0 {
 		t.Fatalf("index not empty: %+v", d)
 	}
 }
@@ -181,22 +183,22 @@ func TestReadinessWaitsThenStartsEmpty(t *testing.T) {
 func TestLimitsAndCancellation(t *testing.T) {
 	_, good := peerWithIndex(t)
 	b := newService(t, 2, 1)
-	res := Run(bg, b, Options{Peers: []string{good}, Delay: -1, MaxBytes: 64, Logger: quiet})
+	res := Run(bg, b.Replica(), Options{Peers: []string{good}, Delay: -1, MaxBytes: 64, Logger: quiet})
 	if res.State != selection.RecoveryFailed || len(res.Failed) != 1 || !errors.Is(res.Failed[0].Err, ErrIncompatible) {
 		t.Fatalf("oversized dump: %+v", res)
 	}
 	hang := serve(t, func(w http.ResponseWriter, r *http.Request) { <-r.Context().Done() })
-	res = Run(bg, b, Options{Peers: []string{hang}, Delay: -1, Timeout: 50 * time.Millisecond, Logger: quiet})
+	res = Run(bg, b.Replica(), Options{Peers: []string{hang}, Delay: -1, Timeout: 50 * time.Millisecond, Logger: quiet})
 	if res.State != selection.RecoveryFailed || !errors.Is(res.Failed[0].Err, context.DeadlineExceeded) {
 		t.Fatalf("timeout: %+v", res)
 	}
 	ctx, cancel := context.WithCancel(bg)
 	cancel()
-	res = Run(ctx, b, Options{Peers: []string{good}, Logger: quiet})
-	if res.State != selection.RecoveryFailed || b.IndexRecoveryState() != selection.RecoveryFailed {
+	res = Run(ctx, b.Replica(), Options{Peers: []string{good}, Logger: quiet})
+	if res.State != selection.RecoveryFailed || b.Ready().IndexRecovery != selection.RecoveryFailed.String() {
 		t.Fatalf("cancelled: %+v", res)
 	}
-	if res := Run(bg, b, Options{}); !reflect.DeepEqual(res, Result{}) {
+	if res := Run(bg, b.Replica(), Options{}); !reflect.DeepEqual(res, Result{}) {
 		t.Fatalf("no peers: %+v", res)
 	}
 }
@@ -242,7 +244,7 @@ func TestTokenFileIsSentAndReReadEachFetch(t *testing.T) {
 		t.Fatal(err)
 	}
 	b := newService(t, 2, 3)
-	if res := Run(bg, b, Options{Peers: []string{peer}, Delay: -1, TokenFile: path, Logger: quiet}); res.State != selection.RecoveryRecovered {
+	if res := Run(bg, b.Replica(), Options{Peers: []string{peer}, Delay: -1, TokenFile: path, Logger: quiet}); res.State != selection.RecoveryRecovered {
 		t.Fatalf("result %+v", res)
 	}
 	if got, want := dumpJSON(t, b), dumpJSON(t, a); got != want {
@@ -254,7 +256,7 @@ func TestTokenFileIsSentAndReReadEachFetch(t *testing.T) {
 		t.Fatal(err)
 	}
 	c := newService(t, 3, 3)
-	if res := Run(bg, c, Options{Peers: []string{peer}, Delay: -1, TokenFile: path, Logger: quiet}); res.State != selection.RecoveryRecovered {
+	if res := Run(bg, c.Replica(), Options{Peers: []string{peer}, Delay: -1, TokenFile: path, Logger: quiet}); res.State != selection.RecoveryRecovered {
 		t.Fatalf("after rotation: %+v", res)
 	}
 	if want := []string{"Bearer first-token", "Bearer second.token-_~+/=="}; !reflect.DeepEqual(seen(), want) {
@@ -262,7 +264,7 @@ func TestTokenFileIsSentAndReReadEachFetch(t *testing.T) {
 	}
 	// Without a token file no Authorization header is sent.
 	d := newService(t, 4, 3)
-	if res := Run(bg, d, Options{Peers: []string{peer}, Delay: -1, Logger: quiet}); res.State != selection.RecoveryFailed {
+	if res := Run(bg, d.Replica(), Options{Peers: []string{peer}, Delay: -1, Logger: quiet}); res.State != selection.RecoveryFailed {
 		t.Fatalf("without a token: %+v", res)
 	}
 	if got := seen(); len(got) != 3 || got[2] != "" {
@@ -298,7 +300,7 @@ func TestTokenFileErrorsAndRefusals(t *testing.T) {
 			var logs bytes.Buffer
 			log := slog.New(slog.NewTextHandler(&logs, nil))
 			b := newService(t, 2, 3)
-			res := Run(bg, b, Options{Peers: []string{counting, counting}, Delay: -1, TokenFile: tc.path, Logger: log})
+			res := Run(bg, b.Replica(), Options{Peers: []string{counting, counting}, Delay: -1, TokenFile: tc.path, Logger: log})
 			if res.State != selection.RecoveryFailed || len(res.Failed) != 2 {
 				t.Fatalf("result %+v", res)
 			}
@@ -324,7 +326,7 @@ func TestTokenFileErrorsAndRefusals(t *testing.T) {
 	for _, tokenFile := range []string{token, ""} {
 		var logs bytes.Buffer
 		b := newService(t, 2, 3)
-		res := Run(bg, b, Options{Peers: append(slices.Clone(refusing), good), Delay: -1, TokenFile: tokenFile,
+		res := Run(bg, b.Replica(), Options{Peers: append(slices.Clone(refusing), good), Delay: -1, TokenFile: tokenFile,
 			Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 		if res.State != selection.RecoveryRecovered || res.Peer != good || len(res.Failed) != 2 {
 			t.Fatalf("result %+v", res)

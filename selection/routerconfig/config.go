@@ -213,15 +213,26 @@ func (c Config) LoadAware() Config {
 // and selection/kvhash checks the key when it builds the tracker.
 func (c Config) Validate() error {
 	var errs []error
-	add := func(err error) { errs = append(errs, err) }
+	errs = append(errs, c.validateWeights()...)
+	errs = append(errs, c.validateCounts()...)
+	errs = append(errs, c.validateChoices()...)
+	errs = append(errs, c.validateCombinations()...)
+	errs = append(errs, c.validateTracking()...)
+	return errors.Join(errs...)
+}
+
+// validateWeights checks the weights, fractions and thresholds
+// (config.rs KvRouterConfig::validate).
+func (c Config) validateWeights() []error {
+	var errs []error
 	nonNeg := func(name string, v float64) {
 		if r := checkNonNegative(v); r != "" {
-			add(floatError(name, v, r))
+			errs = append(errs, floatError(name, v, r))
 		}
 	}
 	unit := func(name string, v float64) {
 		if r := checkUnit(v); r != "" {
-			add(floatError(name, v, r))
+			errs = append(errs, floatError(name, v, r))
 		}
 	}
 	optNonNeg := func(name string, o Optional[float64]) {
@@ -229,8 +240,6 @@ func (c Config) Validate() error {
 			nonNeg(name, v)
 		}
 	}
-
-	// Values (config.rs KvRouterConfig::validate).
 	nonNeg("overlap_score_credit", c.OverlapScoreCredit)
 	nonNeg("overlap_score_credit_decay", c.OverlapScoreCreditDecay)
 	nonNeg("prefill_load_scale", c.PrefillLoadScale)
@@ -247,6 +256,14 @@ func (c Config) Validate() error {
 		unit("active_decode_blocks_threshold", v)
 	}
 	optNonNeg("active_prefill_tokens_threshold_frac", c.ActivePrefillTokensThresholdFrac)
+	return errs
+}
+
+// validateCounts checks the token counts, thread and worker counts and
+// durations.
+func (c Config) validateCounts() []error {
+	var errs []error
+	add := func(err error) { errs = append(errs, err) }
 	if v, ok := c.ActivePrefillTokensThreshold.Get(); ok && v < 0 {
 		add(&Error{Name: "active_prefill_tokens_threshold", Value: fmt.Sprint(v), Reason: "must be >= 0"})
 	}
@@ -274,6 +291,12 @@ func (c Config) Validate() error {
 	if d, ok := c.SessionAffinityTTL.Get(); ok && (d < time.Second || d > MaxSessionAffinityTTL) {
 		add(secondsError("session_affinity_ttl_secs", d, "must be between 1 and 31536000 seconds"))
 	}
+	return errs
+}
+
+// validateChoices checks that every enumerated setting names a known value.
+func (c Config) validateChoices() []error {
+	var errs []error
 	for _, e := range []struct {
 		name, value string
 		ok          bool
@@ -288,11 +311,17 @@ func (c Config) Validate() error {
 		{"session_affinity_mode", string(c.SessionAffinityMode), c.SessionAffinityMode == AffinityHard || c.SessionAffinityMode == AffinitySoft, "hard or soft"},
 	} {
 		if !e.ok {
-			add(stringError(e.name, e.value, "want "+e.want))
+			errs = append(errs, stringError(e.name, e.value, "want "+e.want))
 		}
 	}
+	return errs
+}
 
-	// Cross-field rules (config.rs validate_kv_router_config).
+// validateCombinations checks the cross-field rules (config.rs
+// validate_kv_router_config).
+func (c Config) validateCombinations() []error {
+	var errs []error
+	add := func(err error) { errs = append(errs, err) }
 	if c.TrackOutputBlocks && !c.TrackActiveBlocks {
 		add(boolError("router_track_output_blocks", true, "requires router_track_active_blocks=true"))
 	}
@@ -309,8 +338,7 @@ func (c Config) Validate() error {
 		!c.ConditionalDisaggPrefillBusyThreshold.IsSet() && !c.QueueThreshold.IsSet() {
 		add(stringError("conditional_disagg_policy", string(c.ConditionalDisaggPolicy), "needs conditional_disagg_prefill_busy_threshold or router_queue_threshold"))
 	}
-	errs = append(errs, c.validateTracking()...)
-	return errors.Join(errs...)
+	return errs
 }
 
 // validateTracking mirrors Dynamo's validate_tracking_hash_options and

@@ -90,31 +90,56 @@ func affinityEligible(req *Request, cands []Candidate) bool {
 // ErrAllFiltered; *CostError (ErrNonFiniteCost); *PickerRowError
 // (ErrInvalidPickerRow); and whatever the scorer or picker return.
 func (p Policy) Select(rnd *rand.Rand, req *Request, cands []Candidate, s *Scratch) (Scored, error) {
-	if req.ISL <= 0 {
-		// Dynamo asserts isl > 0 here; the HTTP layer rejects it with this text.
-		return Scored{}, fmt.Errorf("%w: isl_tokens must be greater than 0", ErrInvalidRequest)
-	}
-	if req.BlockSize == 0 {
-		return Scored{}, fmt.Errorf("%w: block size must be greater than 0", ErrInvalidRequest)
-	}
-	if rnd == nil {
-		return Scored{}, fmt.Errorf("%w: nil random source", ErrInvalidRequest)
+	if err := checkRequest(rnd, req); err != nil {
+		return Scored{}, err
 	}
 	if s == nil {
 		s = new(Scratch)
 	}
+	s.start(rnd, req, len(cands))
+	if req.Pinned != nil {
+		return p.selectPinned(req, cands, s)
+	}
+	if err := p.collect(req, cands, s); err != nil {
+		return Scored{}, err
+	}
+	sortByWorker(s.scored)
+	return p.rank(rnd, req, s)
+}
+
+// checkRequest refuses what Select cannot rank with.
+func checkRequest(rnd *rand.Rand, req *Request) error {
+	if req.ISL <= 0 {
+		// Dynamo asserts isl > 0 here; the HTTP layer rejects it with this text.
+		return fmt.Errorf("%w: isl_tokens must be greater than 0", ErrInvalidRequest)
+	}
+	if req.BlockSize == 0 {
+		return fmt.Errorf("%w: block size must be greater than 0", ErrInvalidRequest)
+	}
+	if rnd == nil {
+		return fmt.Errorf("%w: nil random source", ErrInvalidRequest)
+	}
+	return nil
+}
+
+// start readies s for one selection of req among n candidates.
+func (s *Scratch) start(rnd *rand.Rand, req *Request, n int) {
 	s.ctx = Context{Request: req, RequestBlocks: RequestBlocks(req.ISL, req.BlockSize), Rand: rnd}
 	if s.hasLast {
 		s.ctx.Last = &s.last
 	}
-	if cap(s.scored) < len(cands) {
-		s.scored = make([]Scored, 0, len(cands)) // grow once, not by doubling
+	if cap(s.scored) < n {
+		s.scored = make([]Scored, 0, n) // grow once, not by doubling
 	}
 	s.scored = s.scored[:0]
-	if req.Pinned != nil {
-		return p.selectPinned(req, cands, s)
-	}
+}
 
+// collect puts the candidates to rank into s.scored: the host-eligible ones
+// (only the affinity target's, when it is eligible and affinity is
+// exclusive) that are not overloaded and that the policy's filters keep;
+// saturated ones only when no rank has room and req serves saturated ranks.
+// With none left it says why.
+func (p Policy) collect(req *Request, cands []Candidate, s *Scratch) error {
 	affinity := p.ExclusiveAffinity && req.AffinityTarget != nil && affinityEligible(req, cands)
 	inScope := func(c *Candidate) bool {
 		return Eligible(req, c) && (!affinity || matchesTarget(req.AffinityTarget, c))
@@ -155,14 +180,17 @@ func (p Policy) Select(rnd *rand.Rand, req *Request, cands []Candidate, s *Scrat
 	if len(s.scored) == 0 {
 		switch {
 		case filtered:
-			return Scored{}, ErrAllFiltered
+			return ErrAllFiltered
 		case eligible:
-			return Scored{}, ErrAllOverloaded
+			return ErrAllOverloaded
 		}
-		return Scored{}, ErrNoEndpoints
+		return ErrNoEndpoints
 	}
-	sortByWorker(s.scored)
+	return nil
+}
 
+// rank scores the collected rows and lets the picker choose one.
+func (p Policy) rank(rnd *rand.Rand, req *Request, s *Scratch) (Scored, error) {
 	if w := &req.Weights; w.TrackPrefillTokens && w.OverlapScoreCreditDecay > 0 {
 		floor := math.MaxInt
 		for i := range s.scored {

@@ -7,25 +7,6 @@ import (
 	"github.com/kvselect/kvselect/selection/index"
 )
 
-func TestTextBlockHashesCutFixedCharacterBlocks(t *testing.T) {
-	text := strings.Repeat("abcdefghijklmnop", 3) + "xyz" // 51 bytes, block size 4 → 16-byte blocks
-	locals, isl := TextBlockHashes(text, 4, "", "")
-	if len(locals) != 3 || isl != 13 {
-		t.Fatalf("got %d blocks, isl %d; want 3 blocks (tail not hashed), isl ceil(51/4)=13", len(locals), isl)
-	}
-	if locals[0] != locals[1] || locals[1] != locals[2] {
-		t.Fatal("equal blocks must hash equal (the chain, not the block hash, carries position)")
-	}
-	salted, _ := TextBlockHashes(text, 4, "", "tenant-a")
-	lora, _ := TextBlockHashes(text, 4, "adapter", "")
-	if salted[0] == locals[0] || lora[0] == locals[0] || salted[0] == lora[0] {
-		t.Fatal("cache salt and LoRA name must change the text hashes")
-	}
-	if _, isl := TextBlockHashes("a", 4, "", ""); isl != 1 {
-		t.Fatalf("a one-byte prompt is one token, got %d", isl)
-	}
-}
-
 // Text prompts learn from routing into their own index: the second request
 // with the same prefix goes where the first went, and the token index never
 // sees the text hashes (Dump stays empty even in approximate mode).
@@ -56,7 +37,7 @@ func TestTextPromptLearnsFromRoutingInItsOwnIndex(t *testing.T) {
 			t.Fatalf("request %d went to worker %d (gpu overlap %d), want worker %d with overlap", i, r.WorkerID, r.Overlap.GPU, first.WorkerID)
 		}
 	}
-	if d := s.Dump(); len(d[index.PartitionKey("model", "default")].Events) != 0 {
+	if d := s.Inspect().Dump(); len(d[index.PartitionKey("model", "default")].Events) != 0 {
 		t.Fatalf("text hashes leaked into the token index: %+v", d)
 	}
 }
@@ -114,7 +95,7 @@ func TestRebookMovesTheLoadToTheServingRank(t *testing.T) {
 		t.Fatal(err)
 	}
 	before := loadsByWorker(s)
-	if _, err := s.Rebook(bg, "m", WorkerRank{WorkerID: other}); err != nil {
+	if _, err := s.rebook(bg, "m", WorkerRank{WorkerID: other}); err != nil {
 		t.Fatal(err)
 	}
 	after := loadsByWorker(s)
@@ -123,7 +104,7 @@ func TestRebookMovesTheLoadToTheServingRank(t *testing.T) {
 	if moved != before[r.WorkerID] || after[r.WorkerID] != (PotentialLoad{WorkerID: r.WorkerID}) {
 		t.Fatalf("load did not move from %d to %d: before %+v after %+v", r.WorkerID, other, before, after)
 	}
-	if _, err := s.Rebook(bg, "m", WorkerRank{WorkerID: 9}); KindOf(err) != KindNotFound {
+	if _, err := s.rebook(bg, "m", WorkerRank{WorkerID: 9}); KindOf(err) != KindNotFound {
 		t.Fatalf("rebook to an unknown worker: %v", err)
 	}
 	if err := s.Free(bg, "m"); err != nil {
@@ -134,14 +115,14 @@ func TestRebookMovesTheLoadToTheServingRank(t *testing.T) {
 			t.Fatalf("worker %d keeps load after free: %+v", w, l)
 		}
 	}
-	if _, err := s.Rebook(bg, "m", WorkerRank{WorkerID: 1}); KindOf(err) != KindNotFound {
+	if _, err := s.rebook(bg, "m", WorkerRank{WorkerID: 1}); KindOf(err) != KindNotFound {
 		t.Fatalf("rebook of a freed booking: %v", err)
 	}
 }
 
 func loadsByWorker(s *Service) map[uint64]PotentialLoad {
 	out := map[uint64]PotentialLoad{}
-	for _, m := range s.Loads(nil, nil) {
+	for _, m := range s.Inspect().Loads(nil, nil) {
 		for _, l := range m.Loads {
 			out[l.WorkerID] = l
 		}

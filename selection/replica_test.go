@@ -59,13 +59,13 @@ func replicaPair(t *testing.T, edit func(*routerconfig.Config)) (a, b *Service, 
 		mustUpsert(t, s, workerRec(1))
 		mustUpsert(t, s, workerRec(2))
 		r := &recorder{}
-		s.ObserveReplicas(r)
+		s.Replica().ObserveReplicas(r)
 		return s, r
 	}
 	a, ra = build(1)
 	b, rb = build(7)
-	if a.ReplicaID() == b.ReplicaID() || a.ReplicaID() == 0 {
-		t.Fatalf("replica ids %d, %d", a.ReplicaID(), b.ReplicaID())
+	if a.Replica().ReplicaID() == b.Replica().ReplicaID() || a.Replica().ReplicaID() == 0 {
+		t.Fatalf("replica ids %d, %d", a.Replica().ReplicaID(), b.Replica().ReplicaID())
 	}
 	return a, b, ra, rb, clock
 }
@@ -74,7 +74,7 @@ func replicaPair(t *testing.T, edit func(*routerconfig.Config)) (a, b *Service, 
 func deliver(t *testing.T, dst *Service, evs []BookingEvent, want RemoteOutcome) {
 	t.Helper()
 	for _, ev := range evs {
-		if got := dst.ApplyRemoteBooking(ev); got != want {
+		if got := dst.Replica().ApplyRemoteBooking(ev); got != want {
 			t.Fatalf("apply %v %s: %v, want %v", ev.Kind, ev.RequestID, got, want)
 		}
 	}
@@ -82,7 +82,7 @@ func deliver(t *testing.T, dst *Service, evs []BookingEvent, want RemoteOutcome)
 
 func loadOn(t *testing.T, s *Service, worker uint64) PotentialLoad {
 	t.Helper()
-	for _, l := range s.Loads(nil, nil)[0].Loads {
+	for _, l := range s.Inspect().Loads(nil, nil)[0].Loads {
 		if l.WorkerID == worker {
 			return l
 		}
@@ -102,7 +102,7 @@ func TestReplicaLifecyclePropagates(t *testing.T) {
 		t.Fatal(err)
 	}
 	evs, _ := ra.take()
-	if len(evs) != 1 || evs[0].Kind != BookingAdded || evs[0].RequestID != "replicated" || evs[0].Origin != a.ReplicaID() ||
+	if len(evs) != 1 || evs[0].Kind != BookingAdded || evs[0].RequestID != "replicated" || evs[0].Origin != a.Replica().ReplicaID() ||
 		evs[0].BlockSize != 4 || len(evs[0].TrackingHashes) != 1 || evs[0].PrefillTokens == nil || *evs[0].PrefillTokens != 4 {
 		t.Fatalf("published %+v", evs)
 	}
@@ -187,11 +187,11 @@ func TestMirroredBookingIsAReservationRow(t *testing.T) {
 		t.Fatal(err)
 	}
 	evs, _ = rb.take()
-	if len(evs) != 1 || evs[0].Kind != BookingFreed || evs[0].Origin != b.ReplicaID() {
+	if len(evs) != 1 || evs[0].Kind != BookingFreed || evs[0].Origin != b.Replica().ReplicaID() {
 		t.Fatalf("B published %+v", evs)
 	}
 	deliver(t, a, evs, RemoteApplied)
-	for _, l := range a.Loads(nil, nil)[0].Loads {
+	for _, l := range a.Inspect().Loads(nil, nil)[0].Loads {
 		if l.ActiveRequests != 0 {
 			t.Fatalf("A still loaded: %+v", l)
 		}
@@ -231,14 +231,14 @@ func TestRemoteBookingDrops(t *testing.T) {
 		if c.name == "own echo on the origin" {
 			dst = a
 		}
-		if got := dst.ApplyRemoteBooking(c.ev); got != c.want {
+		if got := dst.Replica().ApplyRemoteBooking(c.ev); got != c.want {
 			t.Errorf("%s: %v, want %v", c.name, got, c.want)
 		}
 	}
-	if got := b.ApplyRemoteBooking(add); got != RemoteApplied {
+	if got := b.Replica().ApplyRemoteBooking(add); got != RemoteApplied {
 		t.Fatalf("add: %v", got)
 	}
-	if got := b.ApplyRemoteBooking(add); got != RemoteDuplicate {
+	if got := b.Replica().ApplyRemoteBooking(add); got != RemoteDuplicate {
 		t.Fatalf("second add: %v", got)
 	}
 	if l := loadOn(t, b, add.Worker.WorkerID); l.ActiveRequests != 1 {
@@ -249,7 +249,7 @@ func TestRemoteBookingDrops(t *testing.T) {
 	moved := add
 	moved.Kind = BookingFreed
 	moved.Worker.WorkerID = 3 - add.Worker.WorkerID // the other schedulable worker
-	if got := b.ApplyRemoteBooking(moved); got != RemoteApplied {
+	if got := b.Replica().ApplyRemoteBooking(moved); got != RemoteApplied {
 		t.Fatalf("free naming another rank: %v", got)
 	}
 	if l := loadOn(t, b, add.Worker.WorkerID); l.ActiveRequests != 0 {
@@ -297,14 +297,14 @@ func TestSessionBindingsReplicate(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, binds := ra.take()
-	if len(binds) != 1 || binds[0].SessionID != "sess" || binds[0].WorkerID != resp.WorkerID || binds[0].WriterID != a.ReplicaID() ||
+	if len(binds) != 1 || binds[0].SessionID != "sess" || binds[0].WorkerID != resp.WorkerID || binds[0].WriterID != a.Replica().ReplicaID() ||
 		binds[0].Partition != (index.Partition{Model: "model", RoutingGroup: "default"}) {
 		t.Fatalf("bindings %+v", binds)
 	}
-	if got, out := b.ApplyRemoteBinding(binds[0]); got != RemoteApplied || out != affinity.Inserted {
+	if got, out := b.Replica().ApplyRemoteBinding(binds[0]); got != RemoteApplied || out != affinity.Inserted {
 		t.Fatalf("apply: %v %v", got, out)
 	}
-	if got, _ := a.ApplyRemoteBinding(binds[0]); got != RemoteOwn {
+	if got, _ := a.Replica().ApplyRemoteBinding(binds[0]); got != RemoteOwn {
 		t.Fatalf("own binding: %v", got)
 	}
 	// Load the bound worker on B so the cost alone would pick the other one.
@@ -327,12 +327,12 @@ func TestSessionBindingsReplicate(t *testing.T) {
 	}
 	stranger := binds[0]
 	stranger.SessionID, stranger.WorkerID = "s2", 42
-	if got, _ := b.ApplyRemoteBinding(stranger); got != RemoteUnknownWorker {
+	if got, _ := b.Replica().ApplyRemoteBinding(stranger); got != RemoteUnknownWorker {
 		t.Fatalf("unknown worker binding: %v", got)
 	}
 	unknown := binds[0]
 	unknown.Partition.Model = "other"
-	if got, _ := b.ApplyRemoteBinding(unknown); got != RemoteUnknownPartition {
+	if got, _ := b.Replica().ApplyRemoteBinding(unknown); got != RemoteUnknownPartition {
 		t.Fatalf("unknown partition binding: %v", got)
 	}
 	// Freeing the booking releases the lease: the refreshed binding is published.
@@ -346,7 +346,7 @@ func TestSessionBindingsReplicate(t *testing.T) {
 
 func TestBindingWithoutAffinityIsDropped(t *testing.T) {
 	_, b, _, _, _ := replicaPair(t, nil)
-	got, _ := b.ApplyRemoteBinding(SessionBinding{Partition: index.Partition{Model: "model", RoutingGroup: "default"},
+	got, _ := b.Replica().ApplyRemoteBinding(SessionBinding{Partition: index.Partition{Model: "model", RoutingGroup: "default"},
 		BindingEvent: affinity.BindingEvent{SessionID: "s", WorkerID: 1, Sequence: 1, WriterID: 5}})
 	if got != RemoteAffinityDisabled {
 		t.Fatalf("got %v", got)
@@ -369,8 +369,8 @@ func TestReadinessWaitsForIndexRecovery(t *testing.T) {
 		{RecoveryRecovered, true, "recovered"},
 		{RecoveryFailed, true, "failed"},
 	} {
-		s.SetIndexRecovery(c.state)
-		if st := s.Ready(); st.Ready != c.ready || st.IndexRecovery != c.text || s.IndexRecoveryState() != c.state {
+		s.Replica().SetIndexRecovery(c.state)
+		if st := s.Ready(); st.Ready != c.ready || st.IndexRecovery != c.text || s.gate.Recovery() != c.state {
 			t.Errorf("%v: %+v", c.state, st)
 		}
 	}

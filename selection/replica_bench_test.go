@@ -18,20 +18,20 @@ func BenchmarkApplyRemoteAddFree(b *testing.B) {
 		hashes[i] = uint64(i + 1)
 	}
 	prefill := uint64(256)
-	p := s.partition(partitionOf(PartitionKey{ModelName: "model"}))
+	p := s.parts.Get(partitionOf(PartitionKey{ModelName: "model"}))
 	ids := make([]string, 1024)
 	for i := range ids {
 		ids[i] = fmt.Sprint("req-", i)
 	}
 	b.ReportAllocs()
 	for i := 0; b.Loop(); i++ {
-		ev := BookingEvent{Kind: BookingAdded, Partition: p.key, BlockSize: p.blockSize, RequestID: ids[i%len(ids)],
-			Worker: p.workers.Load().ranks[i%64], Origin: s.ReplicaID() ^ 1, TrackingHashes: hashes, TrackPrefill: true, PrefillTokens: &prefill}
-		if out := s.ApplyRemoteBooking(ev); out != RemoteApplied {
+		ev := BookingEvent{Kind: BookingAdded, Partition: p.Key(), BlockSize: p.BlockSize(), RequestID: ids[i%len(ids)],
+			Worker: p.Workers().Ranks[i%64], Origin: s.Replica().ReplicaID() ^ 1, TrackingHashes: hashes, TrackPrefill: true, PrefillTokens: &prefill}
+		if out := s.Replica().ApplyRemoteBooking(ev); out != RemoteApplied {
 			b.Fatal(out)
 		}
 		ev.Kind = BookingFreed
-		if out := s.ApplyRemoteBooking(ev); out != RemoteApplied {
+		if out := s.Replica().ApplyRemoteBooking(ev); out != RemoteApplied {
 			b.Fatal(out)
 		}
 	}

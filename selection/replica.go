@@ -3,18 +3,24 @@ package selection
 import (
 	"fmt"
 	"sync/atomic"
+	"time"
 
 	"github.com/kvselect/kvselect/selection/affinity"
 	"github.com/kvselect/kvselect/selection/index"
 	"github.com/kvselect/kvselect/selection/loads"
+	"github.com/kvselect/kvselect/selection/partition"
+	"github.com/kvselect/kvselect/selection/randsrc"
+	"github.com/kvselect/kvselect/selection/readiness"
+	"github.com/kvselect/kvselect/selection/reservation"
 )
 
 // This file holds the service's side of the replica planes (the "Peer Planes"
 // of Dynamo's standalone selection service docs; Dynamo's
-// lib/kv-router/src/services/common/replica_sync.rs): what a replica publishes
-// (booking transitions and session bindings, handed to a ReplicaObserver), how
-// it applies what its peers published (ApplyRemoteBooking, ApplyRemoteBinding),
-// and the state of startup index recovery that readiness waits for. The
+// lib/kv-router/src/services/common/replica_sync.rs), the Replica that
+// Service.Replica returns: what a replica publishes (booking transitions and
+// session bindings, handed to a ReplicaObserver), how it applies what its
+// peers published (ApplyRemoteBooking, ApplyRemoteBinding), and startup index
+// recovery (Restore, SetIndexRecovery, which readiness waits for). The
 // transport — ZMQ sockets, the wire envelope, peer membership — lives in
 // replicas/mesh; fetching a peer's /dump in replicas/recovery. The service
 // itself does no I/O.
@@ -89,49 +95,41 @@ type ReplicaObserver interface {
 	SessionBound(b SessionBinding)
 }
 
-// IndexRecovery is the state of startup index recovery from peers
-// (--indexer-peers: replaying a peer's /dump before serving, as Dynamo's
-// lib/kv-router/src/services/indexer/recovery.rs does). GET /ready stays false
-// while it is pending.
-type IndexRecovery int32
+// Replica is the service's side of the replica planes (Service.Replica):
+// what the replica-sync adapter (replicas/mesh) applies from its peers and
+// connects to hear this replica's changes, and what startup recovery
+// (replicas/recovery) restores. It implements mesh.Replica and
+// recovery.Target, and is handed what it reads and writes: the partitions,
+// the reservation table, the index partitions, the readiness gate, the
+// random source (for the replica id) and the clock.
+type Replica struct {
+	parts   *partition.Set
+	resv    *reservation.Table
+	indexes *index.Partitions
+	gate    *readiness.Gate
+	rnd     *randsrc.Source
+	clock   func() time.Time
 
-// Recovery states.
-const (
-	RecoveryNone      IndexRecovery = iota // not configured
-	RecoveryPending                        // fetching and replaying a peer's /dump
-	RecoveryRecovered                      // a peer's dump was replayed
-	RecoveryFailed                         // no peer answered with a usable dump: started empty
-)
-
-var recoveryNames = [...]string{RecoveryNone: "", RecoveryPending: "pending", RecoveryRecovered: "recovered", RecoveryFailed: "failed"}
-
-// String is the state as /ready reports it ("" when not configured).
-func (r IndexRecovery) String() string {
-	if r >= 0 && int(r) < len(recoveryNames) {
-		return recoveryNames[r]
-	}
-	return fmt.Sprintf("recovery(%d)", int32(r))
-}
-
-// replicaState is the service's replica wiring.
-type replicaState struct {
 	observer atomic.Pointer[observerBox]
 }
 
 type observerBox struct{ o ReplicaObserver }
 
+// Replica returns the service's replica side.
+func (s *Service) Replica() *Replica { return &s.repl }
+
 // ObserveReplicas connects the replica-sync adapter; nil disconnects it. Events
 // before the call are not replayed.
-func (s *Service) ObserveReplicas(o ReplicaObserver) {
+func (r *Replica) ObserveReplicas(o ReplicaObserver) {
 	if o == nil {
-		s.repl.observer.Store(nil)
+		r.observer.Store(nil)
 		return
 	}
-	s.repl.observer.Store(&observerBox{o})
+	r.observer.Store(&observerBox{o})
 }
 
-func (s *Service) replicaObserver() ReplicaObserver {
-	if b := s.repl.observer.Load(); b != nil {
+func (r *Replica) replicaObserver() ReplicaObserver {
+	if b := r.observer.Load(); b != nil {
 		return b.o
 	}
 	return nil
@@ -139,13 +137,13 @@ func (s *Service) replicaObserver() ReplicaObserver {
 
 // ReplicaID is this process's non-zero replica identity: the router_id of the
 // booking events and the writer_id of the session bindings it publishes.
-func (s *Service) ReplicaID() uint64 { return s.writerID() }
+func (r *Replica) ReplicaID() uint64 { return r.rnd.ReplicaID() }
 
-// replicateAdd publishes a booking the service just installed.
-func (s *Service) replicateAdd(p *partition, b *loads.Booking, lora string) {
-	if o := s.replicaObserver(); o != nil {
-		ev := BookingEvent{Kind: BookingAdded, Partition: p.key, BlockSize: p.blockSize, RequestID: b.RequestID,
-			Worker: b.Worker, Origin: s.writerID(), LoraName: lora, TrackingHashes: b.TrackingHashes,
+// added publishes a booking the service just installed.
+func (r *Replica) added(p *partition.Partition, b *loads.Booking, lora string) {
+	if o := r.replicaObserver(); o != nil {
+		ev := BookingEvent{Kind: BookingAdded, Partition: p.Key(), BlockSize: p.BlockSize(), RequestID: b.RequestID,
+			Worker: b.Worker, Origin: r.rnd.ReplicaID(), LoraName: lora, TrackingHashes: b.TrackingHashes,
 			TrackPrefill: b.TrackPrefill, ExpectedOutputTokens: b.ExpectedOutputTokens}
 		if b.TrackPrefill {
 			n := uint64(b.PrefillTokens)
@@ -154,36 +152,36 @@ func (s *Service) replicateAdd(p *partition, b *loads.Booking, lora string) {
 		o.BookingChanged(ev)
 	}
 	// Admission may have committed a session binding.
-	s.flushBindings(p)
+	r.flushBindings(p)
 }
 
-// replicate publishes a prefill completion or a free of a live booking.
-func (s *Service) replicate(kind BookingEventKind, p *partition, id string, w index.WorkerKey) {
-	if o := s.replicaObserver(); o != nil {
-		o.BookingChanged(BookingEvent{Kind: kind, Partition: p.key, BlockSize: p.blockSize, RequestID: id, Worker: w, Origin: s.writerID()})
+// changed publishes a prefill completion or a free of a live booking.
+func (r *Replica) changed(kind BookingEventKind, p *partition.Partition, id string, w index.WorkerKey) {
+	if o := r.replicaObserver(); o != nil {
+		o.BookingChanged(BookingEvent{Kind: kind, Partition: p.Key(), BlockSize: p.BlockSize(), RequestID: id, Worker: w, Origin: r.rnd.ReplicaID()})
 	}
 	if kind == BookingFreed {
-		s.flushBindings(p) // the free released a session lease
+		r.flushBindings(p) // the free released a session lease
 	}
 }
 
 // flushBindings hands the partition's queued binding events to the observer.
 // The table's outbox is drained even without an observer, so it never fills
 // with events nobody will send.
-func (s *Service) flushBindings(p *partition) {
-	if p.affinity == nil {
+func (r *Replica) flushBindings(p *partition.Partition) {
+	if p.Affinity() == nil {
 		return
 	}
-	evs := p.affinity.Events()
+	evs := p.Affinity().Events()
 	if len(evs) == 0 {
 		return
 	}
-	o := s.replicaObserver()
+	o := r.replicaObserver()
 	if o == nil {
 		return
 	}
 	for _, ev := range evs {
-		o.SessionBound(SessionBinding{Partition: p.key, BindingEvent: ev})
+		o.SessionBound(SessionBinding{Partition: p.Key(), BindingEvent: ev})
 	}
 }
 
@@ -244,35 +242,35 @@ func (o RemoteOutcome) String() string {
 // DYN_ROUTER_ACTIVE_REQUEST_EXPIRY_SECS — so a peer that dies without freeing
 // leaves no load behind for longer than that (Dynamo's expiry task covers
 // replicated sequences the same way).
-func (s *Service) ApplyRemoteBooking(ev BookingEvent) RemoteOutcome {
-	if ev.Origin == s.writerID() {
+func (r *Replica) ApplyRemoteBooking(ev BookingEvent) RemoteOutcome {
+	if ev.Origin == r.rnd.ReplicaID() {
 		return RemoteOwn
 	}
-	p := s.partition(ev.Partition)
+	p := r.parts.Get(ev.Partition)
 	if p == nil {
 		return RemoteUnknownPartition
 	}
-	if ev.BlockSize != p.blockSize {
+	if ev.BlockSize != p.BlockSize() {
 		return RemoteBlockSizeMismatch
 	}
 	if ev.RequestID == "" {
 		return RemoteInvalid
 	}
-	if rec, ok := p.workers.Load().byID[ev.Worker.WorkerID]; !ok {
+	if rec, ok := p.Workers().ByID[ev.Worker.WorkerID]; !ok {
 		return RemoteUnknownWorker
 	} else if !rec.HasRank(ev.Worker.DPRank) {
 		return RemoteUnknownRank
 	}
 	switch ev.Kind {
 	case BookingAdded:
-		return s.applyRemoteAdd(p, &ev)
+		return r.applyRemoteAdd(p, &ev)
 	case BookingPrefillCompleted, BookingFreed:
-		return s.applyRemoteLifecycle(p, &ev)
+		return r.applyRemoteLifecycle(p, &ev)
 	}
 	return RemoteInvalid
 }
 
-func (s *Service) applyRemoteAdd(p *partition, ev *BookingEvent) RemoteOutcome {
+func (r *Replica) applyRemoteAdd(p *partition.Partition, ev *BookingEvent) RemoteOutcome {
 	prefill := 0
 	if ev.TrackPrefill && ev.PrefillTokens != nil {
 		if *ev.PrefillTokens > maxISLTokens {
@@ -280,7 +278,7 @@ func (s *Service) applyRemoteAdd(p *partition, ev *BookingEvent) RemoteOutcome {
 		}
 		prefill = int(*ev.PrefillTokens)
 	}
-	if s.resv.claim(ev.RequestID) != nil {
+	if r.resv.Claim(ev.RequestID) != nil {
 		return RemoteDuplicate
 	}
 	// ISL only drives RecordOutputTokens, which never runs for a mirror (output
@@ -288,12 +286,9 @@ func (s *Service) applyRemoteAdd(p *partition, ev *BookingEvent) RemoteOutcome {
 	// carry it.
 	b := loads.Booking{RequestID: ev.RequestID, Worker: ev.Worker, TrackingHashes: ev.TrackingHashes,
 		PrefillTokens: prefill, TrackPrefill: ev.TrackPrefill, ExpectedOutputTokens: ev.ExpectedOutputTokens}
-	p.schedMu.Lock()
-	err := p.loads.Add(s.clock(), b)
-	p.schedMu.Unlock()
-	if err != nil {
-		s.resv.unclaim(ev.RequestID)
-		switch KindOf(loadsError(err)) {
+	if err := p.Book(r.clock, b); err != nil {
+		r.resv.Unclaim(ev.RequestID)
+		switch KindOf(err) {
 		case KindNotFound:
 			return RemoteUnknownRank // the rank left between the check and the booking
 		case KindConflict:
@@ -301,34 +296,34 @@ func (s *Service) applyRemoteAdd(p *partition, ev *BookingEvent) RemoteOutcome {
 		}
 		return RemoteInvalid
 	}
-	s.resv.install(ev.RequestID, p, ev.Worker, nil)
+	r.resv.Install(ev.RequestID, p, ev.Worker, nil, "")
 	return RemoteApplied
 }
 
-func (s *Service) applyRemoteLifecycle(p *partition, ev *BookingEvent) RemoteOutcome {
-	r, err := s.resv.booked(ev.RequestID)
+func (r *Replica) applyRemoteLifecycle(p *partition.Partition, ev *BookingEvent) RemoteOutcome {
+	row, err := r.resv.Booked(ev.RequestID)
 	// Reservation ids are process-global and single-booking, so the id and
 	// partition find the booking even when the event names another rank: the
 	// origin may have moved the booking to the rank that actually served it
-	// (Rebook), which is not replicated.
-	if err != nil || r.part != p {
+	// (rebook), which is not replicated.
+	if err != nil || row.Part != p {
 		return RemoteUnknownRequest
 	}
-	now := s.clock()
+	now := r.clock()
 	if ev.Kind == BookingPrefillCompleted {
-		if p.loads.PrefillComplete(ev.RequestID) != nil {
-			s.dropReservation(ev.RequestID, now)
+		if p.Loads().PrefillComplete(ev.RequestID) != nil {
+			r.resv.Release(ev.RequestID, now)
 			return RemoteUnknownRequest
 		}
-		p.wake()
+		p.Wake()
 		return RemoteApplied
 	}
-	ferr := p.loads.Free(ev.RequestID)
-	s.dropReservation(ev.RequestID, now)
-	p.wake()
+	ferr := p.Loads().Free(ev.RequestID)
+	r.resv.Release(ev.RequestID, now)
+	p.Wake()
 	// A local booking freed by a peer releases its session lease here; the
 	// refreshed binding is ours to publish.
-	s.flushBindings(p)
+	r.flushBindings(p)
 	if ferr != nil {
 		return RemoteUnknownRequest
 	}
@@ -340,19 +335,19 @@ func (s *Service) applyRemoteLifecycle(p *partition, ev *BookingEvent) RemoteOut
 // our own writer id, drop targets not schedulable here, then version-ordered
 // insert / refresh / replace. The second result is the table's own verdict
 // when the binding reached a table.
-func (s *Service) ApplyRemoteBinding(b SessionBinding) (RemoteOutcome, affinity.ApplyOutcome) {
-	if b.WriterID == s.writerID() {
+func (r *Replica) ApplyRemoteBinding(b SessionBinding) (RemoteOutcome, affinity.ApplyOutcome) {
+	if b.WriterID == r.rnd.ReplicaID() {
 		return RemoteOwn, affinity.IgnoredOwnWriter
 	}
-	p := s.partition(b.Partition)
+	p := r.parts.Get(b.Partition)
 	if p == nil {
 		return RemoteUnknownPartition, 0
 	}
-	if p.affinity == nil {
+	if p.Affinity() == nil {
 		return RemoteAffinityDisabled, 0
 	}
-	ws := p.workers.Load()
-	out := p.affinity.ApplyRemote(s.clock(), b.BindingEvent, func(t affinity.Target) bool { return targetSchedulable(ws, t) })
+	ws := p.Workers()
+	out := p.Affinity().ApplyRemote(r.clock(), b.BindingEvent, ws.Schedulable)
 	switch {
 	case out.Applied():
 		return RemoteApplied, out
@@ -363,3 +358,12 @@ func (s *Service) ApplyRemoteBinding(b SessionBinding) (RemoteOutcome, affinity.
 	}
 	return RemoteIgnored, out
 }
+
+// Restore replays a peer's dump into the local indexes (startup recovery).
+func (r *Replica) Restore(d index.Dump) []index.RestoreResult {
+	return r.indexes.Restore(r.clock(), d)
+}
+
+// SetIndexRecovery records the startup recovery state; readiness waits while it
+// is RecoveryPending.
+func (r *Replica) SetIndexRecovery(state IndexRecovery) { r.gate.SetRecovery(state) }

@@ -1,26 +1,20 @@
-package selection
+package reservation
 
 import (
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/kvselect/kvselect/selection/affinity"
+	"github.com/kvselect/kvselect/selection/apierr"
 	"github.com/kvselect/kvselect/selection/index"
 )
 
-// has reports whether id has a row, claimed or booked.
-func (t *reservationTable) has(id string) bool {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	_, ok := t.rows[id]
-	return ok
-}
-
-// size counts the rows, claimed or booked.
-func (t *reservationTable) size() int {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return len(t.rows)
+func wantKind(t testing.TB, err error, k apierr.Kind, frag string) {
+	t.Helper()
+	if err == nil || apierr.KindOf(err) != k || !strings.Contains(err.Error(), frag) {
+		t.Fatalf("err = %v (kind %v), want kind %v containing %q", err, apierr.KindOf(err), k, frag)
+	}
 }
 
 // testLease binds session sid to worker 1 in a real affinity table and returns
@@ -45,77 +39,77 @@ func testLease(t *testing.T, sid string) *affinity.Lease {
 }
 
 func TestReservationTableClaimConflicts(t *testing.T) {
-	var tab reservationTable
-	if err := tab.claim("a"); err != nil {
+	var tab Table
+	if err := tab.Claim("a"); err != nil {
 		t.Fatal(err)
 	}
-	wantKind(t, tab.claim("a"), KindConflict, "selection a is already reserved or being reserved")
-	tab.install("a", nil, index.WorkerKey{WorkerID: 1}, nil)
-	wantKind(t, tab.claim("a"), KindConflict, "already reserved")
-	if err := tab.claim("b"); err != nil {
+	wantKind(t, tab.Claim("a"), apierr.Conflict, "selection a is already reserved or being reserved")
+	tab.Install("a", nil, index.WorkerKey{WorkerID: 1}, nil, "")
+	wantKind(t, tab.Claim("a"), apierr.Conflict, "already reserved")
+	if err := tab.Claim("b"); err != nil {
 		t.Fatalf("another id: %v", err)
 	}
 }
 
 func TestReservationTableUnclaimLeavesBookedRows(t *testing.T) {
-	var tab reservationTable
+	var tab Table
 	for _, id := range []string{"claimed", "booked"} {
-		if err := tab.claim(id); err != nil {
+		if err := tab.Claim(id); err != nil {
 			t.Fatal(err)
 		}
 	}
-	tab.install("booked", nil, index.WorkerKey{WorkerID: 2}, nil)
-	tab.unclaim("claimed")
-	tab.unclaim("booked")
-	tab.unclaim("never")
-	if tab.has("claimed") {
+	tab.Install("booked", nil, index.WorkerKey{WorkerID: 2}, nil, "")
+	tab.Unclaim("claimed")
+	tab.Unclaim("booked")
+	tab.Unclaim("never")
+	if tab.Has("claimed") {
 		t.Error("unclaim kept a claimed row")
 	}
-	if r, err := tab.booked("booked"); err != nil || r.worker.WorkerID != 2 {
+	if r, err := tab.Booked("booked"); err != nil || r.Worker.WorkerID != 2 {
 		t.Errorf("unclaim dropped a booked row: %+v, %v", r, err)
 	}
-	if err := tab.claim("claimed"); err != nil {
+	if err := tab.Claim("claimed"); err != nil {
 		t.Errorf("an unclaimed id is free again: %v", err)
 	}
 }
 
 func TestReservationTableClaimedRowsAreNotBooked(t *testing.T) {
-	var tab reservationTable
-	if err := tab.claim("in-flight"); err != nil {
+	var tab Table
+	if err := tab.Claim("in-flight"); err != nil {
 		t.Fatal(err)
 	}
 	for _, id := range []string{"in-flight", "unknown"} {
-		_, err := tab.booked(id)
-		wantKind(t, err, KindNotFound, "reservation "+id+" not found")
+		_, err := tab.Booked(id)
+		wantKind(t, err, apierr.NotFound, "reservation "+id+" not found")
 	}
-	if _, ok := tab.drop("in-flight"); ok {
+	if _, ok := tab.Drop("in-flight"); ok {
 		t.Error("drop took a row whose booking is still in flight")
 	}
-	if !tab.has("in-flight") {
+	if !tab.Has("in-flight") {
 		t.Error("drop removed a claimed row")
 	}
 }
 
 func TestReservationTableDropReturnsTheLeaseOnce(t *testing.T) {
-	var tab reservationTable
+	var tab Table
 	lease := testLease(t, "session-1")
-	tab.install("a", nil, index.WorkerKey{WorkerID: 1}, lease)
-	tab.install("b", nil, index.WorkerKey{WorkerID: 1}, nil)
-	got, ok := tab.drop("a")
+	tab.Install("a", nil, index.WorkerKey{WorkerID: 1}, lease, "")
+	tab.Install("b", nil, index.WorkerKey{WorkerID: 1}, nil, "")
+	got, ok := tab.Drop("a")
 	if !ok || got != lease || got.SessionID() != "session-1" {
 		t.Fatalf("first drop: lease %v ok %v, want the installed lease", got, ok)
 	}
-	if got, ok := tab.drop("a"); ok || got != nil {
+	if got, ok := tab.Drop("a"); ok || got != nil {
 		t.Fatalf("second drop: lease %v ok %v, want nothing", got, ok)
 	}
-	if _, err := tab.booked("a"); KindOf(err) != KindNotFound {
+	if _, err := tab.Booked("a"); apierr.KindOf(err) != apierr.NotFound {
 		t.Fatalf("dropped row still booked: %v", err)
 	}
-	if got, ok := tab.drop("b"); !ok || got != nil {
+	if got, ok := tab.Drop("b"); !ok || got != nil {
 		t.Fatalf("row without a lease: lease %v ok %v", got, ok)
 	}
-	if tab.size() != 0 {
-		t.Fatalf("%d rows left", tab.size())
+	if tab.Len() != 0 {
+		t.Fatalf("%d rows left", tab.Len())
 	}
 }
 
@@ -125,49 +119,49 @@ func TestReservationTableMovesOnlyTheRowTheCallerRead(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		// between runs after the caller read the row and before it moves.
-		between func(tab *reservationTable)
+		between func(tab *Table)
 		want    index.WorkerKey
 		moved   bool
 	}{
-		{"unchanged row moves", func(*reservationTable) {}, to, true},
-		{"row moved by someone else stays", func(tab *reservationTable) {
-			r, _ := tab.booked("m")
-			tab.move("m", r, index.WorkerKey{WorkerID: 3})
+		{"unchanged row moves", func(*Table) {}, to, true},
+		{"row moved by someone else stays", func(tab *Table) {
+			r, _ := tab.Booked("m")
+			tab.Move("m", r, index.WorkerKey{WorkerID: 3})
 		}, index.WorkerKey{WorkerID: 3}, false},
-		{"id booked again stays", func(tab *reservationTable) {
-			tab.drop("m")
-			tab.install("m", nil, from, nil)
+		{"id booked again stays", func(tab *Table) {
+			tab.Drop("m")
+			tab.Install("m", nil, from, nil, "")
 		}, from, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			var tab reservationTable
-			tab.install("m", nil, from, lease)
-			read, err := tab.booked("m")
+			var tab Table
+			tab.Install("m", nil, from, lease, "")
+			read, err := tab.Booked("m")
 			if err != nil {
 				t.Fatal(err)
 			}
 			tc.between(&tab)
-			if got := tab.move("m", read, to); got != tc.moved {
+			if got := tab.Move("m", read, to); got != tc.moved {
 				t.Fatalf("move = %v, want %v", got, tc.moved)
 			}
-			r, err := tab.booked("m")
-			if err != nil || r.worker != tc.want {
-				t.Fatalf("row on %v (%v), want %v", r.worker, err, tc.want)
+			r, err := tab.Booked("m")
+			if err != nil || r.Worker != tc.want {
+				t.Fatalf("row on %v (%v), want %v", r.Worker, err, tc.want)
 			}
-			if tc.moved && r.lease != lease {
+			if tc.moved && r.Lease != lease {
 				t.Fatal("the moved row lost its session lease")
 			}
-			if read.worker != from {
+			if read.Worker != from {
 				t.Fatal("move modified the row the caller holds")
 			}
 		})
 	}
 	t.Run("dropped row is not recreated", func(t *testing.T) {
-		var tab reservationTable
-		tab.install("m", nil, from, nil)
-		read, _ := tab.booked("m")
-		tab.drop("m")
-		if tab.move("m", read, to) || tab.has("m") {
+		var tab Table
+		tab.Install("m", nil, from, nil, "")
+		read, _ := tab.Booked("m")
+		tab.Drop("m")
+		if tab.Move("m", read, to) || tab.Has("m") {
 			t.Fatal("move brought a dropped row back")
 		}
 	})

@@ -1,0 +1,148 @@
+// Package reservation is the selection service's reservation table: selection
+// id → the (partition, worker rank) its booking is on, and the session lease
+// the booking holds. A selection id is unique in the process, as Dynamo's
+// standalone service keeps one reservation map whatever the model or routing
+// group, so the same id booked in two partitions conflicts.
+package reservation
+
+import (
+	"sync"
+	"time"
+
+	"github.com/kvselect/kvselect/selection/affinity"
+	"github.com/kvselect/kvselect/selection/apierr"
+	"github.com/kvselect/kvselect/selection/index"
+	"github.com/kvselect/kvselect/selection/partition"
+)
+
+// Row is one row of the table: claimed while its booking is in flight, then
+// booked on a (partition, worker rank). A row is never modified once
+// installed; a move installs a new row, so a caller that read one can tell
+// whether it is still current by comparing pointers.
+type Row struct {
+	Part   *partition.Partition
+	Worker index.WorkerKey
+	Lease  *affinity.Lease
+	// Prefill is the id of the remote-prefill booking made with this one,
+	// "" for none: it is freed at this booking's prefill completion or free,
+	// whichever comes first.
+	Prefill string
+	booked  bool
+}
+
+// Table maps selection ids to their rows, across every partition. Claiming
+// an id first and installing the booked row after the load tracker took the
+// booking lets two racing bookings of one id fail fast without touching the
+// tracker. The zero value is an empty table, safe for concurrent use; its
+// mutex is a leaf (see the lock order on selection.Service).
+type Table struct {
+	mu   sync.Mutex
+	rows map[string]*Row
+}
+
+// Claim reserves id before its booking is made; an id that is claimed or
+// booked is a 409.
+func (t *Table) Claim(id string) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if _, taken := t.rows[id]; taken {
+		return apierr.New(apierr.Conflict, "selection %s is already reserved or being reserved", id)
+	}
+	if t.rows == nil {
+		t.rows = make(map[string]*Row)
+	}
+	t.rows[id] = &Row{}
+	return nil
+}
+
+// Unclaim gives back a claim whose booking failed. A booked row stays: the
+// claim it came from was already consumed.
+func (t *Table) Unclaim(id string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if r, ok := t.rows[id]; ok && !r.booked {
+		delete(t.rows, id)
+	}
+}
+
+// Install records id's booking on rank w of p, with the session lease the
+// booking holds (nil when none) and the id of the remote prefill booked with
+// it ("" when none).
+func (t *Table) Install(id string, p *partition.Partition, w index.WorkerKey, lease *affinity.Lease, prefill string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.rows == nil {
+		t.rows = make(map[string]*Row)
+	}
+	t.rows[id] = &Row{Part: p, Worker: w, booked: true, Lease: lease, Prefill: prefill}
+}
+
+// Booked returns id's booked row. An id that is only claimed (its booking
+// still in flight) is not found, like one never seen: lifecycle calls must
+// not act on a booking that may yet fail.
+func (t *Table) Booked(id string) (*Row, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	r, ok := t.rows[id]
+	if !ok || !r.booked {
+		return nil, apierr.New(apierr.NotFound, "reservation %s not found", id)
+	}
+	return r, nil
+}
+
+// Drop forgets id's booked row and returns the session lease the caller must
+// release; ok is false when there was no booked row, so a lease is handed out
+// once however many callers race to drop the same id. A claimed row stays
+// with its in-flight booking.
+func (t *Table) Drop(id string) (lease *affinity.Lease, ok bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	r, found := t.rows[id]
+	if !found || !r.booked {
+		return nil, false
+	}
+	delete(t.rows, id)
+	return r.Lease, true
+}
+
+// Release forgets a row whose booking is gone (freed, expired, or its worker
+// left) and releases, at now, the session lease it held. The lease is
+// released after the table let go of its lock: the affinity table's lock is
+// a leaf of its own.
+func (t *Table) Release(id string, now time.Time) {
+	if lease, ok := t.Drop(id); ok && lease != nil {
+		lease.Release(now)
+	}
+}
+
+// Move re-points id's row to rank w of the same partition, only while the
+// row is still read, the one the caller looked up before moving the load: a
+// booking freed (and perhaps booked again under the same id) or moved by
+// someone else in between is left alone. It reports whether it moved.
+func (t *Table) Move(id string, read *Row, w index.WorkerKey) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	cur, ok := t.rows[id]
+	if !ok || cur != read || !cur.booked {
+		return false
+	}
+	moved := *cur
+	moved.Worker = w
+	t.rows[id] = &moved
+	return true
+}
+
+// Has reports whether id has a row, claimed or booked.
+func (t *Table) Has(id string) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	_, ok := t.rows[id]
+	return ok
+}
+
+// Len counts the rows, claimed or booked.
+func (t *Table) Len() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return len(t.rows)
+}
