@@ -1,6 +1,7 @@
 package extproc
 
 import (
+	"cmp"
 	"strings"
 
 	"github.com/kvselect/kvselect/selection"
@@ -48,7 +49,7 @@ func readSelectInput(id *identity, body []byte, opts *Options) (selectInput, err
 	}
 	in := selectInput{body: pb, req: selection.SelectRequest{Fallbacks: opts.Fallbacks, Disaggregated: opts.Disaggregate}}
 	req := &in.req
-	req.ModelName = firstNonEmpty(firstNonEmpty(id.model, pb.model), opts.DefaultModel)
+	req.ModelName = cmp.Or(id.model, pb.model, opts.DefaultModel)
 	req.RoutingGroup = id.group
 	if id.lora != "" {
 		req.LoraName = &id.lora
@@ -70,13 +71,13 @@ func readSelectInput(id *identity, body []byte, opts *Options) (selectInput, err
 		// Nothing identifies a prompt (a GET, an empty body): a minimal
 		// text prompt books a one-token request, so the pick is still
 		// load-aware and the booking is freed like any other.
-		req.PromptText = firstNonEmpty(id.method+" "+id.path, "/")
+		req.PromptText = cmp.Or(id.method+" "+id.path, "/")
 	}
 	req.ExpectedOutputTokens = id.expected
 	if req.ExpectedOutputTokens == nil {
 		req.ExpectedOutputTokens = pb.osl
 	}
-	if s := firstNonEmpty(id.session, pb.session); s != "" {
+	if s := cmp.Or(id.session, pb.session); s != "" {
 		req.SessionID = &s
 	}
 	if in.unknownObjective, err = flowFields(id, opts.Objectives, req); err != nil {
@@ -110,11 +111,4 @@ func identitySource(req *selection.SelectRequest) string {
 	default:
 		return "text"
 	}
-}
-
-func firstNonEmpty(a, b string) string {
-	if a != "" {
-		return a
-	}
-	return b
 }
