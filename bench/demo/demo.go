@@ -239,43 +239,101 @@ func Replay(ctx context.Context, fl *fleet.Fleet, c Config, policy string, reqs 
 			return ph, err
 		}
 	}
-	bodies := make([][]byte, len(reqs))
-	for i, r := range reqs {
-		b, err := json.Marshal(relay.Completion{Model: fl.Model, Prompt: mooncake.Tokens(r.HashIDs, c.BlockTokens),
-			MaxTokens: min(max(1, r.OutputLength*c.BlockTokens/512), c.MaxOutput), Stream: true,
-			StreamOptions: &relay.StreamOptions{IncludeUsage: true}})
-		if err != nil {
-			return ph, err
-		}
-		bodies[i] = b
+	bodies, err := completionBodies(fl.Model, c, reqs)
+	if err != nil {
+		return ph, err
 	}
 	var bar *report.Progress
 	if !c.Quiet {
 		bar = report.NewProgress(stderr, policy)
 	}
-	rl := fl.Relay()
+	send := sender(fl, picker)
 	var (
 		mu       sync.Mutex
 		done     atomic.Int64
-		wg       sync.WaitGroup
-		sem      = make(chan struct{}, c.Concurrency)
-		rr       atomic.Int64
 		firstErr error
 	)
+	one := func(i int) {
+		res, worker, err := send(ctx, i, bodies[i])
+		mu.Lock()
+		if err := ph.add(res, worker, picker, err); err != nil && firstErr == nil {
+			firstErr = err
+		}
+		mu.Unlock()
+		bar.Update(int(done.Add(1)), len(reqs))
+	}
 	start := time.Now()
 	sampling := make(chan struct{})
 	sampled := make(chan []Point)
 	go func() { sampled <- sampleHitRate(ctx, fl, start, q0, h0, sampling) }()
+	err = c.openLoop(ctx, start, reqs, one)
+	wall := time.Since(start)
+	close(sampling)
+	hitRates := <-sampled
+	if err != nil {
+		return ph, err
+	}
+	ph.HitRateOverTime = hitRates
+	if firstErr != nil {
+		fmt.Fprintf(stderr, "%s: first error: %v\n", policy, firstErr)
+	}
+	err = ph.summarize(ctx, fl, q0, h0, pick0, wall)
+	return ph, err
+}
+
+// completionBodies are the phase's streamed completion requests, one per
+// trace request, its blocks turned into c.BlockTokens tokens each.
+func completionBodies(model string, c Config, reqs []mooncake.Request) ([][]byte, error) {
+	bodies := make([][]byte, len(reqs))
+	for i, r := range reqs {
+		b, err := json.Marshal(relay.Completion{Model: model, Prompt: mooncake.Tokens(r.HashIDs, c.BlockTokens),
+			MaxTokens: min(max(1, r.OutputLength*c.BlockTokens/512), c.MaxOutput), Stream: true,
+			StreamOptions: &relay.StreamOptions{IncludeUsage: true}})
+		if err != nil {
+			return nil, err
+		}
+		bodies[i] = b
+	}
+	return bodies, nil
+}
+
+// sender is how the phase sends request i: through the picker as Envoy
+// does, or round-robin straight to an engine. It returns the result and the
+// worker that served it (-1 when the picker named none of them).
+func sender(fl *fleet.Fleet, picker bool) func(ctx context.Context, i int, body []byte) (relay.Result, int, error) {
+	if picker {
+		rl := fl.Relay()
+		return func(ctx context.Context, i int, body []byte) (relay.Result, int, error) {
+			res, err := rl.Do(ctx, "/v1/completions", body, envoysim.Header{Key: "x-request-id", Value: fmt.Sprintf("demo-%d-%d", time.Now().UnixNano(), i)})
+			worker := -1
+			if d := res.Decision; d != nil && d.Immediate == nil {
+				worker = fl.Worker(d.Endpoint)
+			}
+			return res, worker, err
+		}
+	}
+	var rr atomic.Int64
+	return func(ctx context.Context, _ int, body []byte) (relay.Result, int, error) {
+		worker := int(rr.Add(1)-1) % len(fl.Workers)
+		res, err := relay.Direct(ctx, fl.HTTP, "http://"+fl.Workers[worker]+"/v1/completions", body)
+		return res, worker, err
+	}
+}
+
+// openLoop calls one(i) for every request at its (compressed) arrival time
+// after start, at most c.Concurrency at once, and returns once all are done
+// or ctx ends.
+func (c *Config) openLoop(ctx context.Context, start time.Time, reqs []mooncake.Request, one func(i int)) error {
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	sem := make(chan struct{}, c.Concurrency)
 	t0 := reqs[0].Timestamp
 	for i, r := range reqs {
 		at := start.Add(time.Duration(float64(time.Duration(r.Timestamp-t0)*time.Millisecond) / c.Compress))
 		if d := time.Until(at); d > 0 {
 			select {
 			case <-ctx.Done():
-				wg.Wait()
-				close(sampling)
-				<-sampled
-				return ph, ctx.Err()
+				return ctx.Err()
 			case <-time.After(d):
 			}
 		}
@@ -284,47 +342,37 @@ func Replay(ctx context.Context, fl *fleet.Fleet, c Config, policy string, reqs 
 		go func() {
 			defer wg.Done()
 			defer func() { <-sem }()
-			var res relay.Result
-			var err error
-			worker := -1
-			if picker {
-				res, err = rl.Do(ctx, "/v1/completions", bodies[i], envoysim.Header{Key: "x-request-id", Value: fmt.Sprintf("demo-%d-%d", time.Now().UnixNano(), i)})
-				if d := res.Decision; d != nil && d.Immediate == nil {
-					worker = fl.Worker(d.Endpoint)
-				}
-			} else {
-				worker = int(rr.Add(1)-1) % len(fl.Workers)
-				res, err = relay.Direct(ctx, fl.HTTP, "http://"+fl.Workers[worker]+"/v1/completions", bodies[i])
-			}
-			mu.Lock()
-			if err != nil {
-				ph.Errors++
-				if firstErr == nil {
-					firstErr = err
-				}
-			} else {
-				ph.ttfts = append(ph.ttfts, res.TTFT)
-				if picker {
-					ph.selDur = append(ph.selDur, res.Pick)
-				}
-				if worker >= 0 && worker < len(ph.PerWorker) {
-					ph.PerWorker[worker]++
-				}
-			}
-			mu.Unlock()
-			bar.Update(int(done.Add(1)), len(reqs))
+			one(i)
 		}()
 	}
-	wg.Wait()
-	wall := time.Since(start)
-	close(sampling)
-	ph.HitRateOverTime = <-sampled
-	if firstErr != nil {
-		fmt.Fprintf(stderr, "%s: first error: %v\n", policy, firstErr)
+	return nil
+}
+
+// add counts one request's outcome on the worker that served it and
+// returns err.
+func (ph *Phase) add(res relay.Result, worker int, picker bool, err error) error {
+	if err != nil {
+		ph.Errors++
+		return err
 	}
+	ph.ttfts = append(ph.ttfts, res.TTFT)
+	if picker {
+		ph.selDur = append(ph.selDur, res.Pick)
+	}
+	if worker >= 0 && worker < len(ph.PerWorker) {
+		ph.PerWorker[worker]++
+	}
+	return nil
+}
+
+// summarize fills the phase's figures once its requests, sent over wall,
+// are done: the hit rate since the engines' counters read q0 and h0, the
+// quantiles, and for the picker the bookings it still holds and its decision
+// time since its metrics read pick0.
+func (ph *Phase) summarize(ctx context.Context, fl *fleet.Fleet, q0, h0 float64, pick0 promtext.Samples, wall time.Duration) error {
 	q1, h1, err := fl.CacheCounters(ctx)
 	if err != nil {
-		return ph, err
+		return err
 	}
 	if prompt := q1 - q0; prompt > 0 {
 		ph.HitRate = (h1 - h0) / prompt
@@ -333,18 +381,19 @@ func Replay(ctx context.Context, fl *fleet.Fleet, c Config, policy string, reqs 
 	ph.SelectP50Us, ph.SelectP99Us = float64(stats.Quantile(ph.selDur, 0.5))/1e3, float64(stats.Quantile(ph.selDur, 0.99))/1e3
 	ph.WallSeconds = wall.Seconds()
 	ph.Throughput = float64(len(ph.ttfts)) / wall.Seconds()
-	if picker {
-		if ph.LoadAfterRun, err = fl.KV.ActiveRequests(ctx); err != nil {
-			return ph, err
-		}
-		pick1, err := fl.KV.Metrics(ctx)
-		if err != nil {
-			return ph, err
-		}
-		sp := pick1.Minus(pick0).Summarize(pickHistogram)
-		ph.ServerPick = &sp
+	if ph.Policy != PolicyKVSelect {
+		return nil
 	}
-	return ph, nil
+	if ph.LoadAfterRun, err = fl.KV.ActiveRequests(ctx); err != nil {
+		return err
+	}
+	pick1, err := fl.KV.Metrics(ctx)
+	if err != nil {
+		return err
+	}
+	sp := pick1.Minus(pick0).Summarize(pickHistogram)
+	ph.ServerPick = &sp
+	return nil
 }
 
 // sampleHitRate reads the workers' prefix-cache counters every second until

@@ -359,77 +359,17 @@ func restCall(ctx context.Context, hc *http.Client, method, u string, body []byt
 
 // drive runs the streams through warmup and measurement.
 func drive(ctx context.Context, c Config, serverCPU func() (time.Duration, bool), do func(context.Context, int, []byte, *time.Duration) error, bodies [][]byte, res *Result) error {
-	type sample struct{ dec, total time.Duration }
 	start := time.Now()
-	measure, end := start.Add(c.Warmup), start.Add(c.Warmup+c.Duration)
-	var (
-		mu      sync.Mutex
-		samples = make([]sample, 0, 1<<16)
-		errs    int
-		errOne  string
-		lastEnd = measure
-	)
-	var interval time.Duration
+	d := &driver{c: c, serverCPU: serverCPU, do: do, bodies: bodies,
+		start: start, measure: start.Add(c.Warmup), end: start.Add(c.Warmup + c.Duration), samples: make([]sample, 0, 1<<16)}
+	d.lastEnd = d.measure
 	if c.Rate > 0 {
-		interval = time.Duration(float64(c.Streams) / c.Rate * float64(time.Second))
+		d.interval = time.Duration(float64(c.Streams) / c.Rate * float64(time.Second))
 	}
-	var cpuAtMeasure, srvAtMeasure time.Duration
-	go func() {
-		time.Sleep(time.Until(measure))
-		mu.Lock()
-		cpuAtMeasure = fleet.SelfCPU()
-		if serverCPU != nil {
-			srvAtMeasure, _ = serverCPU()
-		}
-		mu.Unlock()
-	}()
+	go d.cpuAtMeasureStart()
 	var wg sync.WaitGroup
 	for i := range c.Streams {
-		wg.Go(func() {
-			local := make([]sample, 0, 4096)
-			var lerr int
-			var lmsg string
-			next := start.Add(time.Duration(i) * interval / time.Duration(c.Streams))
-			for p := i * 37; ; p++ {
-				if interval > 0 {
-					if d := time.Until(next); d > 0 {
-						time.Sleep(d)
-					}
-					next = next.Add(interval)
-				}
-				t0 := time.Now()
-				if !t0.Before(end) || ctx.Err() != nil {
-					break
-				}
-				var dec time.Duration
-				err := do(ctx, i, bodies[p%len(bodies)], &dec)
-				t1 := time.Now()
-				if t0.Before(measure) {
-					continue
-				}
-				if err != nil {
-					lerr++
-					if lmsg == "" {
-						lmsg = err.Error()
-					}
-					continue
-				}
-				local = append(local, sample{dec, t1.Sub(t0)})
-				if t1.After(end) {
-					break
-				}
-			}
-			mu.Lock()
-			samples = append(samples, local...)
-			errs += lerr
-			if errOne == "" {
-				errOne = lmsg
-			}
-			if now := time.Now(); now.After(lastEnd) {
-				lastEnd = now
-			}
-			mu.Unlock()
-		})
+		wg.Go(func() { d.merge(d.stream(ctx, i)) })
 	}
 	wg.Wait()
 	cpuAtEnd := fleet.SelfCPU()
@@ -440,26 +380,128 @@ func drive(ctx context.Context, c Config, serverCPU func() (time.Duration, bool)
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	mu.Lock()
-	if len(samples) > 0 && cpuAtMeasure > 0 {
-		res.CPUPerReq = float64((cpuAtEnd - cpuAtMeasure).Microseconds()) / float64(len(samples)+errs)
-		if srvAtMeasure > 0 && srvAtEnd > srvAtMeasure {
-			res.ServerCPUPerReq = float64((srvAtEnd - srvAtMeasure).Microseconds()) / float64(len(samples)+errs)
+	d.summarize(res, cpuAtEnd, srvAtEnd)
+	return nil
+}
+
+// sample is one measured request: its decision time and its whole time.
+type sample struct{ dec, total time.Duration }
+
+// streamTally is what one stream measured.
+type streamTally struct {
+	samples []sample
+	errs    int
+	errOne  string // the stream's first error
+}
+
+// driver is one drive: its schedule, the request each stream repeats, and
+// what the streams measured.
+type driver struct {
+	c         Config
+	serverCPU func() (time.Duration, bool) // nil: the server is in this process
+	do        func(context.Context, int, []byte, *time.Duration) error
+	bodies    [][]byte
+	// The warmup runs from start to measure, the measurement from measure
+	// to end; interval is the time between two requests of one stream (0:
+	// closed loop).
+	start, measure, end time.Time
+	interval            time.Duration
+
+	mu                         sync.Mutex
+	samples                    []sample
+	errs                       int
+	errOne                     string
+	lastEnd                    time.Time // when the last stream finished
+	cpuAtMeasure, srvAtMeasure time.Duration
+}
+
+// cpuAtMeasureStart reads this process's and the server's CPU time when the
+// measurement starts.
+func (d *driver) cpuAtMeasureStart() {
+	time.Sleep(time.Until(d.measure))
+	d.mu.Lock()
+	d.cpuAtMeasure = fleet.SelfCPU()
+	if d.serverCPU != nil {
+		d.srvAtMeasure, _ = d.serverCPU()
+	}
+	d.mu.Unlock()
+}
+
+// stream is stream i: its requests, one after the other (or at its pace
+// with a rate, the streams staggered), until the end; those that began
+// before the measurement are not counted.
+func (d *driver) stream(ctx context.Context, i int) streamTally {
+	t := streamTally{samples: make([]sample, 0, 4096)}
+	measure, end, interval := d.measure, d.end, d.interval
+	next := d.start.Add(time.Duration(i) * interval / time.Duration(d.c.Streams))
+	for p := i * 37; ; p++ {
+		if interval > 0 {
+			if wait := time.Until(next); wait > 0 {
+				time.Sleep(wait)
+			}
+			next = next.Add(interval)
+		}
+		t0 := time.Now()
+		if !t0.Before(end) || ctx.Err() != nil {
+			break
+		}
+		var dec time.Duration
+		err := d.do(ctx, i, d.bodies[p%len(d.bodies)], &dec)
+		t1 := time.Now()
+		if t0.Before(measure) {
+			continue
+		}
+		if err != nil {
+			t.errs++
+			if t.errOne == "" {
+				t.errOne = err.Error()
+			}
+			continue
+		}
+		t.samples = append(t.samples, sample{dec, t1.Sub(t0)})
+		if t1.After(end) {
+			break
 		}
 	}
-	mu.Unlock()
-	res.ElapsedSec = lastEnd.Sub(measure).Seconds()
-	res.Requests, res.Errors, res.ErrorSample = len(samples), errs, errOne
-	if res.ElapsedSec > 0 {
-		res.ReqPerSec = float64(len(samples)) / res.ElapsedSec
+	return t
+}
+
+// merge adds a finished stream's tally.
+func (d *driver) merge(t streamTally) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.samples = append(d.samples, t.samples...)
+	d.errs += t.errs
+	if d.errOne == "" {
+		d.errOne = t.errOne
 	}
-	decs := make([]time.Duration, len(samples))
-	tots := make([]time.Duration, len(samples))
-	for i, s := range samples {
+	if now := time.Now(); now.After(d.lastEnd) {
+		d.lastEnd = now
+	}
+}
+
+// summarize fills res from the streams' tallies and the CPU times read at
+// the end of the run.
+func (d *driver) summarize(res *Result, cpuAtEnd, srvAtEnd time.Duration) {
+	d.mu.Lock()
+	if len(d.samples) > 0 && d.cpuAtMeasure > 0 {
+		res.CPUPerReq = float64((cpuAtEnd - d.cpuAtMeasure).Microseconds()) / float64(len(d.samples)+d.errs)
+		if d.srvAtMeasure > 0 && srvAtEnd > d.srvAtMeasure {
+			res.ServerCPUPerReq = float64((srvAtEnd - d.srvAtMeasure).Microseconds()) / float64(len(d.samples)+d.errs)
+		}
+	}
+	d.mu.Unlock()
+	res.ElapsedSec = d.lastEnd.Sub(d.measure).Seconds()
+	res.Requests, res.Errors, res.ErrorSample = len(d.samples), d.errs, d.errOne
+	if res.ElapsedSec > 0 {
+		res.ReqPerSec = float64(len(d.samples)) / res.ElapsedSec
+	}
+	decs := make([]time.Duration, len(d.samples))
+	tots := make([]time.Duration, len(d.samples))
+	for i, s := range d.samples {
 		decs[i], tots[i] = s.dec, s.total
 	}
 	res.Decision, res.Total = percentiles(decs), percentiles(tots)
-	return nil
 }
 
 func percentiles(ds []time.Duration) Percentiles {

@@ -188,15 +188,12 @@ type healthEvent struct {
 	ejections int
 }
 
+// runOnce is one run on fresh processes with kvselect scraping the engines
+// every interval: the paced requests through the picker, the failing
+// worker's health polled and the direct load beside them.
 func (c *Config) runOnce(ctx context.Context, interval time.Duration, stderr io.Writer) (Run, error) {
 	run := Run{EngineMetricsInterval: interval.String(), FailWorker: c.FailWorker}
-	dir := filepath.Join(c.Out, "metrics-"+interval.String())
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return run, err
-	}
-	fl, err := fleet.Start(ctx, fleet.Config{Binaries: c.Binaries, Family: fleet.FamilyMock, Workers: c.Workers, Engine: c.Engine,
-		Dir: dir, Progress: stderr, HTTP: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: c.Concurrency, MaxIdleConns: 4 * c.Concurrency}},
-		KVSelectArgs: append([]string{"--engine-metrics-interval", interval.String(), "--eject-base", c.EjectBase.String()}, c.KVSelectArgs...)})
+	fl, err := c.startFleet(ctx, interval, stderr)
 	if err != nil {
 		return run, err
 	}
@@ -216,66 +213,10 @@ func (c *Config) runOnce(ctx context.Context, interval time.Duration, stderr io.
 	if c.DirectRate > 0 {
 		directWG.Go(func() { directN, directFailed = c.directLoad(ctx, fl) })
 	}
-
-	rl := fl.Relay()
-	rng := rand.New(rand.NewPCG(c.Seed, 0x4ea17))
-	var (
-		mu   sync.Mutex
-		recs []healthRec
-		wg   sync.WaitGroup
-		sem  = make(chan struct{}, c.Concurrency)
-	)
-	start := time.Now()
-	faultOn, faultOff := start.Add(c.Healthy), start.Add(c.Healthy+c.Fault)
-	end := faultOff.Add(c.Recover)
-	faultSet, faultCleared := false, false
-	gap := time.Duration(float64(time.Second) / c.Rate)
-	for i := 0; ; i++ {
-		at := start.Add(time.Duration(i) * gap)
-		if !at.Before(end) {
-			break
-		}
-		// The fault phase starts when the fault is asked for (no request
-		// can fail before) and the recover phase when the worker has
-		// answered that it is healed (no request after can fail).
-		if c.FailWorker > 0 && !faultSet && !at.Before(faultOn) {
-			faultSet, faultOn = true, time.Now()
-			if err := fl.SetFailRate(ctx, c.FailWorker, 1); err != nil {
-				return run, err
-			}
-		}
-		if c.FailWorker > 0 && !faultCleared && !at.Before(faultOff) {
-			faultCleared = true
-			if err := fl.SetFailRate(ctx, c.FailWorker, 0); err != nil {
-				return run, err
-			}
-			faultOff = time.Now()
-		}
-		if d := time.Until(at); d > 0 {
-			select {
-			case <-time.After(d):
-			case <-ctx.Done():
-				return run, ctx.Err()
-			}
-		}
-		body, err := json.Marshal(relay.Completion{Model: fl.Model, Prompt: randomPrompt(rng, c.PromptTokens), MaxTokens: c.MaxTokens, Stream: true})
-		if err != nil {
-			return run, err
-		}
-		select {
-		case sem <- struct{}{}:
-		case <-ctx.Done():
-			return run, ctx.Err()
-		}
-		wg.Go(func() {
-			defer func() { <-sem }()
-			r := routedRequest(ctx, fl, rl, body, i)
-			mu.Lock()
-			recs = append(recs, r)
-			mu.Unlock()
-		})
+	recs, tl, err := c.sendPaced(ctx, fl)
+	if err != nil {
+		return run, err
 	}
-	wg.Wait()
 	// Let the last outcome reach the poller, then stop the side loops.
 	time.Sleep(100 * time.Millisecond)
 	cancel()
@@ -291,38 +232,121 @@ func (c *Config) runOnce(ctx context.Context, interval time.Duration, stderr io.
 	if run.ActiveAfterRun, err = fl.KV.Settle(context.Background(), 5*time.Second); err != nil {
 		return run, err
 	}
-	c.summarize(&run, recs, events, start, faultOn, faultOff, end, len(fl.Workers))
+	c.summarize(&run, recs, events, tl, len(fl.Workers))
 	return run, nil
 }
 
-func (c *Config) summarize(run *Run, recs []healthRec, events []healthEvent, start, faultOn, faultOff, end time.Time, workers int) {
+// startFleet starts kvselect, scraping the engines every interval, and the
+// mock workers, logging into their own folder of c.Out.
+func (c *Config) startFleet(ctx context.Context, interval time.Duration, stderr io.Writer) (*fleet.Fleet, error) {
+	dir := filepath.Join(c.Out, "metrics-"+interval.String())
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
+	}
+	return fleet.Start(ctx, fleet.Config{Binaries: c.Binaries, Family: fleet.FamilyMock, Workers: c.Workers, Engine: c.Engine,
+		Dir: dir, Progress: stderr, HTTP: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: c.Concurrency, MaxIdleConns: 4 * c.Concurrency}},
+		KVSelectArgs: append([]string{"--engine-metrics-interval", interval.String(), "--eject-base", c.EjectBase.String()}, c.KVSelectArgs...)})
+}
+
+// timeline is a run's phases: healthy from start, the fault from faultOn,
+// recovering from faultOff until end.
+type timeline struct {
+	start, faultOn, faultOff, end time.Time
+}
+
+// sendPaced sends requests through the picker at c.Rate, at most
+// c.Concurrency in flight, for the whole timeline, turning the fault on and
+// off on the way, and returns once every answer is in.
+func (c *Config) sendPaced(ctx context.Context, fl *fleet.Fleet) ([]healthRec, timeline, error) {
+	rl := fl.Relay()
+	rng := rand.New(rand.NewPCG(c.Seed, 0x4ea17))
+	var (
+		mu   sync.Mutex
+		recs []healthRec
+		wg   sync.WaitGroup
+		sem  = make(chan struct{}, c.Concurrency)
+	)
+	start := time.Now()
+	tl := timeline{start: start, faultOn: start.Add(c.Healthy), faultOff: start.Add(c.Healthy + c.Fault)}
+	tl.end = tl.faultOff.Add(c.Recover)
+	fault := faultSwitch{worker: c.FailWorker}
+	gap := time.Duration(float64(time.Second) / c.Rate)
+	for i := 0; ; i++ {
+		at := start.Add(time.Duration(i) * gap)
+		if !at.Before(tl.end) {
+			break
+		}
+		if err := fault.update(ctx, fl, at, &tl); err != nil {
+			return nil, tl, err
+		}
+		if d := time.Until(at); d > 0 {
+			select {
+			case <-time.After(d):
+			case <-ctx.Done():
+				return nil, tl, ctx.Err()
+			}
+		}
+		body, err := json.Marshal(relay.Completion{Model: fl.Model, Prompt: randomPrompt(rng, c.PromptTokens), MaxTokens: c.MaxTokens, Stream: true})
+		if err != nil {
+			return nil, tl, err
+		}
+		select {
+		case sem <- struct{}{}:
+		case <-ctx.Done():
+			return nil, tl, ctx.Err()
+		}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			r := routedRequest(ctx, fl, rl, body, i)
+			mu.Lock()
+			recs = append(recs, r)
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	return recs, tl, nil
+}
+
+// faultSwitch turns the failing worker's fault on and off.
+type faultSwitch struct {
+	worker       int // 1..Workers; 0: none
+	set, cleared bool
+}
+
+// update turns the fault on, or off, before the first request paced at or
+// after the timeline's faultOn, or faultOff, and moves that bound to the
+// moment it took effect: the fault phase starts when the fault is asked for
+// (no request can fail before) and the recover phase when the worker has
+// answered that it is healed (no request after can fail).
+func (f *faultSwitch) update(ctx context.Context, fl *fleet.Fleet, at time.Time, tl *timeline) error {
+	if f.worker > 0 && !f.set && !at.Before(tl.faultOn) {
+		f.set, tl.faultOn = true, time.Now()
+		if err := fl.SetFailRate(ctx, f.worker, 1); err != nil {
+			return err
+		}
+	}
+	if f.worker > 0 && !f.cleared && !at.Before(tl.faultOff) {
+		f.cleared = true
+		if err := fl.SetFailRate(ctx, f.worker, 0); err != nil {
+			return err
+		}
+		tl.faultOff = time.Now()
+	}
+	return nil
+}
+
+// summarize places each routed request in its phase of tl and fills run's
+// figures from them and from the failing worker's health events.
+func (c *Config) summarize(run *Run, recs []healthRec, events []healthEvent, tl timeline, workers int) {
 	names := []string{"healthy", "fault", "recover"}
-	bounds := []time.Time{start, faultOn, faultOff, end.Add(time.Hour)}
+	bounds := []time.Time{tl.start, tl.faultOn, tl.faultOff, tl.end.Add(time.Hour)}
 	if c.FailWorker == 0 {
-		names, bounds = []string{"run"}, []time.Time{start, end.Add(time.Hour)}
+		names, bounds = []string{"run"}, []time.Time{tl.start, tl.end.Add(time.Hour)}
 	}
 	for _, n := range names {
 		run.Phases = append(run.Phases, Phase{Name: n, PerWorker: make([]int, workers)})
 	}
-	// The first ejection after the fault began, the restoration after it,
-	// and the ejections in between (the count resets on restoration): each
-	// after the first was a failed trial.
-	var ejectedAt, restoredAt time.Time
-	maxEjections := 0
-	for _, e := range events {
-		switch {
-		case ejectedAt.IsZero():
-			if e.state == "ejected" && !e.at.Before(faultOn) {
-				ejectedAt, maxEjections = e.at, e.ejections
-			}
-		case restoredAt.IsZero():
-			if e.state == "healthy" {
-				restoredAt = e.at
-			} else {
-				maxEjections = max(maxEjections, e.ejections)
-			}
-		}
-	}
+	ejectedAt, restoredAt, maxEjections := ejection(events, tl.faultOn)
 	onDirect := 0
 	routed := 0
 	fw := c.FailWorker - 1
@@ -370,14 +394,36 @@ func (c *Config) summarize(run *Run, recs []healthRec, events []healthEvent, sta
 	}
 	if !ejectedAt.IsZero() {
 		run.Ejected = true
-		run.EjectAfterMs = ms(ejectedAt.Sub(faultOn))
+		run.EjectAfterMs = ms(ejectedAt.Sub(tl.faultOn))
 		run.Trials = max(maxEjections-1, 0)
 		run.Beyond = run.RoutedAfterEjection - run.Trials
 	}
 	if !restoredAt.IsZero() {
 		run.Restored = true
-		run.RestoreAfterMs = ms(restoredAt.Sub(faultOff))
+		run.RestoreAfterMs = ms(restoredAt.Sub(tl.faultOff))
 	}
+}
+
+// ejection finds in the worker's health events the first ejection after
+// the fault began at faultOn, the restoration after it, and the most
+// ejections in between (the count resets on restoration): each after the
+// first was a failed trial.
+func ejection(events []healthEvent, faultOn time.Time) (ejectedAt, restoredAt time.Time, maxEjections int) {
+	for _, e := range events {
+		switch {
+		case ejectedAt.IsZero():
+			if e.state == "ejected" && !e.at.Before(faultOn) {
+				ejectedAt, maxEjections = e.at, e.ejections
+			}
+		case restoredAt.IsZero():
+			if e.state == "healthy" {
+				restoredAt = e.at
+			} else {
+				maxEjections = max(maxEjections, e.ejections)
+			}
+		}
+	}
+	return ejectedAt, restoredAt, maxEjections
 }
 
 func randomPrompt(rng *rand.Rand, n int) []uint32 {

@@ -31,6 +31,7 @@ import (
 
 	"github.com/kvselect/kvselect/bench/demo"
 	"github.com/kvselect/kvselect/bench/fleet"
+	"github.com/kvselect/kvselect/bench/mooncake"
 	"github.com/kvselect/kvselect/bench/report"
 	"github.com/kvselect/kvselect/internal/peerproc"
 )
@@ -93,32 +94,8 @@ type Report struct {
 // observe.json into c.Demo.Out and prints a table; the error lists every
 // check that failed.
 func Run(ctx context.Context, c Config, stdout, stderr io.Writer) (*Report, error) {
-	if c.Demo.Workers < 1 || c.Demo.Requests < 1 {
-		return nil, errors.New("-workers and -requests must be positive")
-	}
-	for _, b := range []*string{&c.Prometheus, &c.Chromium} {
-		p, err := exec.LookPath(*b)
-		if err != nil {
-			return nil, fmt.Errorf("%s: %w", *b, err)
-		}
-		*b = p
-	}
-	dash, err := readDashboard(c.Dashboard)
+	dash, alerts, reqs, err := c.prepare()
 	if err != nil {
-		return nil, err
-	}
-	alerts, err := filepath.Abs(c.Alerts)
-	if err != nil {
-		return nil, err
-	}
-	reqs, err := c.Demo.Slice.Load()
-	if err != nil {
-		return nil, err
-	}
-	if err := os.MkdirAll(c.Demo.Out, 0o755); err != nil {
-		return nil, err
-	}
-	if c.Demo.Out, err = filepath.Abs(c.Demo.Out); err != nil {
 		return nil, err
 	}
 	out := c.Demo.Out
@@ -134,50 +111,21 @@ func Run(ctx context.Context, c Config, stdout, stderr io.Writer) (*Report, erro
 	}
 	defer prom.stop()
 	fmt.Fprintf(stderr, "Prometheus at %s scrapes kvselect and the workers every second; status page: %s/ui/\n", prom.url, fl.KV.REST)
-
-	browser, cancelBrowser := chromedp.NewExecAllocator(ctx, append(chromedp.DefaultExecAllocatorOptions[:],
-		chromedp.ExecPath(c.Chromium), chromedp.NoSandbox, chromedp.WindowSize(1400, 1000))...)
-	defer cancelBrowser()
-	tab, cancelTab := chromedp.NewContext(browser)
-	defer cancelTab()
-	if err := chromedp.Do(tab, chromedp.Navigate(fl.KV.REST+"/ui/?interval=500")); err != nil {
-		return nil, fmt.Errorf("chromium: opening the status page: %w", err)
-	}
-
-	if err := prom.waitScraped(ctx, 2, 60*time.Second); err != nil {
-		return nil, err
-	}
-	start := time.Now()
-	ph, err := demo.Replay(ctx, fl, c.Demo, demo.PolicyKVSelect, reqs, stderr)
+	tab, closeTab, err := openStatusPage(ctx, c.Chromium, fl.KV.REST)
 	if err != nil {
 		return nil, err
 	}
-	if ph.Errors > 0 {
-		return nil, fmt.Errorf("%d of %d requests failed (logs in %s)", ph.Errors, ph.Requests, out)
+	defer closeTab()
+	start, end, err := replayScraped(ctx, fl, prom, c.Demo, reqs, stderr)
+	if err != nil {
+		return nil, err
 	}
-	// Two more scrapes, so the last requests are in Prometheus; the
-	// instant queries read that moment.
-	time.Sleep(2500 * time.Millisecond)
-	end := time.Now()
 
 	rep := &Report{Requests: len(reqs), Workers: c.Demo.Workers}
 	if err := checkStatusPage(tab, out, c.Demo.Workers, rep); err != nil {
 		return rep, err
 	}
-	var failures []string
-	for _, p := range dash.Panels {
-		pr := prom.checkPanel(ctx, p, start, end)
-		pr.Optional = optionalPanels[p.Title]
-		for _, q := range pr.Queries {
-			switch {
-			case q.Error != "":
-				failures = append(failures, fmt.Sprintf("panel %q: %s: %s", p.Title, q.Expr, q.Error))
-			case q.Series == 0 && pr.Optional == "":
-				failures = append(failures, fmt.Sprintf("panel %q: no data for %s", p.Title, q.Expr))
-			}
-		}
-		rep.Panels = append(rep.Panels, pr)
-	}
+	failures := prom.checkPanels(ctx, dash, start, end, rep)
 	n, ruleErrs, err := prom.ruleHealth(ctx)
 	if err != nil {
 		return rep, err
@@ -200,6 +148,98 @@ func Run(ctx context.Context, c Config, stdout, stderr io.Writer) (*Report, erro
 		return rep, fmt.Errorf("%d dashboard or rule checks failed:\n  %s", len(failures), strings.Join(failures, "\n  "))
 	}
 	return rep, nil
+}
+
+// prepare checks c, finds the tools on PATH, creates c.Demo.Out and makes
+// it absolute, and returns the dashboard, the alert rules' absolute path
+// (Prometheus reads it from a configuration file in a temporary directory)
+// and the trace slice.
+func (c *Config) prepare() (dash *grafanaDashboard, alerts string, reqs []mooncake.Request, err error) {
+	if c.Demo.Workers < 1 || c.Demo.Requests < 1 {
+		return nil, "", nil, errors.New("-workers and -requests must be positive")
+	}
+	for _, b := range []*string{&c.Prometheus, &c.Chromium} {
+		p, err := exec.LookPath(*b)
+		if err != nil {
+			return nil, "", nil, fmt.Errorf("%s: %w", *b, err)
+		}
+		*b = p
+	}
+	if dash, err = readDashboard(c.Dashboard); err != nil {
+		return nil, "", nil, err
+	}
+	if alerts, err = filepath.Abs(c.Alerts); err != nil {
+		return nil, "", nil, err
+	}
+	if reqs, err = c.Demo.Slice.Load(); err != nil {
+		return nil, "", nil, err
+	}
+	if err := os.MkdirAll(c.Demo.Out, 0o755); err != nil {
+		return nil, "", nil, err
+	}
+	if c.Demo.Out, err = filepath.Abs(c.Demo.Out); err != nil {
+		return nil, "", nil, err
+	}
+	return dash, alerts, reqs, nil
+}
+
+// openStatusPage opens kvselect's status page at rest in a headless
+// Chromium; closeTab closes the tab and the browser.
+func openStatusPage(ctx context.Context, chromium, rest string) (tab context.Context, closeTab func(), err error) {
+	browser, cancelBrowser := chromedp.NewExecAllocator(ctx, append(chromedp.DefaultExecAllocatorOptions[:],
+		chromedp.ExecPath(chromium), chromedp.NoSandbox, chromedp.WindowSize(1400, 1000))...)
+	tab, cancelTab := chromedp.NewContext(browser)
+	closeTab = func() {
+		cancelTab()
+		cancelBrowser()
+	}
+	if err := chromedp.Do(tab, chromedp.Navigate(rest+"/ui/?interval=500")); err != nil {
+		closeTab()
+		return nil, nil, fmt.Errorf("chromium: opening the status page: %w", err)
+	}
+	return tab, closeTab, nil
+}
+
+// replayScraped replays the trace slice through the picker once Prometheus
+// has scraped twice, and returns the window the queries are checked over:
+// from the first request to two scrapes after the last.
+func replayScraped(ctx context.Context, fl *fleet.Fleet, prom *promProcess, d demo.Config, reqs []mooncake.Request, stderr io.Writer) (start, end time.Time, err error) {
+	if err := prom.waitScraped(ctx, 2, 60*time.Second); err != nil {
+		return start, end, err
+	}
+	start = time.Now()
+	ph, err := demo.Replay(ctx, fl, d, demo.PolicyKVSelect, reqs, stderr)
+	if err != nil {
+		return start, end, err
+	}
+	if ph.Errors > 0 {
+		return start, end, fmt.Errorf("%d of %d requests failed (logs in %s)", ph.Errors, ph.Requests, d.Out)
+	}
+	// Two more scrapes, so the last requests are in Prometheus; the
+	// instant queries read that moment.
+	time.Sleep(2500 * time.Millisecond)
+	return start, time.Now(), nil
+}
+
+// checkPanels runs every panel's queries over [start, end] into rep and
+// returns the failures: a query's error, or no data from a panel this run
+// should feed.
+func (p *promProcess) checkPanels(ctx context.Context, dash *grafanaDashboard, start, end time.Time, rep *Report) []string {
+	var failures []string
+	for _, panel := range dash.Panels {
+		pr := p.checkPanel(ctx, panel, start, end)
+		pr.Optional = optionalPanels[panel.Title]
+		for _, q := range pr.Queries {
+			switch {
+			case q.Error != "":
+				failures = append(failures, fmt.Sprintf("panel %q: %s: %s", panel.Title, q.Expr, q.Error))
+			case q.Series == 0 && pr.Optional == "":
+				failures = append(failures, fmt.Sprintf("panel %q: no data for %s", panel.Title, q.Expr))
+			}
+		}
+		rep.Panels = append(rep.Panels, pr)
+	}
+	return failures
 }
 
 // checkStatusPage waits until the page shows every worker, some decisions

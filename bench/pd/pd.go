@@ -128,26 +128,56 @@ func (rep *Report) Table(w io.Writer) {
 // decoding, and the KV transfer time, replays the sessions through the
 // picker and reads the decisions from kvselect's metrics.
 func (p *Config) runReal(ctx context.Context, s pdsim.Setup) (pdsim.Result, error) {
-	c := p.Sim
 	res := pdsim.Result{Setup: s}
-	if err := os.MkdirAll(p.Out, 0o755); err != nil {
+	fl, err := p.startRealFleet(ctx, s)
+	if err != nil {
 		return res, err
+	}
+	defer fl.Stop()
+	before, err := fl.KV.Metrics(ctx)
+	if err != nil {
+		return res, err
+	}
+	got, err := p.replayReal(ctx, fl)
+	res.Requests = got.requests
+	if err != nil {
+		return res, err
+	}
+	// Every booking, decode and prefill, went with its response.
+	if err := fl.KV.WaitNoBookings(ctx, 10*time.Second); err != nil {
+		return res, err
+	}
+	if err := realDecisions(ctx, fl, s, before, &res); err != nil {
+		return res, err
+	}
+	// Times are reported at the simulated scale (× speedup), comparable
+	// with the simulation's.
+	scale := func(samples []time.Duration, q float64) float64 {
+		return float64(stats.Quantile(samples, q).Microseconds()) * p.Speedup / 1000
+	}
+	res.TTFTP50Ms, res.TTFTP90Ms, res.TTFTP99Ms = scale(got.ttfts, 0.5), scale(got.ttfts, 0.9), scale(got.ttfts, 0.99)
+	res.ITLP50Ms, res.ITLP90Ms, res.ITLP99Ms = scale(got.itls, 0.5), scale(got.itls, 0.9), scale(got.itls, 0.99)
+	res.MakespanS = got.elapsed.Seconds() * p.Speedup
+	res.OutputTokensPS = float64(res.Requests*p.Sim.OutputTokens) / res.MakespanS
+	res.RequestsPS = float64(res.Requests) / res.MakespanS
+	return res, nil
+}
+
+// startRealFleet starts kvselect with setup s's router configuration and
+// s's mock workers, each with its role, logging into p.Out.
+func (p *Config) startRealFleet(ctx context.Context, s pdsim.Setup) (*fleet.Fleet, error) {
+	c := p.Sim
+	if err := os.MkdirAll(p.Out, 0o755); err != nil {
+		return nil, err
 	}
 	tag := strings.NewReplacer(" ", "-", "/", "").Replace(s.Name)
 	conf := filepath.Join(p.Out, tag+".yaml")
-	router := fmt.Sprintf("router:\n  conditional_disagg_enabled: %v\n", s.Conditional)
-	if c.EffISLThreshold > 0 {
-		router += fmt.Sprintf("  conditional_disagg_eff_isl_threshold: %d\n", c.EffISLThreshold)
-	}
-	if c.EffISLRatioThreshold > 0 {
-		router += fmt.Sprintf("  conditional_disagg_eff_isl_ratio_threshold: %g\n", c.EffISLRatioThreshold)
-	}
-	if err := os.WriteFile(conf, []byte(router), 0o644); err != nil {
-		return res, err
+	if err := writeRouterConfig(conf, c, s); err != nil {
+		return nil, err
 	}
 	maxLen := c.FirstTokens + (c.Turns-1)*(c.OutputTokens+c.FollowUpTokens) + c.OutputTokens + 16
 	pool := 4*c.Sessions*maxLen/c.BlockSize + 1024 // no eviction during the run
-	fl, err := fleet.Start(ctx, fleet.Config{Binaries: p.Binaries, Family: fleet.FamilyMock, Workers: s.Prefill + s.Decode,
+	return fleet.Start(ctx, fleet.Config{Binaries: p.Binaries, Family: fleet.FamilyMock, Workers: s.Prefill + s.Decode,
 		Dir: p.Out, Prefix: tag, KVSelectArgs: []string{"--config", conf},
 		Engine: fleet.Engine{BlockSize: c.BlockSize, PoolBlocks: pool, PrefillPerToken: c.PrefillPerToken, DecodePerToken: c.DecodePerToken,
 			Speedup: p.Speedup, Extra: []string{"--max-model-len", strconv.Itoa(maxLen), "--max-num-batched-tokens", strconv.Itoa(c.ChunkTokens),
@@ -161,20 +191,41 @@ func (p *Config) runReal(ctx context.Context, s pdsim.Setup) (pdsim.Result, erro
 			}
 			return []string{"--role", "both"}
 		}})
-	if err != nil {
-		return res, err
+}
+
+// writeRouterConfig writes kvselect's configuration file for setup s: its
+// conditional disaggregation and c's thresholds.
+func writeRouterConfig(path string, c pdsim.Config, s pdsim.Setup) error {
+	router := fmt.Sprintf("router:\n  conditional_disagg_enabled: %v\n", s.Conditional)
+	if c.EffISLThreshold > 0 {
+		router += fmt.Sprintf("  conditional_disagg_eff_isl_threshold: %d\n", c.EffISLThreshold)
 	}
-	defer fl.Stop()
-	before, err := fl.KV.Metrics(ctx)
-	if err != nil {
-		return res, err
+	if c.EffISLRatioThreshold > 0 {
+		router += fmt.Sprintf("  conditional_disagg_eff_isl_ratio_threshold: %g\n", c.EffISLRatioThreshold)
 	}
+	return os.WriteFile(path, []byte(router), 0o644)
+}
+
+// realSamples is what the real run's requests measured.
+type realSamples struct {
+	ttfts, itls []time.Duration
+	requests    int // completed with every output token
+	elapsed     time.Duration
+}
+
+// replayReal sends every session's requests through fl's picker at their
+// arrival times and waits for all of them; the error is the first request's
+// that failed or streamed too few tokens.
+func (p *Config) replayReal(ctx context.Context, fl *fleet.Fleet) (realSamples, error) {
+	c := p.Sim
 	rl := fl.Relay()
-	var mu sync.Mutex
-	var ttfts, itls []time.Duration
-	var firstErr error
+	var (
+		mu       sync.Mutex
+		got      realSamples
+		firstErr error
+		wg       sync.WaitGroup
+	)
 	begin := time.Now()
-	var wg sync.WaitGroup
 	for _, rq := range realTraffic(c, p.Speedup) {
 		wg.Go(func() {
 			if d := time.Until(begin.Add(rq.at)); d > 0 {
@@ -197,23 +248,23 @@ func (p *Config) runReal(ctx context.Context, s pdsim.Setup) (pdsim.Result, erro
 				}
 				return
 			}
-			ttfts = append(ttfts, r.TTFT)
-			itls = append(itls, r.ITLs()...)
-			res.Requests++
+			got.ttfts = append(got.ttfts, r.TTFT)
+			got.itls = append(got.itls, r.ITLs()...)
+			got.requests++
 		})
 	}
 	wg.Wait()
-	elapsed := time.Since(begin)
-	if firstErr != nil {
-		return res, firstErr
-	}
-	// Every booking, decode and prefill, went with its response.
-	if err := fl.KV.WaitNoBookings(ctx, 10*time.Second); err != nil {
-		return res, err
-	}
+	got.elapsed = time.Since(begin)
+	return got, firstErr
+}
+
+// realDecisions reads, since kvselect's metrics before, its prefill
+// decisions, and from the decode workers' metrics the prompt tokens they
+// prefilled themselves and the KV blocks transferred to them.
+func realDecisions(ctx context.Context, fl *fleet.Fleet, s pdsim.Setup, before promtext.Samples, res *pdsim.Result) error {
 	after, err := fl.KV.Metrics(ctx)
 	if err != nil {
-		return res, err
+		return err
 	}
 	d := after.Minus(before).ByLabel("kvselect_prefill_decisions_total", "decision")
 	res.RemotePrefills, res.LocalPrefills = int(d["remote_prefill"]), int(d["local_prefill"])
@@ -223,22 +274,12 @@ func (p *Config) runReal(ctx context.Context, s pdsim.Setup) (pdsim.Result, erro
 	for _, w := range fl.Workers[s.Prefill:] {
 		m, err := promtext.Scrape(ctx, fl.HTTP, "http://"+w+"/metrics")
 		if err != nil {
-			return res, err
+			return err
 		}
 		res.DecodePrefilled += int(m.Sum("kvselect_mockworker_prefill_computed_tokens_total"))
 		res.TransferBlocks += int(m.Sum("kvselect_mockworker_kv_transfer_blocks_total"))
 	}
-	// Times are reported at the simulated scale (× speedup), comparable
-	// with the simulation's.
-	scale := func(samples []time.Duration, q float64) float64 {
-		return float64(stats.Quantile(samples, q).Microseconds()) * p.Speedup / 1000
-	}
-	res.TTFTP50Ms, res.TTFTP90Ms, res.TTFTP99Ms = scale(ttfts, 0.5), scale(ttfts, 0.9), scale(ttfts, 0.99)
-	res.ITLP50Ms, res.ITLP90Ms, res.ITLP99Ms = scale(itls, 0.5), scale(itls, 0.9), scale(itls, 0.99)
-	res.MakespanS = elapsed.Seconds() * p.Speedup
-	res.OutputTokensPS = float64(res.Requests*c.OutputTokens) / res.MakespanS
-	res.RequestsPS = float64(res.Requests) / res.MakespanS
-	return res, nil
+	return nil
 }
 
 // realRequest is one request of the real run.

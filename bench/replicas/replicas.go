@@ -171,128 +171,176 @@ func request(cfg Config, id string, rnd *rand.Rand) *selection.SelectRequest {
 // Run runs one experiment.
 func Run(ctx context.Context, cfg Config) (Result, error) {
 	cfg = cfg.Defaults()
-	dump := hotDump(cfg)
-	var nodes []*node
-	defer func() {
-		for _, n := range nodes {
-			_ = n.mesh.Close()
-		}
-	}()
-	for i := range 3 {
-		n, err := newNode(ctx, cfg, cfg.Seed*31+uint64(i), dump)
-		if err != nil {
-			return Result{}, err
-		}
-		nodes = append(nodes, n)
+	nodes, err := startNodes(ctx, cfg)
+	if err != nil {
+		return Result{}, err
 	}
+	defer closeNodes(nodes)
 	a, b, truth := nodes[0], nodes[1], nodes[2]
-	links := [][2]*node{{truth, a}, {truth, b}}
-	if cfg.Sync {
-		links = append(links, [2]*node{a, b}, [2]*node{b, a})
-	}
-	for _, l := range links {
-		if _, err := l[0].mesh.Register(l[1].endpoint()); err != nil {
-			return Result{}, err
-		}
-	}
-	for _, l := range links {
-		if err := carries(ctx, l[1], l[0]); err != nil {
-			return Result{}, err
-		}
+	if err := link(ctx, cfg.Sync, a, b, truth); err != nil {
+		return Result{}, err
 	}
 
 	res := Result{Sync: cfg.Sync, Single: cfg.Single}
-	var bookings, hot atomic.Int64
 	runCtx, stop := context.WithCancel(ctx)
-	var wg sync.WaitGroup
-	var firstErr error
-	var errOnce sync.Once
-	fail := func(err error) {
-		errOnce.Do(func() { firstErr = err; stop() })
-	}
+	cl := &clients{stop: stop}
 	for ri, r := range []*node{a, b} {
 		if cfg.Single {
 			r = a
 		}
 		for c := range cfg.Clients {
 			rnd := rand.New(rand.NewPCG(cfg.Seed, uint64(ri*1000+c)))
-			wg.Go(func() {
-				for n := 0; runCtx.Err() == nil; n++ {
-					id := fmt.Sprintf("r%d-c%d-%d", ri, c, n)
-					resp, err := r.svc.SelectAndReserve(runCtx, request(cfg, id, rnd))
-					if err != nil {
-						if runCtx.Err() == nil {
-							fail(fmt.Errorf("select_and_reserve: %w", err))
-						}
-						return
-					}
-					bookings.Add(1)
-					if resp.WorkerID == hotWorker {
-						hot.Add(1)
-					}
-					sleep(runCtx, jitter(rnd, cfg.Prefill))
-					_ = r.svc.PrefillComplete(runCtx, id)
-					sleep(runCtx, jitter(rnd, cfg.Decode))
-					_ = r.svc.Free(runCtx, id)
-				}
-			})
+			cl.wg.Go(func() { cl.run(runCtx, cfg, r, ri, c, rnd) })
 		}
 	}
-	sampler := time.NewTicker(cfg.SampleEvery)
-	warm := time.After(300 * time.Millisecond)
-	var end <-chan time.Time
-	var sumReqMM, sumReqCV, sumLoadMM, sumLoadCV float64
-	var b0, h0 int64
-loop:
-	for {
-		select {
-		case <-runCtx.Done():
-			break loop
-		case <-warm:
-			end = time.After(cfg.Duration)
-			b0, h0 = bookings.Load(), hot.Load()
-		case <-end:
-			break loop
-		case <-sampler.C:
-			if end == nil {
-				continue
-			}
-			reqs, load := make([]float64, cfg.Workers), make([]float64, cfg.Workers)
-			for _, l := range truth.svc.Inspect().Loads(nil, nil)[0].Loads {
-				i := int(l.WorkerID) - 1
-				reqs[i] = float64(l.ActiveRequests)
-				load[i] = float64(l.PotentialPrefillTokens)/float64(cfg.BlockSize) + float64(l.PotentialDecodeBlocks)
-				res.PeakRequests = max(res.PeakRequests, l.ActiveRequests)
-			}
-			if mm, cv, ok := spread(reqs); ok {
-				sumReqMM, sumReqCV = sumReqMM+mm, sumReqCV+cv
-				mm, cv, _ = spread(load)
-				sumLoadMM, sumLoadCV = sumLoadMM+mm, sumLoadCV+cv
-				res.Samples++
-			}
-		}
-	}
-	sampler.Stop()
+	b0, h0, sums := cl.measure(runCtx, cfg, truth, &res)
 	stop()
-	wg.Wait()
-	if firstErr != nil {
-		return res, firstErr
+	cl.wg.Wait()
+	if cl.firstErr != nil {
+		return res, cl.firstErr
 	}
 	if err := ctx.Err(); err != nil {
 		return res, err
 	}
-	res.Bookings = bookings.Load() - b0
+	res.Bookings = cl.bookings.Load() - b0
 	if res.Bookings > 0 {
-		res.HotShare = float64(hot.Load()-h0) / float64(res.Bookings)
+		res.HotShare = float64(cl.hot.Load()-h0) / float64(res.Bookings)
 	}
 	if n := float64(res.Samples); n > 0 {
-		res.RequestsMaxOverMean, res.RequestsCV = sumReqMM/n, sumReqCV/n
-		res.LoadMaxOverMean, res.LoadCV = sumLoadMM/n, sumLoadCV/n
+		res.RequestsMaxOverMean, res.RequestsCV = sums.reqMM/n, sums.reqCV/n
+		res.LoadMaxOverMean, res.LoadCV = sums.loadMM/n, sums.loadCV/n
 	}
 	for _, n := range []*node{a, b} {
 		res.Mirrored += n.mesh.Stats().Bookings["applied"]
 	}
 	return res, nil
+}
+
+// startNodes starts the two measured replicas and the ground-truth one, all
+// seeded with the hot prefix.
+func startNodes(ctx context.Context, cfg Config) ([]*node, error) {
+	dump := hotDump(cfg)
+	var nodes []*node
+	for i := range 3 {
+		n, err := newNode(ctx, cfg, cfg.Seed*31+uint64(i), dump)
+		if err != nil {
+			closeNodes(nodes)
+			return nil, err
+		}
+		nodes = append(nodes, n)
+	}
+	return nodes, nil
+}
+
+func closeNodes(nodes []*node) {
+	for _, n := range nodes {
+		_ = n.mesh.Close()
+	}
+}
+
+// link subscribes truth to both replicas and, with sync, each replica to
+// the other, and waits until every link carries events.
+func link(ctx context.Context, sync bool, a, b, truth *node) error {
+	links := [][2]*node{{truth, a}, {truth, b}}
+	if sync {
+		links = append(links, [2]*node{a, b}, [2]*node{b, a})
+	}
+	for _, l := range links {
+		if _, err := l[0].mesh.Register(l[1].endpoint()); err != nil {
+			return err
+		}
+	}
+	for _, l := range links {
+		if err := carries(ctx, l[1], l[0]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// clients is the closed-loop clients' shared state: what they booked and
+// the first error, which stops them all.
+type clients struct {
+	bookings, hot atomic.Int64 // bookings, and those on the hot worker
+	wg            sync.WaitGroup
+	errOnce       sync.Once
+	firstErr      error
+	stop          context.CancelFunc
+}
+
+func (cl *clients) fail(err error) {
+	cl.errOnce.Do(func() { cl.firstErr = err; cl.stop() })
+}
+
+// run is client c of replica ri (node r), in a closed loop: book, hold
+// through prefill and decode, free, again, until ctx ends.
+func (cl *clients) run(ctx context.Context, cfg Config, r *node, ri, c int, rnd *rand.Rand) {
+	for n := 0; ctx.Err() == nil; n++ {
+		id := fmt.Sprintf("r%d-c%d-%d", ri, c, n)
+		resp, err := r.svc.SelectAndReserve(ctx, request(cfg, id, rnd))
+		if err != nil {
+			if ctx.Err() == nil {
+				cl.fail(fmt.Errorf("select_and_reserve: %w", err))
+			}
+			return
+		}
+		cl.bookings.Add(1)
+		if resp.WorkerID == hotWorker {
+			cl.hot.Add(1)
+		}
+		sleep(ctx, jitter(rnd, cfg.Prefill))
+		_ = r.svc.PrefillComplete(ctx, id)
+		sleep(ctx, jitter(rnd, cfg.Decode))
+		_ = r.svc.Free(ctx, id)
+	}
+}
+
+// spreadSums adds up the samples' spread figures, for their time averages.
+type spreadSums struct {
+	reqMM, reqCV, loadMM, loadCV float64
+}
+
+// measure waits out a 300 ms warm-up, then samples truth's loads every
+// cfg.SampleEvery for cfg.Duration (or until ctx ends) into res and the
+// returned sums. b0 and h0 are the bookings counts when the measured window
+// opened.
+func (cl *clients) measure(ctx context.Context, cfg Config, truth *node, res *Result) (b0, h0 int64, sums spreadSums) {
+	sampler := time.NewTicker(cfg.SampleEvery)
+	defer sampler.Stop()
+	warm := time.After(300 * time.Millisecond)
+	var end <-chan time.Time
+	for {
+		select {
+		case <-ctx.Done():
+			return b0, h0, sums
+		case <-warm:
+			end = time.After(cfg.Duration)
+			b0, h0 = cl.bookings.Load(), cl.hot.Load()
+		case <-end:
+			return b0, h0, sums
+		case <-sampler.C:
+			if end != nil {
+				sample(cfg, truth, res, &sums)
+			}
+		}
+	}
+}
+
+// sample reads truth's per-worker loads once and adds their spread to sums.
+func sample(cfg Config, truth *node, res *Result, sums *spreadSums) {
+	reqs, load := make([]float64, cfg.Workers), make([]float64, cfg.Workers)
+	for _, l := range truth.svc.Inspect().Loads(nil, nil)[0].Loads {
+		i := int(l.WorkerID) - 1
+		reqs[i] = float64(l.ActiveRequests)
+		load[i] = float64(l.PotentialPrefillTokens)/float64(cfg.BlockSize) + float64(l.PotentialDecodeBlocks)
+		res.PeakRequests = max(res.PeakRequests, l.ActiveRequests)
+	}
+	if mm, cv, ok := spread(reqs); ok {
+		sums.reqMM, sums.reqCV = sums.reqMM+mm, sums.reqCV+cv
+		mm, cv, _ = spread(load)
+		sums.loadMM, sums.loadCV = sums.loadMM+mm, sums.loadCV+cv
+		res.Samples++
+	}
 }
 
 // spread returns max/mean and the coefficient of variation (population

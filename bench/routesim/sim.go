@@ -312,149 +312,79 @@ func Run(ctx context.Context, w *World, trace []mooncake.Request, p Policy, prog
 	if cfg.Requests > 0 && cfg.Requests < len(trace) {
 		trace = trace[:cfg.Requests]
 	}
-	res := Result{Policy: p.Name(), Workers: cfg.Workers, Capacity: cfg.Capacity, Bypass: cfg.Bypass,
-		EngineMetrics: cfg.EngineMetrics}
-	if cfg.Bypass > 0 {
-		res.BypassWorkers = cfg.BypassWorkers
-	}
+	rp := newReplay(ctx, w, p, len(trace))
 	if len(trace) == 0 {
-		return res, errors.New("routesim: empty trace")
+		return rp.res, errors.New("routesim: empty trace")
 	}
-	sink, _ := p.(EngineMetricsSink)
 	if cfg.EngineMetrics {
-		if sink == nil {
-			return res, fmt.Errorf("routesim: %s takes no engine metrics", p.Name())
+		if rp.sink == nil {
+			return rp.res, fmt.Errorf("routesim: %s takes no engine metrics", p.Name())
 		}
 		ec := selection.DefaultEngineConfig()
 		if cfg.Engine != nil {
 			ec = *cfg.Engine
 		}
-		res.RequestWeight, res.KVUsageWeight = ec.RequestWeight, ec.KVUsageWeight
+		rp.res.RequestWeight, rp.res.KVUsageWeight = ec.RequestWeight, ec.KVUsageWeight
 	}
-	var (
-		pending    eventq.Queue[event]
-		retries    eventq.Queue[event] // refused requests, by the time they are offered again
-		ttfts      = make([]time.Duration, 0, len(trace))
-		allTTFTs   = make([]time.Duration, 0, len(trace))
-		selects    = make([]time.Duration, 0, len(trace))
-		hit, all   int
-		last       time.Duration
-		nextScrape time.Duration
-		refused    = map[int]bool{}
-		bypassRand = rand.New(rand.NewPCG(cfg.Seed, 0xb7a55))
-	)
-	push := func(q *eventq.Queue[event], e event) { q.Push(e.at, e) }
-	scrape := func() {
-		for i := range w.workers {
-			sink.ReportEngine(i, w.EngineState(i))
-		}
-		res.Scrapes++
+	if err := rp.feed(trace, progress); err != nil {
+		return rp.res, err
 	}
-	// step applies the next lifecycle event or scrape due by until and says
-	// whether there was one. Scrapes stop once no event is pending, so the
-	// final drain ends.
-	step := func(until time.Duration) bool {
-		next, queued := pending.Next()
-		evDue := queued && next <= until
-		if cfg.EngineMetrics && nextScrape <= until && (!evDue || nextScrape < next) &&
-			(pending.Len() > 0 || until < 1<<62-1) {
-			w.now = nextScrape
-			scrape()
-			nextScrape += cfg.ScrapeInterval
-			return true
-		}
-		if !evDue {
-			return false
-		}
-		e := pending.Pop()
-		w.now = e.at
-		ws := &w.workers[e.worker]
-		switch e.kind {
-		case prefillStart:
-			ws.waiting--
-			ws.running++
-		case firstToken:
-			ws.queuedTok -= e.tok
-			ws.decodeCtx += e.req.Trace.InputLength
-			if !e.req.Bypass {
-				p.FirstToken(ctx, e.req)
-			}
-		case done:
-			ws.active--
-			ws.running--
-			ws.heldBlocks -= requestBlocks(e.req)
-			ws.decodeCtx -= e.req.Trace.InputLength
-			if !e.req.Bypass {
-				p.Done(ctx, e.req)
-			}
-			last = max(last, e.at)
-		}
-		return true
+	rp.drain(1<<62 - 1)
+	if progress != nil {
+		progress(len(trace), len(trace))
 	}
-	drain := func(until time.Duration) {
-		for step(until) {
-		}
+	rp.summarize(len(trace))
+	return rp.res, nil
+}
+
+// replay is one Run in progress: the world and the policy it drives, the
+// lifecycle events still to happen and the figures gathered so far.
+type replay struct {
+	ctx  context.Context
+	w    *World
+	cfg  Config
+	p    Policy
+	sink EngineMetricsSink // p, when it takes engine metrics
+	res  Result
+
+	pending    eventq.Queue[event]
+	retries    eventq.Queue[event] // refused requests, by the time they are offered again
+	ttfts      []time.Duration     // of the requests kvselect routed
+	allTTFTs   []time.Duration     // of every request, bypass included
+	selects    []time.Duration     // wall-clock time of each Pick
+	hit, all   int                 // cached and total prompt blocks of the routed requests
+	last       time.Duration       // the last completion
+	nextScrape time.Duration
+	refused    map[int]bool // requests refused at least once, by Seq
+	bypassRand *rand.Rand
+}
+
+func newReplay(ctx context.Context, w *World, p Policy, requests int) *replay {
+	cfg := w.cfg
+	rp := &replay{ctx: ctx, w: w, cfg: cfg, p: p,
+		res: Result{Policy: p.Name(), Workers: cfg.Workers, Capacity: cfg.Capacity, Bypass: cfg.Bypass,
+			EngineMetrics: cfg.EngineMetrics},
+		ttfts:      make([]time.Duration, 0, requests),
+		allTTFTs:   make([]time.Duration, 0, requests),
+		selects:    make([]time.Duration, 0, requests),
+		refused:    map[int]bool{},
+		bypassRand: rand.New(rand.NewPCG(cfg.Seed, 0xb7a55)),
 	}
-	// admit puts r on worker wi at the current time: cache, queue, events.
-	admit := func(r *Request, wi int) {
-		tr := r.Trace
-		now := w.now
-		cached := w.CachedPrefix(wi, tr.HashIDs)
-		events := w.engines[wi].Process(tr.HashIDs)
-		p.Admitted(ctx, r, wi, events)
-		uncached := max(tr.InputLength-cached*TraceBlockTokens, 1)
-		ws := &w.workers[wi]
-		begin := max(now, ws.prefillFree)
-		slow := 1 + cfg.DecodeInterference*float64(ws.decodeCtx)/1000
-		ft := begin + time.Duration(float64(time.Duration(uncached)*cfg.PrefillPerToken)*slow)
-		ws.prefillFree = ft
-		ws.active++
-		ws.queuedTok += uncached
-		ws.heldBlocks += requestBlocks(r)
-		if begin > now {
-			ws.waiting++
-			push(&pending, event{at: begin, kind: prefillStart, req: r, worker: wi})
-		} else {
-			ws.running++
-		}
-		allTTFTs = append(allTTFTs, ft-r.Arrival)
-		if r.Bypass {
-			res.Bypassed++
-		} else {
-			ws.assigned++
-			hit += cached
-			all += len(tr.HashIDs)
-			ttfts = append(ttfts, ft-r.Arrival)
-		}
-		push(&pending, event{at: ft, kind: firstToken, req: r, worker: wi, tok: uncached})
-		push(&pending, event{at: ft + time.Duration(max(tr.OutputLength-1, 0))*cfg.DecodePerToken, kind: done, req: r, worker: wi})
+	if cfg.Bypass > 0 {
+		rp.res.BypassWorkers = cfg.BypassWorkers
 	}
-	// route offers r to the policy at the current time; a refusal as
-	// overloaded schedules a retry.
-	route := func(r *Request) error {
-		start := time.Now()
-		wi, err := p.Pick(ctx, r)
-		selects = append(selects, time.Since(start))
-		if err != nil {
-			if selection.KindOf(err) == selection.KindOverloaded {
-				res.Refusals++
-				refused[r.Seq] = true
-				push(&retries, event{at: w.now + cfg.RetryAfter, req: r})
-				return nil
-			}
-			return fmt.Errorf("routesim: %s: request %d: %w", p.Name(), r.Seq, err)
-		}
-		if wi < 0 || wi >= cfg.Workers {
-			return fmt.Errorf("routesim: %s picked worker %d of %d", p.Name(), wi, cfg.Workers)
-		}
-		admit(r, wi)
-		return nil
-	}
+	rp.sink, _ = p.(EngineMetricsSink)
+	return rp
+}
+
+// feed offers every trace request at its arrival time, and every refused one
+// again when its retry is due, running the lifecycle events due before each.
+func (rp *replay) feed(trace []mooncake.Request, progress func(done, total int)) error {
 	t0 := trace[0].Timestamp
-	for i := 0; i < len(trace) || retries.Len() > 0; {
+	for i := 0; i < len(trace) || rp.retries.Len() > 0; {
 		if i%256 == 0 && i < len(trace) {
-			if err := ctx.Err(); err != nil {
-				return res, err
+			if err := rp.ctx.Err(); err != nil {
+				return err
 			}
 			if progress != nil {
 				progress(i, len(trace))
@@ -462,57 +392,175 @@ func Run(ctx context.Context, w *World, trace []mooncake.Request, p Policy, prog
 		}
 		var arrival time.Duration
 		if i < len(trace) {
-			arrival = time.Duration(float64(time.Duration(trace[i].Timestamp-t0)*time.Millisecond) / cfg.Speedup)
+			arrival = time.Duration(float64(time.Duration(trace[i].Timestamp-t0)*time.Millisecond) / rp.cfg.Speedup)
 		}
 		// A retry due no later than the next arrival goes first.
-		if retryAt, ok := retries.Next(); ok && (i == len(trace) || retryAt <= arrival) {
-			e := retries.Pop()
-			drain(e.at)
-			w.now = e.at
-			if err := route(e.req); err != nil {
-				return res, err
+		if retryAt, ok := rp.retries.Next(); ok && (i == len(trace) || retryAt <= arrival) {
+			e := rp.retries.Pop()
+			rp.drain(e.at)
+			rp.w.now = e.at
+			if err := rp.route(e.req); err != nil {
+				return err
 			}
 			continue
 		}
 		tr := trace[i]
-		drain(arrival)
-		w.now = arrival
+		rp.drain(arrival)
+		rp.w.now = arrival
 		r := &Request{ID: fmt.Sprintf("r%d", i), Seq: i, Arrival: arrival, Trace: tr, Locals: mooncake.LocalHashes(tr.HashIDs)}
 		i++
-		if cfg.Bypass > 0 && bypassRand.Float64() < cfg.Bypass {
+		if rp.cfg.Bypass > 0 && rp.bypassRand.Float64() < rp.cfg.Bypass {
 			r.Bypass = true
-			admit(r, bypassRand.IntN(cfg.BypassWorkers))
+			rp.admit(r, rp.bypassRand.IntN(rp.cfg.BypassWorkers))
 			continue
 		}
-		if err := route(r); err != nil {
-			return res, err
+		if err := rp.route(r); err != nil {
+			return err
 		}
 	}
-	drain(1<<62 - 1)
-	if progress != nil {
-		progress(len(trace), len(trace))
+	return nil
+}
+
+// schedule queues e at its time.
+func schedule(q *eventq.Queue[event], e event) { q.Push(e.at, e) }
+
+// scrape reports every engine's state to the policy.
+func (rp *replay) scrape() {
+	for i := range rp.w.workers {
+		rp.sink.ReportEngine(i, rp.w.EngineState(i))
 	}
-	res.Requests = len(ttfts)
-	res.RefusedRequests = len(refused)
-	res.HitRate = float64(hit) / float64(max(all, 1))
-	slices.Sort(ttfts)
-	slices.Sort(allTTFTs)
-	slices.Sort(selects)
-	res.TTFTP50Ms = ms(stats.SortedQuantile(ttfts, 0.50))
-	res.TTFTP90Ms = ms(stats.SortedQuantile(ttfts, 0.90))
-	res.TTFTP99Ms = ms(stats.SortedQuantile(ttfts, 0.99))
-	res.AllTTFTP50Ms = ms(stats.SortedQuantile(allTTFTs, 0.50))
-	res.AllTTFTP90Ms = ms(stats.SortedQuantile(allTTFTs, 0.90))
-	res.AllTTFTP99Ms = ms(stats.SortedQuantile(allTTFTs, 0.99))
-	res.SelectP50Us = us(stats.SortedQuantile(selects, 0.50))
-	res.SelectP99Us = us(stats.SortedQuantile(selects, 0.99))
-	if last > 0 {
-		res.Throughput = float64(len(trace)) / last.Seconds()
+	rp.res.Scrapes++
+}
+
+// drain applies every lifecycle event and scrape due by until.
+func (rp *replay) drain(until time.Duration) {
+	for rp.step(until) {
 	}
-	for _, ws := range w.workers {
-		res.MaxShare = max(res.MaxShare, float64(ws.assigned)/float64(max(len(ttfts), 1)))
+}
+
+// step applies the next lifecycle event or scrape due by until and says
+// whether there was one. Scrapes stop once no event is pending, so the
+// final drain ends.
+func (rp *replay) step(until time.Duration) bool {
+	next, queued := rp.pending.Next()
+	evDue := queued && next <= until
+	if rp.cfg.EngineMetrics && rp.nextScrape <= until && (!evDue || rp.nextScrape < next) &&
+		(rp.pending.Len() > 0 || until < 1<<62-1) {
+		rp.w.now = rp.nextScrape
+		rp.scrape()
+		rp.nextScrape += rp.cfg.ScrapeInterval
+		return true
 	}
-	return res, nil
+	if !evDue {
+		return false
+	}
+	e := rp.pending.Pop()
+	rp.w.now = e.at
+	ws := &rp.w.workers[e.worker]
+	switch e.kind {
+	case prefillStart:
+		ws.waiting--
+		ws.running++
+	case firstToken:
+		ws.queuedTok -= e.tok
+		ws.decodeCtx += e.req.Trace.InputLength
+		if !e.req.Bypass {
+			rp.p.FirstToken(rp.ctx, e.req)
+		}
+	case done:
+		ws.active--
+		ws.running--
+		ws.heldBlocks -= requestBlocks(e.req)
+		ws.decodeCtx -= e.req.Trace.InputLength
+		if !e.req.Bypass {
+			rp.p.Done(rp.ctx, e.req)
+		}
+		rp.last = max(rp.last, e.at)
+	}
+	return true
+}
+
+// route offers r to the policy at the current time; a refusal as
+// overloaded schedules a retry.
+func (rp *replay) route(r *Request) error {
+	start := time.Now()
+	wi, err := rp.p.Pick(rp.ctx, r)
+	rp.selects = append(rp.selects, time.Since(start))
+	if err != nil {
+		if selection.KindOf(err) == selection.KindOverloaded {
+			rp.res.Refusals++
+			rp.refused[r.Seq] = true
+			schedule(&rp.retries, event{at: rp.w.now + rp.cfg.RetryAfter, req: r})
+			return nil
+		}
+		return fmt.Errorf("routesim: %s: request %d: %w", rp.p.Name(), r.Seq, err)
+	}
+	if wi < 0 || wi >= rp.cfg.Workers {
+		return fmt.Errorf("routesim: %s picked worker %d of %d", rp.p.Name(), wi, rp.cfg.Workers)
+	}
+	rp.admit(r, wi)
+	return nil
+}
+
+// admit puts r on worker wi at the current time: cache, queue, events.
+func (rp *replay) admit(r *Request, wi int) {
+	w, cfg, tr := rp.w, rp.cfg, r.Trace
+	now := w.now
+	cached := w.CachedPrefix(wi, tr.HashIDs)
+	events := w.engines[wi].Process(tr.HashIDs)
+	rp.p.Admitted(rp.ctx, r, wi, events)
+	uncached := max(tr.InputLength-cached*TraceBlockTokens, 1)
+	ws := &w.workers[wi]
+	begin := max(now, ws.prefillFree)
+	slow := 1 + cfg.DecodeInterference*float64(ws.decodeCtx)/1000
+	ft := begin + time.Duration(float64(time.Duration(uncached)*cfg.PrefillPerToken)*slow)
+	ws.prefillFree = ft
+	ws.active++
+	ws.queuedTok += uncached
+	ws.heldBlocks += requestBlocks(r)
+	if begin > now {
+		ws.waiting++
+		schedule(&rp.pending, event{at: begin, kind: prefillStart, req: r, worker: wi})
+	} else {
+		ws.running++
+	}
+	rp.allTTFTs = append(rp.allTTFTs, ft-r.Arrival)
+	if r.Bypass {
+		rp.res.Bypassed++
+	} else {
+		ws.assigned++
+		rp.hit += cached
+		rp.all += len(tr.HashIDs)
+		rp.ttfts = append(rp.ttfts, ft-r.Arrival)
+	}
+	schedule(&rp.pending, event{at: ft, kind: firstToken, req: r, worker: wi, tok: uncached})
+	schedule(&rp.pending, event{at: ft + time.Duration(max(tr.OutputLength-1, 0))*cfg.DecodePerToken, kind: done, req: r, worker: wi})
+}
+
+// summarize turns the gathered figures of a replay of n trace requests into
+// the result's rates and quantiles.
+func (rp *replay) summarize(n int) {
+	res := &rp.res
+	res.Requests = len(rp.ttfts)
+	res.RefusedRequests = len(rp.refused)
+	res.HitRate = float64(rp.hit) / float64(max(rp.all, 1))
+	slices.Sort(rp.ttfts)
+	slices.Sort(rp.allTTFTs)
+	slices.Sort(rp.selects)
+	res.TTFTP50Ms = ms(stats.SortedQuantile(rp.ttfts, 0.50))
+	res.TTFTP90Ms = ms(stats.SortedQuantile(rp.ttfts, 0.90))
+	res.TTFTP99Ms = ms(stats.SortedQuantile(rp.ttfts, 0.99))
+	res.AllTTFTP50Ms = ms(stats.SortedQuantile(rp.allTTFTs, 0.50))
+	res.AllTTFTP90Ms = ms(stats.SortedQuantile(rp.allTTFTs, 0.90))
+	res.AllTTFTP99Ms = ms(stats.SortedQuantile(rp.allTTFTs, 0.99))
+	res.SelectP50Us = us(stats.SortedQuantile(rp.selects, 0.50))
+	res.SelectP99Us = us(stats.SortedQuantile(rp.selects, 0.99))
+	if rp.last > 0 {
+		res.Throughput = float64(n) / rp.last.Seconds()
+	}
+	for _, ws := range rp.w.workers {
+		res.MaxShare = max(res.MaxShare, float64(ws.assigned)/float64(max(len(rp.ttfts), 1)))
+	}
 }
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }

@@ -25,6 +25,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/kvselect/kvselect/bench/fleet"
@@ -159,6 +160,9 @@ type phaseRun struct {
 	rec      *recorder
 	inj      *injector
 	progress io.Writer
+	// stopping is set once the phase stops the cluster itself: exits after
+	// that are expected.
+	stopping atomic.Bool
 
 	mu         sync.Mutex
 	violations []Violation
@@ -173,38 +177,62 @@ func (p *phaseRun) violate(name, detail string) {
 	fmt.Fprintf(p.progress, "\nVIOLATION %s: %s\n", name, detail)
 }
 
+// runPhase starts a fresh cluster, runs the traffic (and with faulted the
+// faults) for d, then checks the invariants the phase can judge.
 func runPhase(ctx context.Context, cfg *Config, name string, d time.Duration, faulted bool, progress io.Writer) (*Phase, error) {
 	p := &phaseRun{cfg: cfg, name: name, progress: progress, prevHits: map[int][2]float64{}}
 	p.rec = &recorder{}
-	running := true
-	var runMu sync.Mutex
-	onExit := func(proc string, err error) {
-		runMu.Lock()
-		r := running
-		runMu.Unlock()
-		if r {
-			p.violate("no unexpected exits", fmt.Sprintf("%s exited on its own: %v", proc, err))
-		}
-	}
 	out := cfg.Out + "/" + name
 	fmt.Fprintf(progress, "%s: starting %d kvselect replicas, %d mock workers and %d llm-d-inference-sim (logs in %s)\n", name, cfg.Replicas, cfg.Workers, cfg.Sims, out)
-	fl, err := startCluster(ctx, cfg, out, onExit)
+	fl, err := startCluster(ctx, cfg, out, p.exited)
 	if err != nil {
 		return nil, err
 	}
 	p.fl = fl
 	defer func() {
-		runMu.Lock()
-		running = false
-		runMu.Unlock()
+		p.stopping.Store(true)
 		fl.stop()
 	}()
 	fmt.Fprintf(progress, "%s: status pages %s/ui/ …; %s of traffic at %.0f ext_proc + %.0f REST requests/s\n",
 		name, fl.replicas[0].kv.REST, d, cfg.ExtprocRate, cfg.RESTRate)
 
+	trafficEnd := p.drive(ctx, d, faulted)
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+
+	ph := &Phase{Name: name, Duration: d, Faults: p.inj.snapshot()}
+	if faulted {
+		p.checkAfterFaults(ctx, ph)
+	}
+	p.mu.Lock()
+	ph.Samples = p.samples
+	ph.Violations = p.violations
+	p.mu.Unlock()
+	ph.summarize(p.rec.snapshot(), trafficEnd, cfg)
+	if faulted {
+		ph.judge(p.rec.snapshot())
+	}
+	return ph, nil
+}
+
+// exited is the cluster's report of a process that exited: a violation
+// unless the phase is stopping it.
+func (p *phaseRun) exited(proc string, err error) {
+	if !p.stopping.Load() {
+		p.violate("no unexpected exits", fmt.Sprintf("%s exited on its own: %v", proc, err))
+	}
+}
+
+// drive runs the traffic, the fault schedule when faulted, and the
+// sampling for d (or until ctx ends), then stops the faults (each one is
+// undone while the traffic still flows), the traffic, and the sampling
+// last. It returns when the traffic ended, since the phase began.
+func (p *phaseRun) drive(ctx context.Context, d time.Duration, faulted bool) time.Duration {
+	cfg := p.cfg
 	p.rec.begin = time.Now()
-	tr := &traffic{fl: fl, seed: cfg.Seed, nonce: fmt.Sprintf("%s-%d", name, time.Now().UnixNano()), rec: p.rec, docs: cfg.Docs}
-	p.inj = &injector{fl: fl, cfg: cfg, begin: p.rec.begin, busy: map[string]bool{}}
+	tr := &traffic{fl: p.fl, seed: cfg.Seed, nonce: fmt.Sprintf("%s-%d", p.name, time.Now().UnixNano()), rec: p.rec, docs: cfg.Docs}
+	p.inj = &injector{fl: p.fl, cfg: cfg, begin: p.rec.begin, busy: map[string]bool{}}
 	trafficCtx, stopTraffic := context.WithCancel(ctx)
 	faultCtx, stopFaults := context.WithCancel(ctx)
 	var bg sync.WaitGroup
@@ -221,7 +249,23 @@ func runPhase(ctx context.Context, cfg *Config, name string, d time.Duration, fa
 	sampled := make(chan struct{})
 	go func() { p.sampleLoop(sampleCtx); close(sampled) }()
 
-	bar := report.NewProgress(progress, name)
+	p.showProgress(ctx, d)
+	stopFaults()
+	fmt.Fprintf(p.progress, "%s: undoing the faults still running…\n", p.name)
+	<-faultsDone
+	stopTraffic()
+	bg.Wait()
+	tr.wg.Wait()
+	trafficEnd := time.Since(p.rec.begin)
+	stopSampling()
+	<-sampled
+	return trafficEnd
+}
+
+// showProgress updates the phase's progress bar every second until d has
+// passed since the phase began or ctx ends.
+func (p *phaseRun) showProgress(ctx context.Context, d time.Duration) {
+	bar := report.NewProgress(p.progress, p.name)
 	end := p.rec.begin.Add(d)
 	for now := time.Now(); now.Before(end) && ctx.Err() == nil; now = time.Now() {
 		bar.Update(int(now.Sub(p.rec.begin)/time.Second), int(d/time.Second))
@@ -231,51 +275,38 @@ func runPhase(ctx context.Context, cfg *Config, name string, d time.Duration, fa
 		}
 	}
 	bar.Update(int(d/time.Second), int(d/time.Second))
-	stopFaults()
-	fmt.Fprintf(progress, "%s: undoing the faults still running…\n", name)
-	<-faultsDone
-	stopTraffic()
-	bg.Wait()
-	tr.wg.Wait()
-	trafficEnd := time.Since(p.rec.begin)
-	stopSampling()
-	<-sampled
-	if err := ctx.Err(); err != nil {
-		return nil, err
-	}
+}
 
-	ph := &Phase{Name: name, Duration: d, Faults: p.inj.snapshot()}
-	if faulted {
-		fmt.Fprintf(progress, "%s: checking the index against every worker's cache…\n", name)
-		ph.IndexTruth = p.checkIndexTruth(ctx)
-		fmt.Fprintf(progress, "%s: waiting out the booking expiry (%s), then reading every replica's loads…\n", name, cfg.Expiry)
-		ph.Leaks = p.checkLeaks(ctx)
-		p.checkLogs()
-		for _, f := range ph.Faults {
-			if f.Err != "" {
-				p.violate("faults undone", fmt.Sprintf("%s on %s at %s: %s", f.Kind, f.Target, f.Start.Round(time.Second), f.Err))
-			}
+// checkAfterFaults checks, once the faults are undone and the traffic
+// stopped, the index against every worker's cache, the leaked bookings, the
+// logs and that every fault was undone.
+func (p *phaseRun) checkAfterFaults(ctx context.Context, ph *Phase) {
+	fmt.Fprintf(p.progress, "%s: checking the index against every worker's cache…\n", p.name)
+	ph.IndexTruth = p.checkIndexTruth(ctx)
+	fmt.Fprintf(p.progress, "%s: waiting out the booking expiry (%s), then reading every replica's loads…\n", p.name, p.cfg.Expiry)
+	ph.Leaks = p.checkLeaks(ctx)
+	p.checkLogs()
+	for _, f := range ph.Faults {
+		if f.Err != "" {
+			p.violate("faults undone", fmt.Sprintf("%s on %s at %s: %s", f.Kind, f.Target, f.Start.Round(time.Second), f.Err))
 		}
 	}
-	p.mu.Lock()
-	ph.Samples = p.samples
-	ph.Violations = p.violations
-	p.mu.Unlock()
-	ph.summarize(p.rec.snapshot(), trafficEnd, cfg)
-	if faulted {
-		for _, rs := range ph.Resources {
-			if rs.Judged && !rs.OK {
-				ph.Violations = append(ph.Violations, Violation{Invariant: "bounded resources", Detail: rs.String()})
-			}
-		}
-		for _, r := range p.rec.snapshot() {
-			if r.Outcome == out5xx {
-				ph.Violations = append(ph.Violations, Violation{Invariant: "availability", At: r.At,
-					Detail: fmt.Sprintf("%s via %s answered %d: %s", r.Front, r.Replica, r.Status, r.Detail)})
-			}
+}
+
+// judge adds the violations the summarized phase shows: a resource that
+// grew beyond its bound, and any 5xx among records.
+func (ph *Phase) judge(records []result) {
+	for _, rs := range ph.Resources {
+		if rs.Judged && !rs.OK {
+			ph.Violations = append(ph.Violations, Violation{Invariant: "bounded resources", Detail: rs.String()})
 		}
 	}
-	return ph, nil
+	for _, r := range records {
+		if r.Outcome == out5xx {
+			ph.Violations = append(ph.Violations, Violation{Invariant: "availability", At: r.At,
+				Detail: fmt.Sprintf("%s via %s answered %d: %s", r.Front, r.Replica, r.Status, r.Detail)})
+		}
+	}
 }
 
 // sampleLoop samples every SampleEvery until ctx ends.

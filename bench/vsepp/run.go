@@ -42,86 +42,146 @@ type picker struct {
 func (c *Config) runOne(ctx context.Context, name, transport string, reqs []mooncake.Request, bodies [][]byte, stderr io.Writer) (PickerRun, error) {
 	run := PickerRun{Picker: name, Transport: transport, Requests: len(reqs), PerEngine: make([]int, c.Workers)}
 	label := name + "-" + transport
-	dir := filepath.Join(c.Out, label)
-	if err := os.MkdirAll(dir, 0o755); err != nil {
+	f, err := c.startRunFleet(ctx, name, transport == "tls", filepath.Join(c.Out, label), reqs)
+	if err != nil {
 		return run, err
 	}
-	hc := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: c.Concurrency, MaxIdleConns: 4 * c.Concurrency}}
-	defer hc.CloseIdleConnections()
+	defer f.stop()
+	idleRate, err := c.idleCPU(ctx, f.pk.pid)
+	if err != nil {
+		return run, err
+	}
+	run.IdleCPUPercent = 100 * idleRate
+	if err := c.runTrace(ctx, f, label, reqs, bodies, idleRate, &run, stderr); err != nil {
+		return run, err
+	}
+	if err := c.afterTrace(ctx, f, &run); err != nil {
+		return run, err
+	}
+	if c.Saturate > 0 {
+		if err := c.saturation(ctx, f.pk, f.client, bodies, &run); err != nil {
+			return run, err
+		}
+		if f.pk.kv != nil {
+			n, err := f.pk.kv.Settle(ctx, 5*time.Second)
+			if err != nil {
+				return run, err
+			}
+			*run.LeakedBookings += n
+		}
+	}
+	return run, nil
+}
+
+// runFleet is what one picker's run stands on: the picker, its engines,
+// the HTTP client that talks to both and the Envoy double in front.
+type runFleet struct {
+	hc        *http.Client
+	endpoints []string // the engines' host:port, in worker order
+	pk        *picker
+	engines   []fleet.CollectorEngine
+	client    *envoysim.Client
+}
+
+// stop stops the engines before the picker whose collector they publish to.
+func (f *runFleet) stop() {
+	for _, e := range f.engines {
+		e.Stop()
+	}
+	if f.pk != nil {
+		f.pk.stop()
+	}
+	f.hc.CloseIdleConnections()
+}
+
+// startRunFleet starts the picker, then fresh engines that dial its KV
+// events socket, in dir; on an error it stops what it started.
+func (c *Config) startRunFleet(ctx context.Context, name string, secure bool, dir string, reqs []mooncake.Request) (_ *runFleet, err error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
+	}
+	f := &runFleet{hc: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: c.Concurrency, MaxIdleConns: 4 * c.Concurrency}}}
+	defer func() {
+		if err != nil {
+			f.stop()
+		}
+	}()
 	// The engines' ports, the collector's and the picker's three, known
 	// before anything starts: the EPP reads its endpoints from a file.
 	ports, err := fleet.FreePorts(c.Workers + 4)
 	if err != nil {
-		return run, err
+		return nil, err
 	}
-	endpoints := make([]string, c.Workers)
+	f.endpoints = make([]string, c.Workers)
 	for i, p := range ports[:c.Workers] {
-		endpoints[i] = "127.0.0.1:" + strconv.Itoa(p)
+		f.endpoints[i] = "127.0.0.1:" + strconv.Itoa(p)
 	}
 	collector := "tcp://127.0.0.1:" + strconv.Itoa(ports[c.Workers])
-	pk, err := c.startPicker(ctx, name, transport == "tls", dir, endpoints, collector, ports[c.Workers+1:], hc)
-	if err != nil {
-		return run, err
+	if f.pk, err = c.startPicker(ctx, name, secure, dir, f.endpoints, collector, ports[c.Workers+1:], f.hc); err != nil {
+		return nil, err
 	}
-	defer pk.stop()
+	f.client = envoysim.New(f.pk.conn)
 	eng := c.Engine
 	eng.MaxModelLen = fleet.SimModelLen(reqs, c.BlockTokens, c.MaxOutput)
 	// The mock worker takes the simulator's timing model in its own terms:
 	// prefill per uncached prompt token, a fixed time per output token, at
 	// most MaxNumSeqs running.
-	engines, err := fleet.StartCollectorEngines(ctx, fleet.CollectorEngines{Binaries: c.Binaries, Family: c.Family, N: c.Workers,
+	f.engines, err = fleet.StartCollectorEngines(ctx, fleet.CollectorEngines{Binaries: c.Binaries, Family: c.Family, N: c.Workers,
 		Collector: collector, Engine: eng, Dir: dir, Ports: ports[:c.Workers]})
-	defer func() {
-		for _, e := range engines {
-			e.Stop()
-		}
-	}()
 	if err != nil {
-		return run, err
+		return nil, err
 	}
-	if pk.kv != nil {
-		for i, e := range engines {
-			if err := pk.kv.RegisterCollectorEngine(ctx, uint64(i+1), e, c.Engine.BlockSize, c.Engine.PoolBlocks); err != nil {
-				return run, err
+	if f.pk.kv != nil {
+		for i, e := range f.engines {
+			if err := f.pk.kv.RegisterCollectorEngine(ctx, uint64(i+1), e, c.Engine.BlockSize, c.Engine.PoolBlocks); err != nil {
+				return nil, err
 			}
 		}
-		if err := pk.kv.WaitWorkers(ctx, c.Workers, 60*time.Second); err != nil {
-			return run, err
+		if err := f.pk.kv.WaitWorkers(ctx, c.Workers, 60*time.Second); err != nil {
+			return nil, err
 		}
 	}
+	return f, nil
+}
 
-	// Idle: the engines' PUB sockets dial the collector (they retry every
-	// second), the EPP scrapes every engine's metrics, kvselect's listeners
-	// wait. Both pickers get the same window before the first request.
-	cpu0, err := fleet.ProcessCPU(pk.pid)
+// idleCPU waits out the idle window and returns the picker's CPU seconds per
+// second over it. Meanwhile the engines' PUB sockets dial the collector (they
+// retry every second), the EPP scrapes every engine's metrics, kvselect's
+// listeners wait: both pickers get the same window before the first request.
+func (c *Config) idleCPU(ctx context.Context, pid int) (float64, error) {
+	cpu0, err := fleet.ProcessCPU(pid)
 	if err != nil {
-		return run, err
+		return 0, err
 	}
 	select {
 	case <-ctx.Done():
-		return run, ctx.Err()
+		return 0, ctx.Err()
 	case <-time.After(c.Idle):
 	}
-	cpu1, err := fleet.ProcessCPU(pk.pid)
+	cpu1, err := fleet.ProcessCPU(pid)
 	if err != nil {
-		return run, err
+		return 0, err
 	}
-	idleRate := float64(cpu1-cpu0) / float64(c.Idle) // CPU seconds per second
-	run.IdleCPUPercent = 100 * idleRate
+	return float64(cpu1-cpu0) / float64(c.Idle), nil
+}
 
-	h0, err := promtext.Scrape(ctx, hc, pk.metrics)
+// runTrace sends the trace's bodies through the picker at the trace's pace
+// and fills run's traffic figures: throughput, the picker's CPU per request
+// (gross, and net of its idleRate), decision and TTFT quantiles, the
+// picker's own decision histogram, the spread over the engines.
+func (c *Config) runTrace(ctx context.Context, f *runFleet, label string, reqs []mooncake.Request, bodies [][]byte, idleRate float64, run *PickerRun, stderr io.Writer) error {
+	h0, err := promtext.Scrape(ctx, f.hc, f.pk.metrics)
 	if err != nil {
-		return run, err
+		return err
 	}
-	client := envoysim.New(pk.conn)
 	var bar *report.Progress
 	if !c.Quiet {
 		bar = report.NewProgress(stderr, label)
 	}
 	start := time.Now()
-	cpuStart, err := fleet.ProcessCPU(pk.pid)
+	cpuStart, err := fleet.ProcessCPU(f.pk.pid)
 	if err != nil {
-		return run, err
+		return err
 	}
 	var (
 		mu       sync.Mutex
@@ -129,47 +189,21 @@ func (c *Config) runOne(ctx context.Context, name, transport string, reqs []moon
 		firstErr error
 	)
 	one := func(i int) {
-		res, err := exchange(ctx, client, hc, bodies[i], fmt.Sprintf("vs-%s-%d", label, i))
+		res, err := exchange(ctx, f.client, f.hc, bodies[i], fmt.Sprintf("vs-%s-%d", label, i))
 		mu.Lock()
-		if err != nil {
-			run.Errors++
-			if firstErr == nil {
-				firstErr = err
-			}
-		} else {
-			run.decisions = append(run.decisions, res.decision)
-			run.ttfts = append(run.ttfts, res.ttft)
-			if k := slices.Index(endpoints, res.endpoint); k >= 0 {
-				run.PerEngine[k]++
-			} else {
-				run.Errors++
-				if firstErr == nil {
-					firstErr = fmt.Errorf("routed to %q, not one of the engines", res.endpoint)
-				}
-			}
-			if res.scores {
-				run.WithScores++
-			}
-			if res.rewritten {
-				run.BodiesReencoded++
-			}
-			if len(res.refused) > 0 {
-				run.RefusedMutations++
-				if run.RefusedSample == "" {
-					run.RefusedSample = strings.Join(res.refused, " ")
-				}
-			}
+		if err := run.add(res, err, f.endpoints); err != nil && firstErr == nil {
+			firstErr = err
 		}
 		mu.Unlock()
 		bar.Update(int(done.Add(1)), len(reqs))
 	}
 	if err := c.traffic(ctx, reqs, one); err != nil {
-		return run, err
+		return err
 	}
 	wall := time.Since(start)
-	cpuEnd, err := fleet.ProcessCPU(pk.pid)
+	cpuEnd, err := fleet.ProcessCPU(f.pk.pid)
 	if err != nil {
-		return run, err
+		return err
 	}
 	if firstErr != nil {
 		run.ErrorSample = firstErr.Error()
@@ -183,48 +217,72 @@ func (c *Config) runOne(ctx context.Context, name, transport string, reqs []moon
 		run.CPUPerRequestGrossUs = gross / float64(routed) / 1e3
 		run.CPUPerRequestUs = math.Max(0, gross-idleRate*float64(wall)) / float64(routed) / 1e3
 	}
-	h1, err := promtext.Scrape(ctx, hc, pk.metrics)
+	h1, err := promtext.Scrape(ctx, f.hc, f.pk.metrics)
 	if err != nil {
-		return run, err
+		return err
 	}
-	run.Histogram = h1.Minus(h0).Summarize(pk.hist)
+	run.Histogram = h1.Minus(h0).Summarize(f.pk.hist)
 	q := func(d []time.Duration, p, unit float64) float64 { return float64(stats.Quantile(d, p)) / unit }
 	run.Decision = Pct{P50: q(run.decisions, 0.5, 1e3), P90: q(run.decisions, 0.9, 1e3), P99: q(run.decisions, 0.99, 1e3)}
 	run.TTFTP50Ms, run.TTFTP90Ms = q(run.ttfts, 0.5, 1e6), q(run.ttfts, 0.9, 1e6)
 	run.LoadCV = stats.CV(run.PerEngine)
-	queries, hits, err := fleet.CacheCounters(ctx, hc, endpoints)
+	return nil
+}
+
+// add counts one exchange's outcome (res, or its error err) and returns the
+// error it counted, if any: err, or a route to none of endpoints.
+func (run *PickerRun) add(res result, err error, endpoints []string) error {
 	if err != nil {
-		return run, err
+		run.Errors++
+		return err
+	}
+	run.decisions = append(run.decisions, res.decision)
+	run.ttfts = append(run.ttfts, res.ttft)
+	var misrouted error
+	if k := slices.Index(endpoints, res.endpoint); k >= 0 {
+		run.PerEngine[k]++
+	} else {
+		run.Errors++
+		misrouted = fmt.Errorf("routed to %q, not one of the engines", res.endpoint)
+	}
+	if res.scores {
+		run.WithScores++
+	}
+	if res.rewritten {
+		run.BodiesReencoded++
+	}
+	if len(res.refused) > 0 {
+		run.RefusedMutations++
+		if run.RefusedSample == "" {
+			run.RefusedSample = strings.Join(res.refused, " ")
+		}
+	}
+	return misrouted
+}
+
+// afterTrace reads the figures of the trace run that need it over: the
+// engines' prefix-cache hit rate and, for kvselect, the bookings it still
+// holds and its tokenizer fallbacks.
+func (c *Config) afterTrace(ctx context.Context, f *runFleet, run *PickerRun) error {
+	queries, hits, err := fleet.CacheCounters(ctx, f.hc, f.endpoints)
+	if err != nil {
+		return err
 	}
 	if queries > 0 {
 		run.HitRate = hits / queries
 	}
-	if pk.kv != nil {
-		n, err := pk.kv.Settle(ctx, 5*time.Second)
-		if err != nil {
-			return run, err
-		}
-		run.LeakedBookings = &n
-		if c.Prompts == PromptsText {
-			if err := run.tokenizeFigures(ctx, hc, pk.metrics); err != nil {
-				return run, err
-			}
-		}
+	if f.pk.kv == nil {
+		return nil
 	}
-
-	if c.Saturate > 0 {
-		if err := c.saturation(ctx, pk, client, bodies, &run); err != nil {
-			return run, err
-		}
-		if pk.kv != nil {
-			n, err := pk.kv.Settle(ctx, 5*time.Second)
-			if err != nil {
-				return run, err
-			}
-			*run.LeakedBookings += n
-		}
+	n, err := f.pk.kv.Settle(ctx, 5*time.Second)
+	if err != nil {
+		return err
 	}
-	return run, nil
+	run.LeakedBookings = &n
+	if c.Prompts == PromptsText {
+		return run.tokenizeFigures(ctx, f.hc, f.pk.metrics)
+	}
+	return nil
 }
 
 // tokenizeFigures reads how many text prompts kvselect routed on its text
