@@ -266,7 +266,10 @@ func Replay(ctx context.Context, fl *fleet.Fleet, c Config, policy string, reqs 
 	sampling := make(chan struct{})
 	sampled := make(chan []Point)
 	go func() { sampled <- sampleHitRate(ctx, fl, start, q0, h0, sampling) }()
-	err = c.openLoop(ctx, start, reqs, one)
+	t0 := reqs[0].Timestamp
+	err = relay.OpenLoop(ctx, start, len(reqs), func(i int) time.Duration {
+		return time.Duration(float64(time.Duration(reqs[i].Timestamp-t0)*time.Millisecond) / c.Compress)
+	}, c.Concurrency, one)
 	wall := time.Since(start)
 	close(sampling)
 	hitRates := <-sampled
@@ -318,34 +321,6 @@ func sender(fl *fleet.Fleet, picker bool) func(ctx context.Context, i int, body 
 		res, err := relay.Direct(ctx, fl.HTTP, "http://"+fl.Workers[worker]+"/v1/completions", body)
 		return res, worker, err
 	}
-}
-
-// openLoop calls one(i) for every request at its (compressed) arrival time
-// after start, at most c.Concurrency at once, and returns once all are done
-// or ctx ends.
-func (c *Config) openLoop(ctx context.Context, start time.Time, reqs []mooncake.Request, one func(i int)) error {
-	var wg sync.WaitGroup
-	defer wg.Wait()
-	sem := make(chan struct{}, c.Concurrency)
-	t0 := reqs[0].Timestamp
-	for i, r := range reqs {
-		at := start.Add(time.Duration(float64(time.Duration(r.Timestamp-t0)*time.Millisecond) / c.Compress))
-		if d := time.Until(at); d > 0 {
-			select {
-			case <-ctx.Done():
-				return ctx.Err()
-			case <-time.After(d):
-			}
-		}
-		sem <- struct{}{}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			defer func() { <-sem }()
-			one(i)
-		}()
-	}
-	return nil
 }
 
 // add counts one request's outcome on the worker that served it and

@@ -17,14 +17,14 @@ import (
 
 	"github.com/kvselect/kvselect/bench/fleet"
 	"github.com/kvselect/kvselect/bench/mooncake"
+	"github.com/kvselect/kvselect/bench/relay"
 	"github.com/kvselect/kvselect/envoysim"
 )
 
 // traffic calls one(i) for every request, open or closed loop.
 func (c *Config) traffic(ctx context.Context, reqs []mooncake.Request, one func(int)) error {
-	var wg sync.WaitGroup
-	defer wg.Wait()
 	if c.Loop == "closed" {
+		var wg sync.WaitGroup
 		var next atomic.Int64
 		for range c.Concurrency {
 			wg.Add(1)
@@ -42,35 +42,12 @@ func (c *Config) traffic(ctx context.Context, reqs []mooncake.Request, one func(
 		wg.Wait()
 		return ctx.Err()
 	}
-	sem := make(chan struct{}, c.Concurrency)
-	start := time.Now()
-	for i, r := range reqs {
-		var at time.Time
+	return relay.OpenLoop(ctx, time.Now(), len(reqs), func(i int) time.Duration {
 		if c.Rate > 0 {
-			at = start.Add(time.Duration(float64(i) / c.Rate * float64(time.Second)))
-		} else {
-			at = start.Add(time.Duration(float64(time.Duration(r.Timestamp-reqs[0].Timestamp)*time.Millisecond) / c.Compress))
+			return time.Duration(float64(i) / c.Rate * float64(time.Second))
 		}
-		if d := time.Until(at); d > 0 {
-			select {
-			case <-ctx.Done():
-				return ctx.Err()
-			case <-time.After(d):
-			}
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case sem <- struct{}{}:
-		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			defer func() { <-sem }()
-			one(i)
-		}()
-	}
-	return nil
+		return time.Duration(float64(time.Duration(reqs[i].Timestamp-reqs[0].Timestamp)*time.Millisecond) / c.Compress)
+	}, c.Concurrency, one)
 }
 
 // result is one request through a picker.
