@@ -204,6 +204,19 @@ bench-vs-epp-mock:
 		bin/kvbench vs-epp -engine-family mock -transports plain,tls -out $(BENCHOUT)/vs-epp-mock; \
 	fi
 
+# Every picker over every cell: workloads × engine families × engine shapes,
+# the first cell three times for the run-to-run spread (docs/selection.md,
+# "predicted-latency"). Needs KVSELECT_LLMD_SIM and KVSELECT_LLMD_EPP; about
+# an hour and a half on two cores.
+.PHONY: bench-suite
+bench-suite:
+	@if [ -z "$$KVSELECT_LLMD_SIM" ] || [ -z "$$KVSELECT_LLMD_EPP" ]; then \
+		echo "bench-suite: skipped: set KVSELECT_LLMD_SIM and KVSELECT_LLMD_EPP (docs/vs-epp.md)"; \
+	else \
+		$(GO) build -o bin/ ./cmd/kvselect ./cmd/kvselect-mockworker ./cmd/kvbench && \
+		bin/kvbench suite -quiet -out $(BENCHOUT)/suite | tee $(BENCHOUT)/suite.txt; \
+	fi
+
 # Text prompts (docs/extproc.md "Exact routing for text"): a seeded multi-turn
 # chat workload through the ext_proc picker on 4 mock workers, routed on the
 # engine's ids, --tokenize pool, the approximate text index and round-robin.

@@ -20,7 +20,7 @@ const freeTimeout = 5 * time.Second
 // bookingCore is what a booking asks of the selection service;
 // *selection.Service is the one implementation the picker runs with.
 type bookingCore interface {
-	PrefillComplete(ctx context.Context, id string) error
+	ResponseBegan(ctx context.Context, id string, firstToken bool) error
 	OutputTokens(ctx context.Context, id string, generated int) (added int, err error)
 	Free(ctx context.Context, id string) error
 }
@@ -47,6 +47,9 @@ type booking struct {
 	// span with the free: an event per block would grow a long answer's
 	// span by hundreds of events.
 	added int
+	// generated is the output tokens the response has streamed, reported
+	// the last time the core was told.
+	generated, reported int
 	// span is the request's span; its lifecycle events go there. Nil in
 	// tests that drive a booking alone.
 	span trace.Span
@@ -64,13 +67,14 @@ func (b *booking) event(name string, attrs ...attribute.KeyValue) {
 func (b *booking) booked(id string, blockSize int) { b.id, b.live, b.blockSize = id, true, blockSize }
 
 // prefillComplete tells the core, once, that the response has begun: the
-// prompt's prefill is done and its load goes.
-func (b *booking) prefillComplete(ctx context.Context) {
+// prompt's prefill is done and its load goes. streamed says the first byte
+// is the first token (an SSE stream), so its time is the request's TTFT.
+func (b *booking) prefillComplete(ctx context.Context, streamed bool) {
 	if !b.live || b.prefillDone {
 		return
 	}
 	b.prefillDone = true
-	if err := b.core.PrefillComplete(ctx, b.id); err != nil {
+	if err := b.core.ResponseBegan(ctx, b.id, streamed); err != nil {
 		b.updateFailed(err)
 		return
 	}
@@ -83,6 +87,7 @@ func (b *booking) outputTokens(ctx context.Context, generated int) {
 	if !b.live {
 		return
 	}
+	b.generated = generated
 	if b.blockSize > 0 {
 		// No whole block more than last time: nothing for the core to add.
 		if generated/b.blockSize <= b.blocks {
@@ -90,6 +95,7 @@ func (b *booking) outputTokens(ctx context.Context, generated int) {
 		}
 		b.blocks = generated / b.blockSize
 	}
+	b.reported = generated
 	n, err := b.core.OutputTokens(ctx, b.id, generated)
 	if err != nil {
 		b.updateFailed(err)
@@ -105,6 +111,17 @@ func (b *booking) outputTokens(ctx context.Context, generated int) {
 func (b *booking) responseEnd(ctx context.Context) {
 	if !b.live {
 		return
+	}
+	if b.generated > b.reported {
+		// The tokens since the last whole block: the response's length, for
+		// the latency model's inter-token latency at the free.
+		b.reported = b.generated
+		if _, err := b.core.OutputTokens(ctx, b.id, b.generated); err != nil {
+			b.updateFailed(err)
+			if !b.live {
+				return
+			}
+		}
 	}
 	b.live = false
 	b.freed(b.core.Free(context.WithoutCancel(ctx), b.id), &b.m.freedAtEnd, "response_end")

@@ -154,7 +154,7 @@ func TestBookingIsFreedExactlyOnce(t *testing.T) {
 		{name: "found gone by the prefill update: lost once, no free at the response end or the stream end",
 			gone: func(t *testing.T, b *bookingBed, bk *booking) {
 				b.expire(t)
-				bk.prefillComplete(context.Background())
+				bk.prefillComplete(context.Background(), true)
 			},
 			responseEnds: true, wantFrees: 0, lost: 1},
 		{name: "found gone by an output update: lost once, no free",

@@ -22,6 +22,16 @@ const (
 	HeaderFairnessID = "x-gateway-inference-fairness-id"
 	// HeaderPriority sets the priority directly, over the objective's.
 	HeaderPriority = "x-kvselect-priority"
+	// HeaderSLOTTFT and HeaderSLOTPOT are the request's latency objectives
+	// in milliseconds (time to first token, time per output token), as
+	// llm-d's router reads them (pkg/epp/metadata/consts.go at v0.10.0);
+	// the predicted-latency policy places the request by them.
+	HeaderSLOTTFT = "x-llm-d-slo-ttft-ms"
+	HeaderSLOTPOT = "x-llm-d-slo-tpot-ms"
+	// HeaderSLOTTFTLegacy and HeaderSLOTPOTLegacy are the older names, read
+	// when the new ones are absent.
+	HeaderSLOTTFTLegacy = "x-slo-ttft-ms"
+	HeaderSLOTPOTLegacy = "x-slo-tpot-ms"
 )
 
 // maxWarnedObjectives bounds the unknown objective names logged (each once).

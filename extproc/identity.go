@@ -77,6 +77,8 @@ type identity struct {
 	testPick                          string
 	path, method, authority           string
 	objective, tenant, priority       string // flow control (flow.go)
+	sloTTFT, sloTPOT                  string // latency objectives, ms (flow.go)
+	sloTTFTLegacy, sloTPOTLegacy      string
 	traceparent, tracestate, baggage  string // W3C trace context (observe.go)
 
 	// The endpoints of the gateway's subset hint (envoy.lb.subset_hint
@@ -123,6 +125,14 @@ func readHeaders(hm *corev3.HeaderMap, id *identity) error {
 			id.tenant = headerValue(h)
 		case HeaderPriority:
 			id.priority = headerValue(h)
+		case HeaderSLOTTFT:
+			id.sloTTFT = headerValue(h)
+		case HeaderSLOTPOT:
+			id.sloTPOT = headerValue(h)
+		case HeaderSLOTTFTLegacy:
+			id.sloTTFTLegacy = headerValue(h)
+		case HeaderSLOTPOTLegacy:
+			id.sloTPOTLegacy = headerValue(h)
 		case "traceparent":
 			id.traceparent = headerValue(h)
 		case "tracestate":

@@ -107,7 +107,7 @@ func (st *stream) reportOutcome(status string) {
 func (st *stream) onResponseBody(b *extprocv3.HttpBody) error {
 	body, eos := b.GetBody(), b.GetEndOfStream()
 	if len(body) > 0 || eos {
-		st.bk.prefillComplete(st.ctx)
+		st.bk.prefillComplete(st.ctx, st.sse)
 	}
 	// A routed request whose metrics are still open (its booking, if
 	// still live, is one of those).

@@ -86,7 +86,8 @@ func (st *stream) routing(resp *selection.SelectResponse) (*extprocv3.HeaderMuta
 			setHeader(HeaderSelectionID, st.bk.id),
 		},
 		// Control headers never reach the worker (GIE strips the same).
-		RemoveHeaders: []string{KeySubset, KeyServed, HeaderObjective, HeaderFairnessID, HeaderPriority},
+		RemoveHeaders: []string{KeySubset, KeyServed, HeaderObjective, HeaderFairnessID, HeaderPriority,
+			HeaderSLOTTFT, HeaderSLOTPOT, HeaderSLOTTFTLegacy, HeaderSLOTPOTLegacy},
 	}
 	st.prefillHeaders(mut, resp)
 	mut.SetHeaders = st.propagate(mut.SetHeaders)

@@ -2,6 +2,9 @@ package extproc
 
 import (
 	"cmp"
+	"fmt"
+	"math"
+	"strconv"
 	"strings"
 
 	"github.com/kvselect/kvselect/selection"
@@ -47,7 +50,7 @@ func readSelectInput(id *identity, body []byte, opts *Options) (selectInput, err
 	if err != nil {
 		return selectInput{}, err
 	}
-	in := selectInput{body: pb, req: selection.SelectRequest{Fallbacks: opts.Fallbacks, Disaggregated: opts.Disaggregate}}
+	in := selectInput{body: pb, req: selection.SelectRequest{Fallbacks: opts.Fallbacks, Disaggregated: opts.Disaggregate, FromPicker: true}}
 	req := &in.req
 	req.ModelName = cmp.Or(id.model, pb.model, opts.DefaultModel)
 	req.RoutingGroup = id.group
@@ -83,6 +86,12 @@ func readSelectInput(id *identity, body []byte, opts *Options) (selectInput, err
 	if in.unknownObjective, err = flowFields(id, opts.Objectives, req); err != nil {
 		return selectInput{}, err
 	}
+	if req.SLOTTFTMs, err = sloHeader(HeaderSLOTTFT, id.sloTTFT, HeaderSLOTTFTLegacy, id.sloTTFTLegacy); err != nil {
+		return selectInput{}, err
+	}
+	if req.SLOTPOTMs, err = sloHeader(HeaderSLOTPOT, id.sloTPOT, HeaderSLOTPOTLegacy, id.sloTPOTLegacy); err != nil {
+		return selectInput{}, err
+	}
 	req.RequestBytes = len(body)
 	switch {
 	case opts.TestPickHeader && id.testPick != "":
@@ -111,4 +120,21 @@ func identitySource(req *selection.SelectRequest) string {
 	default:
 		return "text"
 	}
+}
+
+// sloHeader reads a latency objective in milliseconds: the header's
+// current name, else its older one; nil when neither was sent. The value
+// must be a positive number.
+func sloHeader(name, v, legacyName, legacy string) (*float64, error) {
+	if v == "" {
+		name, v = legacyName, legacy
+	}
+	if v == "" {
+		return nil, nil
+	}
+	ms, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
+	if err != nil || !(ms > 0) || math.IsInf(ms, 0) {
+		return nil, fmt.Errorf("header %s: %q is not a positive number of milliseconds", name, v)
+	}
+	return &ms, nil
 }

@@ -24,6 +24,7 @@ func TestReadSelectInput(t *testing.T) {
 	u32 := func(v uint32) *uint32 { return &v }
 	u64 := func(v uint64) *uint64 { return &v }
 	num := func(v int) *int { return &v }
+	f64 := func(v float64) *float64 { return &v }
 	post := []string{":method", "POST", ":path", "/v1/completions"}
 
 	cases := []struct {
@@ -141,6 +142,18 @@ func TestReadSelectInput(t *testing.T) {
 		{name: "malformed body", headers: post, body: `{"model":`, err: "invalid request body"},
 		{name: "prompt of the wrong type", headers: post, body: `{"prompt":{}}`, err: "prompt must be"},
 		{name: "priority not an integer", headers: append(post, HeaderPriority, "high"), err: HeaderPriority},
+		{name: "latency objectives, llm-d's names",
+			headers: append(post, HeaderTokenIDs, "1", HeaderSLOTTFT, "250", HeaderSLOTPOT, " 12.5 "),
+			want:    selection.SelectRequest{PromptRequest: selection.PromptRequest{TokenIDs: []uint32{1}}, SLOTTFTMs: f64(250), SLOTPOTMs: f64(12.5)}},
+		{name: "latency objectives, the older names",
+			headers: append(post, HeaderTokenIDs, "1", HeaderSLOTTFTLegacy, "300", HeaderSLOTPOTLegacy, "20"),
+			want:    selection.SelectRequest{PromptRequest: selection.PromptRequest{TokenIDs: []uint32{1}}, SLOTTFTMs: f64(300), SLOTPOTMs: f64(20)}},
+		{name: "latency objectives: the current name wins",
+			headers: append(post, HeaderTokenIDs, "1", HeaderSLOTTFTLegacy, "300", HeaderSLOTTFT, "100"),
+			want:    selection.SelectRequest{PromptRequest: selection.PromptRequest{TokenIDs: []uint32{1}}, SLOTTFTMs: f64(100)}},
+		{name: "latency objective not a number", headers: append(post, HeaderSLOTTFT, "fast"), err: HeaderSLOTTFT},
+		{name: "latency objective not positive", headers: append(post, HeaderSLOTPOTLegacy, "-1"), err: HeaderSLOTPOTLegacy},
+		{name: "latency objective infinite", headers: append(post, HeaderSLOTTFT, "+Inf"), err: "positive number of milliseconds"},
 		{name: "priority out of range", headers: append(post, HeaderPriority, "1000000000"), err: "out of range"},
 		{name: "tenant with a control character", headers: append(post, HeaderFairnessID, "a\x01b"), err: HeaderFairnessID},
 	}
@@ -168,6 +181,7 @@ func TestReadSelectInput(t *testing.T) {
 			// Flow control's byte limits count the whole body, as received.
 			want := tc.want
 			want.RequestBytes = len(tc.body)
+			want.FromPicker = true // the picker front's policy
 			if !reflect.DeepEqual(in.req, want) {
 				t.Errorf("request\n got %s\nwant %s", describe(&in.req), describe(&want))
 			}

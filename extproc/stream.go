@@ -2,6 +2,7 @@ package extproc
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
@@ -114,6 +115,8 @@ func (st *stream) sendWith(r *extprocv3.ProcessingResponse, md *structpb.Struct)
 type localReply struct {
 	code typev3.StatusCode
 	msg  string
+	// retryAfter, when set, is the Retry-After header's value.
+	retryAfter string
 }
 
 func (r *localReply) Error() string {
@@ -126,7 +129,11 @@ func (st *stream) immediateErr(err error) error {
 	if code >= 500 && selection.KindOf(err) == selection.KindInternal {
 		st.s.log.Warn("extproc: selection failed", "err", err)
 	}
-	return immediate(code, err.Error())
+	r := &localReply{code: code, msg: err.Error()}
+	if se, ok := errors.AsType[*selection.Error](err); ok {
+		r.retryAfter = se.RetryAfterHeader()
+	}
+	return r
 }
 
 // immediate is the local reply of code and msg, as the error that ends the
@@ -139,5 +146,10 @@ func immediate(code typev3.StatusCode, msg string) error {
 func (st *stream) reply(r *localReply) error {
 	st.s.metrics.immediateResponse(r.code)
 	st.immediateSeen(int(r.code), r.msg)
-	return st.send(immediateResponse(r.code, r.msg))
+	resp := immediateResponse(r.code, r.msg)
+	if r.retryAfter != "" {
+		ir := resp.GetImmediateResponse()
+		ir.Headers.SetHeaders = append(ir.Headers.SetHeaders, setHeader("retry-after", r.retryAfter))
+	}
+	return st.send(resp)
 }

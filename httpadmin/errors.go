@@ -54,6 +54,9 @@ func (s *server) fail(w http.ResponseWriter, r *http.Request, err error) {
 	var se *selection.Error
 	if errors.As(err, &se) {
 		details = se.Details
+		if v := se.RetryAfterHeader(); v != "" {
+			w.Header().Set("Retry-After", v)
+		}
 	}
 	if st >= 500 {
 		s.log.Warn("httpadmin: request failed", "method", r.Method, "path", r.URL.Path, "status", st, "error", err)

@@ -120,6 +120,7 @@ var routes = []route{
 	{"GET", "/replica_sync/peers", (*server).listPeers, access.Read},
 	{"GET", "/kv_events/collector", (*server).kvEventsCollector, access.Read},
 	{"GET", "/flow", (*server).flow, access.Read},
+	{"GET", "/policy", (*server).policy, access.Read},
 	{"GET", "/openapi.json", (*server).openAPI, access.Read},
 }
 

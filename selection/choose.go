@@ -38,6 +38,7 @@ type decision struct {
 	// ranks were scored, the cheapest one it beat, and how long the
 	// selection waited in the queue.
 	candidates  int
+	sreq        *scheduler.Request
 	runnerUp    scheduler.Scored
 	hasRunnerUp bool
 	queueWait   time.Duration
@@ -140,6 +141,8 @@ func schedRequest(rq *prepared, req *SelectRequest, target *affinity.Target, eng
 		sreq.TrackedBlocks = len(pr.tracking)
 	}
 	if req != nil {
+		sreq.SLOTTFT, sreq.SLOTPOT = req.sloTTFT, req.sloTPOT
+		sreq.Sheddable = req.Priority != nil && *req.Priority < 0
 		if req.PinnedWorker != nil {
 			sreq.Pinned = &index.WorkerKey{WorkerID: req.PinnedWorker.WorkerID, DPRank: req.PinnedWorker.DPRank}
 		}
@@ -240,15 +243,22 @@ func (s *Service) decide(rq *prepared, req *SelectRequest, booking *loads.Bookin
 	if len(cands) == 0 && ejected > 0 {
 		return nil, mayGo, ws.EjectedError(p.Key(), &s.health, now)
 	}
+	ps.sreq.PoolRequests = meanRequests(cands)
+	if rq.policy.PredictsLatency {
+		s.fillLatency(p, cands)
+	}
 	chosen, err := rq.policy.Select(st.Rand, ps.sreq, cands, &st.Scratch)
 	if err != nil {
+		if e := s.sloRefusal(p.Key().Model, err); e != nil {
+			return nil, mayGo, e
+		}
 		return nil, mayGo, schedulerError(err)
 	}
 	if ejected >= 0 {
 		s.health.Chosen(chosen.Worker.WorkerID, now) // a probation worker's trial
 	}
 	d := &decision{part: p, worker: chosen.Worker, overlaps: ps.overlaps, scored: chosen, prompt: pr,
-		candidates: st.Scratch.Candidates()}
+		candidates: st.Scratch.Candidates(), sreq: ps.sreq}
 	d.runnerUp, d.hasRunnerUp = st.Scratch.RunnerUp(chosen.Worker)
 	if ps.ticket != nil {
 		d.queueWait = now.Sub(ps.enqueued)

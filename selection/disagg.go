@@ -121,7 +121,8 @@ func prefillRequest(req *SelectRequest, group string) *SelectRequest {
 		PartitionKey:  PartitionKey{ModelName: req.ModelName, RoutingGroup: group},
 		PromptRequest: req.PromptRequest, RouterConfigOverride: req.RouterConfigOverride,
 		PriorityJump: req.PriorityJump, StrictPriority: req.StrictPriority, PolicyClass: req.PolicyClass,
-		Priority: req.Priority, Tenant: req.Tenant, RequestBytes: req.RequestBytes,
+		Priority: req.Priority, Tenant: req.Tenant, RequestBytes: req.RequestBytes, FromPicker: req.FromPicker,
+		SLOTTFTMs: req.SLOTTFTMs, SLOTPOTMs: req.SLOTPOTMs, sloTTFT: req.sloTTFT, sloTPOT: req.sloTPOT,
 	}
 }
 
@@ -153,7 +154,7 @@ func (s *Service) decideDisagg(ctx context.Context, rq *prepared, req *SelectReq
 	}
 	preq := prefillRequest(req, s.set.prefillGroup)
 	if pol.NeedsPrefillBusy() {
-		if p, err := s.prepare(partitionOf(preq.PartitionKey), preq.RouterConfigOverride, &preq.PromptRequest, forSelection); err == nil {
+		if p, err := s.prepare(partitionOf(preq.PartitionKey), preq.RouterConfigOverride, &preq.PromptRequest, forSelection, preq.FromPicker); err == nil {
 			prq = &p
 			if pd, err := s.choose(ctx, prq, preq, nil, nil, false); err == nil {
 				in.PrefillBusy = scheduler.PrefillBusy(pd.load.ActivePrefillTokens, pd.rec.MaxNumBatchedTokens, prefillBusyThreshold(rq.eff))
@@ -232,7 +233,7 @@ func (s *Service) chooseDisaggregated(ctx context.Context, rq *prepared, req *Se
 func (s *Service) bookPrefill(ctx context.Context, out *disaggOutcome, req *SelectRequest, prq *prepared, id string) error {
 	preq := prefillRequest(req, s.set.prefillGroup)
 	if prq == nil {
-		p, err := s.prepare(partitionOf(preq.PartitionKey), preq.RouterConfigOverride, &preq.PromptRequest, forSelection)
+		p, err := s.prepare(partitionOf(preq.PartitionKey), preq.RouterConfigOverride, &preq.PromptRequest, forSelection, preq.FromPicker)
 		if err != nil {
 			out.reason = scheduler.ReasonPrefillUnavailable
 			return nil
@@ -265,7 +266,7 @@ func (s *Service) bookPrefill(ctx context.Context, out *disaggOutcome, req *Sele
 func (s *Service) installPrefill(out *disaggOutcome) {
 	d := out.prefill
 	s.recordRouting(d.part, d.worker, d.prompt)
-	s.resv.Install(out.prefillID, d.part, d.worker, nil, "")
+	s.resv.Install(out.prefillID, &reservation.Row{Part: d.part, Worker: d.worker})
 	s.repl.added(d.part, out.booking, d.prompt.lora)
 }
 
@@ -299,7 +300,7 @@ func (s *Service) selectDisaggregated(ctx context.Context, req *SelectRequest) (
 // prefill is remote, selects (and caches, with an id) its prefill worker.
 func (s *Service) peekPrefill(ctx context.Context, req *SelectRequest, resp *SelectResponse, out *disaggOutcome) (string, *string, error) {
 	preq := prefillRequest(req, s.set.prefillGroup)
-	prq, err := s.prepare(partitionOf(preq.PartitionKey), preq.RouterConfigOverride, &preq.PromptRequest, forSelection)
+	prq, err := s.prepare(partitionOf(preq.PartitionKey), preq.RouterConfigOverride, &preq.PromptRequest, forSelection, preq.FromPicker)
 	if err != nil {
 		return scheduler.ReasonPrefillUnavailable, nil, nil
 	}

@@ -49,7 +49,7 @@ func (in *Inspector) Loads(model, group *string) []ModelLoad {
 // (POST /potential_loads): prefill grows by the uncached part when prefill is
 // tracked, decode by the blocks not already active there.
 func (in *Inspector) PotentialLoads(ctx context.Context, q *PromptQuery) ([]PotentialLoad, error) {
-	rq, err := in.s.prepare(partitionOf(q.PartitionKey), q.RouterConfigOverride, &q.PromptRequest, forSelection)
+	rq, err := in.s.prepare(partitionOf(q.PartitionKey), q.RouterConfigOverride, &q.PromptRequest, forSelection, false)
 	if err != nil {
 		return nil, err
 	}
@@ -77,7 +77,7 @@ func (in *Inspector) PotentialLoads(ctx context.Context, q *PromptQuery) ([]Pote
 // OverlapScores reports tiered overlap per (worker, rank), in blocks, from the
 // public block hashes only (POST /overlap_scores).
 func (in *Inspector) OverlapScores(ctx context.Context, q *PromptQuery) (*OverlapScoresResponse, error) {
-	rq, err := in.s.prepare(partitionOf(q.PartitionKey), q.RouterConfigOverride, &q.PromptRequest, forSelection)
+	rq, err := in.s.prepare(partitionOf(q.PartitionKey), q.RouterConfigOverride, &q.PromptRequest, forSelection, false)
 	if err != nil {
 		return nil, err
 	}

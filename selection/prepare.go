@@ -34,6 +34,13 @@ func (s *Service) checkRequest(req *SelectRequest) error {
 	if req.Disaggregated && partitionOf(req.PartitionKey).RoutingGroup == s.set.prefillGroup {
 		return apierr.New(KindBadRequest, "a disaggregated request names the decode routing group, not the prefill routing group %q", s.set.prefillGroup)
 	}
+	var err error
+	if req.sloTTFT, err = sloSeconds("slo_ttft_ms", req.SLOTTFTMs); err != nil {
+		return err
+	}
+	if req.sloTPOT, err = sloSeconds("slo_tpot_ms", req.SLOTPOTMs); err != nil {
+		return err
+	}
 	return admission.CheckFields(req.Priority, req.Tenant)
 }
 
@@ -71,14 +78,18 @@ type prepared struct {
 	overlaps []index.Overlap
 }
 
-// prepare resolves the ready partition, the policy, the effective router
-// configuration and the normalized prompt.
-func (s *Service) prepare(key index.Partition, o *routerconfig.Override, req *PromptRequest, use promptUse) (prepared, error) {
+// prepare resolves the ready partition, the policy (the picker front's when
+// picker is set and it has its own), the effective router configuration and
+// the normalized prompt.
+func (s *Service) prepare(key index.Partition, o *routerconfig.Override, req *PromptRequest, use promptUse, picker bool) (prepared, error) {
 	p, err := s.readyPartition(key)
 	if err != nil {
 		return prepared{}, err
 	}
 	pol := s.policy.Load()
+	if pp := s.pickerPolicy.Load(); picker && pp != nil {
+		pol = pp
+	}
 	eff, err := effective(s.router, pol, o)
 	if err != nil {
 		return prepared{}, err

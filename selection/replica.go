@@ -296,7 +296,7 @@ func (r *Replica) applyRemoteAdd(p *partition.Partition, ev *BookingEvent) Remot
 		}
 		return RemoteInvalid
 	}
-	r.resv.Install(ev.RequestID, p, ev.Worker, nil, "")
+	r.resv.Install(ev.RequestID, &reservation.Row{Part: p, Worker: ev.Worker})
 	return RemoteApplied
 }
 

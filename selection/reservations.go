@@ -10,6 +10,7 @@ import (
 	"github.com/kvselect/kvselect/selection/loads"
 	"github.com/kvselect/kvselect/selection/partition"
 	"github.com/kvselect/kvselect/selection/pending"
+	"github.com/kvselect/kvselect/selection/reservation"
 )
 
 // Reserve books a reservation (POST /reservations): the explicit form when
@@ -31,7 +32,7 @@ func (s *Service) Reserve(ctx context.Context, req *ReservationRequest) (*Reserv
 func (s *Service) reserveExplicit(ctx context.Context, key index.Partition, req *ReservationRequest) (*ReservationResponse, error) {
 	id := *req.SelectionID
 	s.pending.Discard(pending.Key{Partition: key, SelectionID: id})
-	rq, err := s.prepare(key, req.RouterConfigOverride, &req.PromptRequest, forReservation)
+	rq, err := s.prepare(key, req.RouterConfigOverride, &req.PromptRequest, forReservation, false)
 	if err != nil {
 		return nil, err
 	}
@@ -70,7 +71,7 @@ func (s *Service) reserveExplicit(ctx context.Context, key index.Partition, req 
 		return nil, err
 	}
 	s.recordRouting(p, w, pr)
-	s.resv.Install(id, p, w, nil, "")
+	s.resv.Install(id, &reservation.Row{Part: p, Worker: w})
 	s.repl.added(p, &b, pr.lora)
 	return &ReservationResponse{SelectionID: id, ModelName: key.Model, RoutingGroup: key.RoutingGroup,
 		WorkerID: w.WorkerID, DPRank: w.DPRank, Endpoint: rec.EndpointOrEmpty()}, nil
@@ -129,7 +130,7 @@ func (s *Service) reserveReplay(ctx context.Context, key index.Partition, id str
 		replayed.alsoText = &prompt{locals: e.TextBlockHashes, tracking: kvhash.SequenceHashes(e.TextBlockHashes)}
 	}
 	s.recordRouting(p, e.Worker, replayed)
-	s.resv.Install(id, p, e.Worker, lease, "")
+	s.resv.Install(id, &reservation.Row{Part: p, Worker: e.Worker, Lease: lease})
 	s.repl.added(p, &b, e.LoraName)
 	booked = true
 	s.pending.Consume(pk, gen)
@@ -137,8 +138,18 @@ func (s *Service) reserveReplay(ctx context.Context, key index.Partition, id str
 		WorkerID: e.Worker.WorkerID, DPRank: e.Worker.DPRank, Endpoint: rec.EndpointOrEmpty()}, nil
 }
 
-// PrefillComplete clears the booking's active prefill load.
+// PrefillComplete clears the booking's active prefill load: the response's
+// first token came (POST /reservations/{id}/prefill_complete). Its time is
+// the booking's observed TTFT, which the latency model fits.
 func (s *Service) PrefillComplete(ctx context.Context, id string) error {
+	return s.ResponseBegan(ctx, id, true)
+}
+
+// ResponseBegan is PrefillComplete for a caller that sees the response
+// begin and knows whether its first byte is the first token: a streamed
+// response's is, a whole JSON answer's first byte comes with its last
+// token, so firstToken false clears the prefill without fitting a TTFT.
+func (s *Service) ResponseBegan(ctx context.Context, id string, firstToken bool) error {
 	r, err := s.resv.Booked(id)
 	if err != nil {
 		return err
@@ -148,6 +159,9 @@ func (s *Service) PrefillComplete(ctx context.Context, id string) error {
 		return apierr.New(KindNotFound, "reservation %s not found", id)
 	}
 	r.Part.Wake()
+	if firstToken {
+		s.firstToken(r)
+	}
 	// Re-published on a repeated call, as Dynamo does.
 	s.repl.changed(BookingPrefillCompleted, r.Part, id, r.Worker)
 	if r.Prefill != "" {
@@ -192,6 +206,7 @@ func (s *Service) OutputTokens(ctx context.Context, id string, generated int) (a
 		s.resv.Release(id, s.clock())
 		return 0, apierr.New(KindNotFound, "reservation %s not found", id)
 	}
+	r.Trace.Generated(generated)
 	return added, nil
 }
 
@@ -210,6 +225,7 @@ func (s *Service) Free(ctx context.Context, id string) error {
 	if ferr != nil {
 		return apierr.New(KindNotFound, "reservation %s not found", id)
 	}
+	s.ended(r)
 	s.repl.changed(BookingFreed, r.Part, id, r.Worker)
 	return nil
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/kvselect/kvselect/selection/loads"
 	"github.com/kvselect/kvselect/selection/partition"
 	"github.com/kvselect/kvselect/selection/pending"
+	"github.com/kvselect/kvselect/selection/reservation"
 	"github.com/kvselect/kvselect/selection/routerconfig"
 	"github.com/kvselect/kvselect/selection/scheduler"
 )
@@ -31,7 +32,7 @@ func (s *Service) Select(ctx context.Context, req *SelectRequest) (*SelectRespon
 		return s.selectDisaggregated(ctx, req)
 	}
 	key := partitionOf(req.PartitionKey)
-	rq, err := s.prepare(key, req.RouterConfigOverride, &req.PromptRequest, forSelection)
+	rq, err := s.prepare(key, req.RouterConfigOverride, &req.PromptRequest, forSelection, req.FromPicker)
 	if err != nil {
 		return nil, err
 	}
@@ -72,7 +73,7 @@ func (s *Service) SelectAndReserve(ctx context.Context, req *SelectRequest) (*Se
 	if err := s.checkRequest(req); err != nil {
 		return nil, err
 	}
-	rq, err := s.prepare(partitionOf(req.PartitionKey), req.RouterConfigOverride, &req.PromptRequest, forSelection)
+	rq, err := s.prepare(partitionOf(req.PartitionKey), req.RouterConfigOverride, &req.PromptRequest, forSelection, req.FromPicker)
 	if err != nil {
 		return nil, err
 	}
@@ -132,7 +133,9 @@ func (s *Service) SelectAndReserve(ctx context.Context, req *SelectRequest) (*Se
 		s.installPrefill(dis)
 		prefillID = dis.prefillID
 	}
-	s.resv.Install(id, p, d.worker, lease, prefillID)
+	row := &reservation.Row{Part: p, Worker: d.worker, Lease: lease, Prefill: prefillID}
+	s.trace(&row.Trace, d, s.clock())
+	s.resv.Install(id, row)
 	s.repl.added(p, booking, pr.lora)
 	ok = true
 	resp := s.bookedResponse(d, id, booking)

@@ -19,6 +19,7 @@ import (
 	"github.com/kvselect/kvselect/selection/health"
 	"github.com/kvselect/kvselect/selection/index"
 	"github.com/kvselect/kvselect/selection/kvhash"
+	"github.com/kvselect/kvselect/selection/latency"
 	"github.com/kvselect/kvselect/selection/loads"
 	"github.com/kvselect/kvselect/selection/partition"
 	"github.com/kvselect/kvselect/selection/pending"
@@ -57,6 +58,18 @@ type Config struct {
 	// scheduler.DefaultPolicy) when set; SetPolicy replaces it at run time.
 	// New refuses a policy SetPolicy would refuse.
 	Policy *scheduler.Policy
+	// PickerPolicy, when set, is the policy of the requests of the ext_proc
+	// picker front (SelectRequest.FromPicker) instead of Policy: a default
+	// per front, Dynamo's cost for the REST API's Dynamo callers and the
+	// latency-predicting policy for the gateway.
+	PickerPolicy *scheduler.Policy
+	// Latency tunes the online latency model's fit (package latency); the
+	// zero value takes its defaults.
+	Latency latency.Config
+	// OnLatency, when set, hears of every latency observation and every
+	// request shed for its objectives (for metrics); called with no service
+	// lock held.
+	OnLatency func(LatencyEvent)
 	// Engine configures how engine metrics (ReportEngineMetrics) and health
 	// outcomes (ReportOutcome) enter selection; DefaultEngineConfig when nil.
 	Engine *EngineConfig
@@ -119,7 +132,8 @@ type Config struct {
 //     index.Partitions', affinity.Table's, pending.Cache's, kvhash.Tracker's,
 //     the text index's build lock (textindex.Index), the engine table's
 //     (engine.Table), the health table's (health.Table), the decision log's
-//     and the disaggregation counts' (decisionlog).
+//     and the disaggregation counts' (decisionlog), the latency model's
+//     (latency.Model).
 //     Two leaves are never held together.
 //
 // Hence: a session lease is released (affinity.Table) only after the
@@ -141,6 +155,9 @@ type Service struct {
 	// policy is the selection policy in force, replaced whole by SetPolicy. A
 	// request loads it once (prepare) and uses that value throughout.
 	policy atomic.Pointer[scheduler.Policy]
+	// pickerPolicy is the picker front's own policy (Config.PickerPolicy),
+	// nil when it runs policy.
+	pickerPolicy atomic.Pointer[scheduler.Policy]
 
 	// rnd is the one random source: partitions' streams, generated ids,
 	// the replica id.
@@ -167,6 +184,9 @@ type Service struct {
 
 	flowCfg *flow.Config    // nil: flow control off
 	onFlow  func(FlowEvent) // Config.OnFlow, or a no-op
+
+	latency   *latency.Model     // fitted TTFT and ITL per worker (latency.go)
+	onLatency func(LatencyEvent) // Config.OnLatency, or a no-op
 }
 
 // New validates cfg and returns the service.
@@ -204,6 +224,11 @@ func New(cfg Config) (*Service, error) {
 	if err := validPolicy(&policy, cfg.Router); err != nil {
 		return nil, fmt.Errorf("policy: %w", err)
 	}
+	if pp := cfg.PickerPolicy; pp != nil {
+		if err := validPolicy(pp, cfg.Router); err != nil {
+			return nil, fmt.Errorf("picker policy: %w", err)
+		}
+	}
 	clock := cfg.Clock
 	if clock == nil {
 		clock = time.Now
@@ -227,6 +252,10 @@ func New(cfg Config) (*Service, error) {
 		prompts: normalizer{tracker: tracker, textTTL: cfg.Router.RouterTTL},
 		pending: pc, indexes: ixs, rnd: src,
 		decisions: decisionlog.New(cfg.RecentDecisions),
+		latency:   latency.NewModel(cfg.Latency), onLatency: cfg.OnLatency,
+	}
+	if s.onLatency == nil {
+		s.onLatency = func(LatencyEvent) {}
 	}
 	s.parts = partition.NewSet((&partitionFactory{indexes: ixs, router: &s.router, set: &s.set, flow: flowCfg, rnd: src, clock: clock}).build)
 	s.judge = partition.Judge{Health: &s.health, Engines: &s.engines, Engine: &s.engineCfg, Router: &s.router, Clock: clock}
@@ -238,6 +267,9 @@ func New(cfg Config) (*Service, error) {
 	s.inspector = Inspector{s}
 	s.repl = Replica{parts: s.parts, resv: &s.resv, indexes: ixs, gate: &s.gate, rnd: src, clock: clock}
 	s.policy.Store(clonePolicy(policy))
+	if pp := cfg.PickerPolicy; pp != nil {
+		s.pickerPolicy.Store(clonePolicy(*pp))
+	}
 	return s, nil
 }
 

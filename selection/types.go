@@ -124,6 +124,20 @@ type SelectRequest struct {
 	// RequestBytes is the request's size, counted against flow control's
 	// queue byte limits (not a wire field).
 	RequestBytes int `json:"-"`
+	// FromPicker marks a request of the ext_proc picker front: it runs
+	// with the picker's policy when the service has one
+	// (Config.PickerPolicy; not a wire field).
+	FromPicker bool `json:"-"`
+	// SLOTTFTMs and SLOTPOTMs are the request's latency objectives in
+	// milliseconds, time to first token and time per output token (not
+	// Dynamo fields; llm-d's x-llm-d-slo-ttft-ms / x-llm-d-slo-tpot-ms).
+	// The predicted-latency policy places the request where they are
+	// predicted to be met, and refuses a sheddable one (negative priority)
+	// that would miss them everywhere; other policies ignore them.
+	SLOTTFTMs *float64 `json:"slo_ttft_ms,omitempty"`
+	SLOTPOTMs *float64 `json:"slo_tpot_ms,omitempty"`
+
+	sloTTFT, sloTPOT float64 // seconds, validated by checkRequest
 }
 
 // OverlapSummary is the chosen worker's cached prefix in tokens: per tier the

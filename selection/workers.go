@@ -107,6 +107,7 @@ func (s *Service) DeleteWorker(ctx context.Context, workerID uint64) (*catalog.R
 	return s.cat.remove(workerID, func(id uint64) {
 		s.engines.Forget(id)
 		s.health.Forget(id)
+		s.latency.Forget(id)
 	})
 }
 

@@ -267,6 +267,7 @@ var e2eRoutes = []e2eRoute{
 	// which says so.
 	{"GET", "/kv_events/collector", "read", 404, fixed("/kv_events/collector", nil)},
 	{"GET", "/flow", "read", 200, fixed("/flow", nil)},
+	{"GET", "/policy", "read", 200, fixed("/policy", nil)},
 	{"GET", "/openapi.json", "read", 200, fixed("/openapi.json", nil)},
 	{"GET", "/metrics", "read", 200, fixed("/metrics", nil)},
 	{"GET", "/debug/pprof", "admin", 200, fixed("/debug/pprof", nil)},

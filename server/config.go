@@ -95,9 +95,22 @@ func resolveConfig(o *options, lookup func(string) (string, bool), file *configF
 	if err != nil {
 		return resolved{}, err
 	}
+	var pickerPol *scheduler.Policy
+	if choice.source == "default" && embedded == nil {
+		// No policy named: a default per front. The REST API's callers
+		// come from Dynamo and get its cost, bit for bit; the gateway's
+		// picker gets the policy that routes better (docs/selection.md,
+		// "The default").
+		p, err := scheduler.New(scheduler.PredictedLatencyPolicyName, nil)
+		if err != nil {
+			return resolved{}, err
+		}
+		pickerPol = &p
+	}
 	return resolved{policy: choice, cfg: selection.Config{
-		Router: rc,
-		Policy: &pol,
+		Router:       rc,
+		Policy:       &pol,
+		PickerPolicy: pickerPol,
 		// The service builds its tracker from Tracking alone; it must say what
 		// the router configuration says. The key itself is read by
 		// loadTrackingKey, when the server starts.

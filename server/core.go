@@ -61,6 +61,8 @@ func newCore(o *options, cfg selection.Config, reg prometheus.Registerer, log *s
 	o.disagg.apply(&cfg, log)
 	flowMetrics := newFlowMetrics()
 	o.flow.apply(&cfg, flowMetrics)
+	latencyMetrics := newLatencyMetrics()
+	o.latency.apply(&cfg, latencyMetrics)
 	svc, err := selection.New(cfg)
 	if err != nil {
 		// Only configuration reaches New (a key of the wrong size, say).
@@ -72,7 +74,8 @@ func newCore(o *options, cfg selection.Config, reg prometheus.Registerer, log *s
 	reg.MustRegister(disaggMetrics{svc: svc})  // kvselect_prefill_decisions_total
 	reg.MustRegister(routingMetrics{svc: svc}) // kvselect_selection_*
 	flowMetrics.svc = svc
-	reg.MustRegister(flowMetrics) // kvselect_flow_*
+	reg.MustRegister(flowMetrics)    // kvselect_flow_*
+	reg.MustRegister(latencyMetrics) // kvselect_latency_*, kvselect_slo_requests_total
 	if fc := svc.Inspect().FlowConfig(); fc != nil {
 		log.Info("flow control on: waiting requests ordered by priority band and tenant fairness", "fairness", fc.Fairness.String(),
 			"queue_ttl", fc.TTL.String(), "max_bytes", fc.MaxBytes, "max_band_bytes", fc.MaxBandBytes, "max_tenants", fc.MaxTenants)

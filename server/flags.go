@@ -64,6 +64,7 @@ type options struct {
 	discovery discoveryFlags // --workers-file, --pool-name (discovery.go)
 	disagg    disaggFlags    // prefill/decode disaggregation (disagg.go)
 	flow      flowFlags      // flow control (flow.go)
+	latency   latencyFlags   // the online latency model (latency.go)
 	auth      authFlags      // REST authentication and TLS (auth.go)
 	limits    limitFlags     // per-client limits, HTTP timeouts, ext_proc streams (limits.go)
 
@@ -149,6 +150,7 @@ func newFlagSet(o *options) *flag.FlagSet {
 	o.discovery.register(fs)
 	o.disagg.register(fs)
 	o.flow.register(fs)
+	o.latency.register(fs)
 	o.auth.register(fs)
 	o.limits.register(fs)
 
@@ -261,6 +263,7 @@ func (o *options) validate() error {
 	errs = append(errs, o.discovery.validate(o.set)...)
 	errs = append(errs, o.disagg.validate()...)
 	errs = append(errs, o.flow.validate()...)
+	errs = append(errs, o.latency.validate()...)
 	if err := errors.Join(errs...); err != nil {
 		return &UsageError{err}
 	}
@@ -335,6 +338,7 @@ type tokenizeFlags struct {
 	mode        tokenize.Mode
 	endpoints   map[string]string // model → base URL
 	timeout     time.Duration
+	maxTimeout  time.Duration
 	cacheTokens int
 	forwardIDs  bool
 }
@@ -363,6 +367,7 @@ func (t *tokenizeFlags) register(fs *flag.FlagSet) {
 		return nil
 	})
 	fs.DurationVar(&t.timeout, "tokenize-timeout", tokenize.DefaultTimeout, "budget of one text prompt's tokenization (`duration`, > 0); past it the request routes on the text index (the call still completes in the background and fills the cache)")
+	fs.DurationVar(&t.maxTimeout, "tokenize-timeout-max", tokenize.DefaultMaxTimeout, "hard cap of the adaptive tokenize budget (`duration`): a text prompt waits for its ids up to the prefill time routing on them is predicted to save (the latency model's fit of its engines), at least --tokenize-timeout and at most this; at or below --tokenize-timeout the budget is --tokenize-timeout alone")
 	fs.IntVar(&t.cacheTokens, "tokenize-cache-tokens", tokenize.DefaultCacheTokens, "size of the tokenize cache in token `ids` (4 bytes each; 0 disables it): whole requests, and chat conversation prefixes where the engine's template allows")
 	fs.BoolVar(&t.forwardIDs, "tokenize-forward-ids", false, "replace a completions request's prompt string by its token ids in the body the picker forwards (ext_proc FULL_DUPLEX_STREAMED), so the engine skips its own tokenization")
 }
@@ -373,14 +378,14 @@ func (t *tokenizeFlags) start(ctx context.Context, svc *selection.Service, reg p
 	if t.mode == tokenize.ModeOff {
 		return nil, nil
 	}
-	tk, err := tokenize.New(ctx, tokenize.Config{Mode: t.mode, Endpoints: t.endpoints, Timeout: t.timeout,
+	tk, err := tokenize.New(ctx, tokenize.Config{Mode: t.mode, Endpoints: t.endpoints, Timeout: t.timeout, MaxTimeout: t.maxTimeout,
 		CacheTokens: cmp.Or(t.cacheTokens, -1), Logger: log}, svc.Inspect())
 	if err != nil {
 		return nil, &UsageError{err}
 	}
 	reg.MustRegister(tk)
 	log.Info("text prompts tokenized by the engines", "mode", string(t.mode), "endpoints", t.endpoints,
-		"timeout", t.timeout.String(), "cache_tokens", t.cacheTokens, "forward_ids", t.forwardIDs)
+		"timeout", t.timeout.String(), "timeout_max", t.maxTimeout.String(), "cache_tokens", t.cacheTokens, "forward_ids", t.forwardIDs)
 	return tk, nil
 }
 
@@ -397,6 +402,9 @@ func (t *tokenizeFlags) validate(set map[string]bool) []error {
 	}
 	if t.timeout <= 0 {
 		errs = append(errs, fmt.Errorf("--tokenize-timeout %v: must be greater than zero", t.timeout))
+	}
+	if t.maxTimeout < 0 {
+		errs = append(errs, fmt.Errorf("--tokenize-timeout-max %v: must not be negative", t.maxTimeout))
 	}
 	if t.cacheTokens < 0 {
 		errs = append(errs, fmt.Errorf("--tokenize-cache-tokens %d: must be at least 0", t.cacheTokens))

@@ -42,13 +42,14 @@ var helpSections = []struct {
 	{"Endpoint picker (Envoy ext_proc, GIE protocol 004)", []string{"extproc-port", "extproc-fallbacks", "extproc-max-body-bytes", "extproc-test-pick-header", "extproc-default-model", "extproc-assume-request-body-mode", "extproc-assume-response-body-mode", "extproc-secure-serving", "extproc-cert-path", "extproc-cert-reload", "extproc-client-ca"}},
 	{"REST authentication and TLS (docs/security.md)", []string{"auth-token-file", "auth-kubernetes", "auth-kubernetes-namespace", "auth-kubernetes-cache-ttl", "auth-kubernetes-audiences", "auth-allow-unauthenticated", "tls-cert-path", "tls-cert-reload", "tls-client-ca"}},
 	{"Limits (per client, HTTP timeouts, picker streams)", []string{"max-conns-per-client", "rate-limit-per-client", "rate-limit-burst", "max-header-bytes", "http-read-timeout", "http-write-timeout", "extproc-max-streams"}},
-	{"Text prompts (tokenized by the engines)", []string{"tokenize", "tokenize-endpoint", "tokenize-timeout", "tokenize-cache-tokens", "tokenize-forward-ids"}},
+	{"Text prompts (tokenized by the engines)", []string{"tokenize", "tokenize-endpoint", "tokenize-timeout", "tokenize-timeout-max", "tokenize-cache-tokens", "tokenize-forward-ids"}},
 	{"Engine metrics, saturation and health", []string{"engine-metrics-interval", "engine-metrics-timeout", "engine-metrics-concurrency", "engine-metrics-max-bytes", "engine-metrics-stale-after",
 		"queue-depth-threshold", "kv-cache-util-threshold", "when-saturated", "engine-request-weight", "engine-kv-usage-weight", "engine-lora-miss-weight",
 		"eject-after", "eject-window", "eject-base", "eject-max", "health-probe-interval", "health-probe-timeout"}},
 	{"Discovery (workers file, Kubernetes InferencePool)", []string{"workers-file", "pool-name", "pool-namespace", "kubeconfig"}},
 	{"Disaggregated prefill/decode (docs/disaggregation.md)", []string{"prefill-routing-group", "disaggregation", "prefill-header"}},
 	{"Flow control (docs/flow-control.md)", []string{"flow-control", "flow-queue-ttl", "flow-max-bytes", "flow-max-band-bytes", "flow-max-tenants"}},
+	{"Latency model of the predicted-latency policy (docs/selection.md)", []string{"latency-forgetting", "latency-min-observations"}},
 	{"Other", []string{"version"}},
 }
 

@@ -266,3 +266,32 @@ func TestReloadAppliesPolicyParametersAndKeepsTheLastGoodFile(t *testing.T) {
 		t.Errorf("no restart warning for router_ttl_secs in:\n%s", logs.String())
 	}
 }
+
+// With no policy named the fronts get a default each: Dynamo's kv-cost on
+// the REST API, predicted-latency on the ext_proc picker. Naming any policy
+// (even kv-cost) puts both fronts on it.
+func TestDefaultPolicyPerFront(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		env        map[string]string
+		args       []string
+		wantPicker bool
+	}{
+		{"nothing named", nil, nil, true},
+		{"--policy kv-cost", nil, []string{"--policy", "kv-cost"}, false},
+		{"environment", map[string]string{"KVSELECT_POLICY": "predicted-latency"}, nil, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r, err := resolveWith(t, tc.env, "", nil, tc.args...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := r.cfg.PickerPolicy != nil; got != tc.wantPicker {
+				t.Fatalf("picker has its own policy: %v, want %v", got, tc.wantPicker)
+			}
+			if tc.wantPicker && (!r.cfg.PickerPolicy.PredictsLatency || r.cfg.Policy.PredictsLatency) {
+				t.Errorf("picker policy %+v, REST policy %+v: want predicted-latency and kv-cost", r.cfg.PickerPolicy, r.cfg.Policy)
+			}
+		})
+	}
+}

@@ -180,5 +180,8 @@ func policyAttrs(r resolved) []any {
 	case len(r.policy.params) > 0:
 		attrs = append(attrs, slog.Any("policy_parameters", r.policy.params))
 	}
+	if r.cfg.PickerPolicy != nil {
+		attrs = append(attrs, slog.String("picker_policy", scheduler.PredictedLatencyPolicyName))
+	}
 	return attrs
 }

@@ -26,9 +26,10 @@ const simModel = "sim"
 const ApproxPolicy = "kv-cost-approx"
 
 // Policies are the policies a comparison runs unless told otherwise, in
-// table order: Dynamo's cost with and without KV events, then the baselines.
+// table order: the picker's default (predicted-latency), Dynamo's cost with
+// and without KV events, then the baselines.
 func Policies() []string {
-	return []string{scheduler.DefaultPolicyName, ApproxPolicy, "round-robin", "random", "least-loaded", "longest-prefix"}
+	return []string{scheduler.PredictedLatencyPolicyName, scheduler.DefaultPolicyName, ApproxPolicy, "round-robin", "random", "least-loaded", "longest-prefix"}
 }
 
 // Known reports whether NewPolicy can run name: a policy registered with

@@ -62,7 +62,19 @@ func (rep *Report) Table(w io.Writer) error {
 		return fmt.Sprintf("%.0f", r.SaturationCPUPerRequestUs)
 	})
 	row("prefix-cache hit rate (engines)", func(r PickerRun) string { return fmt.Sprintf("%.3f", r.HitRate) })
-	row("TTFT p50 / p90 (ms)", func(r PickerRun) string { return fmt.Sprintf("%.1f / %.1f", r.TTFTP50Ms, r.TTFTP90Ms) })
+	row("TTFT p50 / p90 / p99 (ms)", func(r PickerRun) string {
+		return fmt.Sprintf("%.1f / %.1f / %.1f", r.TTFTP50Ms, r.TTFTP90Ms, r.TTFTP99Ms)
+	})
+	row("ITL p90 (ms)", func(r PickerRun) string { return fmt.Sprintf("%.2f", r.ITLP90Ms) })
+	row(fmt.Sprintf("goodput, TTFT ≤ %v and ITL ≤ %v (req/s, share)", rep.GoodputTTFT, rep.GoodputITL), func(r PickerRun) string {
+		return fmt.Sprintf("%.1f (%.2f)", r.Goodput, r.GoodputShare)
+	})
+	row("kvselect's TTFT prediction error p50 / p90", func(r PickerRun) string {
+		if r.PredictionError == nil {
+			return "-"
+		}
+		return fmt.Sprintf("%.2f / %.2f", r.PredictionError[0], r.PredictionError[1])
+	})
 	row("requests per engine", func(r PickerRun) string { return strings.Trim(fmt.Sprint(r.PerEngine), "[]") })
 	row("load balance CV", func(r PickerRun) string { return fmt.Sprintf("%.3f", r.LoadCV) })
 	row("throughput (req/s)", func(r PickerRun) string { return fmt.Sprintf("%.1f", r.Throughput) })
@@ -109,11 +121,11 @@ func (rep *Report) Table(w io.Writer) error {
 // most 1/3, hit rate at least the EPP's, p90 TTFT lower.
 func (rep *Report) goals(w io.Writer) {
 	for _, k := range rep.Runs {
-		if !isKvselect(k.Picker) {
+		if !IsKvselect(k.Picker) {
 			continue
 		}
 		for _, e := range rep.Runs {
-			if isKvselect(e.Picker) || e.Transport != k.Transport {
+			if IsKvselect(e.Picker) || e.Transport != k.Transport {
 				continue
 			}
 			fmt.Fprintf(w, "\n%s vs %s:\n", k.label(), e.label())

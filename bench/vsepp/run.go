@@ -2,6 +2,7 @@ package vsepp
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"math"
@@ -224,7 +225,9 @@ func (c *Config) runTrace(ctx context.Context, f *runFleet, label string, reqs [
 	run.Histogram = h1.Minus(h0).Summarize(f.pk.hist)
 	q := func(d []time.Duration, p, unit float64) float64 { return float64(stats.Quantile(d, p)) / unit }
 	run.Decision = Pct{P50: q(run.decisions, 0.5, 1e3), P90: q(run.decisions, 0.9, 1e3), P99: q(run.decisions, 0.99, 1e3)}
-	run.TTFTP50Ms, run.TTFTP90Ms = q(run.ttfts, 0.5, 1e6), q(run.ttfts, 0.9, 1e6)
+	run.TTFTP50Ms, run.TTFTP90Ms, run.TTFTP99Ms = q(run.ttfts, 0.5, 1e6), q(run.ttfts, 0.9, 1e6), q(run.ttfts, 0.99, 1e6)
+	run.ITLP90Ms = q(run.itls, 0.9, 1e6)
+	run.goodput(c.GoodputTTFT, c.GoodputITL, wall)
 	run.LoadCV = stats.CV(run.PerEngine)
 	return nil
 }
@@ -238,6 +241,7 @@ func (run *PickerRun) add(res result, err error, endpoints []string) error {
 	}
 	run.decisions = append(run.decisions, res.decision)
 	run.ttfts = append(run.ttfts, res.ttft)
+	run.itls = append(run.itls, res.itl)
 	var misrouted error
 	if k := slices.Index(endpoints, res.endpoint); k >= 0 {
 		run.PerEngine[k]++
@@ -279,8 +283,54 @@ func (c *Config) afterTrace(ctx context.Context, f *runFleet, run *PickerRun) er
 		return err
 	}
 	run.LeakedBookings = &n
+	if err := run.latencyModel(ctx, f.hc, f.pk.kv.REST); err != nil {
+		return err
+	}
 	if c.Prompts == PromptsText {
 		return run.tokenizeFigures(ctx, f.hc, f.pk.metrics)
+	}
+	return nil
+}
+
+// goodput counts the routed requests that met both objectives: TTFT at
+// most ttft and mean ITL at most itl (a request of one token has no ITL and
+// meets that one).
+func (run *PickerRun) goodput(ttft, itl time.Duration, wall time.Duration) {
+	good := 0
+	for i, t := range run.ttfts {
+		if t <= ttft && run.itls[i] <= itl {
+			good++
+		}
+	}
+	if n := len(run.ttfts); n > 0 {
+		run.GoodputShare = float64(good) / float64(n)
+	}
+	if wall > 0 {
+		run.Goodput = float64(good) / wall.Seconds()
+	}
+}
+
+// latencyModel reads kvselect's latency model (GET /policy).
+func (run *PickerRun) latencyModel(ctx context.Context, hc *http.Client, rest string) error {
+	var v struct {
+		LatencyModel json.RawMessage `json:"latency_model"`
+	}
+	if err := fleet.GetJSON(ctx, hc, rest+"/policy", &v); err != nil {
+		return fmt.Errorf("kvselect's latency model: %w", err)
+	}
+	var m struct {
+		PredictionError struct {
+			Window      int     `json:"window"`
+			RelativeP50 float64 `json:"relative_p50"`
+			RelativeP90 float64 `json:"relative_p90"`
+		} `json:"prediction_error"`
+	}
+	if err := json.Unmarshal(v.LatencyModel, &m); err != nil {
+		return fmt.Errorf("kvselect's latency model: %w", err)
+	}
+	run.LatencyModel = v.LatencyModel
+	if e := m.PredictionError; e.Window > 0 {
+		run.PredictionError = &[2]float64{e.RelativeP50, e.RelativeP90}
 	}
 	return nil
 }
@@ -315,13 +365,13 @@ func (c *Config) startPicker(ctx context.Context, name string, secure bool, dir 
 	pk := &picker{}
 	var addr string
 	switch name {
-	case pickerKvselect, pickerKvselectPrefix:
+	case pickerKvselect, pickerKvselectLatency, pickerKvselectCost, pickerKvselectPrefix:
 		args := []string{"--kv-events-bind", collector}
 		if secure {
 			args = append(args, "--extproc-secure-serving")
 		}
-		if name == pickerKvselectPrefix {
-			args = append(args, "--policy", "longest-prefix")
+		if pol := kvselectPolicies[name]; pol != "" {
+			args = append(args, "--policy", pol)
 		}
 		if c.Prompts == PromptsText {
 			args = append(args, "--tokenize", "pool")

@@ -53,10 +53,13 @@ func (c *Config) traffic(ctx context.Context, reqs []mooncake.Request, one func(
 // result is one request through a picker.
 type result struct {
 	decision, ttft time.Duration
-	endpoint       string
-	scores         bool
-	rewritten      bool // the body came back re-encoded, same JSON
-	refused        []string
+	// itl is the mean time between the response's SSE events after the
+	// first (0 with fewer than two).
+	itl       time.Duration
+	endpoint  string
+	scores    bool
+	rewritten bool // the body came back re-encoded, same JSON
+	refused   []string
 }
 
 func sameJSON(a, b []byte) bool {
@@ -131,12 +134,14 @@ func exchange(ctx context.Context, client *envoysim.Client, hc *http.Client, bod
 	}
 	var sent, got []byte
 	buf := make([]byte, 4096)
+	events := 0
 	for {
 		n, rerr := resp.Body.Read(buf)
 		if n > 0 {
 			if res.ttft == 0 && bytes.Contains(buf[:n], []byte("data:")) {
 				res.ttft = time.Since(begin)
 			}
+			events += bytes.Count(buf[:n], []byte("data:")) - bytes.Count(buf[:n], []byte("data: [DONE]"))
 			sent = append(sent, buf[:n]...)
 			fwd, err := x.ResponseBody(buf[:n], false)
 			if err != nil {
@@ -152,6 +157,9 @@ func exchange(ctx context.Context, client *envoysim.Client, hc *http.Client, bod
 			x.Abort()
 			return res, rerr
 		}
+	}
+	if events > 1 && res.ttft > 0 {
+		res.itl = (time.Since(begin) - res.ttft) / time.Duration(events-1)
 	}
 	fwd, err := x.ResponseBody(nil, true)
 	if err != nil {

@@ -26,6 +26,7 @@
 package vsepp
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -48,14 +49,27 @@ import (
 )
 
 const (
+	// pickerKvselect is kvselect with its defaults.
 	pickerKvselect = "kvselect"
-	// pickerKvselectPrefix is kvselect tuned once for this workload, as the
-	// EPP is: the longest-prefix policy (greedy on the cached prefix,
-	// ignoring load) instead of Dynamo's cost.
-	pickerKvselectPrefix = "kvselect-prefix"
-	pickerEPP            = "epp"
-	pickerEPPTuned       = "epp-tuned"
+	// pickerKvselectLatency, pickerKvselectCost and pickerKvselectPrefix
+	// are kvselect with one policy named: predicted-latency, kv-cost
+	// (Dynamo's cost) and longest-prefix (greedy on the cached prefix,
+	// ignoring load).
+	pickerKvselectLatency = "kvselect-latency"
+	pickerKvselectCost    = "kvselect-kvcost"
+	pickerKvselectPrefix  = "kvselect-prefix"
+	pickerEPP             = "epp"
+	pickerEPPTuned        = "epp-tuned"
 )
+
+// kvselectPolicies are the policy each of kvselect's pickers names ("":
+// the default).
+var kvselectPolicies = map[string]string{
+	pickerKvselect:        "",
+	pickerKvselectLatency: "predicted-latency",
+	pickerKvselectCost:    "kv-cost",
+	pickerKvselectPrefix:  "longest-prefix",
+}
 
 // Prompt forms.
 const (
@@ -64,11 +78,12 @@ const (
 )
 
 // Pickers are every picker run, in the default order.
-var Pickers = []string{pickerKvselect, pickerKvselectPrefix, pickerEPP, pickerEPPTuned}
+var Pickers = []string{pickerKvselect, pickerKvselectCost, pickerKvselectPrefix, pickerEPP, pickerEPPTuned}
 
-// isKvselect reports whether a picker name is one of kvselect's runs.
-func isKvselect(picker string) bool {
-	return picker == pickerKvselect || picker == pickerKvselectPrefix
+// IsKvselect reports whether a picker name is one of kvselect's runs.
+func IsKvselect(picker string) bool {
+	_, ok := kvselectPolicies[picker]
+	return ok
 }
 
 // Config is one comparison.
@@ -91,9 +106,20 @@ type Config struct {
 	Idle, Saturate      time.Duration
 	SaturateStreams     int
 	Pin                 bool // the picker on CPU 0, this process with the engines on CPU 1
-	Quiet               bool
-	Args                string // the command line, recorded in the report
+	// GoodputTTFT and GoodputITL are the objectives goodput counts against
+	// (0: DefaultGoodputTTFT, DefaultGoodputITL).
+	GoodputTTFT, GoodputITL time.Duration
+	Quiet                   bool
+	Args                    string // the command line, recorded in the report
 }
+
+// The objectives goodput is counted against by default: a first token
+// within half a second and 20 ms between tokens (ten times these engines'
+// inter-token latency), an interactive service's.
+const (
+	DefaultGoodputTTFT = 500 * time.Millisecond
+	DefaultGoodputITL  = 20 * time.Millisecond
+)
 
 // Defaults is `make bench-vs-epp` over plaintext: every picker, 1,000
 // requests of the conversation trace at 10x its pace on four simulators.
@@ -106,7 +132,7 @@ func Defaults() Config {
 		Prompts: PromptsTokens, Slice: mooncake.Slice{Trace: mooncake.DefaultTrace, Requests: 1000},
 		Loop: "open", Compress: 10, Concurrency: 64, BlockTokens: 64,
 		MaxOutput: 16, Pickers: slices.Clone(Pickers), Transports: []string{"plain"}, Idle: 5 * time.Second, Saturate: 5 * time.Second,
-		SaturateStreams: 64, Pin: true}
+		SaturateStreams: 64, Pin: true, GoodputTTFT: DefaultGoodputTTFT, GoodputITL: DefaultGoodputITL}
 }
 
 // PickerRun is one picker's run on one transport.
@@ -151,7 +177,15 @@ type PickerRun struct {
 	HitRate   float64 `json:"prefix_cache_hit_rate"`
 	TTFTP50Ms float64 `json:"ttft_p50_ms"`
 	TTFTP90Ms float64 `json:"ttft_p90_ms"`
-	PerEngine []int   `json:"requests_per_engine"`
+	TTFTP99Ms float64 `json:"ttft_p99_ms"`
+	// ITLP90Ms is the p90 over requests of each one's mean inter-token
+	// latency (time between its SSE events after the first).
+	ITLP90Ms float64 `json:"itl_p90_ms"`
+	// Goodput is the routed requests per second that met both objectives
+	// of Config.GoodputTTFT / GoodputITL; GoodputShare their share.
+	Goodput      float64 `json:"goodput_rps"`
+	GoodputShare float64 `json:"goodput_share"`
+	PerEngine    []int   `json:"requests_per_engine"`
 	// LoadCV is the coefficient of variation of PerEngine.
 	LoadCV      float64 `json:"load_cv"`
 	WallSeconds float64 `json:"wall_seconds"`
@@ -176,8 +210,14 @@ type PickerRun struct {
 	// "fallback"}); nil otherwise.
 	TokenizeFallbacks       *uint64           `json:"tokenize_fallbacks,omitempty"`
 	TokenizeFallbackReasons map[string]uint64 `json:"tokenize_fallback_reasons,omitempty"`
+	// LatencyModel is, for kvselect, its latency model after the trace run
+	// (GET /policy's latency_model): coefficients and prediction error.
+	LatencyModel json.RawMessage `json:"latency_model,omitempty"`
+	// PredictionError is that model's TTFT prediction error over its latest
+	// predictions: |predicted − observed| / observed at p50 and p90.
+	PredictionError *[2]float64 `json:"ttft_prediction_error_p50_p90,omitempty"`
 
-	decisions, ttfts []time.Duration
+	decisions, ttfts, itls []time.Duration
 }
 
 type Pct struct {
@@ -196,18 +236,23 @@ type Report struct {
 	Engines  int    `json:"engines"`
 	// EngineFamily is llmd-sim (llm-d-inference-sim) or mock
 	// (kvselect-mockworker); Prompts is tokens (token-id prompts) or text.
-	EngineFamily string      `json:"engine_family"`
-	Prompts      string      `json:"prompts"`
-	Loop         string      `json:"loop"`
-	Args         string      `json:"args"`
-	EPPConfig    string      `json:"epp_config_default,omitempty"`
-	Runs         []PickerRun `json:"runs"`
+	EngineFamily string `json:"engine_family"`
+	Prompts      string `json:"prompts"`
+	Loop         string `json:"loop"`
+	Args         string `json:"args"`
+	EPPConfig    string `json:"epp_config_default,omitempty"`
+	// GoodputTTFT and GoodputITL are the objectives of the runs' goodput.
+	GoodputTTFT time.Duration `json:"goodput_ttft_ns"`
+	GoodputITL  time.Duration `json:"goodput_itl_ns"`
+	Runs        []PickerRun   `json:"runs"`
 }
 
 // Run runs every picker on every transport, each with fresh engines, prints
 // the table and the goals, writes vs-epp.json and vs-epp.svg into c.Out and
 // fails when a request failed or kvselect kept a booking.
 func Run(ctx context.Context, c Config, stdout, stderr io.Writer) (*Report, error) {
+	c.GoodputTTFT = cmp.Or(c.GoodputTTFT, DefaultGoodputTTFT)
+	c.GoodputITL = cmp.Or(c.GoodputITL, DefaultGoodputITL)
 	if err := c.Validate(); err != nil {
 		return nil, err
 	}
@@ -224,7 +269,8 @@ func Run(ctx context.Context, c Config, stdout, stderr io.Writer) (*Report, erro
 		}
 	}
 	rep := &Report{Date: time.Now().UTC().Format(time.RFC3339), CPUs: runtime.NumCPU(), Pinned: c.Pin, Trace: c.Trace,
-		Requests: len(reqs), Engines: c.Workers, EngineFamily: string(c.Family), Prompts: c.Prompts, Loop: c.loopName(), Args: c.Args}
+		Requests: len(reqs), Engines: c.Workers, EngineFamily: string(c.Family), Prompts: c.Prompts, Loop: c.loopName(), Args: c.Args,
+		GoodputTTFT: c.GoodputTTFT, GoodputITL: c.GoodputITL}
 	bodies, err := c.bodies(reqs)
 	if err != nil {
 		return nil, err
@@ -278,14 +324,16 @@ func (c *Config) Validate() error {
 		return errors.New("-compress must be positive and -rate not negative")
 	case c.Idle <= 0 || c.Saturate < 0:
 		return errors.New("-idle must be positive and -saturate not negative")
+	case c.GoodputTTFT < 0 || c.GoodputITL < 0:
+		return errors.New("-goodput-ttft and -goodput-itl must not be negative (0: the defaults)")
 	case len(c.Pickers) == 0 || len(c.Transports) == 0:
 		return errors.New("-pickers and -transports name at least one each")
 	}
 	for _, p := range c.Pickers {
-		if !isKvselect(p) && p != pickerEPP && p != pickerEPPTuned {
+		if !IsKvselect(p) && p != pickerEPP && p != pickerEPPTuned {
 			return fmt.Errorf("-pickers: unknown picker %q", p)
 		}
-		if !isKvselect(p) && c.EPP == "" {
+		if !IsKvselect(p) && c.EPP == "" {
 			return fmt.Errorf("picker %s needs llm-d's endpoint picker: set -epp-bin or $%s (build it from github.com/llm-d/llm-d-router, cmd/epp)", p, peerproc.EnvEPP)
 		}
 	}
@@ -312,7 +360,7 @@ func (c *Config) Validate() error {
 		for _, p := range c.Pickers {
 			// The EPP's token producer renders text through an engine's
 			// /v1/completions/render, which the mock worker does not serve.
-			if !isKvselect(p) && c.Family == fleet.FamilyMock {
+			if !IsKvselect(p) && c.Family == fleet.FamilyMock {
 				return fmt.Errorf("-prompts text with picker %s needs -engine-family %s: the EPP renders text prompts through an engine's /v1/completions/render, which kvselect-mockworker does not serve", p, fleet.FamilySim)
 			}
 		}

@@ -100,7 +100,7 @@ func vsHarness(t *testing.T, c Config, requests int, pickers []string, text bool
 		case !(r.HitRate > 0 && r.HitRate < 1):
 			t.Errorf("%s: hit rate %v from the engines' counters", r.Picker, r.HitRate)
 		}
-		if isKvselect(r.Picker) {
+		if IsKvselect(r.Picker) {
 			if r.LeakedBookings == nil || *r.LeakedBookings != 0 || r.Histogram.Name != "kvselect_extproc_pick_duration_seconds" {
 				t.Errorf("kvselect run: %+v", r)
 			}

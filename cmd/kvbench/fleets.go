@@ -7,7 +7,10 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
+	"strconv"
 	"strings"
+	"time"
 
 	"github.com/kvselect/kvselect/bench/benchflag"
 	"github.com/kvselect/kvselect/bench/demo"
@@ -15,6 +18,7 @@ import (
 	"github.com/kvselect/kvselect/bench/health"
 	"github.com/kvselect/kvselect/bench/observe"
 	"github.com/kvselect/kvselect/bench/soak"
+	"github.com/kvselect/kvselect/bench/suite"
 	"github.com/kvselect/kvselect/bench/text"
 	"github.com/kvselect/kvselect/bench/vsepp"
 	"github.com/kvselect/kvselect/internal/peerproc"
@@ -76,13 +80,15 @@ func vsEPPCmd(fs *flag.FlagSet, args []string) func(context.Context, io.Writer, 
 	fs.IntVar(&c.BlockTokens, "block-tokens", c.BlockTokens, "prompt `tokens` per trace block (the trace's blocks are 512 tokens)")
 	fs.IntVar(&c.Engine.MaxNumSeqs, "max-num-seqs", c.Engine.MaxNumSeqs, "requests an engine runs at once; the rest wait in its queue (small, so that piling requests on one engine costs TTFT)")
 	fs.IntVar(&c.MaxOutput, "max-output", c.MaxOutput, "cap on output `tokens` per request")
-	pickers := fs.String("pickers", strings.Join(c.Pickers, ","), "pickers to run, comma-separated: kvselect (Dynamo's cost, the default policy), kvselect-prefix (--policy longest-prefix), epp (its sample configuration's weights), epp-tuned (llm-d-router's precise-prefix perf-test scorers)")
+	pickers := fs.String("pickers", strings.Join(c.Pickers, ","), "pickers to run, comma-separated: kvselect (its default policy), kvselect-latency (--policy predicted-latency), kvselect-kvcost (--policy kv-cost, Dynamo's cost), kvselect-prefix (--policy longest-prefix), epp (its sample configuration's weights), epp-tuned (llm-d-router's precise-prefix perf-test scorers)")
 	transports := fs.String("transports", "plain", "ext_proc `transports`, comma-separated: plain, tls (each picker serves a self-signed certificate; the client does not verify it)")
 	fs.DurationVar(&c.Idle, "idle", c.Idle, "idle window before traffic, to measure each picker's idle CPU")
 	fs.DurationVar(&c.Saturate, "saturate", c.Saturate, "saturating closed loop after the trace, picker only (0 skips it)")
 	fs.IntVar(&c.SaturateStreams, "saturate-streams", c.SaturateStreams, "concurrent streams of the saturating loop")
 	fs.BoolVar(&c.Pin, "pin", c.Pin, "pin the picker to CPU 0 and this process with the engines to CPU 1 (taskset; needs 2 CPUs)")
 	fs.BoolVar(&c.Quiet, "quiet", false, "no progress bars")
+	fs.DurationVar(&c.GoodputTTFT, "goodput-ttft", c.GoodputTTFT, "goodput counts requests whose TTFT is at most this (`duration`)")
+	fs.DurationVar(&c.GoodputITL, "goodput-itl", c.GoodputITL, "goodput counts requests whose mean inter-token latency is at most this (`duration`)")
 	return func(ctx context.Context, stdout, stderr io.Writer) error {
 		c.KVSelectArgs, c.EPPArgs = strings.Fields(*kvselectArgs), strings.Fields(*eppArgs)
 		c.Pickers, c.Transports = benchflag.Split(*pickers), benchflag.Split(*transports)
@@ -185,6 +191,55 @@ func soakCmd(fs *flag.FlagSet, _ []string) func(context.Context, io.Writer, io.W
 			c.Shorten(func(name string) bool { return set[name] })
 		}
 		_, err := soak.Run(ctx, c, stdout, stderr)
+		return err
+	}
+}
+
+// suiteCmd is `kvbench suite` (bench/suite).
+func suiteCmd(fs *flag.FlagSet, args []string) func(context.Context, io.Writer, io.Writer) error {
+	c := suite.Config{Base: vsepp.Defaults(), Families: []fleet.Family{fleet.FamilySim, fleet.FamilyMock},
+		Workloads: slices.Clone(suite.Workloads), LadderRate: []float64{20, 40, 60}, Repeat: 3}
+	c.Base.Out, c.Base.Idle, c.Base.Saturate = "bench/out/suite", 2*time.Second, 2*time.Second
+	c.Base.Requests = 500
+	c.Base.Spec.Register(fs)
+	c.Base.Binaries.RegisterSim(fs)
+	c.Base.RegisterEPP(fs)
+	families := fs.String("families", "llmd-sim,mock", "engine `families`, comma-separated: llmd-sim (llm-d-inference-sim), mock (kvselect's mock workers)")
+	workloads := fs.String("workloads", strings.Join(c.Workloads, ","), "`workloads`, comma-separated: "+strings.Join(suite.Workloads, ", "))
+	var shapeNames []string
+	for _, s := range suite.Shapes {
+		shapeNames = append(shapeNames, fmt.Sprintf("%s (--max-num-seqs %d, prefill %v a token)", s.Name, s.MaxNumSeqs, s.PrefillPerToken))
+	}
+	shapes := fs.String("shapes", suite.Shapes[0].Name+","+suite.Shapes[1].Name, "engine `shapes`, comma-separated: "+strings.Join(shapeNames, ", "))
+	fs.IntVar(&c.Requests, "requests", 0, "requests per cell (0: the conversation cells' 500 and the generated workloads' whole traces)")
+	ladder := fs.String("ladder-rates", "20,40,60", "the ladder workload's arrival `rates` (requests per second), one cell each")
+	fs.IntVar(&c.Repeat, "repeat", c.Repeat, "`runs` of the first cell, for the run-to-run spread")
+	cells := fs.String("cells", "", "the `cells` to run instead of -families × -shapes × -workloads, comma-separated: family/shape/workload, the ladder's as family/shape/ladder@rate (e.g. llmd-sim/seqs4/conversation,mock/seqs16-slow/ladder@40)")
+	pickers := fs.String("pickers", "kvselect,kvselect-kvcost,kvselect-prefix,epp,epp-tuned", "pickers, as kvbench vs-epp -pickers")
+	kvselectArgs := fs.String("kvselect-args", "", "extra kvselect `flags`, space-separated, for every cell")
+	fs.DurationVar(&c.Base.Idle, "idle", c.Base.Idle, "idle window before each run's traffic")
+	fs.DurationVar(&c.Base.Saturate, "saturate", c.Base.Saturate, "saturating loop after each run (0 skips it)")
+	fs.BoolVar(&c.Base.Pin, "pin", c.Base.Pin, "pin each picker to CPU 0, the engines and load to CPU 1")
+	fs.DurationVar(&c.Base.GoodputTTFT, "goodput-ttft", c.Base.GoodputTTFT, "goodput's TTFT objective (`duration`)")
+	fs.DurationVar(&c.Base.GoodputITL, "goodput-itl", c.Base.GoodputITL, "goodput's inter-token latency objective (`duration`)")
+	fs.BoolVar(&c.Quiet, "quiet", false, "no progress bars")
+	return func(ctx context.Context, stdout, stderr io.Writer) error {
+		c.Families = nil
+		for _, f := range benchflag.Split(*families) {
+			c.Families = append(c.Families, fleet.Family(f))
+		}
+		c.Workloads, c.Shapes, c.Cells = benchflag.Split(*workloads), benchflag.Split(*shapes), benchflag.Split(*cells)
+		c.Base.Pickers, c.Base.KVSelectArgs = benchflag.Split(*pickers), strings.Fields(*kvselectArgs)
+		c.LadderRate = nil
+		for _, r := range benchflag.Split(*ladder) {
+			v, err := strconv.ParseFloat(r, 64)
+			if err != nil || !(v > 0) {
+				return fmt.Errorf("-ladder-rates: %q is not a positive rate", r)
+			}
+			c.LadderRate = append(c.LadderRate, v)
+		}
+		c.Args = strings.Join(args, " ")
+		_, err := suite.Run(ctx, c, stdout, stderr)
 		return err
 	}
 }

@@ -30,6 +30,7 @@ Subcommands:
   flow      flow control: a tenant with long prompts and one with short prompts on a saturated pool, with flow control off, count and cost fairness (-mode sim or real)
   demo      kvselect + engine processes on loopback (mock workers or llm-d-inference-sim), a trace slice through ext_proc vs round-robin
   vs-epp    kvselect's picker and llm-d's endpoint picker side by side: same engines, same trace, through envoysim
+  suite     every picker of vs-epp over workloads × engine families × engine shapes: one table, one JSON, one SVG, each cell's goals
   text      text chat sessions through the picker: --tokenize pool vs the approximate text index vs token ids vs round-robin, on mock workers
   health    kvselect + mock worker processes: one worker fails mid-run (ejection, trials, restoration); optional direct traffic that bypasses kvselect, with and without engine metrics
   observe   kvselect + mock workers scraped by a real Prometheus, the status page in headless Chromium: checks the Grafana dashboard's queries and the alert rules, saves screenshots
@@ -46,7 +47,7 @@ type subcommand func(fs *flag.FlagSet, args []string) func(ctx context.Context, 
 var subcommands = map[string]subcommand{
 	"index": indexCmd, "rest": restCmd, "extproc": extprocCmd, "replicas": replicasCmd, "otlp-sink": otlpSinkCmd,
 	"route": routeCmd, "pd": pdCmd, "flow": flowCmd,
-	"demo": demoCmd, "vs-epp": vsEPPCmd, "text": textCmd, "health": healthCmd, "observe": observeCmd, "soak": soakCmd,
+	"demo": demoCmd, "vs-epp": vsEPPCmd, "suite": suiteCmd, "text": textCmd, "health": healthCmd, "observe": observeCmd, "soak": soakCmd,
 }
 
 func main() {

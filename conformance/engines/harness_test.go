@@ -207,7 +207,13 @@ func (k *kvselect) overlaps(tokens []int) map[uint64]int {
 			DeviceBlocks int    `json:"device_blocks"`
 		} `json:"workers"`
 	}
-	if code := k.do(http.MethodPost, "/overlap_scores", map[string]any{"model_name": model, "token_ids": tokens}, &out); code != http.StatusOK {
+	switch code := k.do(http.MethodPost, "/overlap_scores", map[string]any{"model_name": model, "token_ids": tokens}, &out); code {
+	case http.StatusOK:
+	case http.StatusServiceUnavailable:
+		// Healthy is not ready: discovery may not have read the workers
+		// file yet. Nothing is indexed for anyone until it has.
+		return map[uint64]int{}
+	default:
 		k.t.Fatalf("overlap_scores: %d", code)
 	}
 	m := map[uint64]int{}

@@ -43,6 +43,7 @@ type metrics struct {
 	fallbacks                               [9]atomic.Uint64 // reasons, then other
 	engineCalls, probeCalls, prefixMismatch atomic.Uint64
 	latency                                 *prometheus.HistogramVec // by result
+	budget                                  prometheus.Histogram     // adaptive budgets given
 }
 
 func newMetrics() *metrics {
@@ -51,7 +52,12 @@ func newMetrics() *metrics {
 		Help: "Time a text prompt spends in the tokenize step of the pick (the picker latency it adds), by result as in kvselect_tokenize_requests_total.",
 		// 5 µs to ~1.6 s in 1.25× steps: fine enough to read p50 and p99.
 		Buckets: prometheus.ExponentialBuckets(5e-6, 1.25, 58),
-	}, []string{"result"})}
+	}, []string{"result"}),
+		budget: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "kvselect_tokenize_budget_seconds",
+			Help:    "Budgets the adaptive tokenize wait gave text prompts (--tokenize-timeout-max): the prefill time exact ids are predicted to save, within --tokenize-timeout and --tokenize-timeout-max.",
+			Buckets: prometheus.ExponentialBuckets(1e-3, 1.5, 16),
+		})}
 	for _, r := range results {
 		m.latency.WithLabelValues(r) // every series from the start
 	}
@@ -88,6 +94,7 @@ func (t *Tokenizer) Describe(ch chan<- *prometheus.Desc) {
 		ch <- d
 	}
 	t.m.latency.Describe(ch)
+	t.m.budget.Describe(ch)
 }
 
 // Collect implements prometheus.Collector.
@@ -110,6 +117,7 @@ func (t *Tokenizer) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(descCacheTokens, prometheus.GaugeValue, float64(tokens))
 	ch <- prometheus.MustNewConstMetric(descCacheEntries, prometheus.GaugeValue, float64(entries))
 	m.latency.Collect(ch)
+	m.budget.Collect(ch)
 }
 
 // Stats is a snapshot of the counters, for tests and benchmarks.

@@ -101,6 +101,10 @@ func ParseMode(s string) (Mode, error) {
 // Defaults.
 const (
 	DefaultTimeout = 20 * time.Millisecond
+	// DefaultMaxTimeout is the adaptive budget's default cap
+	// (Config.MaxTimeout): ten times DefaultTimeout, far below a long
+	// prompt's prefill on a busy engine.
+	DefaultMaxTimeout = 200 * time.Millisecond
 	// DefaultCacheTokens bounds the cache: 4 Mi ids, 16 MiB.
 	DefaultCacheTokens = 4 << 20
 	// DefaultMaxResponseBytes and DefaultMaxTokens bound an engine's answer:
@@ -123,8 +127,17 @@ type Config struct {
 	// Endpoints maps a model name to a base URL whose POST /tokenize serves
 	// it (a render service); it wins over the pool for that model.
 	Endpoints map[string]string
-	// Timeout is a Tokenize call's budget (DefaultTimeout when 0).
+	// Timeout is a Tokenize call's budget (DefaultTimeout when 0): the
+	// whole budget, or with MaxTimeout the least of it.
 	Timeout time.Duration
+	// MaxTimeout, when above Timeout, makes the budget adaptive: a prompt
+	// waits for its ids up to the prefill time routing on them is predicted
+	// to save (the pool's PrefillEstimate of the whole prompt: exact ids can
+	// at best save its prefill, where the text index misses), never less
+	// than Timeout and never more than MaxTimeout. A long prompt on a busy
+	// machine then keeps its exactness; a short one does not wait longer
+	// than it could gain.
+	MaxTimeout time.Duration
 	// BackgroundTimeout bounds an engine call that outlived its request's
 	// budget and goes on to fill the cache (BackgroundTimeout when 0).
 	BackgroundTimeout time.Duration
@@ -140,11 +153,14 @@ type Config struct {
 }
 
 // Pool is what ModePool reads of the selection service: the schedulable
-// ranks of a partition and their active load. (*selection.Service).Inspect()
-// has both.
+// ranks of a partition and their active load, and the adaptive budget's
+// estimate of a prompt's prefill time (PrefillEstimate: the latency model's
+// fitted time of tokens prompt tokens prefilled on model's engines).
+// (*selection.Service).Inspect() has all three.
 type Pool interface {
 	Endpoints(key selection.PartitionKey) []selection.RankEndpoint
 	Loads(model, group *string) []selection.ModelLoad
+	PrefillEstimate(model string, tokens int) time.Duration
 }
 
 // Tokenizer implements selection.Tokenizer.
@@ -252,7 +268,7 @@ func (t *Tokenizer) tokenize(ctx context.Context, req *selection.TokenizeRequest
 	if ids, ok := t.cache.get(rk.full); ok {
 		return ids, resultCache, nil
 	}
-	ctx, cancel := context.WithTimeout(ctx, t.cfg.Timeout)
+	ctx, cancel := context.WithTimeout(ctx, t.budget(req))
 	defer cancel()
 	var tpl *template
 	if rk.chat && t.cache.max > 0 { // without a cache there is nothing to compose
@@ -281,6 +297,26 @@ func (t *Tokenizer) tokenize(ctx context.Context, req *selection.TokenizeRequest
 		return nil, resultFallback, err
 	}
 	return ids, resultEngine, nil
+}
+
+// bytesPerToken estimates a prompt's tokens from its bytes for the
+// adaptive budget: about four bytes a token for English text with the
+// tokenizers of today's models.
+const bytesPerToken = 4
+
+// budget is req's tokenization budget: Config.Timeout, or the adaptive one
+// (Config.MaxTimeout).
+func (t *Tokenizer) budget(req *selection.TokenizeRequest) time.Duration {
+	if t.cfg.MaxTimeout <= t.cfg.Timeout || t.pool == nil {
+		return t.cfg.Timeout
+	}
+	n := len(req.Prompt)
+	for _, m := range req.Messages {
+		n += len(m)
+	}
+	b := min(max(t.pool.PrefillEstimate(req.ModelName, n/bytesPerToken), t.cfg.Timeout), t.cfg.MaxTimeout)
+	t.m.budget.Observe(b.Seconds())
+	return b
 }
 
 // store caches a chat answer: whole, and as the conversation prefix of its

@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -325,13 +326,7 @@ func TestBadEnginesFallBackCountedByReason(t *testing.T) {
 // A call that outlives its budget still finishes in the background and fills
 // the cache: the request falls back, the next identical one is a hit.
 func TestLateAnswerFillsTheCache(t *testing.T) {
-	release := make(chan struct{})
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
-		<-release
-		_, _ = io.WriteString(w, `{"count":2,"tokens":[5,6]}`)
-	}))
-	t.Cleanup(srv.Close)
-	t.Cleanup(func() { close(release) })
+	srv, release := heldEngine(t)
 	// The late call may take long on a loaded machine; it must not give up
 	// before the test releases it (that would make a second engine call).
 	tk := newTokenizer(t, tokenize.Config{Mode: tokenize.ModePool, Timeout: 10 * time.Millisecond, BackgroundTimeout: time.Minute},
@@ -384,5 +379,66 @@ func TestPoolAsksTheLeastLoadedWorker(t *testing.T) {
 	}
 	if calls[0] != 0 || calls[1] != 6 {
 		t.Fatalf("calls per worker %v: want all on the idle worker 2", calls)
+	}
+}
+
+// heldEngine is a /tokenize that answers [5, 6] once per value sent on
+// release.
+func heldEngine(t *testing.T) (*httptest.Server, chan struct{}) {
+	t.Helper()
+	release := make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		<-release
+		_, _ = io.WriteString(w, `{"count":2,"tokens":[5,6]}`)
+	}))
+	t.Cleanup(srv.Close)
+	t.Cleanup(func() { close(release) })
+	return srv, release
+}
+
+// estimatingPool is a real service's view with a fixed prefill estimate.
+type estimatingPool struct {
+	tokenize.Pool
+	estimate time.Duration
+	asked    atomic.Int64 // the token count last asked about
+}
+
+func (p *estimatingPool) PrefillEstimate(_ string, tokens int) time.Duration {
+	p.asked.Store(int64(tokens))
+	return p.estimate
+}
+
+// The adaptive budget waits for the ids as long as they are predicted to
+// save, within --tokenize-timeout and --tokenize-timeout-max.
+func TestAdaptiveBudget(t *testing.T) {
+	srv, release := heldEngine(t)
+	pool := &estimatingPool{Pool: newService(t, "m", srv.URL).Inspect()}
+	tk := newTokenizer(t, tokenize.Config{Mode: tokenize.ModePool, Timeout: 10 * time.Millisecond, MaxTimeout: time.Minute,
+		BackgroundTimeout: time.Minute, CacheTokens: -1}, pool)
+	req := func(prompt string) *selection.TokenizeRequest {
+		return &selection.TokenizeRequest{PartitionKey: selection.PartitionKey{ModelName: "m"}, Prompt: prompt}
+	}
+
+	// Little to save: the floor, which the held engine cannot meet.
+	pool.estimate = time.Microsecond
+	if _, err := tk.Tokenize(context.Background(), req("short")); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("err = %v, want the floor's timeout", err)
+	}
+	if got := pool.asked.Load(); got != int64(len("short")/4) {
+		t.Errorf("estimate asked for %d tokens, want %d (four bytes a token)", got, len("short")/4)
+	}
+	release <- struct{}{} // the background call of "short" ends
+
+	// Much to save: the call waits for the engine.
+	pool.estimate = 10 * time.Minute // capped at MaxTimeout
+	done := make(chan error, 1)
+	go func() {
+		_, err := tk.Tokenize(context.Background(), req(strings.Repeat("long prompt ", 100)))
+		done <- err
+	}()
+	time.Sleep(20 * time.Millisecond) // past the floor
+	release <- struct{}{}
+	if err := <-done; err != nil {
+		t.Fatalf("a prompt worth waiting for fell back: %v", err)
 	}
 }

@@ -10,6 +10,8 @@ package apierr
 import (
 	"errors"
 	"fmt"
+	"strconv"
+	"time"
 )
 
 // Kind classifies an error.
@@ -42,7 +44,10 @@ type Error struct {
 	Kind    Kind
 	Message string
 	Details map[string]any
-	err     error
+	// RetryAfter, when set, is how long the client should wait before trying
+	// again: the fronts send it as Retry-After (whole seconds, at least 1).
+	RetryAfter time.Duration
+	err        error
 }
 
 func (e *Error) Error() string { return e.Message }
@@ -73,4 +78,13 @@ func Wrap(k Kind, cause error) *Error {
 // cause and whose envelope carries details.
 func WithDetails(k Kind, message string, cause error, details map[string]any) *Error {
 	return &Error{Kind: k, Message: message, err: cause, Details: details}
+}
+
+// RetryAfterHeader is e.RetryAfter as a Retry-After value: whole seconds,
+// rounded up, at least 1; "" when e sets none.
+func (e *Error) RetryAfterHeader() string {
+	if e.RetryAfter <= 0 {
+		return ""
+	}
+	return strconv.Itoa(max(int((e.RetryAfter+time.Second-1)/time.Second), 1))
 }

@@ -117,6 +117,10 @@ type WorkerLoad struct {
 	// per distinct tracking-hash path, as BlockTracker::active_blocks.
 	ActiveDecodeBlocks int
 	ActiveRequests     int
+	// PrefillingRequests is how many of ActiveRequests have not reported
+	// prefill completion (no first token yet), whether or not their prefill
+	// tokens are tracked.
+	PrefillingRequests int
 }
 
 // Projection is a rank's load with one prompt hypothetically admitted
@@ -171,11 +175,14 @@ type request struct {
 	// keys are the path keys of the booking's prompt blocks (none when active
 	// blocks are not tracked): Free and decay revisit them on the rank without
 	// the caller's hashes, which the booking does not retain.
-	keys     []uint64
-	prefill  int // remaining counted prefill tokens
-	admitted time.Time
-	isl      int
-	expected *uint32
+	keys    []uint64
+	prefill int // remaining counted prefill tokens
+	// prefilled is set by prefill completion: the request no longer counts
+	// in its rank's prefilling requests.
+	prefilled bool
+	admitted  time.Time
+	isl       int
+	expected  *uint32
 	// blocks is ceil((isl + generated)/block_size) at the last output block
 	// RecordOutputTokens emitted.
 	blocks int
@@ -292,6 +299,8 @@ func (t *Tracker) Add(now time.Time, b Booking) error {
 		rq.prefill = b.PrefillTokens
 		r.prefill += b.PrefillTokens
 	}
+	rq.prefilled = false
+	r.prefilling++
 	r.requests++
 	t.reqs[b.RequestID] = rq
 	return nil
@@ -309,6 +318,10 @@ func (t *Tracker) PrefillComplete(id string) error {
 	}
 	rq.rank.prefill -= rq.prefill
 	rq.prefill = 0
+	if !rq.prefilled {
+		rq.prefilled = true
+		rq.rank.prefilling--
+	}
 	return nil
 }
 
@@ -541,5 +554,8 @@ func (r *rank) drop(rq *request) {
 	r.fracN -= rq.outFrac
 	r.fracSum -= float64(rq.outFrac) * rq.outFracVal
 	r.settle()
+	if !rq.prefilled {
+		r.prefilling--
+	}
 	r.requests--
 }

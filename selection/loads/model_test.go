@@ -26,11 +26,12 @@ type model struct {
 }
 
 type mbooking struct {
-	w        index.WorkerKey
-	hashes   []uint64
-	prefill  int
-	admitted time.Time
-	outputs  []float64
+	w         index.WorkerKey
+	hashes    []uint64
+	prefill   int
+	prefilled bool
+	admitted  time.Time
+	outputs   []float64
 }
 
 func refPathKey(h []uint64) string { return fmt.Sprint(h) }
@@ -104,6 +105,9 @@ func (m *model) load(w index.WorkerKey) WorkerLoad {
 		}
 		l.ActiveRequests++
 		l.ActivePrefillTokens += b.prefill
+		if !b.prefilled {
+			l.PrefillingRequests++
+		}
 		for d := 1; d <= len(b.hashes); d++ {
 			paths[refPathKey(b.hashes[:d])] = true
 		}
@@ -185,7 +189,7 @@ func TestTrackerMatchesReferenceModel(t *testing.T) {
 				op = "prefill_complete " + id
 				errT = tr.PrefillComplete(id)
 				if b, ok := m.bookings[id]; ok {
-					b.prefill = 0
+					b.prefill, b.prefilled = 0, true
 				} else {
 					errM = ErrRequestNotFound
 				}
@@ -276,7 +280,7 @@ func TestTrackerMatchesReferenceModel(t *testing.T) {
 			t.Fatalf("seed %d: state left after draining: %d requests", seed, len(tr.reqs))
 		}
 		for _, r := range tr.sorted {
-			if len(r.held) != 0 || r.unit != 0 || r.fracN != 0 || r.fracSum != 0 || r.prefill != 0 || r.requests != 0 {
+			if len(r.held) != 0 || r.unit != 0 || r.fracN != 0 || r.fracSum != 0 || r.prefill != 0 || r.prefilling != 0 || r.requests != 0 {
 				t.Fatalf("seed %d: rank %v not drained: %+v", seed, r.key, r)
 			}
 		}

@@ -34,6 +34,9 @@ func (t *Tracker) Move(id string, to index.WorkerKey) (remainingPrefill int, err
 	rq.rank = dst
 	dst.acquire(rq.keys)
 	dst.prefill += rq.prefill
+	if !rq.prefilled {
+		dst.prefilling++
+	}
 	dst.requests++
 	dst.unit += rq.outUnit
 	if rq.outFrac > 0 {

@@ -88,13 +88,14 @@ type rank struct {
 	// and its capacity the table size, so the slots are held[:cap(held)]
 	// (a power of two, or nil before the first booking). The table never
 	// shrinks, so a rank that drains and fills again does not allocate.
-	held     []slot
-	shift    uint8 // 64 - log2(cap(held))
-	unit     int   // blocks at weight 1
-	fracN    int   // blocks carrying a decay fraction
-	fracSum  float64
-	prefill  int
-	requests int
+	held       []slot
+	shift      uint8 // 64 - log2(cap(held))
+	unit       int   // blocks at weight 1
+	fracN      int   // blocks carrying a decay fraction
+	fracSum    float64
+	prefill    int
+	prefilling int // requests without prefill completion
+	requests   int
 }
 
 func newRank(w index.WorkerKey) *rank { return &rank{key: w} }
@@ -105,6 +106,7 @@ func (r *rank) load() WorkerLoad {
 		ActivePrefillTokens: r.prefill,
 		ActiveDecodeBlocks:  roundHalfAway(float64(r.unit) + r.fracSum),
 		ActiveRequests:      r.requests,
+		PrefillingRequests:  r.prefilling,
 	}
 }
 

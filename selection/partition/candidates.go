@@ -56,7 +56,7 @@ func (ws *Workers) Candidates(out []scheduler.Candidate, projs []loads.Projectio
 		}
 		out = append(out, scheduler.Candidate{
 			Worker: pj.Worker, ActivePrefillTokens: pj.ActivePrefillTokens, ActiveDecodeBlocks: pj.ActiveDecodeBlocks,
-			ActiveRequests: pj.ActiveRequests, AdditionalBlocks: pj.AdditionalBlocks, Taints: rec.Taints,
+			ActiveRequests: pj.ActiveRequests, PrefillingRequests: pj.PrefillingRequests, AdditionalBlocks: pj.AdditionalBlocks, Taints: rec.Taints,
 			MaxNumBatchedTokens: rec.MaxNumBatchedTokens, Overlap: OverlapOf(overlaps, pj.Worker),
 		})
 	}

@@ -12,6 +12,7 @@ import (
 	"github.com/kvselect/kvselect/selection/affinity"
 	"github.com/kvselect/kvselect/selection/apierr"
 	"github.com/kvselect/kvselect/selection/index"
+	"github.com/kvselect/kvselect/selection/latency"
 	"github.com/kvselect/kvselect/selection/partition"
 )
 
@@ -27,7 +28,10 @@ type Row struct {
 	// "" for none: it is freed at this booking's prefill completion or free,
 	// whichever comes first.
 	Prefill string
-	booked  bool
+	// Trace is the booking's latency forecast and what its response path
+	// reported (zero when the booking was not traced).
+	Trace  latency.Trace
+	booked bool
 }
 
 // Table maps selection ids to their rows, across every partition. Claiming
@@ -65,16 +69,17 @@ func (t *Table) Unclaim(id string) {
 	}
 }
 
-// Install records id's booking on rank w of p, with the session lease the
-// booking holds (nil when none) and the id of the remote prefill booked with
-// it ("" when none).
-func (t *Table) Install(id string, p *partition.Partition, w index.WorkerKey, lease *affinity.Lease, prefill string) {
+// Install records id's booking: row, filled by the caller (partition,
+// worker rank, the session lease it holds, the remote prefill booked with
+// it, its trace) and not touched by it afterwards.
+func (t *Table) Install(id string, row *Row) {
+	row.booked = true
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.rows == nil {
 		t.rows = make(map[string]*Row)
 	}
-	t.rows[id] = &Row{Part: p, Worker: w, booked: true, Lease: lease, Prefill: prefill}
+	t.rows[id] = row
 }
 
 // Booked returns id's booked row. An id that is only claimed (its booking
@@ -126,9 +131,9 @@ func (t *Table) Move(id string, read *Row, w index.WorkerKey) bool {
 	if !ok || cur != read || !cur.booked {
 		return false
 	}
-	moved := *cur
-	moved.Worker = w
-	t.rows[id] = &moved
+	// The trace stays behind: its features describe the rank the booking
+	// left, so what the moved request observes would fit the wrong model.
+	t.rows[id] = &Row{Part: cur.Part, Worker: w, Lease: cur.Lease, Prefill: cur.Prefill, booked: true}
 	return true
 }
 

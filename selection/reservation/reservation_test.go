@@ -44,7 +44,7 @@ func TestReservationTableClaimConflicts(t *testing.T) {
 		t.Fatal(err)
 	}
 	wantKind(t, tab.Claim("a"), apierr.Conflict, "selection a is already reserved or being reserved")
-	tab.Install("a", nil, index.WorkerKey{WorkerID: 1}, nil, "")
+	tab.Install("a", &Row{Worker: index.WorkerKey{WorkerID: 1}})
 	wantKind(t, tab.Claim("a"), apierr.Conflict, "already reserved")
 	if err := tab.Claim("b"); err != nil {
 		t.Fatalf("another id: %v", err)
@@ -58,7 +58,7 @@ func TestReservationTableUnclaimLeavesBookedRows(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	tab.Install("booked", nil, index.WorkerKey{WorkerID: 2}, nil, "")
+	tab.Install("booked", &Row{Worker: index.WorkerKey{WorkerID: 2}})
 	tab.Unclaim("claimed")
 	tab.Unclaim("booked")
 	tab.Unclaim("never")
@@ -93,8 +93,8 @@ func TestReservationTableClaimedRowsAreNotBooked(t *testing.T) {
 func TestReservationTableDropReturnsTheLeaseOnce(t *testing.T) {
 	var tab Table
 	lease := testLease(t, "session-1")
-	tab.Install("a", nil, index.WorkerKey{WorkerID: 1}, lease, "")
-	tab.Install("b", nil, index.WorkerKey{WorkerID: 1}, nil, "")
+	tab.Install("a", &Row{Worker: index.WorkerKey{WorkerID: 1}, Lease: lease})
+	tab.Install("b", &Row{Worker: index.WorkerKey{WorkerID: 1}})
 	got, ok := tab.Drop("a")
 	if !ok || got != lease || got.SessionID() != "session-1" {
 		t.Fatalf("first drop: lease %v ok %v, want the installed lease", got, ok)
@@ -130,12 +130,12 @@ func TestReservationTableMovesOnlyTheRowTheCallerRead(t *testing.T) {
 		}, index.WorkerKey{WorkerID: 3}, false},
 		{"id booked again stays", func(tab *Table) {
 			tab.Drop("m")
-			tab.Install("m", nil, from, nil, "")
+			tab.Install("m", &Row{Worker: from})
 		}, from, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var tab Table
-			tab.Install("m", nil, from, lease, "")
+			tab.Install("m", &Row{Worker: from, Lease: lease})
 			read, err := tab.Booked("m")
 			if err != nil {
 				t.Fatal(err)
@@ -158,7 +158,7 @@ func TestReservationTableMovesOnlyTheRowTheCallerRead(t *testing.T) {
 	}
 	t.Run("dropped row is not recreated", func(t *testing.T) {
 		var tab Table
-		tab.Install("m", nil, from, nil, "")
+		tab.Install("m", &Row{Worker: from})
 		read, _ := tab.Booked("m")
 		tab.Drop("m")
 		if tab.Move("m", read, to) || tab.Has("m") {

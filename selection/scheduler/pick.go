@@ -20,17 +20,24 @@ func (SoftmaxPicker) Pick(rnd *rand.Rand, ctx *Context, scored []Scored) (int, e
 	return argminRow(rnd, scored), nil
 }
 
-// argminRow keeps the k-th tied minimum with probability 1/k, which leaves
-// each of the tied rows chosen with equal probability.
+// argminRow is the row of the lowest cost, ties drawn uniformly.
 func argminRow(rnd *rand.Rand, scored []Scored) int {
-	best, ties := 0, 0
-	bestCost := math.Inf(1)
+	return argminBy(rnd, scored, func(s *Scored) (float64, bool) { return s.Cost, true })
+}
+
+// argminBy is the row with the lowest key among those key admits (-1 when
+// it admits none). It keeps the k-th tied minimum with probability 1/k,
+// which leaves each of the tied rows chosen with equal probability.
+func argminBy(rnd *rand.Rand, scored []Scored, key func(*Scored) (float64, bool)) int {
+	best, ties := -1, 0
+	bestKey := math.Inf(1)
 	for i := range scored {
-		c := scored[i].Cost
+		k, ok := key(&scored[i])
 		switch {
-		case c < bestCost:
-			best, bestCost, ties = i, c, 1
-		case c == bestCost:
+		case !ok:
+		case best < 0 || k < bestKey:
+			best, bestKey, ties = i, k, 1
+		case k == bestKey:
 			ties++
 			if rnd.IntN(ties) == 0 {
 				best = i

@@ -14,7 +14,7 @@ import (
 )
 
 // builtins are the policies this package registers.
-var builtins = []string{"kv-cost", "least-loaded", "longest-prefix", "random", "round-robin"}
+var builtins = []string{"kv-cost", "least-loaded", "longest-prefix", "predicted-latency", "random", "round-robin"}
 
 // registerForTest registers f as name for the duration of the test, so the
 // package registry is as the program sees it again afterwards (and -count=2

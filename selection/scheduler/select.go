@@ -29,6 +29,9 @@ type Policy struct {
 	// ranks (Dynamo's default selector). Without it the target is advisory:
 	// the picker may read ctx.Request.AffinityTarget.
 	ExclusiveAffinity bool
+	// PredictsLatency asks the caller to fill Candidate.Latency (the
+	// predicted-latency policy); other policies leave it nil.
+	PredictsLatency bool
 	// Costs, when set, replace the cost weights the caller derives from its
 	// router configuration (the kv-cost policy's parameters); a request's own
 	// router_config_override still applies on top of them.

@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 
 	"github.com/kvselect/kvselect/selection/index"
+	"github.com/kvselect/kvselect/selection/latency"
 )
 
 // Weights is the effective router configuration of one request: the partition's
@@ -117,6 +118,15 @@ type Candidate struct {
 	// LoRAFit is how the rank suits the request's LoRA adapter: 0 loaded
 	// there (or unknown, or no adapter), 1 a free adapter slot, 2 none free.
 	LoRAFit int
+	// PrefillingRequests is how many of ActiveRequests have not produced a
+	// first token (queued or prefilling on the engine).
+	PrefillingRequests int
+	// Latency is the rank's fitted latency model, for the policies that
+	// predict latency (Policy.PredictsLatency); nil reads as latency.Prior.
+	Latency *latency.Coeffs
+	// Concurrency is the requests the rank's engine runs at once, as the
+	// latency model estimates it (0: not known yet).
+	Concurrency float64
 }
 
 // Target is an affinity target: a worker and optionally one of its ranks
@@ -157,6 +167,18 @@ type Request struct {
 	// PreferredTaints multiply a worker's cost by exp(-tanh(Σ weights of its
 	// matching taints)).
 	PreferredTaints map[string]float64
+	// SLOTTFT and SLOTPOT are the request's latency objectives in seconds
+	// (0: none): the time to first token and the time per output token. Only
+	// the policies that predict latency read them.
+	SLOTTFT, SLOTPOT float64
+	// PoolRequests is the mean active requests per rank over the
+	// request's candidates, the latency model's pool-wide control
+	// (PoolRequests of latency.Features); the caller sets it.
+	PoolRequests float64
+	// Sheddable marks a request that may be refused rather than served late
+	// (a negative priority): with objectives no candidate is predicted to
+	// meet, the predicted-latency policy refuses it (ErrSLOUnattainable).
+	Sheddable bool
 }
 
 // Scored is a candidate with its cost and the per-rank values the selection
@@ -250,6 +272,10 @@ var (
 	ErrInvalidPickerRow = errors.New("invalid picker row")
 	// ErrInvalidRequest: the request cannot be scheduled as given. Bad request, 400.
 	ErrInvalidRequest = errors.New("invalid scheduling request")
+	// ErrSLOUnattainable: a sheddable request's objectives are predicted to
+	// be missed on every candidate. Overloaded, 429, with Retry-After;
+	// returned inside an *SLOError.
+	ErrSLOUnattainable = errors.New("no worker is predicted to meet the request's latency objectives")
 )
 
 // PinnedError reports a pinned worker that cannot take the request, with
