@@ -40,6 +40,7 @@ type coeffsView struct {
 		PerQueuedRequest       float64 `json:"per_queued_request_seconds"`
 		PerRunningRequest      float64 `json:"per_running_request_seconds"`
 		PerPoolRequest         float64 `json:"per_pool_request_per_rank_seconds"`
+		PerKVUsage             float64 `json:"per_kv_usage_seconds"`
 	} `json:"ttft"`
 	ITL struct {
 		Base              float64 `json:"base_seconds"`
@@ -61,8 +62,8 @@ type predictionErrorView struct {
 func viewCoeffs(c latency.Coeffs) coeffsView {
 	var v coeffsView
 	t := &v.TTFT
-	t.Base, t.PerUncachedKTokens, t.PerPrefillAheadKTokens, t.PerQueuedRequest, t.PerRunningRequest, t.PerPoolRequest =
-		c.TTFT[0], c.TTFT[1], c.TTFT[2], c.TTFT[3], c.TTFT[4], c.TTFT[5]
+	t.Base, t.PerUncachedKTokens, t.PerPrefillAheadKTokens, t.PerQueuedRequest, t.PerRunningRequest, t.PerPoolRequest, t.PerKVUsage =
+		c.TTFT[0], c.TTFT[1], c.TTFT[2], c.TTFT[3], c.TTFT[4], c.TTFT[5], c.TTFT[6]
 	v.ITL.Base, v.ITL.PerRunningRequest = c.ITL[0], c.ITL[1]
 	v.TTFTObservations, v.ITLObservations, v.Source = c.TTFTObservations, c.ITLObservations, c.Source
 	return v

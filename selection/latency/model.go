@@ -6,7 +6,7 @@
 //
 // The TTFT model is linear in what a rank holds when the request arrives:
 //
-//	TTFT = θ0 + θ1·uncached/1k + θ2·prefillAhead/1k + θ3·queued + θ4·running + θ5·poolRequests
+//	TTFT = θ0 + θ1·uncached/1k + θ2·prefillAhead/1k + θ3·queued + θ4·running + θ5·poolRequests + θ6·kvUsage
 //
 // where uncached is the prompt tokens the rank would prefill for this
 // request (its prompt less the rank's cached prefix), prefillAhead the
@@ -59,10 +59,13 @@ type Features struct {
 	// PoolRequests is the mean requests per rank over the pool's
 	// candidates.
 	PoolRequests float64
+	// KVUsage is the rank's engine's reported KV-cache usage (0..1), 0 when
+	// unknown or stale.
+	KVUsage float64
 }
 
-// ttftDim is the TTFT model's dimension: a constant and the five features.
-const ttftDim = 6
+// ttftDim is the TTFT model's dimension: a constant and the six features.
+const ttftDim = 7
 
 // itlDim is the ITL model's dimension: a constant and the running requests.
 const itlDim = 2
@@ -71,14 +74,14 @@ const itlDim = 2
 // coefficient is seconds per unit of a feature whose values are of order
 // one, and the prior's covariance is one number for all of them.
 func (f Features) vector() [ttftDim]float64 {
-	return [ttftDim]float64{1, f.Uncached / 1000, f.PrefillAhead / 1000, f.Queued, f.Running, f.PoolRequests}
+	return [ttftDim]float64{1, f.Uncached / 1000, f.PrefillAhead / 1000, f.Queued, f.Running, f.PoolRequests, f.KVUsage}
 }
 
 // Coeffs is one fitted model: immutable once published, read without locks.
 type Coeffs struct {
-	// TTFT holds θ0..θ5 in seconds per unit of (1, uncached k-tokens,
+	// TTFT holds θ0..θ6 in seconds per unit of (1, uncached k-tokens,
 	// prefill-ahead k-tokens, queued requests, running requests, pool
-	// requests per rank).
+	// requests per rank, KV-cache usage).
 	TTFT [ttftDim]float64
 	// TTFTLow is each TTFT coefficient at its lower 95 % confidence bound
 	// (θ0 as fitted): what RankTTFT prices with.
@@ -132,10 +135,10 @@ func (c *Coeffs) PredictITL(running float64) float64 {
 // (a prefill rate of 40k tokens/s, a mid-size GPU's), 1.6 ms per running
 // request (one batched decode step of about 64 tokens' worth), 25 ms per
 // queued request (the wait for a slot behind a batch of short answers), and
-// nothing for the pool or fixed. The ITL prior is 10 ms plus 1 ms per
-// running request.
+// nothing for the pool, for KV usage or fixed. The ITL prior is 10 ms plus
+// 1 ms per running request.
 func Prior() Coeffs {
-	ttft := [ttftDim]float64{0, 0.025, 0.025, 0.025, 0.0016, 0}
+	ttft := [ttftDim]float64{0, 0.025, 0.025, 0.025, 0.0016, 0, 0}
 	return Coeffs{TTFT: ttft, TTFTLow: ttft, ITL: [itlDim]float64{0.010, 0.001}, Source: "prior"}
 }
 
@@ -173,7 +176,7 @@ type rls struct {
 	theta [ttftDim]float64
 	p     [ttftDim][ttftDim]float64
 	n     int
-	maxP  float64 // the trace bound: the prior's, so P cannot wind up when a feature stays constant
+	maxP  float64 // the bound of each variance: the prior's
 	// sumE and sumW are the forgetting-weighted sum of squared prediction
 	// errors and of weights: their ratio is the noise variance σ², which
 	// with P gives each coefficient's standard error.
@@ -181,7 +184,7 @@ type rls struct {
 }
 
 func newRLS(d int, theta []float64, variance float64) rls {
-	r := rls{d: d, maxP: variance * float64(d)}
+	r := rls{d: d, maxP: variance}
 	copy(r.theta[:], theta)
 	for i := range d {
 		r.p[i][i] = variance
@@ -215,19 +218,26 @@ func (r *rls) update(x []float64, y, lambda float64) {
 	}
 	r.sumE = lambda*r.sumE + e*e
 	r.sumW = lambda*r.sumW + 1
-	var tr float64
 	for i := range d {
 		for j := range d {
 			r.p[i][j] = (r.p[i][j] - px[i]*px[j]/den) / lambda
 		}
-		tr += r.p[i][i]
 	}
-	if tr > r.maxP {
-		s := r.maxP / tr
-		for i := range d {
-			for j := range d {
-				r.p[i][j] *= s
-			}
+	// Forgetting makes P grow along a feature the observations leave at
+	// zero (no engine metrics, no queue yet): bound each variance at the
+	// prior's, scaling its row and column (P stays positive semi-definite),
+	// so that one idle feature neither winds up nor, bounded jointly, slows
+	// the fit of the others.
+	var scale [ttftDim]float64
+	for i := range d {
+		scale[i] = 1
+		if v := r.p[i][i]; v > r.maxP {
+			scale[i] = math.Sqrt(r.maxP / v)
+		}
+	}
+	for i := range d {
+		for j := range d {
+			r.p[i][j] *= scale[i] * scale[j]
 		}
 	}
 	r.n++

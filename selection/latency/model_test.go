@@ -101,9 +101,9 @@ func TestColdStartUsesThePriorThenThePooledFit(t *testing.T) {
 }
 
 func TestPredictionNeverFallsWithLoad(t *testing.T) {
-	c := Coeffs{TTFT: [ttftDim]float64{0.01, 0.02, -0.5, 0.01, -0.1, -1}}
+	c := Coeffs{TTFT: [ttftDim]float64{0.01, 0.02, -0.5, 0.01, -0.1, -1, -2}}
 	light := Features{Uncached: 100}
-	heavy := Features{Uncached: 100, PrefillAhead: 5000, Queued: 3, Running: 9}
+	heavy := Features{Uncached: 100, PrefillAhead: 5000, Queued: 3, Running: 9, KVUsage: 0.9}
 	if c.PredictTTFT(heavy) < c.PredictTTFT(light) {
 		t.Errorf("negative coefficients made a loaded rank look faster: %v < %v", c.PredictTTFT(heavy), c.PredictTTFT(light))
 	}

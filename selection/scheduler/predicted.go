@@ -22,7 +22,7 @@ func init() { Register(PredictedLatencyPolicyName, newPredictedLatency) }
 // immediate) with the engine's reported figures when they are fresh and
 // show more: requests the service did not route (another picker, a
 // restart, a gateway that hides the response) count up to the engine's
-// waiting and running figures.
+// waiting and running figures, and its KV-cache usage is read as it is.
 func LatencyFeatures(req *Request, c *Candidate, uncached int) latency.Features {
 	f := latency.Features{
 		PoolRequests: req.PoolRequests,
@@ -39,6 +39,7 @@ func LatencyFeatures(req *Request, c *Candidate, uncached int) latency.Features 
 	if c.EngineFresh {
 		f.Queued = max(f.Queued, c.EngineWaiting)
 		f.Running = max(f.Running, c.EngineRunning)
+		f.KVUsage = min(max(c.EngineKVUsage, 0), 1)
 	}
 	return f
 }

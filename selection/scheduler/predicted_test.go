@@ -15,8 +15,8 @@ import (
 // 20 ms per 1k tokens of prefill ahead, 15 ms per queued request, 2 ms
 // per decoding request; ITL 5 ms + 1 ms per running request.
 // The fit is sure of every effect: the ranking prices them whole.
-var fitted = &latency.Coeffs{TTFT: [6]float64{0.002, 0.020, 0.020, 0.015, 0.002, 0.010},
-	TTFTLow: [6]float64{0.002, 0.020, 0.020, 0.015, 0.002, 0.010}, ITL: [2]float64{0.005, 0.001}, Source: "pooled"}
+var fitted = &latency.Coeffs{TTFT: [7]float64{0.002, 0.020, 0.020, 0.015, 0.002, 0.010, 0.050},
+	TTFTLow: [7]float64{0.002, 0.020, 0.020, 0.015, 0.002, 0.010, 0.050}, ITL: [2]float64{0.005, 0.001}, Source: "pooled"}
 
 func latencyRequest(isl int) *Request {
 	return &Request{ISL: isl, BlockSize: 16, Weights: DefaultWeights()}
@@ -167,10 +167,12 @@ func TestLatencyFeaturesFuseEngineFigures(t *testing.T) {
 			latency.Features{PoolRequests: 2.5, Uncached: 100, Queued: 3, Running: 4}},
 		{"stale engine figures are ignored", Candidate{ActiveRequests: 1, EngineWaiting: 9, EngineRunning: 9},
 			latency.Features{PoolRequests: 2.5, Uncached: 100, Running: 1}},
-		{"the engine queues traffic nobody booked", Candidate{ActiveRequests: 2, PrefillingRequests: 1, EngineFresh: true, EngineWaiting: 4, EngineRunning: 6},
-			latency.Features{PoolRequests: 2.5, Uncached: 100, Queued: 4, Running: 6}},
+		{"the engine queues traffic nobody booked", Candidate{ActiveRequests: 2, PrefillingRequests: 1, EngineFresh: true, EngineWaiting: 4, EngineRunning: 6, EngineKVUsage: 0.7},
+			latency.Features{PoolRequests: 2.5, Uncached: 100, Queued: 4, Running: 6, KVUsage: 0.7}},
 		{"bookings ahead of a stale scrape win", Candidate{ActiveRequests: 8, PrefillingRequests: 5, Concurrency: 4, EngineFresh: true, EngineWaiting: 1, EngineRunning: 2},
 			latency.Features{PoolRequests: 2.5, Uncached: 100, Queued: 4, Running: 4}},
+		{"stale KV usage is ignored", Candidate{ActiveRequests: 1, EngineKVUsage: 0.99},
+			latency.Features{PoolRequests: 2.5, Uncached: 100, Running: 1}},
 	}
 	for _, tc := range tests {
 		if got := LatencyFeatures(&Request{PoolRequests: 2.5}, &tc.c, 100); got != tc.want {
