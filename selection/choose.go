@@ -72,6 +72,9 @@ func (s *Service) choose(ctx context.Context, rq *prepared, req *SelectRequest,
 		d, v, err := s.decide(rq, req, booking, &ps)
 		switch {
 		case err != nil:
+			if errors.Is(err, scheduler.ErrSLOUnattainable) {
+				s.onLatency(LatencyEvent{Kind: LatencyShed, Model: p.Key().Model})
+			}
 			return nil, err
 		case v == mustShed:
 			ev, err := p.Queue().ShedError(&ps.ar, rq.prompt.isl)
@@ -249,7 +252,7 @@ func (s *Service) decide(rq *prepared, req *SelectRequest, booking *loads.Bookin
 	}
 	chosen, err := rq.policy.Select(st.Rand, ps.sreq, cands, &st.Scratch)
 	if err != nil {
-		if e := s.sloRefusal(p.Key().Model, err); e != nil {
+		if e := sloRefusal(err); e != nil {
 			return nil, mayGo, e
 		}
 		return nil, mayGo, schedulerError(err)

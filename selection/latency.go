@@ -118,13 +118,13 @@ func (s *Service) ended(r *reservation.Row) {
 }
 
 // sloRefusal is the 429 of a shed request, with its Retry-After, or nil
-// when err is not one.
-func (s *Service) sloRefusal(model string, err error) *apierr.Error {
+// when err is not one. The caller reports the shed (LatencyShed) once it
+// holds no lock.
+func sloRefusal(err error) *apierr.Error {
 	se, ok := errors.AsType[*scheduler.SLOError](err)
 	if !ok {
 		return nil
 	}
-	s.onLatency(LatencyEvent{Kind: LatencyShed, Model: model})
 	e := apierr.WithDetails(KindOverloaded, se.Error(), err, map[string]any{"retry_after_seconds": int(se.RetryAfter / time.Second)})
 	e.RetryAfter = se.RetryAfter
 	return e
