@@ -11,16 +11,16 @@ import (
 )
 
 // latencyFlags tune the online latency model (docs/selection.md,
-// "predicted-latency"): how fast it forgets and when a worker's own fit
-// replaces its model's pooled one.
+// "predicted-latency"): how fast it forgets and when its fit replaces the
+// prior.
 type latencyFlags struct {
 	forgetting      float64
 	minObservations int
 }
 
 func (f *latencyFlags) register(fs *flag.FlagSet) {
-	fs.Float64Var(&f.forgetting, "latency-forgetting", 0.995, "the latency model's forgetting `factor` in (0, 1]: an observation weighs factor^k after k newer ones (0.995 remembers about 200 requests per worker)")
-	fs.IntVar(&f.minObservations, "latency-min-observations", 16, "observations (`n`) a worker's own latency fit needs before predictions use it instead of its model's pooled fit")
+	fs.Float64Var(&f.forgetting, "latency-forgetting", 0.995, "the latency model's forgetting `factor` in (0, 1]: an observation weighs factor^k after k newer ones (0.995 remembers about 200 requests per model)")
+	fs.IntVar(&f.minObservations, "latency-min-observations", 16, "observations (`n`) a model's latency fit needs before predictions use it instead of the documented prior")
 }
 
 func (f *latencyFlags) validate() []error {
