@@ -7,6 +7,7 @@
 package suite
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -211,7 +212,7 @@ func (c *Config) cell(fam fleet.Family, sh Shape, wl string, rate float64) (*vse
 	switch wl {
 	case Conversation, ConversationText:
 		vc.Trace, vc.Compress = mooncake.DefaultTrace, 10
-		vc.Requests = orDefault(c.Requests, c.Base.Requests)
+		vc.Requests = cmp.Or(c.Requests, c.Base.Requests)
 		if wl == ConversationText {
 			vc.Prompts = vsepp.PromptsText
 			if fam == fleet.FamilyMock {
@@ -230,10 +231,10 @@ func (c *Config) cell(fam fleet.Family, sh Shape, wl string, rate float64) (*vse
 		if err := workload.WriteTrace(filepath.Join(c.Base.Out, trace), reqs); err != nil {
 			return nil, "", err
 		}
-		vc.Compress, vc.Requests = 1, orDefault(c.Requests, len(reqs))
+		vc.Compress, vc.Requests = 1, cmp.Or(c.Requests, len(reqs))
 	case Ladder:
 		vc.Trace, vc.Rate = mooncake.DefaultTrace, rate
-		vc.Requests = orDefault(c.Requests, c.Base.Requests)
+		vc.Requests = cmp.Or(c.Requests, c.Base.Requests)
 		name = fmt.Sprintf("%s@%grps", name, rate)
 	default:
 		return nil, "", fmt.Errorf("-workloads: unknown workload %q (known: %s)", wl, strings.Join(Workloads, ", "))
@@ -246,14 +247,6 @@ func (c *Config) cell(fam fleet.Family, sh Shape, wl string, rate float64) (*vse
 	}
 	vc.Out = filepath.Join(c.Base.Out, strings.NewReplacer("/", "-", "@", "-").Replace(name))
 	return &vc, name, nil
-}
-
-// orDefault is a when set, else b.
-func orDefault(a, b int) int {
-	if a > 0 {
-		return a
-	}
-	return b
 }
 
 // Run runs every cell, one after the other, and writes suite.json,

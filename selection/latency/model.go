@@ -359,11 +359,11 @@ func (m *Model) fitsOf(k Key) (w, p *fit) {
 // for it (predicted, seconds; negative when none was made).
 func (m *Model) ObserveTTFT(k Key, f Features, observed, predicted float64) {
 	x := f.vector()
-	if m.observe(k, x[:], observed, func(ft *fit) *rls { return &ft.ttft }) && predicted >= 0 {
-		m.mu.Lock()
-		defer m.mu.Unlock()
-		m.errs.add(predicted, observed)
-	}
+	m.observe(k, x[:], observed, func(ft *fit) *rls { return &ft.ttft }, func() {
+		if predicted >= 0 {
+			m.errs.add(predicted, observed)
+		}
+	})
 }
 
 // ObserveRunning records that k had running requests decoding at once: the
@@ -416,15 +416,15 @@ func (m *Model) Concurrency(model string, n int, worker func(i int) uint64, fn f
 // request that decoded on k beside running requests in all.
 func (m *Model) ObserveITL(k Key, running, observed float64) {
 	x := [itlDim]float64{1, running}
-	m.observe(k, x[:], observed, func(ft *fit) *rls { return &ft.itl })
+	m.observe(k, x[:], observed, func(ft *fit) *rls { return &ft.itl }, nil)
 }
 
 // observe fits observation y of x into the fit side picks, of k's worker
-// and of its model, and publishes the model's; it reports false, fitting
-// nothing, when y is not a finite time.
-func (m *Model) observe(k Key, x []float64, y float64, side func(*fit) *rls) bool {
+// and of its model, publishes the model's and runs then (when not nil)
+// under the same lock; it does nothing when y is not a finite time.
+func (m *Model) observe(k Key, x []float64, y float64, side func(*fit) *rls, then func()) {
 	if !(y >= 0) || math.IsInf(y, 0) {
-		return false
+		return
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -432,7 +432,9 @@ func (m *Model) observe(k Key, x []float64, y float64, side func(*fit) *rls) boo
 	side(w).update(x, y, m.cfg.Forgetting)
 	side(p).update(x, y, m.cfg.Forgetting)
 	p.publish()
-	return true
+	if then != nil {
+		then()
+	}
 }
 
 // Forget drops a worker's fits (the worker left); a worker that comes back
