@@ -25,6 +25,7 @@ type latencyModelView struct {
 type workerCoeffsView struct {
 	ModelName string `json:"model_name"`
 	WorkerID  uint64 `json:"worker_id"`
+	DPRank    uint32 `json:"dp_rank"`
 	// Concurrency is the requests its engine runs at once, as estimated
 	// (the most seen decoding together; 0: not seen yet).
 	Concurrency int `json:"estimated_concurrency"`
@@ -46,9 +47,12 @@ type coeffsView struct {
 		Base              float64 `json:"base_seconds"`
 		PerRunningRequest float64 `json:"per_running_request_seconds"`
 	} `json:"itl"`
-	TTFTObservations int    `json:"ttft_observations"`
-	ITLObservations  int    `json:"itl_observations"`
-	Source           string `json:"source"`
+	TTFTObservations int `json:"ttft_observations"`
+	ITLObservations  int `json:"itl_observations"`
+	// DriftResets counts the drifts the engines' histograms confirmed
+	// (a pooled fit's; 0 elsewhere).
+	DriftResets int    `json:"drift_resets"`
+	Source      string `json:"source"`
 }
 
 type predictionErrorView struct {
@@ -65,7 +69,7 @@ func viewCoeffs(c latency.Coeffs) coeffsView {
 	t.Base, t.PerUncachedKTokens, t.PerPrefillAheadKTokens, t.PerQueuedRequest, t.PerRunningRequest, t.PerPoolRequest, t.PerKVUsage =
 		c.TTFT[0], c.TTFT[1], c.TTFT[2], c.TTFT[3], c.TTFT[4], c.TTFT[5], c.TTFT[6]
 	v.ITL.Base, v.ITL.PerRunningRequest = c.ITL[0], c.ITL[1]
-	v.TTFTObservations, v.ITLObservations, v.Source = c.TTFTObservations, c.ITLObservations, c.Source
+	v.TTFTObservations, v.ITLObservations, v.DriftResets, v.Source = c.TTFTObservations, c.ITLObservations, c.DriftResets, c.Source
 	return v
 }
 
@@ -77,11 +81,11 @@ func (s *server) policy(w http.ResponseWriter, r *http.Request) {
 		out.Pooled[name] = viewCoeffs(c)
 	}
 	for _, wv := range m.Workers {
-		out.Workers = append(out.Workers, workerCoeffsView{ModelName: wv.Model, WorkerID: wv.Worker, Concurrency: wv.Concurrency,
+		out.Workers = append(out.Workers, workerCoeffsView{ModelName: wv.Model, WorkerID: wv.Worker, DPRank: wv.Rank, Concurrency: wv.Concurrency,
 			coeffsView: viewCoeffs(wv.Coeffs)})
 	}
 	slices.SortFunc(out.Workers, func(a, b workerCoeffsView) int {
-		return cmp.Or(cmp.Compare(a.ModelName, b.ModelName), cmp.Compare(a.WorkerID, b.WorkerID))
+		return cmp.Or(cmp.Compare(a.ModelName, b.ModelName), cmp.Compare(a.WorkerID, b.WorkerID), cmp.Compare(a.DPRank, b.DPRank))
 	})
 	e := m.Errors
 	out.PredictionError = predictionErrorView{Observed: e.Observed, Window: e.Window, RelativeP50: e.RelativeP50,

@@ -2,6 +2,7 @@ package mockworker
 
 import (
 	"strconv"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -15,6 +16,7 @@ type metrics struct {
 	w    *Worker
 	reg  *prometheus.Registry
 	ttft *prometheus.HistogramVec
+	itl  *prometheus.HistogramVec
 	e2e  *prometheus.HistogramVec
 
 	running, waiting, usage *prometheus.Desc
@@ -36,12 +38,15 @@ func newMetrics(w *Worker) *metrics {
 	}
 	// vLLM's latency buckets (seconds).
 	ttftBuckets := []float64{0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10, 20, 40, 80, 160, 640, 2560}
+	itlBuckets := []float64{0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1, 2.5, 5, 7.5, 10, 20, 40, 80}
 	e2eBuckets := []float64{0.3, 0.5, 0.8, 1, 1.5, 2, 2.5, 5, 10, 15, 20, 30, 40, 50, 60, 120, 240, 480, 960, 1920, 7680}
 	m := &metrics{
 		w:   w,
 		reg: prometheus.NewRegistry(),
 		ttft: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "vllm:time_to_first_token_seconds",
 			Help: "Histogram of time to first token in seconds.", Buckets: ttftBuckets}, labels),
+		itl: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "vllm:inter_token_latency_seconds",
+			Help: "Histogram of inter-token latency in seconds.", Buckets: itlBuckets}, labels),
 		e2e: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "vllm:e2e_request_latency_seconds",
 			Help: "Histogram of e2e request latency in seconds.", Buckets: e2eBuckets}, labels),
 		running:     desc("vllm:num_requests_running", "Number of requests in model execution batches."),
@@ -67,7 +72,7 @@ func newMetrics(w *Worker) *metrics {
 		cacheConfig: prometheus.NewDesc("vllm:cache_config_info", "Information of the LLMEngine CacheConfig",
 			[]string{"engine", "block_size", "num_gpu_blocks", "enable_prefix_caching"}, nil),
 	}
-	m.reg.MustRegister(m, m.ttft, m.e2e,
+	m.reg.MustRegister(m, m.ttft, m.itl, m.e2e,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -122,10 +127,23 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 	}
 }
 
+func (m *metrics) firstToken(r *rank, ttft time.Duration) {
+	m.ttft.WithLabelValues(m.w.cfg.Model, strconv.Itoa(r.global)).Observe(ttft.Seconds())
+}
+
+// observe records a finished request: its latency and, like vLLM's
+// inter_token_latency_seconds, each gap between its tokens (the mock
+// counts their mean once per gap).
 func (m *metrics) observe(r *rank, res Result) {
 	engine := strconv.Itoa(r.global)
-	m.ttft.WithLabelValues(m.w.cfg.Model, engine).Observe(res.TTFT.Seconds())
 	m.e2e.WithLabelValues(m.w.cfg.Model, engine).Observe(res.Latency.Seconds())
+	if gaps := len(res.Output) - 1; gaps > 0 {
+		itl := m.itl.WithLabelValues(m.w.cfg.Model, engine)
+		mean := (res.Latency - res.TTFT).Seconds() / float64(gaps)
+		for range gaps {
+			itl.Observe(mean)
+		}
+	}
 }
 
 // Registry is the worker's Prometheus registry (served on /metrics).

@@ -415,7 +415,11 @@ func (w *Worker) decode(ctx context.Context, r *rank, s *seq, req Request, start
 		r.mu.Unlock()
 		res.Output = append(res.Output, tok)
 		if i == 0 {
+			// Observed now, as vLLM does, not at the end: an endpoint picker
+			// reading the histogram between scrapes sees first tokens when
+			// they happen.
 			res.TTFT = w.cfg.Clock.Now().Sub(start)
+			w.metrics.firstToken(r, res.TTFT)
 		}
 		if req.OnToken != nil {
 			if err := req.OnToken(i, tok); err != nil {

@@ -1,7 +1,11 @@
 package selection
 
 import (
+	"time"
+
+	"github.com/kvselect/kvselect/selection/catalog"
 	"github.com/kvselect/kvselect/selection/engine"
+	"github.com/kvselect/kvselect/selection/latency"
 )
 
 // EngineConfig configures how engine metrics (ReportEngineMetrics) and
@@ -28,6 +32,9 @@ const AllRanks = engine.AllRanks
 
 // EngineRank is one rank's figures.
 type EngineRank = engine.Rank
+
+// EngineHistogram is a cumulative latency histogram's count and sum.
+type EngineHistogram = engine.Histogram
 
 // LoRAState is the adapters an engine has loaded (vLLM's
 // vllm:lora_requests_info).
@@ -58,9 +65,34 @@ func (s *Service) ReportEngineMetrics(workerID uint64, snap EngineSnapshot) bool
 	if !ok {
 		return false
 	}
-	s.engines.Put(workerID, snap)
+	intervals := s.engines.Put(workerID, snap)
 	if p := s.parts.Get(partitionOfRecord(rec)); p != nil {
 		p.Wake()
 	}
+	s.engineLatency(rec, snap.At, intervals)
 	return true
+}
+
+// engineLatency hands the latency model what each rank's histograms gained
+// (selection/latency's engine.go). An engine that does not label its ranks
+// speaks for the worker: its figures are a rank's only when the worker has
+// one, since the first tokens of several ranks cannot be told apart.
+func (s *Service) engineLatency(rec *catalog.Record, at time.Time, intervals []engine.Interval) {
+	ranks := rec.Ranks()
+	for _, iv := range intervals {
+		rank := iv.Rank
+		if rank == AllRanks {
+			if len(ranks) != 1 {
+				continue
+			}
+			rank = ranks[0]
+		}
+		k := latency.Key{Model: rec.ModelName, Worker: rec.WorkerID, Rank: rank}
+		out := s.latency.ObserveEngine(k, latency.EngineInterval{FirstTokens: iv.TTFT.Count, TTFTSum: iv.TTFT.Sum,
+			Gaps: iv.ITL.Count, ITLSum: iv.ITL.Sum, Running: iv.Running, At: at})
+		if out.Attributed || out.Unattributed || out.FittedITL {
+			s.onLatency(LatencyEvent{Kind: LatencyEngine, Model: rec.ModelName, PredictedTTFT: out.PredictedTTFT,
+				ObservedTTFT: out.EngineTTFT, Engine: out})
+		}
+	}
 }

@@ -29,6 +29,11 @@ const (
 	// LatencyShed: a sheddable request refused because no worker was
 	// predicted to meet its objectives.
 	LatencyShed
+	// LatencyEngine: one scrape interval of an engine's latency histograms;
+	// Engine says what the model made of it, and when its first tokens were
+	// attributed to bookings, PredictedTTFT and ObservedTTFT are their means
+	// as predicted and as the engine measured them.
+	LatencyEngine
 )
 
 // LatencyEvent is one observation of the latency model, for metrics
@@ -44,6 +49,8 @@ type LatencyEvent struct {
 	// whether the observation met it.
 	SLO float64
 	Met bool
+	// Engine is the outcome of a LatencyEngine interval.
+	Engine latency.EngineOutcome
 }
 
 // fillLatency gives every candidate its model's fitted latency model and
@@ -51,7 +58,7 @@ type LatencyEvent struct {
 func (s *Service) fillLatency(p *partition.Partition, cands []scheduler.Candidate) {
 	model := p.Key().Model
 	c := s.latency.Pooled(model)
-	s.latency.Concurrency(model, len(cands), func(i int) uint64 { return cands[i].Worker.WorkerID },
+	s.latency.Concurrency(model, len(cands), func(i int) (uint64, uint32) { return cands[i].Worker.WorkerID, cands[i].Worker.DPRank },
 		func(i int, n float64) { cands[i].Latency, cands[i].Concurrency = c, n })
 }
 
@@ -71,7 +78,7 @@ func meanRequests(cands []scheduler.Candidate) float64 {
 // rank's features and the model's predictions for them, whatever the policy.
 func (s *Service) trace(t *latency.Trace, d *decision, now time.Time) {
 	c := &d.scored.Candidate
-	k := latency.Key{Model: d.part.Key().Model, Worker: c.Worker.WorkerID}
+	k := latency.Key{Model: d.part.Key().Model, Worker: c.Worker.WorkerID, Rank: c.Worker.DPRank}
 	coeffs := c.Latency
 	if coeffs == nil {
 		// A policy that does not predict: the chosen rank's model alone,
@@ -90,6 +97,7 @@ func (s *Service) trace(t *latency.Trace, d *decision, now time.Time) {
 	t.PredictedTTFT = coeffs.PredictTTFT(t.Features)
 	t.PredictedITL = coeffs.PredictITL(t.Running)
 	t.SLOTTFT, t.SLOTPOT = sreq.SLOTTFT, sreq.SLOTPOT
+	s.latency.Booked(k, t.Features, t.PredictedTTFT, now)
 }
 
 // firstToken fits a traced booking's first token, once.

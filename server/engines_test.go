@@ -122,3 +122,88 @@ func TestWhenSaturatedFlag(t *testing.T) {
 		}
 	}
 }
+
+// With no response path — a REST caller that books, sends the request to
+// the engine itself and frees the booking without prefill_complete — the
+// latency model still learns: kvselect scrapes the real mock engine's TTFT
+// histogram and fits each interval's mean against the bookings it accounts
+// for (selection/latency's engine.go).
+func TestEngineHistogramsCalibrateWithoutResponsePath(t *testing.T) {
+	w, err := mockworker.New(mockworker.Config{Model: "m", WorkerID: 1, BlockSize: 4,
+		PrefillPerToken: 200 * time.Microsecond, DecodePerToken: time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	engine := httptest.NewServer(w.Handler())
+	defer engine.Close()
+	srv := runInBackground(t, withoutKVEvents, []string{"--engine-metrics-interval", "20ms", "--latency-min-observations", "4"})
+	rest := "http://" + srv.addrs.REST.String()
+	post := func(url, body string) []byte {
+		t.Helper()
+		res, err := http.Post(url, "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer res.Body.Close()
+		b, _ := io.ReadAll(res.Body)
+		if res.StatusCode/100 != 2 {
+			t.Fatalf("POST %s: %d %s", url, res.StatusCode, b)
+		}
+		return b
+	}
+	post(rest+"/workers", fmt.Sprintf(`{"worker_id":1,"model_name":"m","endpoint":%q,"block_size":4}`, engine.URL))
+	type policy struct {
+		LatencyModel struct {
+			Pooled map[string]struct {
+				TTFTObservations int    `json:"ttft_observations"`
+				ITLObservations  int    `json:"itl_observations"`
+				Source           string `json:"source"`
+			} `json:"pooled"`
+		} `json:"latency_model"`
+	}
+	var p policy
+	sent := 0
+	waitFor(t, "TTFT intervals fitted from the engine's histogram", 60*time.Second, func() bool {
+		// One request: booked, sent to the engine, freed without a word
+		// about its first token. Prompts of several lengths, so the fit
+		// sees its uncached-token feature move.
+		sent++
+		ids := make([]string, 8+16*(sent%4))
+		for i := range ids {
+			ids[i] = fmt.Sprint(i + 1)
+		}
+		var booked struct {
+			SelectionID string `json:"selection_id"`
+		}
+		if err := json.Unmarshal(post(rest+"/select_and_reserve", `{"model_name":"m","token_ids":[`+strings.Join(ids, ",")+`]}`), &booked); err != nil {
+			t.Fatal(err)
+		}
+		post(engine.URL+"/v1/completions", `{"model":"m","prompt":[`+strings.Join(ids, ",")+`],"max_tokens":3}`)
+		req, _ := http.NewRequest(http.MethodDelete, rest+"/reservations/"+booked.SelectionID, nil)
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		res.Body.Close()
+		time.Sleep(25 * time.Millisecond) // a scrape between requests
+		res, err = http.Get(rest + "/policy")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer res.Body.Close()
+		if err := json.NewDecoder(res.Body).Decode(&p); err != nil {
+			t.Fatal(err)
+		}
+		c := p.LatencyModel.Pooled["m"]
+		return c.Source == "pooled" && c.TTFTObservations >= 8 && c.ITLObservations >= 1
+	})
+	res, err := http.Get(rest + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	b, _ := io.ReadAll(res.Body)
+	if want := `kvselect_latency_engine_intervals_total{model="m",outcome="fitted"}`; !strings.Contains(string(b), want) {
+		t.Fatalf("/metrics lacks %s", want)
+	}
+}

@@ -47,6 +47,8 @@ type latencyMetrics struct {
 	ttft, itl *prometheus.HistogramVec // by model and kind (predicted, observed)
 	ttftError *prometheus.HistogramVec // by model
 	slo       *prometheus.CounterVec   // by objective and outcome
+	engine    *prometheus.CounterVec   // engine histogram intervals, by model and outcome
+	drift     *prometheus.CounterVec   // drift resets, by model
 }
 
 func newLatencyMetrics() *latencyMetrics {
@@ -70,6 +72,14 @@ func newLatencyMetrics() *latencyMetrics {
 			Name: "kvselect_slo_requests_total",
 			Help: "Requests with a latency objective, by objective (ttft, tpot) and outcome: met or missed as observed, shed when refused because no worker was predicted to meet it (objective all).",
 		}, []string{"objective", "outcome"}),
+		engine: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvselect_latency_engine_intervals_total",
+			Help: "Scrape intervals of the engines' latency histograms with first tokens or inter-token gaps, by model and outcome: fitted (TTFT fitted: no response path from the rank), compared (attributed to bookings and checked for drift only), unattributed (more first tokens than bookings: traffic the picker did not route), itl_fitted.",
+		}, []string{"model", "outcome"}),
+		drift: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvselect_latency_drift_resets_total",
+			Help: "Drifts the engines' TTFT histograms confirmed against the predictions (a factor of two for three intervals), each resetting the model's fit covariance, by model.",
+		}, []string{"model"}),
 	}
 }
 
@@ -86,6 +96,22 @@ func (m *latencyMetrics) observe(ev selection.LatencyEvent) {
 		m.judge("tpot", ev)
 	case selection.LatencyShed:
 		m.slo.WithLabelValues("all", "shed").Inc()
+	case selection.LatencyEngine:
+		out := ev.Engine
+		switch {
+		case out.FittedTTFT:
+			m.engine.WithLabelValues(ev.Model, "fitted").Inc()
+		case out.Attributed:
+			m.engine.WithLabelValues(ev.Model, "compared").Inc()
+		case out.Unattributed:
+			m.engine.WithLabelValues(ev.Model, "unattributed").Inc()
+		}
+		if out.FittedITL {
+			m.engine.WithLabelValues(ev.Model, "itl_fitted").Inc()
+		}
+		if out.DriftReset {
+			m.drift.WithLabelValues(ev.Model).Inc()
+		}
 	}
 }
 
@@ -106,6 +132,8 @@ func (m *latencyMetrics) Describe(ch chan<- *prometheus.Desc) {
 	m.itl.Describe(ch)
 	m.ttftError.Describe(ch)
 	m.slo.Describe(ch)
+	m.engine.Describe(ch)
+	m.drift.Describe(ch)
 }
 
 // Collect implements prometheus.Collector.
@@ -114,4 +142,6 @@ func (m *latencyMetrics) Collect(ch chan<- prometheus.Metric) {
 	m.itl.Collect(ch)
 	m.ttftError.Collect(ch)
 	m.slo.Collect(ch)
+	m.engine.Collect(ch)
+	m.drift.Collect(ch)
 }

@@ -43,6 +43,11 @@ type Dialect struct {
 	CopyLabel string
 	// LoRAInfo is vLLM's adapter info gauge, "" for engines without one.
 	LoRAInfo string
+	// TTFT and ITL are the engine's latency histograms (time to first token,
+	// inter-token latency), alternatives in order like the gauges. Only
+	// their _count and _sum series are read: the latency model fits an
+	// interval's mean, which needs no buckets.
+	TTFT, ITL []string
 
 	names []string // the families read, set once by init
 }
@@ -59,6 +64,11 @@ var dialects = map[string]*Dialect{
 		KVUsage:   []series{{name: "vllm:kv_cache_usage_perc"}, {name: "vllm:gpu_cache_usage_perc"}},
 		RankLabel: "engine",
 		LoRAInfo:  "vllm:lora_requests_info",
+		// vLLM V1 exports inter_token_latency_seconds; before it, and in
+		// V1 until it was renamed, time_per_output_token_seconds held the
+		// same per-token gaps.
+		TTFT: []string{"vllm:time_to_first_token_seconds"},
+		ITL:  []string{"vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds"},
 	},
 	// SGLang (python/sglang/srt/metrics/collector.py): token_usage is the
 	// KV pool's used fraction. Each scheduler labels its series with
@@ -72,6 +82,8 @@ var dialects = map[string]*Dialect{
 		KVUsage:   []series{{name: "sglang:token_usage"}},
 		RankLabel: "dp_rank",
 		CopyLabel: "tp_rank",
+		TTFT:      []string{"sglang:time_to_first_token_seconds"},
+		ITL:       []string{"sglang:inter_token_latency_seconds"},
 	},
 	// TensorRT-LLM: trtllm-serve's own names, else those of Triton's
 	// TensorRT-LLM backend (triton_backend/inflight_batcher_llm/src/
@@ -85,6 +97,9 @@ var dialects = map[string]*Dialect{
 			{name: "nv_trt_llm_request_metrics", label: "request_type", value: "scheduled"}},
 		KVUsage: []series{{name: "trtllm_kv_cache_utilization"},
 			{name: "nv_trt_llm_kv_cache_block_metrics", label: "kv_cache_block_type", value: "fraction"}},
+		// trtllm-serve's histograms (tensorrt_llm/metrics/collector.py).
+		TTFT: []string{"trtllm_time_to_first_token_seconds"},
+		ITL:  []string{"trtllm_time_per_output_token_seconds"},
 	},
 }
 
@@ -112,6 +127,9 @@ func (d *Dialect) familyNames() []string {
 	}
 	if d.LoRAInfo != "" {
 		out = append(out, d.LoRAInfo)
+	}
+	for _, h := range slices.Concat(d.TTFT, d.ITL) {
+		out = append(out, h+"_count", h+"_sum")
 	}
 	return out
 }
@@ -253,6 +271,26 @@ func (d *Dialect) parse(p *parser, body []byte, ranks []uint32, dropped Dropped)
 	if d.LoRAInfo != "" {
 		d.parseLoRA(fams[d.LoRAInfo], out, rankOf, dropped)
 	}
+	histogram := func(names []string, h func(*selection.EngineRank) *selection.EngineHistogram) {
+		for _, name := range names {
+			// A histogram's count and sum are read as two samples
+			// (keepFamilies drops its TYPE line); one without the other is
+			// not read at all.
+			if fams[name+"_count"] == nil || fams[name+"_sum"] == nil {
+				continue
+			}
+			first([]series{{name: name + "_count"}}, func(r uint32, v float64) {
+				e := out[r]
+				h(&e).Count += v
+				h(&e).Reported = true
+				out[r] = e
+			})
+			first([]series{{name: name + "_sum"}}, func(r uint32, v float64) { e := out[r]; h(&e).Sum += v; out[r] = e })
+			return
+		}
+	}
+	histogram(d.TTFT, func(e *selection.EngineRank) *selection.EngineHistogram { return &e.TTFT })
+	histogram(d.ITL, func(e *selection.EngineRank) *selection.EngineHistogram { return &e.ITL })
 	return out, nil
 }
 

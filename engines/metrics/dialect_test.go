@@ -29,11 +29,15 @@ func TestDialects(t *testing.T) {
 	}{
 		{"vllm", "vllm.txt", []uint32{0, 1}, map[uint32]selection.EngineRank{
 			0: {Waiting: 2, Running: 3, KVUsage: 0.42, HasKVUsage: true,
-				LoRA: &selection.LoRAState{Running: []string{"sql-lora", "chat-lora"}, Waiting: []string{"tool-lora"}, MaxLoRA: 4}},
-			1: {Waiting: 0, Running: 1, KVUsage: 0.07, HasKVUsage: true},
+				LoRA: &selection.LoRAState{Running: []string{"sql-lora", "chat-lora"}, Waiting: []string{"tool-lora"}, MaxLoRA: 4},
+				TTFT: selection.EngineHistogram{Count: 10, Sum: 1.5, Reported: true},
+				// inter_token_latency wins over the older name's series.
+				ITL: selection.EngineHistogram{Count: 200, Sum: 4, Reported: true}},
+			1: {Waiting: 0, Running: 1, KVUsage: 0.07, HasKVUsage: true,
+				ITL: selection.EngineHistogram{Count: 50, Sum: 0.75, Reported: true}},
 		}, Dropped{}},
 		// A worker of ranks 4..5 sees engine 0 and 1 as ranks it does not have.
-		{"vllm", "vllm.txt", []uint32{4, 5}, map[uint32]selection.EngineRank{}, Dropped{"unknown_rank": 8}},
+		{"vllm", "vllm.txt", []uint32{4, 5}, map[uint32]selection.EngineRank{}, Dropped{"unknown_rank": 14}},
 		{"sglang", "sglang.txt", []uint32{0}, map[uint32]selection.EngineRank{
 			all: {Waiting: 4, Running: 8, KVUsage: 0.52, HasKVUsage: true},
 		}, Dropped{}},
@@ -43,11 +47,13 @@ func TestDialects(t *testing.T) {
 		// Two data-parallel ranks, each exported by its two tensor-parallel
 		// schedulers (--enable-metrics-for-all-schedulers): read once each.
 		{"sglang", "sglang-dp.txt", []uint32{0, 1}, map[uint32]selection.EngineRank{
-			0: {Waiting: 1, Running: 5, KVUsage: 0.3, HasKVUsage: true},
-			1: {Waiting: 0, Running: 7, KVUsage: 0.4, HasKVUsage: true},
+			0: {Waiting: 1, Running: 5, KVUsage: 0.3, HasKVUsage: true, TTFT: selection.EngineHistogram{Count: 20, Sum: 2, Reported: true}},
+			1: {Waiting: 0, Running: 7, KVUsage: 0.4, HasKVUsage: true, TTFT: selection.EngineHistogram{Count: 30, Sum: 6, Reported: true}},
 		}, Dropped{}},
 		{"trtllm", "trtllm-serve.txt", []uint32{0}, map[uint32]selection.EngineRank{
-			all: {Waiting: 3, Running: 12, KVUsage: 0.62, HasKVUsage: true},
+			all: {Waiting: 3, Running: 12, KVUsage: 0.62, HasKVUsage: true,
+				TTFT: selection.EngineHistogram{Count: 418, Sum: 83.6, Reported: true},
+				ITL:  selection.EngineHistogram{Count: 418, Sum: 8.36, Reported: true}},
 		}, Dropped{}},
 	}
 	for _, tt := range tests {

@@ -41,6 +41,7 @@
 package engine
 
 import (
+	"cmp"
 	"fmt"
 	"math"
 	"slices"
@@ -155,6 +156,43 @@ type Rank struct {
 	HasKVUsage       bool
 	// LoRA is nil when the engine reports no adapter information.
 	LoRA *LoRAState
+	// TTFT and ITL are the engine's cumulative latency histograms (zero
+	// when it exports none): the latency model reads their growth between
+	// two scrapes (Interval).
+	TTFT, ITL Histogram
+}
+
+// Histogram is a cumulative Prometheus histogram's count and sum (seconds);
+// Reported is false when the engine does not export it.
+type Histogram struct {
+	Count, Sum float64
+	Reported   bool
+}
+
+// Interval is what one rank's engine reported between two successful
+// scrapes: the growth of its latency histograms and its running requests at
+// the second.
+type Interval struct {
+	Rank uint32
+	// TTFT and ITL are the first tokens and the inter-token gaps the engine
+	// produced in the interval and their total seconds. A histogram that
+	// went backwards (the engine restarted) gives none: the new reading is
+	// the next interval's start. Span is 0 on a rank's first scrape.
+	TTFT, ITL Histogram
+	// Running is the engine's running requests at the scrape.
+	Running float64
+	// Span is the interval's length.
+	Span time.Duration
+}
+
+// since is h's growth since prev; ok is false (and the growth zero) when it
+// did not grow or went backwards.
+func (h Histogram) since(prev Histogram) (Histogram, bool) {
+	d := Histogram{Count: h.Count - prev.Count, Sum: h.Sum - prev.Sum, Reported: true}
+	if !h.Reported || !prev.Reported || !(d.Count > 0 && d.Sum >= 0) {
+		return Histogram{}, false
+	}
+	return d, true
 }
 
 // LoRAState is the adapters an engine has loaded (vLLM's
@@ -177,8 +215,10 @@ type entry struct {
 	lastErr string // the last scrape's error, "" when it succeeded
 }
 
-// Put records one scrape of a worker's engine.
-func (t *Table) Put(workerID uint64, snap Snapshot) {
+// Put records one scrape of a worker's engine and returns, for each rank
+// whose engine exports latency histograms, what they gained since the
+// previous successful scrape (nothing on the first).
+func (t *Table) Put(workerID uint64, snap Snapshot) []Interval {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.by == nil {
@@ -190,18 +230,36 @@ func (t *Table) Put(workerID uint64, snap Snapshot) {
 		t.by[workerID] = e
 	}
 	e.lastErr = snap.Err
-	if snap.Err == "" {
-		e.good, e.hasGood = sanitized(snap), true
+	if snap.Err != "" {
+		return nil
 	}
+	snap = sanitized(snap)
+	var out []Interval
+	for rank, r := range snap.Ranks {
+		if !r.TTFT.Reported && !r.ITL.Reported {
+			continue
+		}
+		iv := Interval{Rank: rank, Running: r.Running}
+		if prev, ok := e.good.Ranks[rank]; e.hasGood && ok {
+			iv.Span = snap.At.Sub(e.good.At)
+			iv.TTFT, _ = r.TTFT.since(prev.TTFT)
+			iv.ITL, _ = r.ITL.since(prev.ITL)
+		}
+		out = append(out, iv)
+	}
+	slices.SortFunc(out, func(a, b Interval) int { return cmp.Compare(a.Rank, b.Rank) })
+	e.good, e.hasGood = snap, true
+	return out
 }
 
 // sanitized drops values that are not finite or are negative, which the
 // adapters already refuse, so that no report can turn a cost into NaN.
 func sanitized(snap Snapshot) Snapshot {
 	ok := func(f float64) bool { return f >= 0 && !math.IsInf(f, 0) && !math.IsNaN(f) }
+	okHist := func(h Histogram) bool { return ok(h.Count) && ok(h.Sum) }
 	clean := true
 	for _, r := range snap.Ranks {
-		if !ok(r.Waiting) || !ok(r.Running) || (r.HasKVUsage && !ok(r.KVUsage)) {
+		if !ok(r.Waiting) || !ok(r.Running) || (r.HasKVUsage && !ok(r.KVUsage)) || !okHist(r.TTFT) || !okHist(r.ITL) {
 			clean = false
 		}
 	}
@@ -220,6 +278,14 @@ func sanitized(snap Snapshot) Snapshot {
 		if r.HasKVUsage && !ok(r.KVUsage) {
 			r.KVUsage, r.HasKVUsage = 0, false
 		}
+		if !okHist(r.TTFT) {
+			r.TTFT = Histogram{}
+		}
+		if !okHist(r.ITL) {
+			r.ITL = Histogram{}
+		}
+		// A dropped histogram is reported as absent: the next good reading
+		// starts a new interval rather than one spanning the bad value.
 		out.Ranks[k] = r
 	}
 	return out

@@ -103,3 +103,53 @@ func TestLoRAFit(t *testing.T) {
 		})
 	}
 }
+
+func TestPutIntervals(t *testing.T) {
+	t0 := time.Unix(1_700_000_000, 0)
+	h := func(count, sum float64) Histogram { return Histogram{Count: count, Sum: sum, Reported: true} }
+	scrape := func(at time.Duration, ranks map[uint32]Rank) Snapshot {
+		return Snapshot{At: t0.Add(at), Ranks: ranks}
+	}
+	var tab Table
+	steps := []struct {
+		name string
+		snap Snapshot
+		want []Interval
+	}{
+		{"first scrape: the histograms' start, nothing gained",
+			scrape(0, map[uint32]Rank{0: {Running: 2, TTFT: h(10, 1), ITL: h(100, 2)}, 1: {Running: 1}}),
+			[]Interval{{Rank: 0, Running: 2}}},
+		{"growth since the last scrape; a rank without histograms gives none",
+			scrape(time.Second, map[uint32]Rank{0: {Running: 3, TTFT: h(14, 1.8), ITL: h(150, 3)}, 1: {Running: 1}}),
+			[]Interval{{Rank: 0, Running: 3, Span: time.Second, TTFT: h(4, 0.8), ITL: h(50, 1)}}},
+		{"a failed scrape gives nothing and keeps the last good reading",
+			Snapshot{At: t0.Add(2 * time.Second), Err: "connection refused"}, nil},
+		{"measured from the last good reading",
+			scrape(3*time.Second, map[uint32]Rank{0: {Running: 1, TTFT: h(16, 2.0), ITL: h(150, 3)}}),
+			[]Interval{{Rank: 0, Running: 1, Span: 2 * time.Second, TTFT: h(2, 0.2)}}},
+		{"an engine restart (counts went back) gains nothing",
+			scrape(4*time.Second, map[uint32]Rank{0: {TTFT: h(1, 0.1), ITL: h(5, 0.1)}}),
+			[]Interval{{Rank: 0, Span: time.Second}}},
+		{"then counts from the restart's reading",
+			scrape(5*time.Second, map[uint32]Rank{0: {TTFT: h(3, 0.5), ITL: h(5, 0.1)}}),
+			[]Interval{{Rank: 0, Span: time.Second, TTFT: h(2, 0.4)}}},
+		{"a histogram with a bad sum is dropped, not subtracted",
+			scrape(6*time.Second, map[uint32]Rank{0: {TTFT: Histogram{Count: 4, Sum: math.Inf(1), Reported: true}, ITL: h(6, 0.2)}}),
+			[]Interval{{Rank: 0, Span: time.Second, ITL: h(1, 0.1)}}},
+	}
+	for _, s := range steps {
+		got := tab.Put(1, s.snap)
+		if len(got) != len(s.want) {
+			t.Fatalf("%s: Put = %+v, want %+v", s.name, got, s.want)
+		}
+		for i := range got {
+			g, w := got[i], s.want[i]
+			near := func(a, b float64) bool { return math.Abs(a-b) < 1e-9 }
+			if g.Rank != w.Rank || g.Running != w.Running || g.Span != w.Span ||
+				g.TTFT.Count != w.TTFT.Count || !near(g.TTFT.Sum, w.TTFT.Sum) ||
+				g.ITL.Count != w.ITL.Count || !near(g.ITL.Sum, w.ITL.Sum) {
+				t.Fatalf("%s: interval %d = %+v, want %+v", s.name, i, g, w)
+			}
+		}
+	}
+}

@@ -90,6 +90,9 @@ type Coeffs struct {
 	ITL [itlDim]float64
 	// TTFTObservations and ITLObservations count what was fitted into it.
 	TTFTObservations, ITLObservations int
+	// DriftResets counts the drifts the engines' histograms confirmed, each
+	// of which reset the fit's covariance (a pooled fit's only; engine.go).
+	DriftResets int
 	// Source says where the coefficients come from: "worker" (one worker's
 	// own fit, for the view), "pooled" (the model's fit over all its
 	// workers, which predictions use), "prior".
@@ -269,6 +272,9 @@ type fit struct {
 	// concurrency is the most requests seen decoding on the worker at once
 	// (a worker's fit only): a lower bound of its engine's concurrency.
 	concurrency atomic.Int64
+	// drift compares the engines' histograms with the predictions (a
+	// pooled fit's only; engine.go).
+	drift drift
 }
 
 func newFit(prior Coeffs, variance float64) *fit {
@@ -280,7 +286,7 @@ func newFit(prior Coeffs, variance float64) *fit {
 // coeffs is the current fit as coefficients; source "" is "prior" until
 // the first observation. The caller holds the model's lock.
 func (f *fit) coeffs(source string) *Coeffs {
-	c := &Coeffs{TTFTObservations: f.ttft.n, ITLObservations: f.itl.n, Source: source}
+	c := &Coeffs{TTFTObservations: f.ttft.n, ITLObservations: f.itl.n, DriftResets: f.drift.resets, Source: source}
 	copy(c.TTFT[:], f.ttft.theta[:ttftDim])
 	f.ttft.lowerBounds(c.TTFTLow[:])
 	copy(c.ITL[:], f.itl.theta[:itlDim])
@@ -294,10 +300,12 @@ func (f *fit) coeffs(source string) *Coeffs {
 // worker's own fit is only read by View, under it).
 func (f *fit) publish() { f.pub.Store(f.coeffs("pooled")) }
 
-// Key names one worker's model: the served model and the worker.
+// Key names one engine's model: the served model, the worker and its
+// data-parallel rank (each rank is an engine with its own batch).
 type Key struct {
 	Model  string
 	Worker uint64
+	Rank   uint32
 }
 
 // Model holds every worker's fit. It is safe for concurrent use: Coeffs is
@@ -310,12 +318,14 @@ type Model struct {
 	mu      sync.RWMutex
 	workers map[Key]*fit
 	pooled  map[string]*fit
+	ledgers map[Key]*ledger // ranks whose engines report histograms (engine.go)
 	errs    errorWindow
 }
 
 // NewModel is an empty model; every worker starts from Prior.
 func NewModel(cfg Config) *Model {
-	return &Model{cfg: cfg.withDefaults(), prior: Prior(), workers: map[Key]*fit{}, pooled: map[string]*fit{}}
+	return &Model{cfg: cfg.withDefaults(), prior: Prior(), workers: map[Key]*fit{}, pooled: map[string]*fit{},
+		ledgers: map[Key]*ledger{}}
 }
 
 // Coeffs is the model a prediction for k uses: its model's pooled fit once
@@ -363,6 +373,9 @@ func (m *Model) ObserveTTFT(k Key, f Features, observed, predicted float64) {
 		if predicted >= 0 {
 			m.errs.add(predicted, observed)
 		}
+		if l := m.ledgers[k]; l != nil {
+			l.respondedTTFT.Add(1)
+		}
 	})
 }
 
@@ -398,14 +411,15 @@ func (m *Model) WorkerConcurrency(k Key) float64 {
 	return 0
 }
 
-// Concurrency calls fn with the estimated concurrency of each worker of
-// model (0: not seen yet), under one read lock: the per-decision lookup.
-func (m *Model) Concurrency(model string, n int, worker func(i int) uint64, fn func(i int, concurrency float64)) {
+// Concurrency calls fn with the estimated concurrency of each rank of model
+// (0: not seen yet), under one read lock: the per-decision lookup.
+func (m *Model) Concurrency(model string, n int, rank func(i int) (worker uint64, rank uint32), fn func(i int, concurrency float64)) {
 	m.mu.RLock()
 	defer m.mu.RUnlock()
 	for i := range n {
 		c := 0.0
-		if w := m.workers[Key{Model: model, Worker: worker(i)}]; w != nil {
+		wid, r := rank(i)
+		if w := m.workers[Key{Model: model, Worker: wid, Rank: r}]; w != nil {
 			c = float64(w.concurrency.Load())
 		}
 		fn(i, c)
@@ -416,7 +430,11 @@ func (m *Model) Concurrency(model string, n int, worker func(i int) uint64, fn f
 // request that decoded on k beside running requests in all.
 func (m *Model) ObserveITL(k Key, running, observed float64) {
 	x := [itlDim]float64{1, running}
-	m.observe(k, x[:], observed, func(ft *fit) *rls { return &ft.itl }, nil)
+	m.observe(k, x[:], observed, func(ft *fit) *rls { return &ft.itl }, func() {
+		if l := m.ledgers[k]; l != nil {
+			l.respondedITL.Add(1)
+		}
+	})
 }
 
 // observe fits observation y of x into the fit side picks, of k's worker
@@ -445,6 +463,11 @@ func (m *Model) Forget(worker uint64) {
 	for k := range m.workers {
 		if k.Worker == worker {
 			delete(m.workers, k)
+		}
+	}
+	for k := range m.ledgers {
+		if k.Worker == worker {
+			delete(m.ledgers, k)
 		}
 	}
 }
