@@ -27,7 +27,7 @@ import (
 // default): token prompts are looked up, not recorded; text prompts are
 // recorded in the text index, as always.
 func BenchmarkRequest(b *testing.B) {
-	for _, form := range []string{"tokens", "text"} {
+	for _, form := range []string{"tokens", "text", "tokens-long"} {
 		b.Run(form, func(b *testing.B) {
 			requests(b, benchPicker(b, extproc.Options{}), benchBodies(form))
 		})
@@ -87,14 +87,16 @@ func benchPicker(b *testing.B, opts extproc.Options) *harness {
 }
 
 // benchBodies are 64 request bodies of ~4 KB: token prompts or chat text,
-// eight prefixes.
+// eight prefixes; tokens-long are token prompts of 7,200 ids (~50 KB), the
+// length of the suite's shared-prefix workload (a 6,000-token system prompt
+// and a 1,200-token question).
 func benchBodies(form string) [][]byte {
 	bodies := make([][]byte, 64)
 	for i := range bodies {
-		if form == "tokens" {
+		if form == "tokens" || form == "tokens-long" {
 			var sb strings.Builder
 			fmt.Fprintf(&sb, `{"model":%q,"stream":true,"prompt":[`, model)
-			for j := 0; sb.Len() < 4090; j++ {
+			for j := 0; (form == "tokens" && sb.Len() < 4090) || (form == "tokens-long" && j < 7200); j++ {
 				if j > 0 {
 					sb.WriteByte(',')
 				}

@@ -93,9 +93,9 @@ func predictedTTFT(ctx *Context, c *Candidate) float64 {
 // LatencyPicker chooses among rows scored by LatencyScorer.
 //
 // Without objectives: the lowest ranked TTFT (the scorer's cost); rows
-// within TieTolerance of it (relative, at least 1 ms) count as tied and the
-// lowest predicted inter-token latency among them wins, then a uniform
-// draw.
+// within TieTolerance of it (relative, at least 1 ms) count as tied, and
+// among them the fewest uncached prompt tokens win, then the lowest
+// predicted inter-token latency, then a uniform draw.
 //
 // With objectives (Request.SLOTTFT / SLOTPOT): a row meets them when its
 // predicted TTFT (the point estimate) is at most (1 − Margin) × SLOTTFT and
@@ -121,7 +121,7 @@ func (p LatencyPicker) Pick(rnd *rand.Rand, ctx *Context, scored []Scored) (int,
 			return -1, &SLOError{RetryAfter: retryAfter(ctx, scored, req.SLOTTFT)}
 		}
 	}
-	return p.fastest(rnd, scored), nil
+	return p.fastest(rnd, ctx, scored), nil
 }
 
 func (p LatencyPicker) meets(req *Request, ttft float64, s *Scored) bool {
@@ -142,15 +142,30 @@ func (p LatencyPicker) tightestFit(ctx *Context, scored []Scored) (int, bool) {
 	return best, best >= 0
 }
 
-// fastest is the lowest predicted TTFT, the ITL tie-break, then a draw.
-func (p LatencyPicker) fastest(rnd *rand.Rand, scored []Scored) int {
+// fastest is the lowest ranked TTFT; among the rows tied with it, the
+// fewest uncached tokens, then the lowest predicted ITL, then a draw.
+//
+// The cache comes before the ITL because a tie means the model cannot tell
+// the rows' TTFT apart — on a light load, or while its confidence bounds are
+// wide — and then the rank that holds the prompt is the one that keeps it
+// hot for the request's successors (the next turn of a conversation extends
+// this prompt), where the lower ITL would spread a conversation over ranks
+// that each cache a part of it. Load still moves a request: a rank's
+// running and queued requests raise its predicted TTFT out of the tie.
+func (p LatencyPicker) fastest(rnd *rand.Rand, ctx *Context, scored []Scored) int {
 	lo := math.Inf(1)
 	for i := range scored {
 		lo = min(lo, scored[i].Cost)
 	}
 	limit := lo + max(lo*p.TieTolerance, 0.001)
+	fewest := math.MaxInt
+	for i := range scored {
+		if scored[i].Cost <= limit {
+			fewest = min(fewest, UncachedTokens(ctx, &scored[i].Candidate))
+		}
+	}
 	return argminBy(rnd, scored, func(s *Scored) (float64, bool) {
-		if s.Cost > limit {
+		if s.Cost > limit || UncachedTokens(ctx, &s.Candidate) != fewest {
 			return 0, false
 		}
 		return coeffsOf(&s.Candidate).PredictITL(Running(&s.Candidate)), true

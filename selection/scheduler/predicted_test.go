@@ -73,6 +73,18 @@ func TestPredictedLatencyPicks(t *testing.T) {
 			want: 2,
 		},
 		{
+			name: "equal TTFT: the cached prompt before the lower ITL",
+			req:  latencyRequest(320),
+			// Both predict 53.4 ms, as above, but rank 1 holds 16 of the
+			// prompt's 320 tokens: the cache keeps the tie, the ITL does
+			// not decide it.
+			cands: []Candidate{
+				{Worker: index.WorkerKey{WorkerID: 1}, Overlap: index.Overlap{Device: 1}, ActiveRequests: 3, PrefillingRequests: 3, Latency: fitted},
+				{Worker: index.WorkerKey{WorkerID: 2}, ActiveRequests: 1, PrefillingRequests: 1, ActivePrefillTokens: 1500, Latency: fitted},
+			},
+			want: 1,
+		},
+		{
 			name: "an objective: the tightest rank that meets it",
 			req:  func() *Request { r := latencyRequest(3200); r.SLOTTFT = ms(100); return r }(),
 			// Predicted: rank 1 ≈ 66 ms, rank 2 ≈ 18 ms, rank 3 ≈ 126 ms.
