@@ -135,6 +135,7 @@ func (st *stream) readRequest(withBody bool) (selectInput, error) {
 		return selectInput{}, immediate(typev3.StatusCode_BadRequest, err.Error())
 	}
 	st.sse = in.body.stream
+	st.counter.format = in.body.format
 	if in.unknownObjective != "" {
 		st.s.metrics.unknownObjectives.Add(1)
 		st.s.unknown.warn(st.s, in.unknownObjective)
