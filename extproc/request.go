@@ -152,7 +152,7 @@ func (st *stream) readRequest(withBody bool) (selectInput, error) {
 	}
 	if parse.IsRecording() {
 		parse.SetAttributes(attribute.String("kvselect.model", req.ModelName), attribute.Int("kvselect.body_bytes", len(st.body)),
-			attribute.String("kvselect.identity", identitySource(req)))
+			attribute.String("kvselect.identity", identitySource(req)), attribute.String("kvselect.request_format", in.body.format.String()))
 	}
 	return in, nil
 }
