@@ -271,6 +271,10 @@ FUZZ_TARGETS := \
 	./extproc:FuzzParseBody \
 	./extproc:FuzzScanTokenIDs \
 	./extproc:FuzzFlowHeaders \
+	./extproc:FuzzParseAnthropicBody \
+	./extproc:FuzzParseResponsesBody \
+	./extproc:FuzzParseGenerateBody \
+	./extproc:FuzzTypedStreamEvents \
 	./engines/tokenize:FuzzParseResponse \
 	./engines/metrics:FuzzParse \
 	./internal/vtcodec:FuzzBodyDecoders \

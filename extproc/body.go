@@ -10,15 +10,27 @@ import (
 	"github.com/kvselect/kvselect/selection"
 )
 
-// requestBody holds the only fields of an OpenAI / Dynamo request body the
-// picker reads. Decoding into it skips every other field without building a
-// tree of the whole body.
+// requestBody holds the only fields of a request body the picker reads, in
+// every format it reads (formats.go). Decoding into it skips every other
+// field without building a tree of the whole body.
 type requestBody struct {
 	Model    string                  `json:"model"`
 	Prompt   json.RawMessage         `json:"prompt"`
 	Messages []selection.ChatMessage `json:"messages"`
 	Stream   *bool                   `json:"stream"`
 	Nvext    *nvext                  `json:"nvext"`
+
+	// The other formats' fields, raw: what they may hold depends on the
+	// format, which they help detect.
+	System          json.RawMessage `json:"system"`            // Anthropic
+	MaxTokens       json.RawMessage `json:"max_tokens"`        // Anthropic
+	Input           json.RawMessage `json:"input"`             // Responses
+	Instructions    json.RawMessage `json:"instructions"`      // Responses
+	MaxOutputTokens json.RawMessage `json:"max_output_tokens"` // Responses
+	InputIDs        json.RawMessage `json:"input_ids"`         // SGLang
+	Text            json.RawMessage `json:"text"`              // SGLang
+	TokenIDs        json.RawMessage `json:"token_ids"`         // vLLM generate
+	SamplingParams  json.RawMessage `json:"sampling_params"`   // SGLang, vLLM generate
 }
 
 // nvext is the part of Dynamo's NVIDIA extension block
@@ -36,14 +48,23 @@ type nvext struct {
 
 // parsedBody is what a request body contributes to the request's identity.
 type parsedBody struct {
+	format   requestFormat
 	model    string
-	tokens   []uint32 // prompt token ids (completions prompt or nvext.token_data)
+	tokens   []uint32 // prompt token ids (completions prompt, input_ids, token_ids or nvext.token_data)
 	text     string   // prompt text when there are no token ids
 	textFrom textSource
+	// messages are the chat messages text was rendered from, for a format
+	// whose own messages are not chat's (textMessages): the engine's
+	// /tokenize is sent these.
+	messages []selection.ChatMessage
 	stream   bool
 	osl      *uint32
-	session  string
-	hasField bool // the body was a JSON object (possibly without a prompt)
+	// maxOutput is the request's output limit (Anthropic max_tokens,
+	// Responses max_output_tokens, sampling_params' max_new_tokens or
+	// max_tokens); nil when not given, and never read from OpenAI bodies.
+	maxOutput *uint32
+	session   string
+	hasField  bool // the body was a JSON object (possibly without a prompt)
 }
 
 // textSource says where parsedBody.text came from.
@@ -54,18 +75,23 @@ const (
 	textPrompt                 // the completions prompt, a string
 	textPromptBatch            // the first string of a completions prompt batch
 	textChat                   // chat messages
+	textMessages               // Anthropic or Responses messages, rendered as chat (parsedBody.messages)
+	textGenerate               // SGLang's text (the first of a batch)
 )
 
 // errBadBody wraps every body error: the request gets a 400.
 var errBadBody = errors.New("invalid request body")
 
-// parseBody extracts the request's identity from an OpenAI completions or
-// chat-completions body, or a Dynamo one with nvext. Precedence inside the
-// body (the issue's order): the completions prompt as token ids (an integer
-// array, or the first of a list of them), then nvext.token_data, then the
-// prompt text (chat messages, or the completions prompt as a string or the
-// first of a list of strings). An empty body identifies nothing and is fine.
-func parseBody(b []byte) (parsedBody, error) {
+// parseBody extracts the request's identity from a body sent to path: an
+// OpenAI completions or chat-completions body, or a Dynamo one with nvext,
+// or one of the formats of formats.go (detectFormat). Precedence inside an
+// OpenAI body (the issue's order): the completions prompt as token ids (an
+// integer array, or the first of a list of them), then nvext.token_data,
+// then the prompt text (chat messages, or the completions prompt as a
+// string or the first of a list of strings); the other formats follow the
+// same order with their own fields. An empty body identifies nothing and is
+// fine.
+func parseBody(b []byte, path string) (parsedBody, error) {
 	var out parsedBody
 	if len(bytes.TrimSpace(b)) == 0 {
 		return out, nil
@@ -84,6 +110,9 @@ func parseBody(b []byte) (parsedBody, error) {
 		if n.SessionControl != nil {
 			out.session = n.SessionControl.SessionID
 		}
+	}
+	if out.format = detectFormat(path, &rb); out.format != formatOpenAI {
+		return out, parseOtherFormat(&rb, &out)
 	}
 	tokens, text, err := parsePrompt(rb.Prompt)
 	if err != nil {

@@ -1,14 +1,12 @@
 package extproc
 
 import (
-	"bytes"
 	"context"
 	"strconv"
 	"sync"
 	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
-	json "github.com/goccy/go-json"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
@@ -219,7 +217,7 @@ func (st *stream) finishRequest() {
 	completion, eng := st.counter.tokens(), st.counter.eng
 	if !st.sse {
 		var u engineUsage
-		completion, u = usageFromTail(ex.tail)
+		completion, u = usageFromTail(ex.tail, st.counter.format)
 		eng = u
 	}
 	mm.completion.Add(float64(completion))
@@ -286,24 +284,19 @@ func appendTail(tail, b []byte, limit int) []byte {
 	return append(tail, b...)
 }
 
-// usageFromTail reads the usage object of a non-streamed OpenAI-style
-// response from the body's tail: its completion tokens, and the prompt side.
-func usageFromTail(tail []byte) (int, engineUsage) {
-	i := bytes.LastIndex(tail, usageKey)
-	if i < 0 {
-		return 0, engineUsage{}
+// usageFromTail reads the usage report of a non-streamed response from the
+// body's tail (servers write it last): its completion tokens, and the prompt
+// side. The format says where it is: usage (OpenAI, Anthropic, Responses)
+// or meta_info (SGLang).
+func usageFromTail(tail []byte, f requestFormat) (int, engineUsage) {
+	key := usageKey
+	if f == formatSGLang {
+		key = metaInfoKey
 	}
-	rest := bytes.TrimLeft(tail[i+len(usageKey):], " \t\r\n")
-	if len(rest) == 0 || rest[0] != ':' {
-		return 0, engineUsage{}
-	}
-	var u usageObject
-	if err := json.NewDecoder(bytes.NewReader(rest[1:])).Decode(&u); err != nil {
-		return 0, engineUsage{}
-	}
+	u := objectAfterKey(tail, key)
 	completion := 0
-	if u.CompletionTokens != nil {
-		completion = *u.CompletionTokens
+	if n := u.completion(); n != nil {
+		completion = *n
 	}
 	return completion, u.engine()
 }

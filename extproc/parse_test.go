@@ -50,7 +50,7 @@ func TestParseBody(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			got, err := parseBody([]byte(tc.body))
+			got, err := parseBody([]byte(tc.body), "")
 			if tc.err != "" {
 				if err == nil || !errors.Is(err, errBadBody) || !strings.Contains(err.Error(), tc.err) {
 					t.Fatalf("err = %v, want errBadBody containing %q", err, tc.err)
@@ -79,7 +79,7 @@ func FuzzParseBody(f *testing.F) {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, b []byte) {
-		got, err := parseBody(b)
+		got, err := parseBody(b, "")
 		if err != nil {
 			if !errors.Is(err, errBadBody) {
 				t.Fatalf("error without errBadBody: %v", err)
@@ -187,7 +187,7 @@ func BenchmarkParseBody(b *testing.B) {
 	b.SetBytes(int64(len(body)))
 	b.ReportAllocs()
 	for b.Loop() {
-		if pb, err := parseBody(body); err != nil || len(pb.tokens) == 0 {
+		if pb, err := parseBody(body, ""); err != nil || len(pb.tokens) == 0 {
 			b.Fatal(err)
 		}
 	}

@@ -135,6 +135,7 @@ func (st *stream) readRequest(withBody bool) (selectInput, error) {
 		return selectInput{}, immediate(typev3.StatusCode_BadRequest, err.Error())
 	}
 	st.sse = in.body.stream
+	st.counter.format = in.body.format
 	if in.unknownObjective != "" {
 		st.s.metrics.unknownObjectives.Add(1)
 		st.s.unknown.warn(st.s, in.unknownObjective)
@@ -151,7 +152,7 @@ func (st *stream) readRequest(withBody bool) (selectInput, error) {
 	}
 	if parse.IsRecording() {
 		parse.SetAttributes(attribute.String("kvselect.model", req.ModelName), attribute.Int("kvselect.body_bytes", len(st.body)),
-			attribute.String("kvselect.identity", identitySource(req)))
+			attribute.String("kvselect.identity", identitySource(req)), attribute.String("kvselect.request_format", in.body.format.String()))
 	}
 	return in, nil
 }

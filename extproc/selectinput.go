@@ -46,7 +46,7 @@ type restriction struct {
 // picker"), by the hash headers, the token-ids header, the body's token ids,
 // the body's text, else the method and path. An error is the client's 400.
 func readSelectInput(id *identity, body []byte, opts *Options) (selectInput, error) {
-	pb, err := parseBody(body)
+	pb, err := parseBody(body, id.path)
 	if err != nil {
 		return selectInput{}, err
 	}
@@ -79,6 +79,12 @@ func readSelectInput(id *identity, body []byte, opts *Options) (selectInput, err
 	req.ExpectedOutputTokens = id.expected
 	if req.ExpectedOutputTokens == nil {
 		req.ExpectedOutputTokens = pb.osl
+	}
+	if m := pb.maxOutput; m != nil && req.ExpectedOutputTokens != nil && *m < *req.ExpectedOutputTokens {
+		// The engine stops at the request's limit: no more output is to
+		// be expected. The limit alone is no expectation (most requests
+		// stop well before it), so it sets none.
+		req.ExpectedOutputTokens = m
 	}
 	if s := cmp.Or(id.session, pb.session); s != "" {
 		req.SessionID = &s

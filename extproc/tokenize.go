@@ -51,6 +51,22 @@ type tokenizeFields struct {
 // fields that change the ids.
 func tokenizeRequest(body []byte, pb *parsedBody, part selection.PartitionKey) (*selection.TokenizeRequest, error) {
 	req := &selection.TokenizeRequest{PartitionKey: part}
+	if pb.textFrom == textMessages {
+		// Anthropic or Responses messages go as the chat messages their
+		// text was rendered from: the engine's chat template then frames
+		// them as its Messages and Responses servers do, near enough that
+		// the prefix it caches is the prefix the ids name. The format's own
+		// fields (its tools, say) are not chat's and are not sent.
+		req.Messages = make([][]byte, len(pb.messages))
+		for i, m := range pb.messages {
+			b, err := json.Marshal(m)
+			if err != nil {
+				return nil, fmt.Errorf("%w: %s", errBadBody, shortJSONError(err))
+			}
+			req.Messages[i] = b
+		}
+		return req, nil
+	}
 	chat := pb.textFrom == textChat
 	if !chat {
 		req.Prompt = pb.text
