@@ -101,18 +101,64 @@ func (s *Service) prepare(key index.Partition, o *routerconfig.Override, req *Pr
 	return prepared{part: p, policy: pol, eff: eff, prompt: pr}, nil
 }
 
-func sessionOf(req *SelectRequest) (string, error) {
-	sid := ""
+// session is what a request says of its session: its id, the parent
+// session a subagent's conversation was started from, and whether this is the
+// session's last request (Dynamo's session_context fields).
+type session struct {
+	id, parent string
+	final      bool
+}
+
+// sessionOf reads the request's session: session_context when present (the
+// flat session_id is then ignored, as in Dynamo), else session_id. A parent
+// equal to the session itself is no parent, as Dynamo's frontend drops it
+// (lib/llm/src/protocols/agents.rs).
+func sessionOf(req *SelectRequest) (session, error) {
+	var ss session
 	switch {
 	case req.SessionContext != nil:
-		sid = req.SessionContext.SessionID
-		if t := req.SessionContext.InputTrigger; t != nil && !slices.Contains(InputTriggers, *t) {
-			return "", apierr.New(KindBadRequest, "invalid input_trigger %q (want user_message, tool_result or other)", *t)
+		sc := req.SessionContext
+		ss.id = sc.SessionID
+		if t := sc.InputTrigger; t != nil && !slices.Contains(InputTriggers, *t) {
+			return session{}, apierr.New(KindBadRequest, "invalid input_trigger %q (want user_message, tool_result or other)", *t)
 		}
+		if sc.ParentSessionID != nil && *sc.ParentSessionID != ss.id {
+			ss.parent = *sc.ParentSessionID
+		}
+		ss.final = sc.SessionFinal != nil && *sc.SessionFinal
 	case req.SessionID != nil:
-		sid = *req.SessionID
+		ss.id = *req.SessionID
 	}
-	return sid, nil
+	return ss, nil
+}
+
+// checkSession applies the affinity table's id limit to the session and its
+// parent. Without session affinity a session id is only policy input and any
+// length is accepted.
+func checkSession(p *partition.Partition, ss session) error {
+	if err := checkSessionID(p, ss.id); err != nil {
+		return err
+	}
+	if p.Affinity() != nil && len(ss.parent) > maxSessionIDBytes {
+		return apierr.New(KindBadRequest, "parent session ID must not exceed %d bytes", maxSessionIDBytes)
+	}
+	return nil
+}
+
+// parentTarget is where a child session without a live binding of its own
+// starts: its parent's bound worker, when that binding is live — the
+// parent's prefix, which the child's conversation shares, is cached there.
+// Like any affinity target it only steers: a parent worker that is gone,
+// overloaded or filtered out leaves the child routed normally.
+func (s *Service) parentTarget(p *partition.Partition, ss session) *affinity.Target {
+	if ss.parent == "" || ss.id == "" || p.Affinity() == nil {
+		return nil
+	}
+	t, ok, err := p.Affinity().Query(s.clock(), ss.parent)
+	if err != nil || !ok {
+		return nil
+	}
+	return &t
 }
 
 // checkSessionID applies the affinity table's id limit. Without session

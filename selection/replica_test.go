@@ -375,3 +375,54 @@ func TestReadinessWaitsForIndexRecovery(t *testing.T) {
 		}
 	}
 }
+
+// TestSessionFinalIsNotReplicated: the replica-sync topic carries bindings,
+// not their removal — like an idle expiry or a dropped conflicting binding,
+// a final request's end is local. The peer keeps its copy until its own idle
+// TTL runs out, and the session's next binding (a newer version) replaces it.
+func TestSessionFinalIsNotReplicated(t *testing.T) {
+	a, b, ra, _, clock := replicaPair(t, func(c *routerconfig.Config) { c.SessionAffinityTTL = routerconfig.Some(time.Minute) })
+	if _, err := a.SelectAndReserve(bg, sessionCtxReq("s-1", "sess", "", true, 1, 2, 3, 4)); err != nil {
+		t.Fatal(err)
+	}
+	_, binds := ra.take()
+	if len(binds) != 1 {
+		t.Fatalf("bindings %+v", binds)
+	}
+	if got, out := b.Replica().ApplyRemoteBinding(binds[0]); got != RemoteApplied || out != affinity.Inserted {
+		t.Fatalf("apply: %v %v", got, out)
+	}
+	if err := a.Free(bg, "s-1"); err != nil {
+		t.Fatal(err)
+	}
+	if _, binds := ra.take(); len(binds) != 0 {
+		t.Fatalf("ending the binding published %+v", binds)
+	}
+	_, onA := bindingOf(t, a, "sess")
+	_, onB := bindingOf(t, b, "sess")
+	if onA || !onB {
+		t.Fatalf("after the final free: bound on A %v (want false), on B %v (want true)", onA, onB)
+	}
+	// The session starts again on A: its new binding outranks B's copy.
+	if _, err := a.SelectAndReserve(bg, sessionCtxReq("s-2", "sess", "", false, 1, 2, 3, 4)); err != nil {
+		t.Fatal(err)
+	}
+	_, binds = ra.take()
+	if len(binds) != 1 {
+		t.Fatalf("bindings %+v", binds)
+	}
+	if got, out := b.Replica().ApplyRemoteBinding(binds[0]); got != RemoteApplied || !out.Applied() {
+		t.Fatalf("the new binding on B: %v %v", got, out)
+	}
+	if got, ok := bindingOf(t, b, "sess"); !ok || got.WorkerID != binds[0].WorkerID {
+		t.Fatalf("B's copy = %v %v, want worker %d", got, ok, binds[0].WorkerID)
+	}
+	if err := a.Free(bg, "s-2"); err != nil {
+		t.Fatal(err)
+	}
+	// Unrefreshed, B's copy lasts its idle TTL.
+	clock.Add(2 * time.Minute)
+	if _, ok := bindingOf(t, b, "sess"); ok {
+		t.Fatal("B's copy outlived its idle TTL")
+	}
+}

@@ -125,6 +125,9 @@ func (s *Service) reserveReplay(ctx context.Context, key index.Partition, id str
 		s.pending.Consume(pk, gen)
 		return nil, err
 	}
+	if e.SessionFinal {
+		lease.EndOnRelease()
+	}
 	replayed := prompt{locals: e.BlockHashes, hashed: e.BlockHashes != nil}
 	if len(e.TextBlockHashes) > 0 {
 		replayed.alsoText = &prompt{locals: e.TextBlockHashes, tracking: kvhash.SequenceHashes(e.TextBlockHashes)}

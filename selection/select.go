@@ -37,19 +37,22 @@ func (s *Service) Select(ctx context.Context, req *SelectRequest) (*SelectRespon
 		return nil, err
 	}
 	p := rq.part
-	sid, err := sessionOf(req)
+	ss, err := sessionOf(req)
 	if err == nil {
-		err = checkSessionID(p, sid)
+		err = checkSession(p, ss)
 	}
 	if err != nil {
 		return nil, err
 	}
+	sid := ss.id
 	target := explicitTarget(req)
 	if target == nil && sid != "" && p.Affinity() != nil && req.PinnedWorker == nil {
 		if t, ok, err := p.Affinity().Query(s.clock(), sid); err != nil {
 			return nil, apierr.Wrap(KindBadRequest, err)
 		} else if ok {
 			target = &t
+		} else {
+			target = s.parentTarget(p, ss)
 		}
 	}
 	d, err := s.choose(ctx, &rq, req, target, nil, !req.Advisory)
@@ -63,7 +66,9 @@ func (s *Service) Select(ctx context.Context, req *SelectRequest) (*SelectRespon
 		s.noteDecision(p, "select", resp)
 	}
 	if req.SelectionID != nil {
-		s.pending.Put(s.clock(), pending.Key{Partition: key, SelectionID: *req.SelectionID}, pendingEntry(&rq, req, d, resp, sid))
+		e := pendingEntry(&rq, req, d, resp, sid)
+		e.SessionFinal = ss.final
+		s.pending.Put(s.clock(), pending.Key{Partition: key, SelectionID: *req.SelectionID}, e)
 	}
 	return resp, nil
 }
@@ -78,13 +83,14 @@ func (s *Service) SelectAndReserve(ctx context.Context, req *SelectRequest) (*Se
 		return nil, err
 	}
 	p, eff, pr := rq.part, rq.eff, rq.prompt
-	sid, err := sessionOf(req)
+	ss, err := sessionOf(req)
 	if err == nil {
-		err = checkSessionID(p, sid)
+		err = checkSession(p, ss)
 	}
 	if err != nil {
 		return nil, err
 	}
+	sid := ss.id
 	id := deref(req.SelectionID, "")
 	if id == "" {
 		id = s.rnd.UUID()
@@ -103,6 +109,9 @@ func (s *Service) SelectAndReserve(ctx context.Context, req *SelectRequest) (*Se
 	if target == nil && req.PinnedWorker == nil && sid != "" && p.Affinity() != nil {
 		if hold, target, err = s.holdSession(ctx, p, sid); err != nil {
 			return nil, err
+		}
+		if target == nil {
+			target = s.parentTarget(p, ss)
 		}
 	}
 	booking := &loads.Booking{RequestID: id, TrackingHashes: pr.tracking, ISL: pr.isl,
@@ -126,6 +135,12 @@ func (s *Service) SelectAndReserve(ctx context.Context, req *SelectRequest) (*Se
 			dis.undo(&s.resv)
 		}
 		return nil, err
+	}
+	if ss.final {
+		// Released with the booking (Free, expiry, a peer's free): the
+		// binding ends when the request does, as Dynamo's frontend evicts
+		// a final request's binding when its response stream ends.
+		lease.EndOnRelease()
 	}
 	s.recordRouting(p, d.worker, pr)
 	prefillID := ""

@@ -48,6 +48,7 @@ type Table struct {
 	outbox       []BindingEvent
 	dropped      uint64
 	fallbacks    uint64
+	ended        uint64
 }
 
 // NewTable validates cfg and returns an empty table. Version sequences start
@@ -462,6 +463,26 @@ type Lease struct {
 	revision  uint64
 	version   Version
 	active    bool // guarded by t.mu
+	// final: the session's last request; releasing this use ends the
+	// binding instead of refreshing it (EndOnRelease). Guarded by t.mu.
+	final bool
+}
+
+// EndOnRelease marks the lease as the use of the session's last request
+// (Dynamo's session_final): when it is released — the request's booking
+// freed or expired — the binding it was taken on is dropped, whatever other
+// leases it has, so the session's next request selects afresh. Until then
+// the binding routes as before, the final request included. A nil or
+// released lease is left alone.
+func (l *Lease) EndOnRelease() {
+	if l == nil {
+		return
+	}
+	l.t.mu.Lock()
+	defer l.t.mu.Unlock()
+	if l.active {
+		l.final = true
+	}
 }
 
 // SessionID is the leased session ("" for a nil lease).
@@ -492,6 +513,14 @@ func (t *Table) release(now time.Time, l *Lease) {
 	l.active = false
 	e, ok := t.entries[l.sessionID]
 	if !ok || e.state != bound || e.revision != l.revision || e.leases == 0 {
+		return
+	}
+	if l.final {
+		// The other leases of this revision then release as no-ops. Not
+		// published: the replica-sync topic carries bindings only, so peers
+		// keep theirs until its idle TTL runs out (docs/selection.md).
+		delete(t.entries, l.sessionID)
+		t.ended++
 		return
 	}
 	e.leases--
@@ -564,6 +593,14 @@ func (t *Table) LeaseCount(sessionID string) (n int, ok bool) {
 		return 0, false
 	}
 	return e.leases, true
+}
+
+// EndedBindings counts bindings dropped by the release of a final lease
+// (EndOnRelease).
+func (t *Table) EndedBindings() uint64 {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.ended
 }
 
 // FullTableFallbacks counts requests routed without affinity because the

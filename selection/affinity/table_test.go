@@ -752,3 +752,61 @@ func TestReapDropsOnlyIdleExpiredBindings(t *testing.T) {
 		t.Fatal("idle binding survived the reaper")
 	}
 }
+
+// TestFinalLeaseEndsBindingOnRelease: a final request routes by the binding,
+// a request of the session arriving meanwhile still joins it, and the final
+// request's release drops the binding — the concurrent lease then releases
+// as a no-op and the session's next request initializes afresh. Nothing is
+// published for the drop (the topic carries bindings only).
+func TestFinalLeaseEndsBindingOnRelease(t *testing.T) {
+	tb := newTable(t, Hard)
+	first := commit(t, acquire(t, tb, at(0), "s", nil), at(0), rt(1, 0), nil)
+	first.Release(at(time.Second))
+
+	h := acquire(t, tb, at(2*time.Second), "s", nil)
+	mustKind(t, h, HoldBound)
+	if got, _ := h.Target(); got != rt(1, 0) {
+		t.Fatalf("final request's target = %v, want the binding 1/0", got)
+	}
+	final := commit(t, h, at(2*time.Second), rt(1, 0), nil)
+	final.EndOnRelease()
+	other := commit(t, acquire(t, tb, at(3*time.Second), "s", nil), at(3*time.Second), rt(1, 0), nil)
+	tb.Events() // drain the commits' publications
+
+	final.Release(at(4 * time.Second))
+	if _, ok := tb.LeaseCount("s"); ok {
+		t.Fatal("binding still present after the final lease's release")
+	}
+	if _, bound, _ := tb.Query(at(4*time.Second), "s"); bound {
+		t.Fatal("Query still finds the ended binding")
+	}
+	other.Release(at(5 * time.Second)) // no-op on the dropped revision
+	if evs := tb.Events(); len(evs) != 0 {
+		t.Fatalf("ending published %v", evs)
+	}
+	if n := tb.EndedBindings(); n != 1 {
+		t.Fatalf("EndedBindings = %d, want 1", n)
+	}
+	mustKind(t, acquire(t, tb, at(6*time.Second), "s", nil), HoldInitialize)
+}
+
+// TestFinalLeaseLeavesANewerBindingAlone: a final lease of an old revision
+// (the binding was dropped and re-made meanwhile) ends nothing.
+func TestFinalLeaseLeavesANewerBindingAlone(t *testing.T) {
+	tb := newTable(t, Hard)
+	old := commit(t, acquire(t, tb, at(0), "s", nil), at(0), rt(1, 0), nil)
+	old.EndOnRelease()
+	// The worker departs: the next request re-initializes on worker 2.
+	h := acquire(t, tb, at(time.Second), "s", live(2).schedulable)
+	mustKind(t, h, HoldInitialize)
+	commit(t, h, at(time.Second), rt(2, 0), nil)
+	old.Release(at(2 * time.Second))
+	if got, bound, _ := tb.Query(at(2*time.Second), "s"); !bound || got != rt(2, 0) {
+		t.Fatalf("Query = %v, %v; want the newer binding 2/0", got, bound)
+	}
+	if n := tb.EndedBindings(); n != 0 {
+		t.Fatalf("EndedBindings = %d, want 0", n)
+	}
+	var nilLease *Lease
+	nilLease.EndOnRelease() // an unpinned request's lease: no-op
+}

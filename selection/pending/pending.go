@@ -69,6 +69,9 @@ type Entry struct {
 	// SessionID is the select's session: a query-only /select never binds
 	// a session, so the replay of POST /reservations binds it instead.
 	SessionID string
+	// SessionFinal: the select was the session's last request, so the
+	// replay's booking ends the binding when it is freed.
+	SessionFinal bool
 	// TextBlockHashes are the character-block hashes of a prompt the select
 	// knew as text (kvselect's text index, not Dynamo's), kept so that the
 	// replay's booking teaches the text index as /select_and_reserve's
