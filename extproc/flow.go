@@ -1,6 +1,7 @@
 package extproc
 
 import (
+	"cmp"
 	"fmt"
 	"strconv"
 	"strings"
@@ -10,16 +11,22 @@ import (
 	"github.com/kvselect/kvselect/selection/flow"
 )
 
-// Request headers of flow control. The first two are GIE's
-// (gateway-api-inference-extension v1.5.0, pkg/epp/metadata/consts.go:
-// ObjectiveKey, FlowFairnessIDKey); like GIE, the picker strips all three
-// before the request reaches the worker.
+// Request headers of flow control. The objective and fairness names are
+// llm-d's router's (llm-d-router v0.10.0, pkg/epp/metadata/consts.go), whose
+// older GIE names (gateway-api-inference-extension v1.5.0) it still reads as
+// deprecated aliases; so does the picker, the current name winning when a
+// request sends both, and it strips every one of them before the request
+// reaches the worker, as those pickers do.
 const (
 	// HeaderObjective names the request's InferenceObjective, whose
 	// priority becomes the request's (Options.Objectives).
-	HeaderObjective = "x-gateway-inference-objective"
+	HeaderObjective = "x-llm-d-inference-objective"
 	// HeaderFairnessID is the tenant the request is shared fairly as.
-	HeaderFairnessID = "x-gateway-inference-fairness-id"
+	HeaderFairnessID = "x-llm-d-inference-fairness-id"
+	// HeaderObjectiveLegacy and HeaderFairnessIDLegacy are the deprecated
+	// GIE names of the two, read when the current ones are absent.
+	HeaderObjectiveLegacy  = "x-gateway-inference-objective"
+	HeaderFairnessIDLegacy = "x-gateway-inference-fairness-id"
 	// HeaderPriority sets the priority directly, over the objective's.
 	HeaderPriority = "x-kvselect-priority"
 	// HeaderSLOTTFT and HeaderSLOTPOT are the request's latency objectives
@@ -32,6 +39,19 @@ const (
 	// when the new ones are absent.
 	HeaderSLOTTFTLegacy = "x-slo-ttft-ms"
 	HeaderSLOTPOTLegacy = "x-slo-tpot-ms"
+)
+
+// deprecatedHeaders are the deprecated aliases a request may send, in the
+// order of their bits in identity.deprecated; each is counted
+// (kvselect_extproc_deprecated_headers_total) and logged once.
+var deprecatedHeaders = [...]string{HeaderObjectiveLegacy, HeaderFairnessIDLegacy, HeaderSLOTTFTLegacy, HeaderSLOTPOTLegacy}
+
+// Bits of identity.deprecated, one per deprecatedHeaders entry.
+const (
+	sentObjectiveLegacy uint8 = 1 << iota
+	sentFairnessIDLegacy
+	sentSLOTTFTLegacy
+	sentSLOTPOTLegacy
 )
 
 // maxWarnedObjectives bounds the unknown objective names logged (each once).
@@ -60,12 +80,18 @@ func parsePriority(s string) (int, error) {
 // flowFields puts the request's priority and tenant into req: the priority
 // header, else the objective's priority (an objective no table defines is
 // priority 0 and returned as unknown), else none (0); the tenant is the
-// fairness id. A malformed header is the client's 400.
-func flowFields(id *identity, objectives *flow.Objectives, req *selection.SelectRequest) (unknown string, err error) {
-	if err := selection.CheckTenant(id.tenant); err != nil {
-		return "", fmt.Errorf("header %s: %w", HeaderFairnessID, err)
+// fairness id. Each header's current name wins over its deprecated alias. A
+// malformed header is the client's 400.
+func flowFields(id *identity, opts *Options, req *selection.SelectRequest) (unknown string, err error) {
+	tenant, header := id.tenant, HeaderFairnessID
+	if tenant == "" {
+		tenant, header = id.tenantLegacy, HeaderFairnessIDLegacy
 	}
-	req.Tenant = id.tenant
+	if err := selection.CheckTenant(tenant); err != nil {
+		return "", fmt.Errorf("header %s: %w", header, err)
+	}
+	req.Tenant = tenant
+	objective := cmp.Or(id.objective, id.objectiveLegacy)
 	switch {
 	case id.priority != "":
 		p, err := parsePriority(id.priority)
@@ -73,10 +99,10 @@ func flowFields(id *identity, objectives *flow.Objectives, req *selection.Select
 			return "", err
 		}
 		req.Priority = &p
-	case id.objective != "":
-		p, ok := objectives.Lookup(id.objective)
+	case objective != "":
+		p, ok := opts.Objectives.Lookup(objective)
 		if !ok {
-			return id.objective, nil
+			return objective, nil
 		}
 		req.Priority = &p
 	}
@@ -98,3 +124,24 @@ func (u *unknownObjectives) warn(s *Server, name string) {
 			"objective", name, "header", HeaderObjective)
 	}
 }
+
+// countDeprecated counts the deprecated header names a request sent and logs
+// the first use of each.
+func (s *Server) countDeprecated(sent uint8) {
+	if sent == 0 {
+		return
+	}
+	for i, name := range deprecatedHeaders {
+		if sent&(1<<i) == 0 {
+			continue
+		}
+		s.metrics.deprecated[i].Add(1)
+		if !s.deprecatedWarned[i].Swap(true) {
+			s.log.Warn("extproc: request sent a deprecated header name; send the current one (logged once per name)",
+				"header", name, "current", currentHeaders[i])
+		}
+	}
+}
+
+// currentHeaders are the current names of deprecatedHeaders, entry by entry.
+var currentHeaders = [...]string{HeaderObjective, HeaderFairnessID, HeaderSLOTTFT, HeaderSLOTPOT}

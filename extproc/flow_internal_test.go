@@ -39,3 +39,60 @@ func FuzzFlowHeaders(f *testing.F) {
 		}
 	})
 }
+
+// TestFlowHeaderAliases: llm-d's x-llm-d-* names are read, the deprecated
+// x-gateway-* names too when the current one is absent (the current one wins
+// when both are sent), and each deprecated name sent is flagged for the
+// counter.
+func TestFlowHeaderAliases(t *testing.T) {
+	objectives := new(flow.Objectives)
+	objectives.Set(flow.SourceFile, map[string]int{"new": 7, "old": 3})
+	post := []string{":method", "POST", ":path", "/v1/completions", HeaderTokenIDs, "1"}
+	cases := []struct {
+		name       string
+		headers    []string
+		priority   int // -100: none
+		tenant     string
+		deprecated uint8
+		err        string
+	}{
+		{name: "current names", headers: []string{HeaderObjective, "new", HeaderFairnessID, "t-new"}, priority: 7, tenant: "t-new"},
+		{name: "deprecated names", headers: []string{HeaderObjectiveLegacy, "old", HeaderFairnessIDLegacy, "t-old"}, priority: 3, tenant: "t-old",
+			deprecated: sentObjectiveLegacy | sentFairnessIDLegacy},
+		{name: "both: the current name wins", headers: []string{HeaderObjectiveLegacy, "old", HeaderObjective, "new",
+			HeaderFairnessIDLegacy, "t-old", HeaderFairnessID, "t-new"}, priority: 7, tenant: "t-new",
+			deprecated: sentObjectiveLegacy | sentFairnessIDLegacy},
+		{name: "deprecated latency names flagged", headers: []string{HeaderSLOTTFTLegacy, "100", HeaderSLOTPOTLegacy, "10"}, priority: -100,
+			deprecated: sentSLOTTFTLegacy | sentSLOTPOTLegacy},
+		{name: "a bad deprecated fairness id names its header", headers: []string{HeaderFairnessIDLegacy, "a\x01b"}, deprecated: sentFairnessIDLegacy, err: HeaderFairnessIDLegacy},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			var id identity
+			opts := Options{Objectives: objectives}
+			if err := readHeaders(headerMap(append(post, tc.headers...)), &id); err != nil {
+				t.Fatal(err)
+			}
+			if id.deprecated != tc.deprecated {
+				t.Errorf("deprecated bits %b, want %b", id.deprecated, tc.deprecated)
+			}
+			in, err := readSelectInput(&id, nil, &opts)
+			if tc.err != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.err) {
+					t.Fatalf("err %v, want one naming %s", err, tc.err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := -100
+			if in.req.Priority != nil {
+				got = *in.req.Priority
+			}
+			if got != tc.priority || in.req.Tenant != tc.tenant {
+				t.Fatalf("priority %d tenant %q; want %d %q", got, in.req.Tenant, tc.priority, tc.tenant)
+			}
+		})
+	}
+}

@@ -206,3 +206,50 @@ func TestQueuedStreamsAbortWithoutLeaks(t *testing.T) {
 	}
 	_ = selection.FlowDispatched
 }
+
+// TestDeprecatedFlowHeadersOverThePicker: the deprecated objective and
+// fairness names still place a request in its band and flow, the current
+// names win when both are sent, every name is stripped before the worker,
+// and each deprecated name sent is counted.
+func TestDeprecatedFlowHeadersOverThePicker(t *testing.T) {
+	objectives := new(flow.Objectives)
+	objectives.Set(flow.SourceFile, map[string]int{"premium": 7, "batch": 2})
+	h := flowHarness(t, flow.Config{}, objectives)
+	blocker, d := h.start(t, &envoysim.Request{Modes: envoysim.GIE, Body: prompt(1000, 8)})
+	wantRemoved := []string{extproc.HeaderObjective, extproc.HeaderFairnessID, extproc.HeaderObjectiveLegacy, extproc.HeaderFairnessIDLegacy}
+	for _, k := range wantRemoved {
+		if !slices.Contains(d.RemovedHeaders, k) {
+			t.Errorf("%s is not removed from the request (removed %v)", k, d.RemovedHeaders)
+		}
+	}
+	waiting := make(chan *envoysim.Exchange, 2)
+	send := func(base int, hs ...envoysim.Header) {
+		go func() {
+			x, d, err := h.client.Start(t.Context(), &envoysim.Request{Modes: envoysim.GIE, Body: prompt(base, 8), Headers: hs})
+			if err != nil || d.Immediate != nil {
+				t.Errorf("%v %+v", err, d)
+			}
+			waiting <- x
+		}()
+	}
+	send(2000, header(extproc.HeaderObjectiveLegacy, "batch"), header(extproc.HeaderFairnessIDLegacy, "old-tenant"))
+	eventually(t, "the deprecated names queued at 2/old-tenant", func() bool { return queued(h)["2/old-tenant"] == 1 })
+	send(3000, header(extproc.HeaderObjectiveLegacy, "batch"), header(extproc.HeaderObjective, "premium"),
+		header(extproc.HeaderFairnessIDLegacy, "old-tenant"), header(extproc.HeaderFairnessID, "new-tenant"))
+	eventually(t, "both names queued at 7/new-tenant", func() bool { return queued(h)["7/new-tenant"] == 1 })
+	got := metricstest.Series(t, h.srv)
+	for k, v := range map[string]float64{
+		`kvselect_extproc_deprecated_headers_total{header=x-gateway-inference-objective}`:   2,
+		`kvselect_extproc_deprecated_headers_total{header=x-gateway-inference-fairness-id}`: 2,
+		`kvselect_extproc_deprecated_headers_total{header=x-slo-ttft-ms}`:                   0,
+	} {
+		if got[k] != v {
+			t.Errorf("%s = %v, want %v (all: %v)", k, got[k], v, got)
+		}
+	}
+	blocker.Close()
+	for range 2 {
+		(<-waiting).Close()
+	}
+	h.idle(t)
+}

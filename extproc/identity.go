@@ -81,6 +81,9 @@ type identity struct {
 	sloTTFTLegacy, sloTPOTLegacy      string
 	traceparent, tracestate, baggage  string // W3C trace context (observe.go)
 
+	objectiveLegacy, tenantLegacy string // deprecated names (flow.go)
+	deprecated                    uint8  // deprecated names sent: sent* bits (flow.go)
+
 	// The endpoints of the gateway's subset hint (envoy.lb.subset_hint
 	// metadata), when hasSubset.
 	subset    []string
@@ -129,10 +132,18 @@ func readHeaders(hm *corev3.HeaderMap, id *identity) error {
 			id.sloTTFT = headerValue(h)
 		case HeaderSLOTPOT:
 			id.sloTPOT = headerValue(h)
+		case HeaderObjectiveLegacy:
+			id.objectiveLegacy = headerValue(h)
+			id.deprecated |= sentObjectiveLegacy
+		case HeaderFairnessIDLegacy:
+			id.tenantLegacy = headerValue(h)
+			id.deprecated |= sentFairnessIDLegacy
 		case HeaderSLOTTFTLegacy:
 			id.sloTTFTLegacy = headerValue(h)
+			id.deprecated |= sentSLOTTFTLegacy
 		case HeaderSLOTPOTLegacy:
 			id.sloTPOTLegacy = headerValue(h)
+			id.deprecated |= sentSLOTPOTLegacy
 		case "traceparent":
 			id.traceparent = headerValue(h)
 		case "tracestate":

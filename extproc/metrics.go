@@ -34,7 +34,10 @@ var (
 	descOutcomes = prometheus.NewDesc("kvselect_extproc_response_outcomes_total",
 		"Response statuses handed to the passive health checks, by result: ok (below 500) or failure (5xx).", []string{"result"}, nil)
 	descUnknownObjectives = prometheus.NewDesc("kvselect_extproc_unknown_objectives_total",
-		"Requests naming an InferenceObjective (x-gateway-inference-objective) that no source defines: routed at priority 0.", nil, nil)
+		"Requests naming an InferenceObjective (x-llm-d-inference-objective) that no source defines: routed at priority 0.", nil, nil)
+	descDeprecated = prometheus.NewDesc("kvselect_extproc_deprecated_headers_total",
+		"Requests that sent a deprecated header name (x-gateway-inference-objective, x-gateway-inference-fairness-id, x-slo-ttft-ms, x-slo-tpot-ms), by that name.",
+		[]string{"header"}, nil)
 	descForwardedIDs = prometheus.NewDesc("kvselect_extproc_forwarded_token_ids_total",
 		"Completions bodies whose text prompt was replaced by its token ids before forwarding (--tokenize-forward-ids).", nil, nil)
 )
@@ -53,6 +56,7 @@ type metrics struct {
 	freedAtEnd, freedAtStreamEnd, lost, forwardedIDs      atomic.Uint64
 	outcomeOK, outcomeFailures                            atomic.Uint64
 	unknownObjectives                                     atomic.Uint64
+	deprecated                                            [len(deprecatedHeaders)]atomic.Uint64
 	immediate                                             [8]atomic.Uint64 // immediateCodes, then other
 	pick                                                  prometheus.Histogram
 }
@@ -81,7 +85,7 @@ func (m *metrics) observePick(start time.Time) { m.pick.Observe(time.Since(start
 // Describe implements prometheus.Collector.
 func (s *Server) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descStreamsActive, descStreams, descStreamErrors, descRouted, descImmediate,
-		descRebooked, descOutputBlocks, descFreed, descLost, descForwardedIDs, descOutcomes, descUnknownObjectives} {
+		descRebooked, descOutputBlocks, descFreed, descLost, descForwardedIDs, descOutcomes, descUnknownObjectives, descDeprecated} {
 		ch <- d
 	}
 	s.metrics.pick.Describe(ch)
@@ -114,6 +118,9 @@ func (s *Server) Collect(ch chan<- prometheus.Metric) {
 	counter(descLost, &m.lost)
 	counter(descForwardedIDs, &m.forwardedIDs)
 	counter(descUnknownObjectives, &m.unknownObjectives)
+	for i, name := range deprecatedHeaders {
+		counter(descDeprecated, &m.deprecated[i], name)
+	}
 	counter(descOutcomes, &m.outcomeOK, "ok")
 	counter(descOutcomes, &m.outcomeFailures, "failure")
 	s.metrics.pick.Collect(ch)

@@ -34,6 +34,7 @@ func (st *stream) onRequestHeaders(h *extprocv3.HttpHeaders) error {
 	}
 	st.headersIn = true
 	err := readHeaders(h.GetHeaders(), &st.id)
+	st.s.countDeprecated(st.id.deprecated)
 	st.startRequest()
 	if err != nil {
 		return immediate(typev3.StatusCode_BadRequest, err.Error())

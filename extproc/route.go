@@ -87,6 +87,7 @@ func (st *stream) routing(resp *selection.SelectResponse) (*extprocv3.HeaderMuta
 		},
 		// Control headers never reach the worker (GIE strips the same).
 		RemoveHeaders: []string{KeySubset, KeyServed, HeaderObjective, HeaderFairnessID, HeaderPriority,
+			HeaderObjectiveLegacy, HeaderFairnessIDLegacy,
 			HeaderSLOTTFT, HeaderSLOTPOT, HeaderSLOTTFTLegacy, HeaderSLOTPOTLegacy},
 	}
 	st.prefillHeaders(mut, resp)

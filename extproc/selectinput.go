@@ -89,7 +89,7 @@ func readSelectInput(id *identity, body []byte, opts *Options) (selectInput, err
 	if s := cmp.Or(id.session, pb.session); s != "" {
 		req.SessionID = &s
 	}
-	if in.unknownObjective, err = flowFields(id, opts.Objectives, req); err != nil {
+	if in.unknownObjective, err = flowFields(id, opts, req); err != nil {
 		return selectInput{}, err
 	}
 	if req.SLOTTFTMs, err = sloHeader(HeaderSLOTTFT, id.sloTTFT, HeaderSLOTTFTLegacy, id.sloTTFTLegacy); err != nil {

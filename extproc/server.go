@@ -150,6 +150,9 @@ type Server struct {
 	metrics  *metrics
 	requests *requestMetrics // per model, from the response path (observe.go)
 	unknown  unknownObjectives
+	// deprecatedWarned: the first use of each deprecatedHeaders name was
+	// logged.
+	deprecatedWarned [len(deprecatedHeaders)]atomic.Bool
 
 	tokenizing atomic.Pointer[tokenizing] // SetTokenizer
 }
