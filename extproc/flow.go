@@ -80,15 +80,22 @@ func parsePriority(s string) (int, error) {
 // flowFields puts the request's priority and tenant into req: the priority
 // header, else the objective's priority (an objective no table defines is
 // priority 0 and returned as unknown), else none (0); the tenant is the
-// fairness id. Each header's current name wins over its deprecated alias. A
-// malformed header is the client's 400.
-func flowFields(id *identity, opts *Options, req *selection.SelectRequest) (unknown string, err error) {
+// fairness id, else — with Options.SessionAsFairnessID — the request's
+// session id when it is a valid tenant. Each header's current name wins over
+// its deprecated alias. A malformed header is the client's 400.
+func flowFields(id *identity, opts *Options, session string, req *selection.SelectRequest) (unknown string, err error) {
 	tenant, header := id.tenant, HeaderFairnessID
 	if tenant == "" {
 		tenant, header = id.tenantLegacy, HeaderFairnessIDLegacy
 	}
 	if err := selection.CheckTenant(tenant); err != nil {
 		return "", fmt.Errorf("header %s: %w", header, err)
+	}
+	if tenant == "" && opts.SessionAsFairnessID && selection.CheckTenant(session) == nil {
+		// A session id too long or unprintable for a tenant leaves the
+		// request in the default flow rather than failing it: the client
+		// sent no fairness id to be wrong.
+		tenant = session
 	}
 	req.Tenant = tenant
 	objective := cmp.Or(id.objective, id.objectiveLegacy)

@@ -18,7 +18,7 @@ const (
 	HeaderTokenIDs             = "x-kvselect-token-ids"              // comma-separated decimal token ids
 	HeaderModelName            = "x-kvselect-model-name"             // partition model (else the body's model)
 	HeaderRoutingGroup         = "x-kvselect-routing-group"          // partition routing group
-	HeaderSessionID            = "x-kvselect-session-id"             // session affinity key
+	HeaderSessionID            = "x-kvselect-session-id"             // session affinity key (a default of Options.SessionHeaders)
 	HeaderLoraName             = "x-kvselect-lora-name"              // LoRA adapter (block-hash salt)
 	HeaderCacheSalt            = "x-kvselect-cache-salt"             // cache namespace (block-hash salt)
 	HeaderExpectedOutputTokens = "x-kvselect-expected-output-tokens" // expected output length
@@ -81,6 +81,11 @@ type identity struct {
 	sloTTFTLegacy, sloTPOTLegacy      string
 	traceparent, tracestate, baggage  string // W3C trace context (observe.go)
 
+	// session is the first value of sessions, the values of the session
+	// headers (Options.SessionHeaders) entry by entry; parentSession and
+	// sessionFinal are Dynamo's (session.go).
+	sessions                      [MaxSessionHeaders]string
+	parentSession, sessionFinal   string
 	objectiveLegacy, tenantLegacy string // deprecated names (flow.go)
 	deprecated                    uint8  // deprecated names sent: sent* bits (flow.go)
 
@@ -90,14 +95,20 @@ type identity struct {
 	hasSubset bool
 }
 
-// readHeaders fills id from Envoy's header map. Envoy lower-cases keys and
-// may carry the value in raw_value (preferred) or value.
-func readHeaders(hm *corev3.HeaderMap, id *identity) error {
+// readHeaders fills id from Envoy's header map; sessionHeaders is the
+// ordered session header list (Options.SessionHeaders). Envoy lower-cases
+// keys and may carry the value in raw_value (preferred) or value.
+func readHeaders(hm *corev3.HeaderMap, id *identity, sessionHeaders []string) error {
 	var errs []error
 	for _, h := range hm.GetHeaders() {
 		k := h.GetKey()
 		if len(k) < 5 {
 			continue
+		}
+		if i := sessionIndex(sessionHeaders, k); i >= 0 {
+			// Not exclusive: x-request-id, say, may name the session
+			// and still be the selection id.
+			id.sessions[i] = headerValue(h)
 		}
 		switch k {
 		case ":path":
@@ -114,8 +125,10 @@ func readHeaders(hm *corev3.HeaderMap, id *identity) error {
 			id.model = headerValue(h)
 		case HeaderRoutingGroup:
 			id.group = headerValue(h)
-		case HeaderSessionID:
-			id.session = headerValue(h)
+		case HeaderDynamoParentSessionID:
+			id.parentSession = headerValue(h)
+		case HeaderDynamoSessionFinal:
+			id.sessionFinal = headerValue(h)
 		case HeaderLoraName:
 			id.lora = headerValue(h)
 		case HeaderCacheSalt:
@@ -171,6 +184,12 @@ func readHeaders(hm *corev3.HeaderMap, id *identity) error {
 			e := uint32(v)
 			id.expected = &e
 			errs = appendErr(errs, k, err)
+		}
+	}
+	for _, v := range id.sessions {
+		if v = strings.TrimSpace(v); v != "" {
+			id.session = v
+			break
 		}
 	}
 	return errors.Join(errs...)

@@ -33,7 +33,7 @@ func (st *stream) onRequestHeaders(h *extprocv3.HttpHeaders) error {
 		return status.Error(codes.InvalidArgument, "ext_proc: request headers received twice on one stream")
 	}
 	st.headersIn = true
-	err := readHeaders(h.GetHeaders(), &st.id)
+	err := readHeaders(h.GetHeaders(), &st.id, st.s.opts.SessionHeaders)
 	st.s.countDeprecated(st.id.deprecated)
 	st.startRequest()
 	if err != nil {

@@ -86,10 +86,8 @@ func readSelectInput(id *identity, body []byte, opts *Options) (selectInput, err
 		// stop well before it), so it sets none.
 		req.ExpectedOutputTokens = m
 	}
-	if s := cmp.Or(id.session, pb.session); s != "" {
-		req.SessionID = &s
-	}
-	if in.unknownObjective, err = flowFields(id, opts, req); err != nil {
+	session := sessionFields(id, pb.session, req)
+	if in.unknownObjective, err = flowFields(id, opts, session, req); err != nil {
 		return selectInput{}, err
 	}
 	if req.SLOTTFTMs, err = sloHeader(HeaderSLOTTFT, id.sloTTFT, HeaderSLOTTFTLegacy, id.sloTTFTLegacy); err != nil {

@@ -160,7 +160,7 @@ func TestReadSelectInput(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			var id identity
-			if err := readHeaders(headerMap(tc.headers), &id); err != nil {
+			if err := readHeaders(headerMap(tc.headers), &id, DefaultSessionHeaders()); err != nil {
 				t.Fatalf("headers: %v", err)
 			}
 			id.subset, id.hasSubset = tc.subset, tc.subset != nil

@@ -113,6 +113,16 @@ type Options struct {
 	// Objectives maps the InferenceObjective a request names
 	// (HeaderObjective) to its flow control priority; nil knows none.
 	Objectives *flow.Objectives
+	// SessionHeaders are the request headers that carry a session id (session
+	// affinity's key), in order of precedence: the first one a request
+	// sends with a value wins, then the body's nvext session. nil means
+	// DefaultSessionHeaders(); empty reads sessions from the body alone. At
+	// most MaxSessionHeaders lower-case names (CheckSessionHeaders).
+	SessionHeaders []string
+	// SessionAsFairnessID makes a request's session its flow control tenant
+	// when it sends no fairness id header, so that agent sessions share a
+	// band fairly with each other.
+	SessionAsFairnessID bool
 	// Tracing is where request spans go and how trace context is read from
 	// and written to the request headers; tracing.Off() when nil.
 	Tracing *tracing.Tracing
@@ -172,6 +182,14 @@ func New(svc *selection.Service, opts Options) *Server {
 	}
 	if opts.Tracing == nil {
 		opts.Tracing = tracing.Off()
+	}
+	if opts.SessionHeaders == nil {
+		opts.SessionHeaders = DefaultSessionHeaders()
+	}
+	if len(opts.SessionHeaders) > MaxSessionHeaders {
+		// CheckSessionHeaders is the caller's; past the bound the picker
+		// would index out of identity.sessions.
+		opts.SessionHeaders = opts.SessionHeaders[:MaxSessionHeaders]
 	}
 	s := &Server{svc: svc, opts: opts, log: opts.Logger, health: health.NewServer(), metrics: newMetrics(),
 		requests: newRequestMetrics()}
