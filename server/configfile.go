@@ -42,7 +42,7 @@ type configFile struct {
 	Router map[string]any `json:"router,omitempty"`
 	Auth   *fileAuth      `json:"auth,omitempty"`
 	// Objectives are the priorities of the objective names requests give in
-	// x-gateway-inference-objective, for pickers not on Kubernetes (there
+	// x-llm-d-inference-objective, for pickers not on Kubernetes (there
 	// the pool's InferenceObjectives, which win over these).
 	Objectives map[string]int `json:"objectives,omitempty"`
 

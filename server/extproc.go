@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"strconv"
+	"strings"
 
 	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	"github.com/prometheus/client_golang/prometheus"
@@ -37,7 +38,19 @@ type extprocFlags struct {
 	// that send no protocol_config; set says whether either was given.
 	assumedRequest, assumedResponse filterv3.ProcessingMode_BodySendMode
 	assumeSet                       bool
+
+	// --session-headers (else KVSELECT_SESSION_HEADERS): nil means the
+	// picker's defaults; --session-as-fairness-id (else
+	// KVSELECT_SESSION_AS_FAIRNESS_ID).
+	sessionHeaders  []string
+	sessionAsTenant bool
 }
+
+// The environment variables of the session flags (a flag given wins).
+const (
+	envSessionHeaders  = "KVSELECT_SESSION_HEADERS"
+	envSessionAsTenant = "KVSELECT_SESSION_AS_FAIRNESS_ID"
+)
 
 // defaultExtProcPort is GIE's EPP port.
 const defaultExtProcPort = 9002
@@ -70,6 +83,12 @@ func (e *extprocFlags) register(fs *flag.FlagSet) {
 		})
 	}
 	fs.StringVar(&e.clientCA, "extproc-client-ca", "", "PEM `file` of the CAs that sign the gateway's client certificates: with it the picker requires and verifies one at every TLS handshake (mTLS), so only the gateway can book loads. Requires --extproc-secure-serving; re-read with the pair under --extproc-cert-reload, else read at startup")
+	fs.Func("session-headers", "comma-separated request `headers` that name the picker's session (session affinity's key, --session-affinity-ttl-secs), in order of precedence: the first one a request sends with a value wins, then the body's nvext session_control.session_id. At most 8, case-insensitive; empty = body sessions only. Default x-kvselect-session-id,x-dynamo-session-id. x-correlation-id (aiperf keeps it constant across a conversation) is opt-in: clients that send a fresh one per request would fill the affinity table with one-request sessions. Overrides "+envSessionHeaders, func(v string) error {
+		hs, err := parseSessionHeaders(v)
+		e.sessionHeaders = hs
+		return err
+	})
+	fs.BoolVar(&e.sessionAsTenant, "session-as-fairness-id", false, "a picker request that sends no x-llm-d-inference-fairness-id (or its deprecated x-gateway- name) is its session's tenant under flow control, so agent sessions share a priority band fairly; a session id that is no valid tenant (over 256 bytes, unprintable) stays in the default flow. Overrides "+envSessionAsTenant)
 	fs.BoolVar(&e.certReload, "extproc-cert-reload", false, "re-read tls.crt and tls.key when their size or modification time changes (checked at new TLS connections, at most once a second); a pair that fails to load is logged and the previous one kept. Requires --extproc-cert-path")
 }
 
@@ -97,6 +116,40 @@ func (e *extprocFlags) validate() []error {
 		errs = append(errs, errors.New("--extproc-cert-reload requires --extproc-cert-path (a self-signed certificate has no files to reload)"))
 	}
 	return errs
+}
+
+// parseSessionHeaders reads a --session-headers list: lower-cased (Envoy
+// hands the picker lower-case keys), checked by the picker's rules; blank is
+// the empty list.
+func parseSessionHeaders(v string) ([]string, error) {
+	if strings.TrimSpace(v) == "" {
+		return []string{}, nil
+	}
+	hs, err := parseList(strings.ToLower(v), func(string) error { return nil })
+	if err == nil {
+		err = extproc.CheckSessionHeaders(hs)
+	}
+	return hs, err
+}
+
+// sessionsFromEnv reads the session flags' environment variables for the
+// flags not given; a malformed value is a usage error.
+func (e *extprocFlags) sessionsFromEnv(set map[string]bool, lookup func(string) (string, bool)) error {
+	if v, ok := lookup(envSessionHeaders); ok && !set["session-headers"] && strings.TrimSpace(v) != "" {
+		hs, err := parseSessionHeaders(v)
+		if err != nil {
+			return &UsageError{fmt.Errorf("%s: %w", envSessionHeaders, err)}
+		}
+		e.sessionHeaders = hs
+	}
+	if v, ok := lookup(envSessionAsTenant); ok && !set["session-as-fairness-id"] && strings.TrimSpace(v) != "" {
+		b, err := strconv.ParseBool(strings.TrimSpace(v))
+		if err != nil {
+			return &UsageError{fmt.Errorf("%s: %q is not a boolean", envSessionAsTenant, v)}
+		}
+		e.sessionAsTenant = b
+	}
+	return nil
 }
 
 // tlsOption is the picker's TLS server credential, or nil for plaintext. The
@@ -166,7 +219,8 @@ func startExtProc(o *options, f *fronts, reg prometheus.Registerer) (*extprocSer
 	}
 	picker := extproc.New(f.svc, extproc.Options{Logger: log, Fallbacks: e.fallbacks, MaxBodyBytes: e.maxBodyBytes,
 		TestPickHeader: e.testPick, DefaultModel: e.defaultModel, AssumedModes: assumed,
-		Disaggregate: o.disagg.mode == disaggAuto, PrefillHeader: o.disagg.prefillHeader, Objectives: f.objectives, Tracing: f.tracing})
+		Disaggregate: o.disagg.mode == disaggAuto, PrefillHeader: o.disagg.prefillHeader, Objectives: f.objectives, Tracing: f.tracing,
+		SessionHeaders: e.sessionHeaders, SessionAsFairnessID: e.sessionAsTenant})
 	if f.tokenizer != nil {
 		// Before the listener serves, so that no early text prompt misses it.
 		picker.SetTokenizer(f.tokenizer, o.tokenize.forwardIDs)
@@ -182,7 +236,8 @@ func startExtProc(o *options, f *fronts, reg prometheus.Registerer) (*extprocSer
 		encoder = "vtprotobuf"
 	}
 	log.Info("ext_proc listening", "addr", ln.Addr().String(), "tls", e.secure, "fallbacks", e.fallbacks, "max_body_bytes", e.maxBodyBytes,
-		"test_pick_header", e.testPick, "assumed_body_modes", e.assumedRequest.String()+"/"+e.assumedResponse.String(), "encoder", encoder)
+		"test_pick_header", e.testPick, "assumed_body_modes", e.assumedRequest.String()+"/"+e.assumedResponse.String(), "encoder", encoder,
+		"session_headers", strings.Join(picker.SessionHeaders(), ","), "session_as_fairness_id", e.sessionAsTenant)
 	go func() {
 		if err := g.Serve(ln); err != nil {
 			f.served <- fmt.Errorf("ext_proc server: %w", err)

@@ -2,7 +2,9 @@ package server
 
 import (
 	"encoding/json"
+	"errors"
 	"net/http"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -102,5 +104,71 @@ func TestExtProcFlagsValidate(t *testing.T) {
 		if got := o.extproc; got.secure != tc.want.secure || got.certPath != tc.want.certPath || got.certReload != tc.want.certReload {
 			t.Errorf("%v: parsed %+v", tc.args, got)
 		}
+	}
+}
+
+// TestSessionFlags: --session-headers is an ordered, lower-cased list (blank:
+// none), checked by the picker's rules; the environment fills a flag not
+// given and never overrides one given.
+func TestSessionFlags(t *testing.T) {
+	o, err := parseFlags(nil)
+	if err != nil || o.extproc.sessionHeaders != nil || o.extproc.sessionAsTenant {
+		t.Fatalf("defaults: %+v %v", o.extproc, err)
+	}
+	o, err = parseFlags([]string{"--session-headers", " X-Correlation-ID , x-dynamo-session-id", "--session-as-fairness-id"})
+	if err != nil || !slices.Equal(o.extproc.sessionHeaders, []string{"x-correlation-id", "x-dynamo-session-id"}) || !o.extproc.sessionAsTenant {
+		t.Fatalf("parsed %+v %v", o.extproc, err)
+	}
+	if o, err = parseFlags([]string{"--session-headers", ""}); err != nil || o.extproc.sessionHeaders == nil || len(o.extproc.sessionHeaders) != 0 {
+		t.Fatalf("blank list: %#v %v", o.extproc.sessionHeaders, err)
+	}
+	for _, bad := range []string{"a,,b", "x-dynamo-session-final", "a b", "a,a", "x-kvselect-token-ids"} {
+		if _, err := parseFlags([]string{"--session-headers", bad}); err == nil {
+			t.Errorf("--session-headers %q accepted", bad)
+		}
+	}
+
+	env := func(kv ...string) func(string) (string, bool) {
+		return func(k string) (string, bool) {
+			for i := 0; i+1 < len(kv); i += 2 {
+				if kv[i] == k {
+					return kv[i+1], true
+				}
+			}
+			return "", false
+		}
+	}
+	o, _ = parseFlags(nil)
+	if err := o.extproc.sessionsFromEnv(o.set, env(envSessionHeaders, "x-correlation-id", envSessionAsTenant, "true")); err != nil ||
+		!slices.Equal(o.extproc.sessionHeaders, []string{"x-correlation-id"}) || !o.extproc.sessionAsTenant {
+		t.Fatalf("from the environment: %+v %v", o.extproc, err)
+	}
+	o, _ = parseFlags([]string{"--session-headers", "x-dynamo-session-id", "--session-as-fairness-id=false"})
+	if err := o.extproc.sessionsFromEnv(o.set, env(envSessionHeaders, "x-correlation-id", envSessionAsTenant, "true")); err != nil ||
+		!slices.Equal(o.extproc.sessionHeaders, []string{"x-dynamo-session-id"}) || o.extproc.sessionAsTenant {
+		t.Fatalf("the flags must win: %+v %v", o.extproc, err)
+	}
+	for _, kv := range [][]string{{envSessionHeaders, "x-dynamo-session-final"}, {envSessionAsTenant, "maybe"}} {
+		o, _ = parseFlags(nil)
+		var ue *UsageError
+		if err := o.extproc.sessionsFromEnv(o.set, env(kv...)); !errors.As(err, &ue) || !strings.Contains(err.Error(), kv[0]) {
+			t.Errorf("%s=%s: %v, want a usage error naming it", kv[0], kv[1], err)
+		}
+	}
+}
+
+// TestSessionHeadersReachThePicker: the flag's list is the running picker's,
+// as its startup log says.
+func TestSessionHeadersReachThePicker(t *testing.T) {
+	srv := runInBackground(t, withoutKVEvents, []string{"--session-headers", "X-Correlation-Id,x-kvselect-session-id", "--session-as-fairness-id"})
+	logs := srv.logs.String()
+	if got, ok := logwatch.Attr(logs, "ext_proc listening", "session_headers"); !ok || got != "x-correlation-id,x-kvselect-session-id" {
+		t.Errorf("startup log's session_headers = %q", got)
+	}
+	if !strings.Contains(logs, `"session_as_fairness_id":true`) {
+		t.Errorf("startup log lacks session_as_fairness_id true:\n%s", logs)
+	}
+	if err := srv.stop(20 * time.Second); err != nil {
+		t.Fatal(err)
 	}
 }

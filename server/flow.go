@@ -31,7 +31,7 @@ const flowOff = "off"
 const defaultFlowMaxBytes = 1 << 30
 
 func (f *flowFlags) register(fs *flag.FlagSet) {
-	fs.StringVar(&f.mode, "flow-control", flowOff, "how waiting requests are ordered while every worker is busy (queueing on: DYN_ROUTER_QUEUE_THRESHOLD): off (Dynamo's router queue policy), or flow control with priority bands (x-gateway-inference-objective, x-kvselect-priority, REST priority) and fairness between tenants (x-gateway-inference-fairness-id, REST tenant) by `fairness`: cost (uncached prompt plus expected output tokens), count (requests) or fifo")
+	fs.StringVar(&f.mode, "flow-control", flowOff, "how waiting requests are ordered while every worker is busy (queueing on: DYN_ROUTER_QUEUE_THRESHOLD): off (Dynamo's router queue policy), or flow control with priority bands (x-llm-d-inference-objective, x-kvselect-priority, REST priority) and fairness between tenants (x-llm-d-inference-fairness-id, REST tenant; --session-as-fairness-id) by `fairness`: cost (uncached prompt plus expected output tokens), count (requests) or fifo")
 	fs.DurationVar(&f.ttl, "flow-queue-ttl", flow.DefaultTTL, "longest wait of a request under flow control (`duration`), then 429")
 	fs.Int64Var(&f.maxBytes, "flow-max-bytes", defaultFlowMaxBytes, "request `bytes` that may wait under flow control in one partition, all priorities together (0: no bound); a request that does not fit is a 429")
 	fs.Int64Var(&f.maxBandBytes, "flow-max-band-bytes", 0, "request `bytes` that may wait at one priority in one partition (0: only --flow-max-bytes)")

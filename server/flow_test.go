@@ -127,7 +127,7 @@ func TestFlowFlagsValidate(t *testing.T) {
 }
 
 // The config file's objectives give a request naming one in
-// x-gateway-inference-objective its priority; GET /flow lists them; a
+// x-llm-d-inference-objective its priority; GET /flow lists them; a
 // reload replaces them and a file with a bad one changes nothing.
 func TestFlowObjectivesFromTheConfigFile(t *testing.T) {
 	config := filepath.Join(t.TempDir(), "kvselect.yaml")

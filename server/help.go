@@ -39,7 +39,7 @@ var helpSections = []struct {
 	{"Selection", []string{"policy", "config", "threads", "kv-events-bind", "kv-events-max-frame-bytes", "session-affinity-ttl-secs", "selection-cache-ttl-secs", "selection-cache-max-entries", "selection-cache-max-bytes"}},
 	{"Tracking hashes", []string{"router-tracking-hash", "router-tracking-key-file", "router-tracking-key-id", "router-assume-kv-reuse", "no-router-assume-kv-reuse"}},
 	{"Peers (index recovery over HTTP, replica sync over ZMQ)", []string{"indexer-peers", "indexer-peers-token-file", "replica-sync-port", "replica-sync-peers", "replica-sync-resolve-peers", "replica-sync-key-file"}},
-	{"Endpoint picker (Envoy ext_proc, GIE protocol 004)", []string{"extproc-port", "extproc-fallbacks", "extproc-max-body-bytes", "extproc-test-pick-header", "extproc-default-model", "extproc-assume-request-body-mode", "extproc-assume-response-body-mode", "extproc-secure-serving", "extproc-cert-path", "extproc-cert-reload", "extproc-client-ca"}},
+	{"Endpoint picker (Envoy ext_proc, GIE protocol 004)", []string{"extproc-port", "extproc-fallbacks", "extproc-max-body-bytes", "extproc-test-pick-header", "extproc-default-model", "extproc-assume-request-body-mode", "extproc-assume-response-body-mode", "extproc-secure-serving", "extproc-cert-path", "extproc-cert-reload", "extproc-client-ca", "session-headers", "session-as-fairness-id"}},
 	{"REST authentication and TLS (docs/security.md)", []string{"auth-token-file", "auth-kubernetes", "auth-kubernetes-namespace", "auth-kubernetes-cache-ttl", "auth-kubernetes-audiences", "auth-allow-unauthenticated", "tls-cert-path", "tls-cert-reload", "tls-client-ca"}},
 	{"Limits (per client, HTTP timeouts, picker streams)", []string{"max-conns-per-client", "rate-limit-per-client", "rate-limit-burst", "max-header-bytes", "http-read-timeout", "http-write-timeout", "extproc-max-streams"}},
 	{"Text prompts (tokenized by the engines)", []string{"tokenize", "tokenize-endpoint", "tokenize-timeout", "tokenize-timeout-max", "tokenize-cache-tokens", "tokenize-forward-ids"}},
@@ -77,6 +77,10 @@ func writeHelp(w io.Writer) {
 	b.WriteString("\nEnvironment (the flag named in a description wins):\n")
 	fmt.Fprintf(&b, "  %s (default %s)\n", envPolicy, scheduler.DefaultPolicyName)
 	wrap(&b, "selection policy by registered name, as --policy, which wins over it; it wins over the config file's policy.name")
+	fmt.Fprintf(&b, "  %s\n", envSessionHeaders)
+	wrap(&b, "the picker's session headers, as --session-headers, which wins over it")
+	fmt.Fprintf(&b, "  %s\n", envSessionAsTenant)
+	wrap(&b, "true or false, as --session-as-fairness-id, which wins over it")
 	for _, v := range routerconfig.EnvTable() {
 		fmt.Fprintf(&b, "  %s (default %s)\n", v.Name, v.Default)
 		wrap(&b, v.Meaning)

@@ -38,6 +38,9 @@ func run(ctx context.Context, args []string, set *settings) error {
 	if err != nil {
 		return err
 	}
+	if err := o.extproc.sessionsFromEnv(o.set, set.lookup); err != nil {
+		return err
+	}
 	hup, stopHUP := catchHUP(o, set)
 	defer stopHUP()
 	tr, flushSpans, err := startTracing(ctx, set, log)
