@@ -33,6 +33,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync/atomic"
 
@@ -212,6 +213,9 @@ func (s *Server) Register(g *grpc.Server) {
 // Shutdown reports NOT_SERVING on every health name, so gateways stop sending
 // new streams while the in-flight ones finish.
 func (s *Server) Shutdown() { s.health.Shutdown() }
+
+// SessionHeaders is the session header list in effect, in order.
+func (s *Server) SessionHeaders() []string { return slices.Clone(s.opts.SessionHeaders) }
 
 // Active is the number of streams in flight.
 func (s *Server) Active() int64 { return s.active.Load() }

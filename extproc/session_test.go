@@ -10,6 +10,8 @@ import (
 	"github.com/kvselect/kvselect/envoysim"
 	"github.com/kvselect/kvselect/extproc"
 	"github.com/kvselect/kvselect/selection"
+	"github.com/kvselect/kvselect/selection/catalog"
+	"github.com/kvselect/kvselect/selection/flow"
 	"github.com/kvselect/kvselect/selection/routerconfig"
 )
 
@@ -175,5 +177,38 @@ func TestSessionHeadersOption(t *testing.T) {
 	}
 	x.Close()
 	unload()
+	h.idle(t)
+}
+
+// TestSessionAsFairnessIDOverThePicker: with SessionAsFairnessID a waiting
+// request without a fairness id queues as its session's tenant; one with a
+// fairness id keeps it.
+func TestSessionAsFairnessIDOverThePicker(t *testing.T) {
+	w := worker(1, "10.0.0.1:8000")
+	w.MaxNumBatchedTokens = ptr(uint64(8))
+	h := start(t, setup{
+		opts:    extproc.Options{DefaultModel: model, SessionAsFairnessID: true},
+		router:  func(c *routerconfig.Config) { c.QueueThreshold = routerconfig.Some(0.5) },
+		workers: []catalog.Record{w}, flow: &flow.Config{},
+	})
+	blocker, _ := h.start(t, &envoysim.Request{Modes: envoysim.GIE, Body: prompt(1000, 8)})
+	waiting := make(chan *envoysim.Exchange, 2)
+	send := func(base int, hs ...envoysim.Header) {
+		go func() {
+			x, d, err := h.client.Start(t.Context(), &envoysim.Request{Modes: envoysim.GIE, Body: prompt(base, 8), Headers: hs})
+			if err != nil || d.Immediate != nil {
+				t.Errorf("%v %+v", err, d)
+			}
+			waiting <- x
+		}()
+	}
+	send(2000, header(extproc.HeaderDynamoSessionID, "agent-1"))
+	eventually(t, "the session queued as its own tenant", func() bool { return queued(h)["0/agent-1"] == 1 })
+	send(3000, header(extproc.HeaderDynamoSessionID, "agent-2"), header(extproc.HeaderFairnessID, "team"))
+	eventually(t, "the fairness id kept", func() bool { return queued(h)["0/team"] == 1 })
+	blocker.Close()
+	for range 2 {
+		(<-waiting).Close()
+	}
 	h.idle(t)
 }
