@@ -18,6 +18,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
@@ -351,11 +352,16 @@ func TestPoolCRDMissing(t *testing.T) {
 	}
 }
 
-// objective is an InferenceObjective as a user writes it: priority nil is
-// unset.
+// objective is a GIE v1.5.0 (inference.networking.x-k8s.io) InferenceObjective
+// as a user writes it: priority nil is unset.
 func objective(ns, name, pool string, priority *int64) *unstructured.Unstructured {
+	return objectiveIn(LegacyObjectiveGroupKind, ns, name, pool, priority)
+}
+
+// objectiveIn is an InferenceObjective of the API group of gk.
+func objectiveIn(gk schema.GroupKind, ns, name, pool string, priority *int64) *unstructured.Unstructured {
 	u := &unstructured.Unstructured{}
-	u.SetGroupVersionKind(ObjectiveGroupKind.WithVersion("v1alpha2"))
+	u.SetGroupVersionKind(gk.WithVersion("v1alpha2"))
 	u.SetNamespace(ns)
 	u.SetName(name)
 	spec := map[string]any{"poolRef": map[string]any{"name": pool}}

@@ -8,6 +8,7 @@
 package kubetest
 
 import (
+	"embed"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -123,16 +124,29 @@ func GIECRDs(t testing.TB) string {
 	return filepath.Join(ModuleDir(t, GIEModule), "config", "crd", "bases")
 }
 
-// ObjectiveCRDVersion is the GIE release whose InferenceObjective CRD
-// (inference.networking.x-k8s.io) the tests install: the last that carries
-// it, before the API moved to llm-d/llm-d-router. go.mod requires a later
+// ObjectiveCRDVersion is the GIE release whose InferenceObjective and
+// InferenceModelRewrite CRDs (inference.networking.x-k8s.io) the tests
+// install: the last that carries them, before the APIs moved to
+// llm-d/llm-d-router (GIE PR #2973). go.mod requires a later
 // GIE, so the module is fetched at this exact version (go mod download: the
 // module cache, or the module proxy once).
 const ObjectiveCRDVersion = "v1.5.0"
 
 // ObjectiveCRD is the path of the InferenceObjective CRD of GIE
-// ObjectiveCRDVersion.
+// ObjectiveCRDVersion (group inference.networking.x-k8s.io).
 func ObjectiveCRD(t testing.TB) string {
+	t.Helper()
+	return legacyCRD(t, "inference.networking.x-k8s.io_inferenceobjectives.yaml")
+}
+
+// LegacyRewriteCRD is the path of the InferenceModelRewrite CRD of GIE
+// ObjectiveCRDVersion (group inference.networking.x-k8s.io).
+func LegacyRewriteCRD(t testing.TB) string {
+	t.Helper()
+	return legacyCRD(t, "inference.networking.x-k8s.io_inferencemodelrewrites.yaml")
+}
+
+func legacyCRD(t testing.TB, file string) string {
 	t.Helper()
 	mod := GIEModule + "@" + ObjectiveCRDVersion
 	out, err := exec.Command("go", "mod", "download", "-json", mod).Output()
@@ -147,7 +161,42 @@ func ObjectiveCRD(t testing.TB) string {
 	if err := json.Unmarshal(out, &dl); err != nil || dl.Dir == "" {
 		t.Fatalf("go mod download %s: %v %s", mod, err, dl.Error)
 	}
-	return filepath.Join(dl.Dir, "config", "crd", "bases", "inference.networking.x-k8s.io_inferenceobjectives.yaml")
+	return filepath.Join(dl.Dir, "config", "crd", "bases", file)
+}
+
+// llmdCRDs are llm-d-router v0.10.0's InferenceObjective and
+// InferenceModelRewrite CRDs (group llm-d.ai), copied from its
+// config/crd/bases: the module proxy does not serve llm-d-router.
+//
+//go:embed testdata/llm-d/*.yaml
+var llmdCRDs embed.FS
+
+// LLMDObjectiveCRD and LLMDRewriteCRD are the file names of llm-d-router
+// v0.10.0's CRDs in the directory LLMDCRDs returns.
+const (
+	LLMDObjectiveCRD = "llm-d.ai_inferenceobjectives.yaml"
+	LLMDRewriteCRD   = "llm-d.ai_inferencemodelrewrites.yaml"
+)
+
+// LLMDCRDs writes llm-d-router v0.10.0's llm-d.ai CRDs (InferenceObjective,
+// InferenceModelRewrite) to a directory of t's and returns it; names picks
+// some of them (LLMDObjectiveCRD, LLMDRewriteCRD), none means both.
+func LLMDCRDs(t testing.TB, names ...string) string {
+	t.Helper()
+	if len(names) == 0 {
+		names = []string{LLMDObjectiveCRD, LLMDRewriteCRD}
+	}
+	dir := t.TempDir()
+	for _, n := range names {
+		b, err := llmdCRDs.ReadFile("testdata/llm-d/" + n)
+		if err != nil {
+			t.Fatalf("llm-d CRD %s: %v", n, err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, n), b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dir
 }
 
 // Impersonate returns a copy of cfg acting as the service account ns/name, so
