@@ -44,7 +44,7 @@ const (
 // deprecatedHeaders are the deprecated aliases a request may send, in the
 // order of their bits in identity.deprecated; each is counted
 // (kvselect_extproc_deprecated_headers_total) and logged once.
-var deprecatedHeaders = [...]string{HeaderObjectiveLegacy, HeaderFairnessIDLegacy, HeaderSLOTTFTLegacy, HeaderSLOTPOTLegacy}
+var deprecatedHeaders = [...]string{HeaderObjectiveLegacy, HeaderFairnessIDLegacy, HeaderSLOTTFTLegacy, HeaderSLOTPOTLegacy, HeaderModelRewriteLegacy}
 
 // Bits of identity.deprecated, one per deprecatedHeaders entry.
 const (
@@ -52,6 +52,7 @@ const (
 	sentFairnessIDLegacy
 	sentSLOTTFTLegacy
 	sentSLOTPOTLegacy
+	sentModelRewriteLegacy // rewrite.go
 )
 
 // maxWarnedObjectives bounds the unknown objective names logged (each once).
@@ -151,4 +152,4 @@ func (s *Server) countDeprecated(sent uint8) {
 }
 
 // currentHeaders are the current names of deprecatedHeaders, entry by entry.
-var currentHeaders = [...]string{HeaderObjective, HeaderFairnessID, HeaderSLOTTFT, HeaderSLOTPOT}
+var currentHeaders = [...]string{HeaderObjective, HeaderFairnessID, HeaderSLOTTFT, HeaderSLOTPOT, HeaderModelRewrite}

@@ -80,6 +80,7 @@ type identity struct {
 	sloTTFT, sloTPOT                  string // latency objectives, ms (flow.go)
 	sloTTFTLegacy, sloTPOTLegacy      string
 	traceparent, tracestate, baggage  string // W3C trace context (observe.go)
+	modelRewrite, modelRewriteLegacy  string // rewrite.go
 
 	// session is the first value of sessions, the values of the session
 	// headers (Options.SessionHeaders) entry by entry; parentSession and
@@ -157,6 +158,11 @@ func readHeaders(hm *corev3.HeaderMap, id *identity, sessionHeaders []string) er
 		case HeaderSLOTPOTLegacy:
 			id.sloTPOTLegacy = headerValue(h)
 			id.deprecated |= sentSLOTPOTLegacy
+		case HeaderModelRewrite:
+			id.modelRewrite = headerValue(h)
+		case HeaderModelRewriteLegacy:
+			id.modelRewriteLegacy = headerValue(h)
+			id.deprecated |= sentModelRewriteLegacy
 		case "traceparent":
 			id.traceparent = headerValue(h)
 		case "tracestate":

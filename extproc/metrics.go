@@ -36,7 +36,7 @@ var (
 	descUnknownObjectives = prometheus.NewDesc("kvselect_extproc_unknown_objectives_total",
 		"Requests naming an InferenceObjective (x-llm-d-inference-objective) that no source defines: routed at priority 0.", nil, nil)
 	descDeprecated = prometheus.NewDesc("kvselect_extproc_deprecated_headers_total",
-		"Requests that sent a deprecated header name (x-gateway-inference-objective, x-gateway-inference-fairness-id, x-slo-ttft-ms, x-slo-tpot-ms), by that name.",
+		"Requests that sent a deprecated header name (x-gateway-inference-objective, x-gateway-inference-fairness-id, x-slo-ttft-ms, x-slo-tpot-ms, x-gateway-model-name-rewrite), by that name.",
 		[]string{"header"}, nil)
 	descForwardedIDs = prometheus.NewDesc("kvselect_extproc_forwarded_token_ids_total",
 		"Completions bodies whose text prompt was replaced by its token ids before forwarding (--tokenize-forward-ids).", nil, nil)

@@ -137,6 +137,9 @@ func (st *stream) readRequest(withBody bool) (selectInput, error) {
 	}
 	st.sse = in.body.stream
 	st.counter.format = in.body.format
+	if err := st.rewriteModel(&in, withBody); err != nil {
+		return selectInput{}, err
+	}
 	if in.unknownObjective != "" {
 		st.s.metrics.unknownObjectives.Add(1)
 		st.s.unknown.warn(st.s, in.unknownObjective)

@@ -32,7 +32,7 @@ func (st *stream) pickAndRoute(withBody bool) error {
 	case withBody:
 		// BUFFERED: the decision rides on the body response, whose header
 		// mutation Envoy still applies (the headers are held with the body).
-		return st.sendWith(bodyResponse(false, mut), md)
+		return st.sendWith(st.bufferedBody(bodyResponse(false, mut), mut), md)
 	default:
 		return st.sendWith(headersResponse(mut), md)
 	}
@@ -88,7 +88,7 @@ func (st *stream) routing(resp *selection.SelectResponse) (*extprocv3.HeaderMuta
 		// Control headers never reach the worker (GIE strips the same).
 		RemoveHeaders: []string{KeySubset, KeyServed, HeaderObjective, HeaderFairnessID, HeaderPriority,
 			HeaderObjectiveLegacy, HeaderFairnessIDLegacy,
-			HeaderSLOTTFT, HeaderSLOTPOT, HeaderSLOTTFTLegacy, HeaderSLOTPOTLegacy},
+			HeaderSLOTTFT, HeaderSLOTPOT, HeaderSLOTTFTLegacy, HeaderSLOTPOTLegacy, HeaderModelRewrite, HeaderModelRewriteLegacy},
 	}
 	st.prefillHeaders(mut, resp)
 	mut.SetHeaders = st.propagate(mut.SetHeaders)

@@ -33,6 +33,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math/rand/v2"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -50,6 +51,8 @@ import (
 	"github.com/kvselect/kvselect/internal/tracing"
 	"github.com/kvselect/kvselect/selection"
 	"github.com/kvselect/kvselect/selection/flow"
+	"github.com/kvselect/kvselect/selection/randsrc"
+	"github.com/kvselect/kvselect/selection/rewrite"
 )
 
 // ServiceName is the ext_proc gRPC service; the health service reports it.
@@ -124,6 +127,12 @@ type Options struct {
 	// when it sends no fairness id header, so that agent sessions share a
 	// band fairly with each other.
 	SessionAsFairnessID bool
+	// Rewrites are the pool's InferenceModelRewrite rules (rewrite.go); nil
+	// has none.
+	Rewrites *rewrite.Rules
+	// Rand draws the rewrite target of requests without a session; nil
+	// seeds a source of its own.
+	Rand *rand.Rand
 	// Tracing is where request spans go and how trace context is read from
 	// and written to the request headers; tracing.Off() when nil.
 	Tracing *tracing.Tracing
@@ -166,6 +175,9 @@ type Server struct {
 	deprecatedWarned [len(deprecatedHeaders)]atomic.Bool
 
 	tokenizing atomic.Pointer[tokenizing] // SetTokenizer
+
+	// rewriteRand draws rewrite targets without a session (rewrite.go).
+	rewriteRand *randsrc.Source
 }
 
 var (
@@ -193,7 +205,7 @@ func New(svc *selection.Service, opts Options) *Server {
 		opts.SessionHeaders = opts.SessionHeaders[:MaxSessionHeaders]
 	}
 	s := &Server{svc: svc, opts: opts, log: opts.Logger, health: health.NewServer(), metrics: newMetrics(),
-		requests: newRequestMetrics()}
+		requests: newRequestMetrics(), rewriteRand: newRewriteSource(opts.Rand)}
 	if s.log == nil {
 		s.log = slog.Default()
 	}

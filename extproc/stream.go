@@ -46,6 +46,9 @@ type stream struct {
 	bk booking
 	ex exchange // the request's span and metrics (observe.go)
 
+	// rewrite is the model the body was rewritten to (rewrite.go).
+	rewrite modelRewrite
+
 	// Response side.
 	sse     bool
 	counter tokenCounter
