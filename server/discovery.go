@@ -20,6 +20,7 @@ import (
 	"github.com/kvselect/kvselect/discovery/workersfile"
 	"github.com/kvselect/kvselect/selection"
 	"github.com/kvselect/kvselect/selection/flow"
+	"github.com/kvselect/kvselect/selection/rewrite"
 )
 
 // discoveryFlags choose where the worker catalog comes from besides REST:
@@ -69,8 +70,9 @@ func (d *discoveryFlags) validate(set map[string]bool) []error {
 // source has synced. The returned function starts them on wg; they stop with
 // its ctx. Without a source it does nothing. With an InferencePool and
 // objectives (flow control on), the pool's InferenceObjectives are watched
-// too, into objectives' Kubernetes table.
-func prepareDiscovery(d discoveryFlags, collector bool, svc *selection.Service, objectives *flow.Objectives, log *slog.Logger) (func(context.Context, *sync.WaitGroup), error) {
+// too, into objectives' Kubernetes table; with an InferencePool, its
+// InferenceModelRewrites are watched into rewrites.
+func prepareDiscovery(d discoveryFlags, collector bool, svc *selection.Service, objectives *flow.Objectives, rewrites *rewrite.Rules, log *slog.Logger) (func(context.Context, *sync.WaitGroup), error) {
 	type runner interface {
 		Run(ctx context.Context, sink func(discovery.Snapshot))
 	}
@@ -79,6 +81,7 @@ func prepareDiscovery(d discoveryFlags, collector bool, svc *selection.Service, 
 		name       string
 		pending    selection.Condition
 		objWatcher *inferencepool.ObjectiveWatch
+		rwWatcher  *inferencepool.RewriteWatch
 	)
 	switch {
 	case d.workersFile != "":
@@ -108,6 +111,10 @@ func prepareDiscovery(d discoveryFlags, collector bool, svc *selection.Service, 
 				return nil, &UsageError{err}
 			}
 		}
+		rwWatcher, err = inferencepool.NewRewriteWatch(inferencepool.ObjectiveOptions{Config: cfg, Namespace: d.poolNamespace, Pool: d.poolName, Logger: log})
+		if err != nil {
+			return nil, &UsageError{err}
+		}
 		pending = selection.Condition{Name: discovery.ConditionName, Reason: inferencepool.ReasonPending, Message: "waiting for the first sync of " + name}
 		log.Info("discovery: Kubernetes API server", "host", cfg.Host)
 	default:
@@ -123,6 +130,9 @@ func prepareDiscovery(d discoveryFlags, collector bool, svc *selection.Service, 
 			wg.Go(func() {
 				objWatcher.Run(ctx, func(t map[string]int) { objectives.Set(flow.SourceKubernetes, t) })
 			})
+		}
+		if rwWatcher != nil {
+			wg.Go(func() { rwWatcher.Run(ctx, rewrites.Set) })
 		}
 	}, nil
 }

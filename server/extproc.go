@@ -219,7 +219,7 @@ func startExtProc(o *options, f *fronts, reg prometheus.Registerer) (*extprocSer
 	}
 	picker := extproc.New(f.svc, extproc.Options{Logger: log, Fallbacks: e.fallbacks, MaxBodyBytes: e.maxBodyBytes,
 		TestPickHeader: e.testPick, DefaultModel: e.defaultModel, AssumedModes: assumed,
-		Disaggregate: o.disagg.mode == disaggAuto, PrefillHeader: o.disagg.prefillHeader, Objectives: f.objectives, Tracing: f.tracing,
+		Disaggregate: o.disagg.mode == disaggAuto, PrefillHeader: o.disagg.prefillHeader, Objectives: f.objectives, Rewrites: f.rewrites, Tracing: f.tracing,
 		SessionHeaders: e.sessionHeaders, SessionAsFairnessID: e.sessionAsTenant})
 	if f.tokenizer != nil {
 		// Before the listener serves, so that no early text prompt misses it.

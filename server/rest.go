@@ -15,6 +15,7 @@ import (
 	"github.com/kvselect/kvselect/internal/tracing"
 	"github.com/kvselect/kvselect/selection"
 	"github.com/kvselect/kvselect/selection/flow"
+	"github.com/kvselect/kvselect/selection/rewrite"
 )
 
 // readHeaderTimeout bounds how long a client may take to send request headers
@@ -32,6 +33,7 @@ type fronts struct {
 	svc        *selection.Service
 	tokenizer  selection.Tokenizer // nil: text prompts route on the text index
 	objectives *flow.Objectives
+	rewrites   *rewrite.Rules // the picker's model rewrites
 	tracing    *tracing.Tracing
 	limits     *limiters // per-client limits of both ports (limits.go)
 	log        *slog.Logger

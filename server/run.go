@@ -20,6 +20,7 @@ import (
 
 	"github.com/kvselect/kvselect/internal/tracing"
 	"github.com/kvselect/kvselect/selection"
+	"github.com/kvselect/kvselect/selection/rewrite"
 )
 
 // run is Run with its options applied. It reads as the startup order; the
@@ -76,7 +77,8 @@ func run(ctx context.Context, args []string, set *settings) error {
 	if err != nil {
 		return err
 	}
-	startDiscovery, err := prepareDiscovery(o.discovery, cfg.EventsCollector, svc, watched, log)
+	rewrites := new(rewrite.Rules) // the pool's InferenceModelRewrites, for the picker
+	startDiscovery, err := prepareDiscovery(o.discovery, cfg.EventsCollector, svc, watched, rewrites, log)
 	if err != nil {
 		return err
 	}
@@ -88,7 +90,7 @@ func run(ctx context.Context, args []string, set *settings) error {
 	// Fronts: the REST API (with the status pages: /metrics, pprof) and the
 	// endpoint picker, under one set of per-client limits.
 	served := make(chan error, 2) // the REST and the ext_proc server
-	f := &fronts{svc: svc, tokenizer: tokenizer, objectives: objectives, tracing: tr, limits: o.limits.build(), log: log, served: served}
+	f := &fronts{svc: svc, tokenizer: tokenizer, objectives: objectives, rewrites: rewrites, tracing: tr, limits: o.limits.build(), log: log, served: served}
 	rest, err := startREST(o, f, conf, peers, metrics, set.version)
 	if err != nil {
 		return err
