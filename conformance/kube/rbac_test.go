@@ -18,6 +18,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -34,6 +35,7 @@ import (
 	"github.com/kvselect/kvselect/selection"
 	"github.com/kvselect/kvselect/selection/catalog"
 	"github.com/kvselect/kvselect/selection/flow"
+	"github.com/kvselect/kvselect/selection/rewrite"
 	"github.com/kvselect/kvselect/selection/routerconfig"
 )
 
@@ -48,12 +50,14 @@ type rbacSource struct {
 
 // TestRoleIsEnoughAndNoMore creates the ServiceAccount and RBAC of the
 // kustomize base and of the Helm chart's defaults for real, then acts as that
-// service account: pool discovery works end to end with its permissions,
+// service account: pool discovery works end to end with its permissions, and
+// so do the InferenceObjective and InferenceModelRewrite watches of both
+// API groups (llm-d.ai and inference.networking.x-k8s.io),
 // ServiceAccount tokens are authenticated and their scopes decided as
 // --auth-kubernetes does it (TokenReview, SubjectAccessReview), and
 // everything outside that is denied.
 func TestRoleIsEnoughAndNoMore(t *testing.T) {
-	env := kubetest.Start(t, kubetest.GIECRDs(t), kubetest.ObjectiveCRD(t))
+	env := kubetest.Start(t, kubetest.GIECRDs(t), kubetest.ObjectiveCRD(t), kubetest.LegacyRewriteCRD(t), kubetest.LLMDCRDs(t))
 	scheme := runtime.NewScheme()
 	for _, add := range []func(*runtime.Scheme) error{corev1.AddToScheme, rbacv1.AddToScheme, giev1.Install} {
 		if err := add(scheme); err != nil {
@@ -124,14 +128,29 @@ func checkRBAC(t *testing.T, cfg *rest.Config, admin client.Client, scheme *runt
 		t.Fatal(err)
 	}
 
-	obj := &unstructured.Unstructured{}
-	obj.SetGroupVersionKind(inferencepool.ObjectiveGroupKind.WithVersion("v1alpha2"))
-	obj.SetNamespace(ns)
-	obj.SetName("premium")
-	obj.Object["spec"] = map[string]any{"priority": int64(4), "poolRef": map[string]any{"name": "vllm-pool"}}
-	if err := admin.Create(ctx, obj); err != nil {
-		t.Fatal(err)
+	// InferenceObjectives and InferenceModelRewrites of both API groups.
+	newObject := func(gk schema.GroupKind, name string, spec map[string]any) {
+		t.Helper()
+		obj := &unstructured.Unstructured{}
+		obj.SetGroupVersionKind(gk.WithVersion("v1alpha2"))
+		obj.SetNamespace(ns)
+		obj.SetName(name)
+		spec["poolRef"] = map[string]any{"name": "vllm-pool"}
+		obj.Object["spec"] = spec
+		if err := admin.Create(ctx, obj); err != nil {
+			t.Fatal(err)
+		}
 	}
+	rule := func(model, target string) map[string]any {
+		return map[string]any{"rules": []any{map[string]any{
+			"matches": []any{map[string]any{"model": map[string]any{"value": model}}},
+			"targets": []any{map[string]any{"modelRewrite": target}},
+		}}}
+	}
+	newObject(inferencepool.LegacyObjectiveGroupKind, "premium", map[string]any{"priority": int64(4)})
+	newObject(inferencepool.ObjectiveGroupKind, "gold", map[string]any{"priority": int64(7)})
+	newObject(inferencepool.RewriteGroupKind, "llama-canary", rule("llama", "llama-lora"))
+	newObject(inferencepool.LegacyRewriteGroupKind, "qwen-move", rule("qwen", "qwen-2"))
 
 	rc := routerconfig.Default()
 	rc.UseKVEvents = false
@@ -152,23 +171,37 @@ func checkRBAC(t *testing.T, cfg *rest.Config, admin client.Client, scheme *runt
 	if err != nil {
 		t.Fatal(err)
 	}
+	// And the pool's InferenceModelRewrites (the picker's model rewrites).
+	rwWatch, err := inferencepool.NewRewriteWatch(inferencepool.ObjectiveOptions{Config: asSA, Namespace: ns, Pool: "vllm-pool", Logger: quiet, RestartDelay: 200 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
 	var objectives flow.Objectives
+	var rewrites rewrite.Rules
+	rewritten := func(model string) string {
+		c, _ := rewrites.Table().Choose(model, "", func() uint64 { return 0 })
+		return c.Model
+	}
 	rec := discovery.NewReconciler(svc, discovery.Options{Logger: quiet})
 	runCtx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	wg.Go(func() { rec.Run(runCtx) })
 	wg.Go(func() { src2.Run(runCtx, rec.Update) })
 	wg.Go(func() { objWatch.Run(runCtx, func(m map[string]int) { objectives.Set(flow.SourceKubernetes, m) }) })
+	wg.Go(func() { rwWatch.Run(runCtx, rewrites.Set) })
 	defer func() { cancel(); wg.Wait() }()
 	deadline := time.Now().Add(90 * time.Second)
 	for {
 		ws := svc.Workers(nil, nil)
 		p, ok := objectives.Lookup("premium")
-		if len(ws) == 1 && ws[0].Lifecycle == catalog.Schedulable && svc.Ready().Ready && ok && p == 4 {
+		g, gok := objectives.Lookup("gold")
+		if len(ws) == 1 && ws[0].Lifecycle == catalog.Schedulable && svc.Ready().Ready && ok && p == 4 && gok && g == 7 &&
+			rewritten("llama") == "llama-lora" && rewritten("qwen") == "qwen-2" {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("discovery as %s never synced: workers %+v, conditions %+v, objectives %v", sa, ws, svc.Ready().Conditions, objectives.All())
+			t.Fatalf("discovery as %s never synced: workers %+v, conditions %+v, objectives %v, rewrites of llama %q and qwen %q",
+				sa, ws, svc.Ready().Conditions, objectives.All(), rewritten("llama"), rewritten("qwen"))
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
@@ -251,7 +284,8 @@ func checkRBAC(t *testing.T, cfg *rest.Config, admin client.Client, scheme *runt
 		readOnly := slices.Equal(r.Verbs, []string{"get", "list", "watch"})
 		pods := slices.Equal(r.APIGroups, []string{""}) && slices.Equal(r.Resources, []string{"pods"})
 		pools := slices.Equal(r.APIGroups, []string{"inference.networking.k8s.io"}) && slices.Equal(r.Resources, []string{"inferencepools"})
-		objectives := slices.Equal(r.APIGroups, []string{"inference.networking.x-k8s.io"}) && slices.Equal(r.Resources, []string{"inferenceobjectives"})
+		objectives := len(r.APIGroups) == 1 && (r.APIGroups[0] == inferencepool.LLMDGroup || r.APIGroups[0] == inferencepool.LegacyGroup) &&
+			slices.Equal(r.Resources, []string{"inferenceobjectives", "inferencemodelrewrites"})
 		readScope := slices.Equal(r.APIGroups, []string{"kvselect.io"}) && slices.Equal(r.Resources, []string{"scopes"}) &&
 			slices.Equal(r.ResourceNames, []string{"read"}) && slices.Equal(r.Verbs, []string{"use"})
 		review := len(r.APIGroups) == 1 && slices.Equal(r.Verbs, []string{"create"}) && len(r.ResourceNames) == 0 &&
