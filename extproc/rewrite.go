@@ -88,7 +88,10 @@ func (st *stream) rewriteModel(in *selectInput, withBody bool) error {
 }
 
 // bufferedBody puts a rewritten body into a BUFFERED routing decision, with
-// its length (FULL_DUPLEX_STREAMED sends the body itself, pickAndRoute).
+// its length: in BUFFERED mode Envoy keeps content-length and rejects a body
+// mutation whose length it does not match (BodySendMode's documentation in
+// envoy/extensions/filters/http/ext_proc/v3/processing_mode.proto).
+// FULL_DUPLEX_STREAMED sends the body itself (pickAndRoute).
 func (st *stream) bufferedBody(r *extprocv3.ProcessingResponse, mut *extprocv3.HeaderMutation) *extprocv3.ProcessingResponse {
 	if st.rewrite.to == "" {
 		return r
@@ -104,7 +107,8 @@ func (st *stream) bufferedBody(r *extprocv3.ProcessingResponse, mut *extprocv3.H
 // (pkg/epp/handlers/server.go, rewriteModelName): `"model":"<to>"`, with or
 // without a space after the colon. Like llm-d's, a name split across two
 // chunks stays as the engine wrote it. Used where the picker echoes the
-// response (FULL_DUPLEX_STREAMED), whose length Envoy does not announce.
+// response (FULL_DUPLEX_STREAMED), a mode in which Envoy removes
+// content-length (processing_mode.proto), so the length may change.
 func (st *stream) restoreModel(chunk []byte) []byte {
 	if st.rewrite.to == "" || len(chunk) == 0 {
 		return chunk
