@@ -63,12 +63,9 @@ func configure(o *options, set *settings, log *slog.Logger) (startup, error) {
 // Warnings are logged; every error is a *UsageError (exit status 2).
 // embedded is WithPolicy's policy, if any.
 func resolveConfig(o *options, lookup func(string) (string, bool), file *configFile, embedded *scheduler.Policy, log *slog.Logger) (resolved, error) {
-	choice, warnings, err := choosePolicy(o, lookup, file, embedded != nil)
+	choice, err := choosePolicy(o, lookup, file, embedded != nil)
 	if err != nil {
 		return resolved{}, err
-	}
-	for _, w := range warnings {
-		log.Warn(w, "source", "config file")
 	}
 	rf, err := routerFile(file, &choice)
 	if err != nil {
