@@ -412,5 +412,11 @@ func (t *tokenizeFlags) validate(set map[string]bool) []error {
 	if t.forwardIDs && t.mode == tokenize.ModeOff {
 		errs = append(errs, errors.New("--tokenize-forward-ids needs --tokenize pool or endpoint"))
 	}
+	// With tokenization off these tune nothing; refused rather than ignored.
+	for _, f := range []string{"tokenize-timeout", "tokenize-timeout-max", "tokenize-cache-tokens"} {
+		if set[f] && t.mode == tokenize.ModeOff {
+			errs = append(errs, fmt.Errorf("--%s has no effect with --tokenize off: needs --tokenize pool or endpoint", f))
+		}
+	}
 	return errs
 }
