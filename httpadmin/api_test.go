@@ -70,11 +70,11 @@ func TestIncompleteWorkerIsAcceptedButNotSchedulable(t *testing.T) {
 	a.do("POST", "/select", sel4).want(t, http.StatusServiceUnavailable, "no schedulable workers")
 }
 
-// kvselect accepts DYN_ROUTER_POLICY_CONFIG but does not implement policy
-// classes (docs/selection.md), so without a queue threshold nothing requires
-// max_num_batched_tokens: the test passes for that reason.
+// Without a queue threshold nothing requires max_num_batched_tokens. (Dynamo
+// also queues through policy classes; kvselect refuses DYN_ROUTER_POLICY_CONFIG
+// at startup, so a threshold is the only way in.)
 func TestThresholdFreePolicyDoesNotRequireMaxNumBatchedTokens(t *testing.T) {
-	a := newAPI(t, func(c *routerconfig.Config) { c.PolicyConfig = routerconfig.Some("/nonexistent/policy.yaml") }, Options{})
+	a := newAPI(t, nil, Options{})
 	if r := a.addWorker(1); r.at("lifecycle") != "schedulable" {
 		t.Fatalf("record = %s", r.raw)
 	}
@@ -193,13 +193,25 @@ func TestExplicitReplayPreservesDisabledPrefillTracking(t *testing.T) {
 
 func ftoa(f float64) string { return itoa(uint64(f)) }
 
-// Policy classes (DYN_ROUTER_POLICY_CONFIG) are not implemented by the
-// Service, so the structured queue rejection cannot be produced end to end.
-// What the front owns is covered: the header reaches SelectRequest.PolicyClass
-// (TestPolicyClassHeader) and a *selection.Error's Details become the envelope's
-// "details" with the kind's status (TestErrorEnvelopeCarriesDetails).
-func TestPolicyClassesApplyHeaderThresholdsAndStructuredRejection(t *testing.T) {
-	t.Skip("selection.Service does not implement policy classes (DYN_ROUTER_POLICY_CONFIG is accepted but ignored)")
+// kvselect refuses DYN_ROUTER_POLICY_CONFIG at startup (server's
+// TestInvalidConfigurationIsAUsageError), so no policy class can be
+// configured and x-dynamo-meta-policy-class changes nothing, as in Dynamo
+// without a policy config: no threshold, no 429/529, the same answer as
+// without the header.
+func TestPolicyClassHeaderIsInertWithoutPolicyClasses(t *testing.T) {
+	a := newAPI(t, nil, Options{})
+	a.addWorker(1)
+	plain := a.do("POST", "/select", sel4).want(t, http.StatusOK, "")
+	for _, class := range []string{"latency", "batch", "no-such-class"} {
+		r := a.do("POST", "/select", sel4, "x-dynamo-meta-policy-class", class).want(t, http.StatusOK, "")
+		if string(r.raw) != string(plain.raw) {
+			t.Errorf("class %q: select = %s, without the header %s", class, r.raw, plain.raw)
+		}
+	}
+	a.do("POST", "/select_and_reserve", with(sel4, "selection_id", "classy"), "x-dynamo-meta-policy-class", "batch").want(t, http.StatusOK, "")
+	if a.load0()["active_requests"] != 1.0 {
+		t.Fatal("select_and_reserve with a policy class did not book")
+	}
 }
 
 func TestErrorEnvelopeCarriesDetails(t *testing.T) {

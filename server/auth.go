@@ -123,7 +123,9 @@ func (a *authFlags) authorizer(file *configFile, discoveryNamespace, kubeconfig 
 	}
 	switch {
 	case rules != nil && a.tlsClientCA == "":
-		log.Warn("the config file's auth.client_certificates rules are not used without --tls-client-ca")
+		// Without a CA no client certificate is verified, so the rules would
+		// grant nothing while the file reads as if they guarded the API.
+		return nil, nil, usagef("%s: auth.client_certificates has no effect without --tls-client-ca (no client certificate is verified); set --tls-client-ca with --tls-cert-path, or remove the section", file.path)
 	case a.tlsClientCA != "" && (rules == nil || rules.Len() == 0):
 		return nil, nil, &UsageError{errors.New("--tls-client-ca is set but the config file has no auth.client_certificates rules: no certificate would be granted a scope")}
 	}

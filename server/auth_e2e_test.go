@@ -475,6 +475,7 @@ func TestAuthConfigurationErrors(t *testing.T) {
 		{[]string{"--tls-client-ca", caFile}, "--tls-client-ca requires --tls-cert-path"},
 		{[]string{"--tls-cert-reload"}, "--tls-cert-reload requires --tls-cert-path"},
 		{[]string{"--tls-cert-path", certDir, "--tls-client-ca", caFile, "--config", noRules}, "no auth.client_certificates rules"},
+		{[]string{"--config", goodRules}, goodRules + ": auth.client_certificates has no effect without --tls-client-ca"},
 		{[]string{"--tls-cert-path", certDir, "--tls-client-ca", caFile, "--config", badRules}, `auth.client_certificates[0]: scopes: unknown scope "root"`},
 		{[]string{"--tls-cert-path", certDir, "--tls-client-ca", badTokens, "--config", badRules}, `unknown scope`},
 		{[]string{"--tls-cert-path", filepath.Join(dir, "none")}, "--tls-cert-path"},

@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"os"
 	"reflect"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -62,12 +63,9 @@ func configure(o *options, set *settings, log *slog.Logger) (startup, error) {
 // Warnings are logged; every error is a *UsageError (exit status 2).
 // embedded is WithPolicy's policy, if any.
 func resolveConfig(o *options, lookup func(string) (string, bool), file *configFile, embedded *scheduler.Policy, log *slog.Logger) (resolved, error) {
-	choice, warnings, err := choosePolicy(o, lookup, file, embedded != nil)
+	choice, err := choosePolicy(o, lookup, file, embedded != nil)
 	if err != nil {
 		return resolved{}, err
-	}
-	for _, w := range warnings {
-		log.Warn(w, "source", "config file")
 	}
 	rf, err := routerFile(file, &choice)
 	if err != nil {
@@ -90,6 +88,13 @@ func resolveConfig(o *options, lookup func(string) (string, bool), file *configF
 	applyRouterFlags(o, &rc)
 	if err := rc.Validate(); err != nil {
 		return resolved{}, &UsageError{err}
+	}
+	if err := checkReplicaSync(o, rc, lookup, file); err != nil {
+		return resolved{}, err
+	}
+	// Checked after the flags: --session-affinity-ttl-secs turns affinity on.
+	if label, _, ok := routerSetting(lookup, file, envSessionAffinityMode, "session_affinity_mode"); ok && !rc.SessionAffinityTTL.IsSet() {
+		log.Warn(label+" has no effect: session affinity is off until DYN_ROUTER_SESSION_AFFINITY_TTL_SECS or --session-affinity-ttl-secs is set", "source", source)
 	}
 	pol, err := newPolicy(choice, rc, file, embedded)
 	if err != nil {
@@ -147,6 +152,43 @@ func applyRouterFlags(o *options, rc *routerconfig.Config) {
 	if o.set["no-router-assume-kv-reuse"] {
 		rc.AssumeKVReuse = !o.noAssumeKVReuse
 	}
+}
+
+// Router settings the server checks after the flags are applied.
+const (
+	envReplicaSync         = "DYN_ROUTER_REPLICA_SYNC"
+	envSessionAffinityMode = "DYN_ROUTER_SESSION_AFFINITY_MODE"
+)
+
+// routerSetting reports whether a router knob was given, by its variable or
+// else by its key in the file's router section, as routerconfig.Load reads
+// them, and names where it came from.
+func routerSetting(lookup func(string) (string, bool), file *configFile, env, key string) (label, raw string, ok bool) {
+	if v, set := lookup(env); set && strings.TrimSpace(v) != "" {
+		return env, v, true
+	}
+	if file == nil {
+		return "", "", false
+	}
+	v, set := file.Router[key]
+	if raw, _ = rawValue(v); !set || strings.TrimSpace(raw) == "" {
+		return "", "", false
+	}
+	return file.label("router")(key), raw, true
+}
+
+// checkReplicaSync gives DYN_ROUTER_REPLICA_SYNC=true (or the file's
+// router.router_replica_sync) the meaning it has in Dynamo, share load with
+// the other router replicas, which kvselect does only with
+// --replica-sync-port: without the port there is nothing to publish on and no
+// peer to hear from, so the setting is refused rather than ignored. false
+// needs no check: a flag wins over the environment and the file.
+func checkReplicaSync(o *options, rc routerconfig.Config, lookup func(string) (string, bool), file *configFile) error {
+	if !rc.ReplicaSync || o.set["replica-sync-port"] {
+		return nil
+	}
+	label, raw, _ := routerSetting(lookup, file, envReplicaSync, "router_replica_sync")
+	return usagef("%s=%q: not supported by kvselect without --replica-sync-port (replica sync needs a port to publish on and peers to subscribe to); set --replica-sync-port and --replica-sync-peers, or unset it", label, raw)
 }
 
 // newPolicy builds the chosen policy: embedded (WithPolicy's) when given;

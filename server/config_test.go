@@ -117,6 +117,10 @@ func TestInvalidConfigurationIsAUsageError(t *testing.T) {
 		{"keyed flag without key id", nil, []string{"--router-tracking-hash", "keyed-xxh3-v1", "--router-tracking-key-file", "/k"}, "needs a non-blank router_tracking_key_id"},
 		{"key file flag in public mode", nil, []string{"--router-tracking-key-file", "/k"}, "public-xxh3-v1 takes no key file"},
 		{"environment session ttl out of range", map[string]string{"DYN_ROUTER_SESSION_AFFINITY_TTL_SECS": "0"}, nil, "DYN_ROUTER_SESSION_AFFINITY_TTL_SECS"},
+		// Settings kvselect does not implement stop it instead of being ignored.
+		{"policy classes", map[string]string{"DYN_ROUTER_POLICY_CONFIG": "/etc/policy.yaml"}, nil, `DYN_ROUTER_POLICY_CONFIG="/etc/policy.yaml": not supported by kvselect`},
+		{"routing mode", map[string]string{"DYN_ROUTER_MODE": "round-robin"}, nil, `DYN_ROUTER_MODE="round-robin": not supported by kvselect`},
+		{"replica sync without its port", map[string]string{"DYN_ROUTER_REPLICA_SYNC": "true"}, nil, `DYN_ROUTER_REPLICA_SYNC="true": not supported by kvselect without --replica-sync-port`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := resolve(t, tc.env, tc.args...)
@@ -138,14 +142,79 @@ func TestEnvironmentWarningsAreLogged(t *testing.T) {
 		t.Fatal(err)
 	}
 	var logs bytes.Buffer
-	env := envOf(map[string]string{"DYN_ROUTER_REPLICA_SYNC": "true", "DYN_ROUTER_MODE": "round-robin"})
+	env := envOf(map[string]string{"DYN_ADMISSION_CONTROL": "token-capacity", "DYN_ENFORCE_DISAGG": "true"})
 	if _, err := resolveConfig(o, env, nil, nil, newLogger(o, &logs)); err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{`"level":"WARN","msg":"DYN_ROUTER_REPLICA_SYNC=true`, `"msg":"DYN_ROUTER_MODE=\"round-robin\" is ignored`, `"source":"environment"`} {
+	for _, want := range []string{`"level":"WARN","msg":"DYN_ADMISSION_CONTROL is ignored, as Dynamo ignores it`, `"msg":"DYN_ENFORCE_DISAGG is ignored, as Dynamo ignores it`, `"source":"environment"`} {
 		if !strings.Contains(logs.String(), want) {
 			t.Errorf("logs %s lack %s", logs.String(), want)
 		}
+	}
+}
+
+// TestSessionAffinityModeWarnsOnlyWhenAffinityIsOff: the mode has no effect
+// without a session TTL, which the flag can give as well as the environment.
+func TestSessionAffinityModeWarnsOnlyWhenAffinityIsOff(t *testing.T) {
+	env := envOf(map[string]string{"DYN_ROUTER_SESSION_AFFINITY_MODE": "soft"})
+	for _, tc := range []struct {
+		args []string
+		warn bool
+	}{
+		{nil, true},
+		{[]string{"--session-affinity-ttl-secs", "60"}, false},
+	} {
+		o, err := parseFlags(append([]string{"--log-format", "json"}, tc.args...))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var logs bytes.Buffer
+		if _, err := resolveConfig(o, env, nil, nil, newLogger(o, &logs)); err != nil {
+			t.Fatal(err)
+		}
+		if got := strings.Contains(logs.String(), `"msg":"DYN_ROUTER_SESSION_AFFINITY_MODE has no effect`); got != tc.warn {
+			t.Errorf("args %q: warned %v, want %v; logs %s", tc.args, got, tc.warn, logs.String())
+		}
+	}
+}
+
+// TestReplicaSyncVariableNeedsItsPort: DYN_ROUTER_REPLICA_SYNC=true means
+// replica sync, which kvselect runs on --replica-sync-port; with the port it
+// starts, without it the variable or file key is refused by name.
+func TestReplicaSyncVariableNeedsItsPort(t *testing.T) {
+	if _, err := resolve(t, map[string]string{"DYN_ROUTER_REPLICA_SYNC": "true"}, "--replica-sync-port", "5599"); err != nil {
+		t.Fatalf("with --replica-sync-port: %v", err)
+	}
+	if _, err := resolve(t, map[string]string{"DYN_ROUTER_REPLICA_SYNC": "false"}); err != nil {
+		t.Fatalf("false: %v", err)
+	}
+	path := writeConfig(t, "kvselect.yaml", "router:\n  router_replica_sync: true\n")
+	var out, errb bytes.Buffer
+	err := runWith(t.Context(), []string{"--config", path}, envOf(nil), &out, &errb)
+	if got := ExitStatus(err, &errb); got != 2 || !strings.Contains(errb.String(), path+`: router.router_replica_sync="true": not supported by kvselect without --replica-sync-port`) {
+		t.Errorf("status %d, stderr %q", got, errb.String())
+	}
+}
+
+// TestUnsupportedFileKeyStopsTheServer: a config-file knob kvselect does not
+// implement ends Run with status 2 and a message naming the file key, its
+// value and what to use instead.
+func TestUnsupportedFileKeyStopsTheServer(t *testing.T) {
+	for key, value := range map[string]string{
+		"router_prefill_load_model": "aic",
+		"router_policy_config":      "/etc/policy.yaml",
+		"shared_cache_type":         "hicache",
+		"use_remote_indexer":        "true",
+	} {
+		t.Run(key, func(t *testing.T) {
+			path := writeConfig(t, "kvselect.yaml", "router:\n  "+key+": "+value+"\n")
+			var out, errb bytes.Buffer
+			err := runWith(t.Context(), []string{"--config", path}, envOf(nil), &out, &errb)
+			want := path + ": router." + key + `="` + value + `": not supported by kvselect (`
+			if got := ExitStatus(err, &errb); got != 2 || !strings.Contains(errb.String(), want) {
+				t.Errorf("status %d, stderr %q, want %q", got, errb.String(), want)
+			}
+		})
 	}
 }
 

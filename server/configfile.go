@@ -130,14 +130,15 @@ type policyChoice struct {
 
 // choosePolicy applies the precedence flag > environment > file > default to
 // the policy name. embedded is WithPolicy's policy, which nothing may name.
-// The second result lists what the caller should log as a warning.
-func choosePolicy(o *options, lookup func(string) (string, bool), file *configFile, embedded bool) (policyChoice, []string, error) {
+// The file's parameters of a policy the flag or environment overrode are an
+// error.
+func choosePolicy(o *options, lookup func(string) (string, bool), file *configFile, embedded bool) (policyChoice, error) {
 	var c policyChoice
 	var fileName string
 	if file != nil && file.Policy != nil {
 		fileName = strings.TrimSpace(file.Policy.Name)
 		if fileName == "" && len(file.Policy.Parameters) > 0 {
-			return c, nil, usagef("%s: policy.parameters needs policy.name", file.path)
+			return c, usagef("%s: policy.parameters needs policy.name", file.path)
 		}
 	}
 	env, _ := lookup(envPolicy)
@@ -154,19 +155,19 @@ func choosePolicy(o *options, lookup func(string) (string, bool), file *configFi
 	}
 	if embedded {
 		if c.source != "default" {
-			return c, nil, usagef("%s names policy %q, but the program set its own (server.WithPolicy)", c.source, c.name)
+			return c, usagef("%s names policy %q, but the program set its own (server.WithPolicy)", c.source, c.name)
 		}
-		return policyChoice{source: "server.WithPolicy"}, nil, nil
+		return policyChoice{source: "server.WithPolicy"}, nil
 	}
-	var warnings []string
 	if fileName != "" && len(file.Policy.Parameters) > 0 {
-		if fileName == c.name {
-			c.params = scheduler.Params(file.Policy.Parameters)
-		} else {
-			warnings = append(warnings, fmt.Sprintf("%s: the parameters of policy %s are not used: %s chose policy %s", file.path, fileName, c.source, c.name))
+		if fileName != c.name {
+			// Parameters the running policy never reads would read as if
+			// they tuned it; refused like any setting without effect.
+			return c, usagef("%s: policy.parameters of policy %s have no effect: %s chose policy %s; remove them from the file, or run policy %s", file.path, fileName, c.source, c.name, fileName)
 		}
+		c.params = scheduler.Params(file.Policy.Parameters)
 	}
-	return c, warnings, nil
+	return c, nil
 }
 
 // routerFile turns the file's router section, and the kv-cost policy's

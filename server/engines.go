@@ -64,8 +64,15 @@ func (e *engineFlags) register(fs *flag.FlagSet) {
 	fs.DurationVar(&e.probeTimeout, "health-probe-timeout", time.Second, "budget of one health probe (`duration`, > 0)")
 }
 
-func (e *engineFlags) validate() []error {
+func (e *engineFlags) validate(set map[string]bool) []error {
 	var errs []error
+	errs = append(errs, inertFlags(set, e.interval == 0, "--engine-metrics-interval 0 (scraping off)",
+		"engine-metrics-timeout", "engine-metrics-max-bytes", "engine-metrics-stale-after")...)
+	// Concurrency bounds scrapes and health probes alike.
+	errs = append(errs, inertFlags(set, e.interval == 0 && e.probeEvery == 0, "--engine-metrics-interval 0 and --health-probe-interval 0 (nothing scraped or probed)",
+		"engine-metrics-concurrency")...)
+	errs = append(errs, inertFlags(set, e.probeEvery == 0, "--health-probe-interval 0 (probes off)", "health-probe-timeout")...)
+	errs = append(errs, inertFlags(set, e.ejectAfter == 0, "--eject-after 0 (ejection off)", "eject-window", "eject-base", "eject-max")...)
 	add := func(format string, a ...any) { errs = append(errs, fmt.Errorf(format, a...)) }
 	switch {
 	case e.interval < 0:

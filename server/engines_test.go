@@ -81,6 +81,42 @@ func TestEngineMetricsAndHealthProbesEndToEnd(t *testing.T) {
 	}
 }
 
+// TestFlagsOfAFeatureThatIsOffAreRefused: a flag that tunes scraping,
+// probing, ejection or flow control while another flag turned it off would
+// do nothing, so it stops the server; the switch alone, or a default, does not.
+func TestFlagsOfAFeatureThatIsOffAreRefused(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string // "" = accepted
+	}{
+		{[]string{"--engine-metrics-interval", "0", "--engine-metrics-timeout", "1s"}, "--engine-metrics-timeout has no effect with --engine-metrics-interval 0"},
+		{[]string{"--engine-metrics-interval", "0", "--engine-metrics-max-bytes", "2048"}, "--engine-metrics-max-bytes has no effect"},
+		{[]string{"--engine-metrics-interval", "0", "--engine-metrics-stale-after", "5s"}, "--engine-metrics-stale-after has no effect"},
+		{[]string{"--engine-metrics-interval", "0", "--engine-metrics-concurrency", "4"}, "--engine-metrics-concurrency has no effect"},
+		{[]string{"--engine-metrics-interval", "0", "--health-probe-interval", "1s", "--engine-metrics-concurrency", "4"}, ""},
+		{[]string{"--health-probe-timeout", "2s"}, "--health-probe-timeout has no effect with --health-probe-interval 0"},
+		{[]string{"--health-probe-interval", "1s", "--health-probe-timeout", "2s"}, ""},
+		{[]string{"--eject-after", "0", "--eject-base", "1s"}, "--eject-base has no effect with --eject-after 0"},
+		{[]string{"--eject-after", "0", "--eject-window", "1m", "--eject-max", "1h"}, "--eject-window has no effect"},
+		{[]string{"--eject-after", "0"}, ""},
+		{[]string{"--flow-queue-ttl", "1m"}, "--flow-queue-ttl has no effect with --flow-control off"},
+		{[]string{"--flow-control", "off", "--flow-max-bytes", "0"}, "--flow-max-bytes has no effect"},
+		{[]string{"--flow-max-band-bytes", "1", "--flow-max-tenants", "5"}, "--flow-max-tenants has no effect"},
+		{[]string{"--engine-metrics-interval", "0"}, ""},
+	} {
+		_, err := parseFlags(tc.args)
+		if tc.want == "" {
+			if err != nil {
+				t.Errorf("%v: %v", tc.args, err)
+			}
+			continue
+		}
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%v: err %v, want %q", tc.args, err, tc.want)
+		}
+	}
+}
+
 func TestEngineFlagValidation(t *testing.T) {
 	for _, args := range [][]string{
 		{"--engine-metrics-interval", "-1s"},
@@ -98,7 +134,7 @@ func TestEngineFlagValidation(t *testing.T) {
 		if err := fs.Parse(args); err != nil {
 			t.Fatalf("%v: %v", args, err)
 		}
-		if errs := o.engines.validate(); len(errs) == 0 {
+		if errs := o.engines.validate(nil); len(errs) == 0 {
 			t.Errorf("%v accepted", args)
 		}
 	}
@@ -114,7 +150,7 @@ func TestWhenSaturatedFlag(t *testing.T) {
 		if err := fs.Parse(tt.args); err != nil {
 			t.Fatal(err)
 		}
-		if errs := o.engines.validate(); len(errs) != 0 {
+		if errs := o.engines.validate(nil); len(errs) != 0 {
 			t.Fatalf("%v: %v", tt.args, errs)
 		}
 		if got := o.engines.config().RejectSaturated; got != tt.reject {

@@ -257,12 +257,12 @@ func (o *options) validate() error {
 	}
 	errs = append(errs, o.extproc.validate()...)
 	errs = append(errs, o.tokenize.validate(o.set)...)
-	errs = append(errs, o.engines.validate()...)
+	errs = append(errs, o.engines.validate(o.set)...)
 	errs = append(errs, o.auth.validate()...)
 	errs = append(errs, o.limits.validate()...)
 	errs = append(errs, o.discovery.validate(o.set)...)
 	errs = append(errs, o.disagg.validate()...)
-	errs = append(errs, o.flow.validate()...)
+	errs = append(errs, o.flow.validate(o.set)...)
 	errs = append(errs, o.latency.validate()...)
 	if err := errors.Join(errs...); err != nil {
 		return &UsageError{err}
@@ -389,6 +389,19 @@ func (t *tokenizeFlags) start(ctx context.Context, svc *selection.Service, reg p
 	return tk, nil
 }
 
+// inertFlags refuses the flags given on the command line that would tune a
+// feature another flag turned off (why names it): accepted and ignored, they
+// would read as if they did something.
+func inertFlags(set map[string]bool, off bool, why string, names ...string) []error {
+	var errs []error
+	for _, name := range names {
+		if off && set[name] {
+			errs = append(errs, fmt.Errorf("--%s has no effect with %s", name, why))
+		}
+	}
+	return errs
+}
+
 func (t *tokenizeFlags) validate(set map[string]bool) []error {
 	var errs []error
 	if len(t.endpoints) > 0 && !set["tokenize"] {
@@ -412,5 +425,7 @@ func (t *tokenizeFlags) validate(set map[string]bool) []error {
 	if t.forwardIDs && t.mode == tokenize.ModeOff {
 		errs = append(errs, errors.New("--tokenize-forward-ids needs --tokenize pool or endpoint"))
 	}
+	errs = append(errs, inertFlags(set, t.mode == tokenize.ModeOff, "--tokenize off: needs --tokenize pool or endpoint",
+		"tokenize-timeout", "tokenize-timeout-max", "tokenize-cache-tokens")...)
 	return errs
 }

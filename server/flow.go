@@ -38,8 +38,8 @@ func (f *flowFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&f.maxTenants, "flow-max-tenants", flow.DefaultMaxTenants, "tenants flow control remembers per partition (`n`); past it the longest idle one is forgotten, and while all of them wait a new tenant is a 429")
 }
 
-func (f *flowFlags) validate() []error {
-	var errs []error
+func (f *flowFlags) validate(set map[string]bool) []error {
+	errs := inertFlags(set, f.mode == flowOff, "--flow-control off", "flow-queue-ttl", "flow-max-bytes", "flow-max-band-bytes", "flow-max-tenants")
 	if f.mode != flowOff {
 		if _, err := flow.ParseFairness(f.mode); err != nil {
 			errs = append(errs, fmt.Errorf("--flow-control %q: want off, cost, count or fifo", f.mode))

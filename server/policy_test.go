@@ -143,14 +143,20 @@ func TestConfigFileMistakesAreUsageErrorsNamingTheKey(t *testing.T) {
 	}
 }
 
-func TestConfigFileParametersOfAnotherPolicyAreNotUsed(t *testing.T) {
+// TestConfigFileParametersOfAnotherPolicyAreRefused: parameters the running
+// policy would never read stop the server instead of being dropped; a file
+// naming only the policy is still overridden quietly.
+func TestConfigFileParametersOfAnotherPolicyAreRefused(t *testing.T) {
 	path := writeConfig(t, "kvselect.yaml", "policy:\n  name: kv-cost\n  parameters:\n    router_temperature: 0.4\n")
-	r, err := resolveWith(t, map[string]string{"KVSELECT_POLICY": "least-loaded"}, path, nil)
-	if err != nil {
-		t.Fatal(err)
+	_, err := resolveWith(t, map[string]string{"KVSELECT_POLICY": "least-loaded"}, path, nil)
+	var ue *UsageError
+	want := path + ": policy.parameters of policy kv-cost have no effect: KVSELECT_POLICY chose policy least-loaded"
+	if !errors.As(err, &ue) || !strings.Contains(err.Error(), want) {
+		t.Fatalf("err = %v, want a usage error containing %q", err, want)
 	}
-	if r.policy.name != "least-loaded" || r.cfg.Router.RouterTemperature != 0 {
-		t.Errorf("policy %q, router temperature %v", r.policy.name, r.cfg.Router.RouterTemperature)
+	nameOnly := writeConfig(t, "kvselect.yaml", "policy:\n  name: kv-cost\n")
+	if r, err := resolveWith(t, nil, nameOnly, nil, "--policy", "least-loaded"); err != nil || r.policy.name != "least-loaded" {
+		t.Fatalf("policy %q, err %v", r.policy.name, err)
 	}
 }
 

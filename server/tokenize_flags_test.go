@@ -30,6 +30,9 @@ func TestTokenizeFlags(t *testing.T) {
 		{name: "zero timeout", args: []string{"--tokenize", "pool", "--tokenize-timeout", "0s"}, err: "--tokenize-timeout 0s"},
 		{name: "negative cache", args: []string{"--tokenize", "pool", "--tokenize-cache-tokens", "-1"}, err: "--tokenize-cache-tokens -1"},
 		{name: "forwarding ids without tokenizing", args: []string{"--tokenize-forward-ids"}, err: "--tokenize-forward-ids needs"},
+		{name: "a timeout without tokenizing", args: []string{"--tokenize-timeout", "50ms"}, err: "--tokenize-timeout has no effect with --tokenize off"},
+		{name: "a timeout cap without tokenizing", args: []string{"--tokenize", "off", "--tokenize-timeout-max", "1s"}, err: "--tokenize-timeout-max has no effect"},
+		{name: "a cache size without tokenizing", args: []string{"--tokenize-cache-tokens", "0"}, err: "--tokenize-cache-tokens has no effect"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			o, err := parseFlags(tc.args)

@@ -209,7 +209,7 @@ func (c *Config) realRun(ctx context.Context, s flowsim.Config, mode string) (fl
 		maxLen = max(maxLen, cl.PromptTokens+cl.OutputTokens+16)
 	}
 	fl, err := fleet.Start(ctx, fleet.Config{Binaries: c.Binaries, Family: fleet.FamilyMock, Workers: s.Workers, Dir: c.Out, Prefix: tag,
-		KVSelectArgs: []string{"--config", conf, "--flow-control", mode, "--flow-queue-ttl", (time.Duration(float64(s.TTL) / c.Speedup)).String()},
+		KVSelectArgs: flowArgs(conf, mode, time.Duration(float64(s.TTL)/c.Speedup)),
 		Engine: fleet.Engine{PrefillPerToken: s.PrefillPerToken, DecodePerToken: s.DecodeStep, Speedup: c.Speedup,
 			Extra: []string{"--max-model-len", strconv.Itoa(maxLen), "--max-num-batched-tokens", strconv.Itoa(s.MaxNumBatchedTokens),
 				"--prefill-stalls-decode", "--prefill-slots", "1", "--decode-batch-slowdown", "0"}}})
@@ -280,4 +280,14 @@ func (c *Config) realRun(ctx context.Context, s flowsim.Config, mode string) (fl
 	}
 	res.Tenants, err = flowsim.Summarize(s, outs)
 	return res, err
+}
+
+// flowArgs are kvselect's flags for one run: the queue TTL only with flow
+// control on, since kvselect refuses it with --flow-control off.
+func flowArgs(conf, mode string, ttl time.Duration) []string {
+	args := []string{"--config", conf, "--flow-control", mode}
+	if mode != "off" {
+		args = append(args, "--flow-queue-ttl", ttl.String())
+	}
+	return args
 }

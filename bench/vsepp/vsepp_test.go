@@ -61,10 +61,14 @@ func vsHarness(t *testing.T, c Config, requests int, pickers []string, text bool
 	t.Helper()
 	out := t.TempDir()
 	var stdout, stderr bytes.Buffer
-	// A generous tokenize budget: on a busy machine the default 20 ms can
-	// pass, and the prompt then routes on the text index.
 	c.Trace, c.Compress, c.Workers, c.Idle, c.Saturate, c.SaturateStreams = fleettest.Trace, 4, 2, time.Second, time.Second, 8
-	c.Pin, c.Quiet, c.Out, c.KVSelectArgs = false, true, out, []string{"--tokenize-timeout", "10s"}
+	c.Pin, c.Quiet, c.Out = false, true, out
+	if text {
+		// A generous tokenize budget: on a busy machine the default 20 ms
+		// can pass, and the prompt then routes on the text index. Only
+		// text runs tokenize; elsewhere kvselect refuses the flag.
+		c.KVSelectArgs = []string{"--tokenize-timeout", "10s"}
+	}
 	_, err := Run(context.Background(), c, &stdout, &stderr)
 	if err != nil {
 		t.Fatalf("vs-epp: %v\n%s\n%s", err, stdout.String(), stderr.String())

@@ -270,6 +270,7 @@ func TestChartRefusesInsecureOrBrokenValues(t *testing.T) {
 		{map[string]any{"extproc": map[string]any{"secureServing": false, "clientCASecretName": "ca"}}, "extproc.clientCASecretName needs extproc.secureServing"},
 		{map[string]any{"rest": map[string]any{"tls": map[string]any{"clientCASecretName": "ca"}}}, "needs rest.tls.certSecretName"},
 		{map[string]any{"rest": map[string]any{"tls": map[string]any{"clientCASecretName": "ca", "certSecretName": "t"}}}, "needs config.auth.client_certificates"},
+		{map[string]any{"config": map[string]any{"auth": map[string]any{"client_certificates": []any{map[string]any{"ou": "ops", "scopes": []any{"read"}}}}}}, "config.auth.client_certificates needs rest.tls.clientCASecretName"},
 		{map[string]any{"ha": map[string]any{"enabled": true, "meshKey": map[string]any{"create": false}}}, "ha.enabled needs a mesh key"},
 		{map[string]any{"ha": map[string]any{"enabled": true}, "auth": map[string]any{"kubernetes": false, "tokens": map[string]any{"existingSecret": "mine"}}}, "set ha.peerTokenSecret"},
 	} {

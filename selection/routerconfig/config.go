@@ -126,7 +126,8 @@ type Config struct {
 	QueuePolicy         QueuePolicy       // router_queue_policy
 	OverlapRefreshAfter time.Duration     // DYN_ROUTER_OVERLAP_REFRESH_AFTER_SECS; 0 = off
 
-	// Policy plug-ins (accepted, not implemented by kvselect).
+	// Policy plug-ins. kvselect implements none: Load refuses any value but
+	// "default" (the worker-selection instances) and any policy config.
 	PolicyConfig          Optional[string] // router_policy_config (a YAML path)
 	WorkerSelectionPolicy Optional[string] // DYN_ROUTER_WORKER_SELECTION_POLICY
 	PrefillPolicy         Optional[string] // router_prefill_policy
@@ -191,7 +192,7 @@ func Default() Config {
 // QueueingEnabled reports whether the router queue is on: only when
 // router_queue_threshold is set. Dynamo can also enable it
 // through policy classes in router_policy_config, which kvselect does not
-// implement.
+// implement and Load refuses.
 func (c Config) QueueingEnabled() bool { return c.QueueThreshold.IsSet() }
 
 // LoadAware returns c with Dynamo's --load-aware preset applied: no prefix

@@ -16,8 +16,8 @@
 // versions; the file ids are those of the search index):
 //
 //   - lib/kv-router/src/scheduling/config.rs (id 68360530388): KvRouterConfig
-//     defaults, kv_router_config_from_lookup (env names, deprecated-alias order,
-//     the shared-cache 0.5 default), RouterConfigOverride and both validate
+//     defaults, kv_router_config_from_lookup (env names, deprecated-alias order),
+//     RouterConfigOverride and both validate
 //     functions. An older version (0243c51b) capped overlap_score_credit at 1.0
 //     and defaulted router_queue_threshold to 16.0; the newest accepts any
 //     finite credit >= 0 and leaves the queue off. kvselect follows the newest.
@@ -46,8 +46,18 @@
 //     for every knob. Dynamo does this for booleans so that a variable declared
 //     without a value in a Kubernetes manifest does not override a default;
 //     kvselect applies the same rule everywhere rather than failing on numbers.
-//   - FromEnv reports deprecated names and knobs kvselect accepts but does not
-//     act on as warnings instead of only logging them.
+//   - FromEnv reports deprecated names, and the settings Dynamo itself
+//     ignores (DYN_ADMISSION_CONTROL, DYN_ENFORCE_DISAGG: Dynamo's
+//     components/src/dynamo/common/configuration/groups/router_args.py warns
+//     and sets nothing), as warnings instead of only logging them.
+//   - A setting kvselect does not implement is refused ("not supported by
+//     kvselect"), where Dynamo would act on it: DYN_ROUTER_POLICY_CONFIG,
+//     custom worker-selection instances, the aic prefill load model, the
+//     hicache shared tier and a non-zero shared-cache multiplier, the remote
+//     indexer, DYN_ROUTER_MODE other than kv, DYN_KV_CACHE_BLOCK_SIZE and
+//     DYN_SERVE_INDEXER=true. Accepting them silently would route otherwise
+//     than the operator asked. The server refuses DYN_ROUTER_REPLICA_SYNC=true
+//     without --replica-sync-port for the same reason.
 //
 // FromEnv checks each value on its own. The cross-field rules live in
 // Config.Validate, because command-line flags (--router-tracking-key-file and

@@ -107,10 +107,10 @@ func TestFromEnvReadsEveryKnob(t *testing.T) {
 		"DYN_ROUTER_TRACKING_KEY_FILE", "/run/secrets/dynamo/tracking-key",
 		"DYN_ROUTER_TRACKING_KEY_ID", "2026-01",
 		"DYN_ROUTER_QUEUE_THRESHOLD", "4.5",
-		"DYN_ROUTER_POLICY_CONFIG", "/etc/policy.yaml",
-		"DYN_ROUTER_WORKER_SELECTION_POLICY", "acme",
-		"DYN_ROUTER_PREFILL_POLICY", "prefill-cli",
-		"DYN_ROUTER_DECODE_POLICY", "decode-cli",
+		// The values kvselect implements; TestLoadRefusesWhatKvselectDoesNotImplement has the others.
+		"DYN_ROUTER_WORKER_SELECTION_POLICY", "default",
+		"DYN_ROUTER_PREFILL_POLICY", "default",
+		"DYN_ROUTER_DECODE_POLICY", "default",
 		"DYN_ROUTER_CONDITIONAL_DISAGG", "true",
 		"DYN_ROUTER_CONDITIONAL_DISAGG_POLICY", "isl_or_load",
 		"DYN_ROUTER_CONDITIONAL_DISAGG_EFF_ISL_THRESHOLD", "4096",
@@ -122,12 +122,12 @@ func TestFromEnvReadsEveryKnob(t *testing.T) {
 		"DYN_ROUTER_TTL_SECS", "300",
 		"DYN_ROUTER_EVENT_THREADS", "8",
 		"DYN_ROUTER_QUEUE_POLICY", "wspt",
-		"DYN_USE_REMOTE_INDEXER", "true",
-		"DYN_SHARED_CACHE_MULTIPLIER", "0.3",
-		"DYN_SHARED_CACHE_TYPE", "hicache",
+		"DYN_USE_REMOTE_INDEXER", "false",
+		"DYN_SHARED_CACHE_MULTIPLIER", "0",
+		"DYN_SHARED_CACHE_TYPE", "none",
 		"DYN_ROUTER_HOST_CACHE_HIT_WEIGHT", "0.6",
 		"DYN_ROUTER_DISK_CACHE_HIT_WEIGHT", "0.3",
-		"DYN_ROUTER_PREFILL_LOAD_MODEL", "aic",
+		"DYN_ROUTER_PREFILL_LOAD_MODEL", "none",
 		"DYN_ROUTER_ACTIVE_REQUEST_EXPIRY_SECS", "600",
 		"DYN_ROUTER_OVERLAP_REFRESH_AFTER_SECS", "2.5",
 		"DYN_ROUTER_SESSION_AFFINITY_TTL_SECS", "3600",
@@ -154,21 +154,18 @@ func TestFromEnvReadsEveryKnob(t *testing.T) {
 		TrackingHash:                          TrackingKeyed,
 		TrackingKeyFile:                       Some("/run/secrets/dynamo/tracking-key"),
 		TrackingKeyID:                         Some("2026-01"),
-		PrefillLoadModel:                      PrefillLoadAIC,
+		PrefillLoadModel:                      PrefillLoadNone,
 		RouterTTL:                             300 * time.Second,
 		ApproximateCachePolicy:                ApproximateLRU,
 		PredictedTTL:                          Some(60 * time.Second),
 		EventThreads:                          8,
-		UseRemoteIndexer:                      true,
-		SharedCacheMultiplier:                 0.3,
-		SharedCacheType:                       SharedCacheHiCache,
+		SharedCacheType:                       SharedCacheNone,
 		QueueThreshold:                        Some(4.5),
 		QueuePolicy:                           QueueWSPT,
 		OverlapRefreshAfter:                   2500 * time.Millisecond,
-		PolicyConfig:                          Some("/etc/policy.yaml"),
-		WorkerSelectionPolicy:                 Some("acme"),
-		PrefillPolicy:                         Some("prefill-cli"),
-		DecodePolicy:                          Some("decode-cli"),
+		WorkerSelectionPolicy:                 Some("default"),
+		PrefillPolicy:                         Some("default"),
+		DecodePolicy:                          Some("default"),
 		ConditionalDisagg:                     true,
 		ConditionalDisaggPolicy:               DisaggISLOrLoad,
 		ConditionalDisaggEffISLThreshold:      4096,
@@ -366,27 +363,6 @@ func TestFromEnvUseKVEventsCanonicalNameWins(t *testing.T) {
 	}
 }
 
-func TestFromEnvSharedCacheTypeDefaultsMultiplierToHalf(t *testing.T) {
-	// config.rs dynamo_env_config_applies_python_default_shared_cache_multiplier.
-	for _, tc := range []struct {
-		name string
-		kv   []string
-		want float64
-	}{
-		{"type none keeps 0", []string{"DYN_SHARED_CACHE_TYPE", "none"}, 0},
-		{"hicache without multiplier gives 0.5", []string{"DYN_SHARED_CACHE_TYPE", "hicache"}, 0.5},
-		{"explicit multiplier wins", []string{"DYN_SHARED_CACHE_TYPE", "hicache", "DYN_SHARED_CACHE_MULTIPLIER", "0.3"}, 0.3},
-		{"explicit zero wins", []string{"DYN_SHARED_CACHE_TYPE", "hicache", "DYN_SHARED_CACHE_MULTIPLIER", "0"}, 0},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			c, _ := mustFromEnv(t, tc.kv...)
-			if c.SharedCacheMultiplier != tc.want {
-				t.Fatalf("SharedCacheMultiplier = %v, want %v", c.SharedCacheMultiplier, tc.want)
-			}
-		})
-	}
-}
-
 func TestFromEnvBusyThresholdsTakeNoneAsUnset(t *testing.T) {
 	c, _ := mustFromEnv(t,
 		"DYN_ACTIVE_DECODE_BLOCKS_THRESHOLD", "None",
@@ -398,32 +374,72 @@ func TestFromEnvBusyThresholdsTakeNoneAsUnset(t *testing.T) {
 	}
 }
 
-func TestFromEnvWarnsAboutAcceptedButIgnoredKnobs(t *testing.T) {
+// TestLoadRefusesWhatKvselectDoesNotImplement: every setting kvselect would
+// otherwise take and not act on stops Load with an error naming the variable
+// or file key, its value, "not supported by kvselect" and what to use instead.
+func TestLoadRefusesWhatKvselectDoesNotImplement(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		env  []string
+		file map[string]string
+		want []string // in the error, beside "not supported by kvselect"
+	}{
+		{"policy config", []string{"DYN_ROUTER_POLICY_CONFIG", "/p.yaml"}, nil,
+			[]string{`DYN_ROUTER_POLICY_CONFIG="/p.yaml"`, "policy classes", "429/529", "DYN_ROUTER_QUEUE_THRESHOLD", "--policy"}},
+		{"policy config in the file", nil, map[string]string{"router_policy_config": "/p.yaml"},
+			[]string{`kvselect.yaml: router.router_policy_config="/p.yaml"`, "policy classes"}},
+		{"custom worker selection", []string{"DYN_ROUTER_WORKER_SELECTION_POLICY", "acme"}, nil,
+			[]string{`DYN_ROUTER_WORKER_SELECTION_POLICY="acme"`, "custom worker-selection instances", "KVSELECT_POLICY"}},
+		{"custom prefill policy", []string{"DYN_ROUTER_PREFILL_POLICY", "p"}, nil, []string{`DYN_ROUTER_PREFILL_POLICY="p"`, "--policy"}},
+		{"custom decode policy", []string{"DYN_ROUTER_DECODE_POLICY", "d"}, nil, []string{`DYN_ROUTER_DECODE_POLICY="d"`, "--policy"}},
+		{"aic", []string{"DYN_ROUTER_PREFILL_LOAD_MODEL", "aic"}, nil, []string{`DYN_ROUTER_PREFILL_LOAD_MODEL="aic"`, "AIC prefill load model", "use none"}},
+		{"aic in the file", nil, map[string]string{"router_prefill_load_model": "aic"},
+			[]string{`kvselect.yaml: router.router_prefill_load_model="aic"`, "AIC prefill load model"}},
+		{"hicache", []string{"DYN_SHARED_CACHE_TYPE", "hicache"}, nil, []string{`DYN_SHARED_CACHE_TYPE="hicache"`, "shared cache tier", "use none"}},
+		{"hicache in the file", nil, map[string]string{"shared_cache_type": "hicache"}, []string{`kvselect.yaml: router.shared_cache_type="hicache"`}},
+		{"shared multiplier", []string{"DYN_SHARED_CACHE_MULTIPLIER", "0.5"}, nil, []string{`DYN_SHARED_CACHE_MULTIPLIER="0.5"`, "unset or 0"}},
+		{"shared multiplier in the file", nil, map[string]string{"shared_cache_multiplier": "0.5"}, []string{`kvselect.yaml: router.shared_cache_multiplier="0.5"`}},
+		{"remote indexer", []string{"DYN_USE_REMOTE_INDEXER", "1"}, nil, []string{`DYN_USE_REMOTE_INDEXER="1"`, "remote indexer", "--indexer-peers"}},
+		{"remote indexer in the file", nil, map[string]string{"use_remote_indexer": "true"}, []string{`kvselect.yaml: router.use_remote_indexer="true"`}},
+		{"router mode", []string{"DYN_ROUTER_MODE", "round-robin"}, nil, []string{`DYN_ROUTER_MODE="round-robin"`, "--policy"}},
+		{"router mode random", []string{"DYN_ROUTER_MODE", "random"}, nil, []string{`DYN_ROUTER_MODE="random"`}},
+		{"block size", []string{"DYN_KV_CACHE_BLOCK_SIZE", "16"}, nil, []string{`DYN_KV_CACHE_BLOCK_SIZE="16"`, "block_size in POST /register"}},
+		{"serve indexer", []string{"DYN_SERVE_INDEXER", "true"}, nil, []string{`DYN_SERVE_INDEXER="true"`, "GET /dump"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, _, err := Load(fileOf(tc.file), env(tc.env...))
+			if !errors.Is(err, ErrInvalid) {
+				t.Fatalf("err = %v, want ErrInvalid", err)
+			}
+			for _, want := range append(tc.want, notSupported) {
+				if !strings.Contains(err.Error(), want) {
+					t.Errorf("error %q lacks %q", err, want)
+				}
+			}
+		})
+	}
+}
+
+// TestLoadWarnsAboutWhatDynamoIgnoresToo: settings Dynamo documents as
+// ignored are warned about, not refused; the values kvselect implements load
+// without a word.
+func TestLoadWarnsAboutWhatDynamoIgnoresToo(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		kv   []string
 		want string // "" = no warning
 	}{
-		{"policy config", []string{"DYN_ROUTER_POLICY_CONFIG", "/p.yaml"}, `DYN_ROUTER_POLICY_CONFIG="/p.yaml" is accepted but ignored`},
-		{"custom worker selection", []string{"DYN_ROUTER_WORKER_SELECTION_POLICY", "acme"}, "custom worker-selection instances"},
-		{"default worker selection is fine", []string{"DYN_ROUTER_WORKER_SELECTION_POLICY", "default"}, ""},
-		{"custom prefill policy", []string{"DYN_ROUTER_PREFILL_POLICY", "p"}, "DYN_ROUTER_PREFILL_POLICY"},
-		{"custom decode policy", []string{"DYN_ROUTER_DECODE_POLICY", "d"}, "DYN_ROUTER_DECODE_POLICY"},
-		{"aic", []string{"DYN_ROUTER_PREFILL_LOAD_MODEL", "aic"}, "AIC prefill load model"},
+		{"admission control", []string{"DYN_ADMISSION_CONTROL", "token-capacity"}, "DYN_ADMISSION_CONTROL is ignored, as Dynamo ignores it"},
+		{"enforce disagg", []string{"DYN_ENFORCE_DISAGG", "true"}, "DYN_ENFORCE_DISAGG is ignored, as Dynamo ignores it"},
+		{"affinity mode is left to the server, which knows the flags", []string{"DYN_ROUTER_SESSION_AFFINITY_MODE", "soft"}, ""},
+		{"default worker selection is fine", []string{"DYN_ROUTER_WORKER_SELECTION_POLICY", "default", "DYN_ROUTER_PREFILL_POLICY", " default ", "DYN_ROUTER_DECODE_POLICY", "default"}, ""},
 		{"prefill load model none is fine", []string{"DYN_ROUTER_PREFILL_LOAD_MODEL", "none"}, ""},
-		{"hicache", []string{"DYN_SHARED_CACHE_TYPE", "hicache"}, "shared-cache queries"},
-		{"remote indexer", []string{"DYN_USE_REMOTE_INDEXER", "1"}, "remote indexer"},
-		{"conditional disagg is honoured now", []string{"DYN_ROUTER_CONDITIONAL_DISAGG", "on"}, ""},
-		{"replica sync", []string{"DYN_ROUTER_REPLICA_SYNC", "true"}, "--replica-sync-port"},
-		{"affinity mode without ttl", []string{"DYN_ROUTER_SESSION_AFFINITY_MODE", "soft"}, "session affinity is off"},
-		{"affinity mode with ttl is fine", []string{"DYN_ROUTER_SESSION_AFFINITY_MODE", "soft", "DYN_ROUTER_SESSION_AFFINITY_TTL_SECS", "60"}, ""},
-		{"router mode", []string{"DYN_ROUTER_MODE", "round-robin"}, `DYN_ROUTER_MODE="round-robin" is ignored`},
+		{"shared cache none and 0 are fine", []string{"DYN_SHARED_CACHE_TYPE", "none", "DYN_SHARED_CACHE_MULTIPLIER", "0"}, ""},
+		{"remote indexer off is fine", []string{"DYN_USE_REMOTE_INDEXER", "false"}, ""},
+		{"conditional disagg is honoured", []string{"DYN_ROUTER_CONDITIONAL_DISAGG", "on"}, ""},
+		{"replica sync is left to the server", []string{"DYN_ROUTER_REPLICA_SYNC", "true"}, ""},
 		{"router mode kv is fine", []string{"DYN_ROUTER_MODE", "kv"}, ""},
-		{"block size", []string{"DYN_KV_CACHE_BLOCK_SIZE", "16"}, "registers its own block size"},
-		{"serve indexer", []string{"DYN_SERVE_INDEXER", "true"}, "GET /dump"},
 		{"serve indexer off is fine", []string{"DYN_SERVE_INDEXER", "false"}, ""},
-		{"admission control", []string{"DYN_ADMISSION_CONTROL", "token-capacity"}, "DYN_ADMISSION_CONTROL is ignored"},
-		{"enforce disagg", []string{"DYN_ENFORCE_DISAGG", "true"}, "DYN_ENFORCE_DISAGG is ignored"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, warnings := mustFromEnv(t, tc.kv...)
@@ -435,6 +451,16 @@ func TestFromEnvWarnsAboutAcceptedButIgnoredKnobs(t *testing.T) {
 			}
 			assertWarnings(t, warnings, []string{tc.want})
 		})
+	}
+}
+
+// TestEnvTableStatesEveryStatus: each row says whether kvselect acts on it,
+// in the words docs/configuration.md uses.
+func TestEnvTableStatesEveryStatus(t *testing.T) {
+	for _, v := range EnvTable() {
+		if !strings.HasPrefix(v.Status, "works") && !strings.HasPrefix(v.Status, "refused") && !strings.HasPrefix(v.Status, "warned") {
+			t.Errorf("%s: status %q", v.Name, v.Status)
+		}
 	}
 }
 
@@ -530,7 +556,7 @@ func TestFromEnvLooksUpEveryDocumentedVariable(t *testing.T) {
 
 func TestEnvMarkdownListsEveryVariable(t *testing.T) {
 	md := EnvMarkdown()
-	if !strings.HasPrefix(md, "| Variable | Config file key | Default | Meaning |\n|---|---|---|---|\n") {
+	if !strings.HasPrefix(md, "| Variable | Config file key | Default | Meaning | Status |\n|---|---|---|---|---|\n") {
 		t.Fatalf("unexpected header:\n%s", md)
 	}
 	if got, want := strings.Count(md, "\n"), len(EnvTable())+2; got != want {

@@ -35,10 +35,9 @@ func TestLoadLayersFileUnderEnvironment(t *testing.T) {
 			func(c Config) bool {
 				return c.QueueThreshold == Some(2.0) && c.SessionAffinityTTL == Some(60*time.Second)
 			}},
-		{"a shared cache type from the file defaults the multiplier", map[string]string{"shared_cache_type": "hicache"}, nil,
-			func(c Config) bool { return c.SharedCacheMultiplier == 0.5 }},
-		{"a multiplier from the file is kept", map[string]string{"shared_cache_type": "hicache", "shared_cache_multiplier": "0.2"}, nil,
-			func(c Config) bool { return c.SharedCacheMultiplier == 0.2 }},
+		{"the values kvselect implements of the refused knobs", map[string]string{"shared_cache_type": "none", "shared_cache_multiplier": "0",
+			"router_prefill_load_model": "none", "use_remote_indexer": "false", "router_replica_sync": "true"}, nil,
+			func(c Config) bool { return c.SharedCacheType == SharedCacheNone && c.ReplicaSync }},
 		{"cost weights by Dynamo's names", map[string]string{"overlap_score_credit": "0.5", "router_temperature": "0.1"}, nil,
 			func(c Config) bool { return c.OverlapScoreCredit == 0.5 && c.RouterTemperature == 0.1 }},
 	} {
@@ -70,16 +69,6 @@ func TestLoadNamesTheFileKeyOfABadValue(t *testing.T) {
 	}
 }
 
-func TestLoadWarnsWithTheFileKey(t *testing.T) {
-	_, warnings, err := Load(fileOf(map[string]string{"router_prefill_load_model": "aic"}), noFileEnv)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(warnings) != 1 || !strings.HasPrefix(warnings[0], "kvselect.yaml: router.router_prefill_load_model=aic is accepted but ignored") {
-		t.Errorf("warnings %q", warnings)
-	}
-}
-
 func TestFileKeysAreUniqueAndSkipAliases(t *testing.T) {
 	keys := FileKeys()
 	sorted := slices.Clone(keys)
@@ -87,10 +76,10 @@ func TestFileKeysAreUniqueAndSkipAliases(t *testing.T) {
 	if len(slices.Compact(sorted)) != len(keys) {
 		t.Fatalf("duplicate keys in %v", keys)
 	}
-	// Aliases, Dynamo's policy plug-ins (kvselect has --policy and the
-	// file's policy section instead) and the ignored variables.
+	// Aliases, Dynamo's per-process worker-selection overrides (not
+	// serialized in KvRouterConfig) and the variables Dynamo reads outside it.
 	envOnly := []string{envOverlapWeight, envOverlapWeightOld, envUseKVEventsAlias,
-		"DYN_ROUTER_POLICY_CONFIG", "DYN_ROUTER_WORKER_SELECTION_POLICY", "DYN_ROUTER_PREFILL_POLICY", "DYN_ROUTER_DECODE_POLICY",
+		"DYN_ROUTER_WORKER_SELECTION_POLICY", "DYN_ROUTER_PREFILL_POLICY", "DYN_ROUTER_DECODE_POLICY",
 		"DYN_ROUTER_MODE", "DYN_KV_CACHE_BLOCK_SIZE", "DYN_SERVE_INDEXER", "DYN_ADMISSION_CONTROL", "DYN_ENFORCE_DISAGG"}
 	for _, v := range EnvTable() {
 		if slices.Contains(envOnly, v.Name) != (v.Key == "") {
