@@ -52,9 +52,10 @@ func newRewriteSource(r *rand.Rand) *randsrc.Source {
 // it names the partition (unless x-kvselect-model-name names one) and
 // replaces the body's "model" for the engine. A request with a session (any
 // of Options.SessionHeaders, else the body's) draws its rule's target from
-// the session id (selection/rewrite), so a conversation stays on one model. Only a body the picker holds and sends on can be
-// rewritten (FULL_DUPLEX_STREAMED, BUFFERED): without one the request keeps
-// its model and the header is only stripped.
+// the session id (selection/rewrite), so a conversation stays on one model.
+// Only a body the picker holds and sends on can be rewritten
+// (FULL_DUPLEX_STREAMED, BUFFERED): without one the request keeps its model
+// and the header is only stripped.
 func (st *stream) rewriteModel(in *selectInput, withBody bool) error {
 	from := in.body.model
 	if !withBody || from == "" {
