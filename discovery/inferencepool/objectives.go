@@ -19,9 +19,9 @@ import (
 // ObjectiveGroupKind is the InferenceObjective API: llm-d-router's
 // llm-d.ai/v1alpha2 InferenceObjective (v0.10.0, config/crd/bases), and
 // LegacyObjectiveGroupKind GIE v1.5.0's inference.networking.x-k8s.io one,
-// read as a fallback. A request names one in the x-gateway-inference-objective
-// header, and its spec.priority (unset means 0) orders the request in flow
-// control. kvselect reads the objects unstructured — spec.priority and
+// read as a fallback. A request names one in the x-llm-d-inference-objective
+// header (or its deprecated alias x-gateway-inference-objective), and its
+// spec.priority (unset means 0) orders the request in flow control. kvselect reads the objects unstructured — spec.priority and
 // spec.poolRef — so whichever version the cluster serves works.
 var (
 	ObjectiveGroupKind       = schema.GroupKind{Group: LLMDGroup, Kind: "InferenceObjective"}

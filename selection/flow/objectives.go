@@ -13,8 +13,9 @@ const (
 	SourceFile = "file"
 )
 
-// Objectives maps InferenceObjective names — what a request names in GIE's
-// x-gateway-inference-objective header — to priorities. Each source replaces
+// Objectives maps InferenceObjective names — what a request names in
+// llm-d's x-llm-d-inference-objective header (GIE's older
+// x-gateway-inference-objective) — to priorities. Each source replaces
 // its whole table at once; a name the Kubernetes source knows wins over the
 // same name in the file. Safe for concurrent use; the zero value is empty.
 type Objectives struct {
