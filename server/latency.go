@@ -78,7 +78,7 @@ func newLatencyMetrics() *latencyMetrics {
 		}, []string{"model", "outcome"}),
 		drift: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvselect_latency_drift_resets_total",
-			Help: "Drifts the engines' TTFT histograms confirmed against the predictions (a factor of two for three intervals), each resetting the model's fit covariance, by model.",
+			Help: "Drifts the engines' TTFT histograms confirmed against the predictions (a factor of two for three intervals), each inflating the model's fit covariance so it relearns, by model.",
 		}, []string{"model"}),
 	}
 }

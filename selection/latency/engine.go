@@ -70,7 +70,7 @@ type EngineOutcome struct {
 	// from the rank).
 	FittedTTFT, FittedITL bool
 	// DriftReset: the interval confirmed a drift and the pooled fit's
-	// covariance was reset.
+	// covariance was inflated (rls.reset).
 	DriftReset bool
 }
 

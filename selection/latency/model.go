@@ -91,7 +91,7 @@ type Coeffs struct {
 	// TTFTObservations and ITLObservations count what was fitted into it.
 	TTFTObservations, ITLObservations int
 	// DriftResets counts the drifts the engines' histograms confirmed, each
-	// of which reset the fit's covariance (a pooled fit's only; engine.go).
+	// of which inflated the fit's covariance (a pooled fit's only; engine.go).
 	DriftResets int
 	// Source says where the coefficients come from: "worker" (one worker's
 	// own fit, for the view), "pooled" (the model's fit over all its
