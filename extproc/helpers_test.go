@@ -44,6 +44,8 @@ type setup struct {
 	kvEvents bool
 	// flow turns flow control on (it needs router_queue_threshold).
 	flow *flow.Config
+	// clock is the service's clock; time.Now when nil.
+	clock func() time.Time
 }
 
 func ptr[T any](v T) *T { return &v }
@@ -68,7 +70,7 @@ func start(t testing.TB, s setup) *harness {
 	if s.router != nil {
 		s.router(&rc)
 	}
-	svc, err := selection.New(selection.Config{Router: rc, Rand: rand.New(rand.NewPCG(7, 7)), Flow: s.flow})
+	svc, err := selection.New(selection.Config{Router: rc, Rand: rand.New(rand.NewPCG(7, 7)), Flow: s.flow, Clock: s.clock})
 	if err != nil {
 		t.Fatal(err)
 	}
