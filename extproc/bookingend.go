@@ -24,8 +24,9 @@ const (
 	// BookingEndAuto keeps a booking to its estimated end when the stream
 	// ended cleanly (the gateway half-closed it) after the decision,
 	// without any response message, from a gateway that sent no
-	// protocol_config (keepToEstimate); otherwise it frees at the stream's
-	// end as BookingEndResponse does.
+	// protocol_config and is not declared an older Envoy (AssumedModes)
+	// (keepToEstimate); otherwise it frees at the stream's end as
+	// BookingEndResponse does.
 	BookingEndAuto BookingEnd = iota
 	// BookingEndResponse frees at the response's end, else at the stream's
 	// end, whatever the gateway.
@@ -74,10 +75,12 @@ func ParseBookingEnd(s string) (BookingEnd, error) {
 //     booking goes now, and auto needs no guess between the two. NGF's shim
 //     sends no protocol_config.
 //
-// An Envoy too old to send protocol_config, configured to skip the response
-// phase, would have its bookings kept to their estimate after the response
-// ended: an overcount bounded by the estimate, which --booking-end response
-// avoids.
+// An Envoy too old to send protocol_config is declared by its operator with
+// Options.AssumedModes (--extproc-assume-*-body-mode): its streams too are
+// freed at their end. Left undeclared and configured to skip the response
+// phase, it would have its bookings kept to their estimate after the
+// response ended: an overcount bounded by the estimate, which
+// --booking-end response avoids.
 func (st *stream) keepToEstimate() bool {
 	if !st.picked {
 		return false
@@ -88,5 +91,5 @@ func (st *stream) keepToEstimate() bool {
 	case BookingEndResponse:
 		return false
 	}
-	return st.cleanEnd && !st.responseSeen && !st.modesKnown
+	return st.cleanEnd && !st.responseSeen && !st.modesKnown && st.s.opts.AssumedModes == nil
 }

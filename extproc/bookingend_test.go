@@ -65,24 +65,30 @@ func TestBookingsOutliveAStreamWithoutResponsePhase(t *testing.T) {
 func TestBookingEndModes(t *testing.T) {
 	envoyNoResponse := envoysim.Modes{Request: envoysim.FullDuplexStreamed, Response: envoysim.None}
 	for _, tc := range []struct {
-		name  string
-		mode  extproc.BookingEnd
-		modes envoysim.Modes
-		end   func(*envoysim.Exchange) error
-		kept  bool
+		name    string
+		mode    extproc.BookingEnd
+		modes   envoysim.Modes
+		end     func(*envoysim.Exchange) error
+		kept    bool
+		assumed bool // the operator declared an Envoy without protocol_config
 	}{
-		{"auto, the shim's hang-up", extproc.BookingEndAuto, shimModes, (*envoysim.Exchange).Hangup, true},
-		{"auto, aborted after the decision", extproc.BookingEndAuto, shimModes, abort, false},
+		{"auto, the shim's hang-up", extproc.BookingEndAuto, shimModes, (*envoysim.Exchange).Hangup, true, false},
+		{"auto, aborted after the decision", extproc.BookingEndAuto, shimModes, abort, false, false},
 		// Envoy holds its stream to the HTTP stream's end: whether the
 		// response ended unseen or the client left, the request is over.
-		{"auto, Envoy closing without response phase", extproc.BookingEndAuto, envoyNoResponse, closeX, false},
-		{"auto, Envoy closing (GIE modes)", extproc.BookingEndAuto, envoysim.GIE, closeX, false},
-		{"response, the shim's hang-up", extproc.BookingEndResponse, shimModes, (*envoysim.Exchange).Hangup, false},
-		{"estimate, Envoy closing", extproc.BookingEndEstimate, envoysim.GIE, closeX, true},
-		{"estimate, aborted", extproc.BookingEndEstimate, envoysim.GIE, abort, true},
+		{"auto, Envoy closing without response phase", extproc.BookingEndAuto, envoyNoResponse, closeX, false, false},
+		{"auto, Envoy closing (GIE modes)", extproc.BookingEndAuto, envoysim.GIE, closeX, false, false},
+		{"auto, an older Envoy declared (assumed modes)", extproc.BookingEndAuto, shimModes, (*envoysim.Exchange).Hangup, false, true},
+		{"response, the shim's hang-up", extproc.BookingEndResponse, shimModes, (*envoysim.Exchange).Hangup, false, false},
+		{"estimate, Envoy closing", extproc.BookingEndEstimate, envoysim.GIE, closeX, true, false},
+		{"estimate, aborted", extproc.BookingEndEstimate, envoysim.GIE, abort, true, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			h := start(t, setup{opts: extproc.Options{DefaultModel: model, BookingEnd: tc.mode}})
+			opts := extproc.Options{DefaultModel: model, BookingEnd: tc.mode}
+			if tc.assumed {
+				opts.AssumedModes = &extproc.BodyModes{Request: envoysim.FullDuplexStreamed, Response: envoysim.FullDuplexStreamed}
+			}
+			h := start(t, setup{opts: opts})
 			x, _ := h.start(t, &envoysim.Request{Modes: tc.modes, Body: chatBody("hello", true)})
 			if err := tc.end(x); err != nil {
 				t.Fatal(err)
