@@ -12,10 +12,12 @@ package selection
 
 import (
 	"context"
+	"math"
 	"time"
 
 	"github.com/kvselect/kvselect/selection/apierr"
 	"github.com/kvselect/kvselect/selection/bookingend"
+	"github.com/kvselect/kvselect/selection/catalog"
 	"github.com/kvselect/kvselect/selection/latency"
 	"github.com/kvselect/kvselect/selection/reservation"
 )
@@ -34,7 +36,25 @@ const (
 	// was seen); Estimated is the lifetime its estimate would have been,
 	// Actual the lifetime it had.
 	BookingEndSeen
+	// BookingEndedByEngine: a booking kept to its estimated end was freed
+	// before it because its engine reported fewer requests than such
+	// bookings on its rank (EngineCorrection); Estimated and Actual set.
+	BookingEndedByEngine
 )
+
+// endBy says who ends a booking (free).
+type endBy uint8
+
+const (
+	endByCaller   endBy = iota // Free: a caller saw the end
+	endByEstimate              // the upkeep, at the estimated end
+	endByEngine                // the engine's counts (endByEngineCounts)
+)
+
+// engineGrace is how long a booking may take to reach its engine's counts:
+// the request's trip from the gateway, and the scrape's own duration. An
+// estimated booking younger than this at a scrape is not compared with it.
+const engineGrace = 2 * time.Second
 
 // BookingEndEvent is one booking end, for metrics (Config.OnBookingEnd).
 // Lifetimes are in seconds from the booking.
@@ -59,7 +79,7 @@ func (s *Service) EndByEstimate(ctx context.Context, id string, limit int) (time
 	}
 	now := s.clock()
 	est, start := s.estimate(r, limit, now)
-	e := reservation.End{PrefillAt: start.Add(est.TTFT), At: start.Add(est.Lifetime), Lifetime: est.Lifetime}
+	e := reservation.End{Start: start, PrefillAt: start.Add(est.TTFT), At: start.Add(est.Lifetime), Lifetime: est.Lifetime}
 	if !s.resv.SetEnd(id, r, e) {
 		if _, err := s.resv.Booked(id); err != nil {
 			return time.Time{}, err
@@ -104,7 +124,43 @@ func (s *Service) endDue(ctx context.Context, now time.Time) {
 		_ = s.ResponseBegan(ctx, id, false)
 	}
 	for _, id := range ended {
-		_ = s.free(ctx, id, true)
+		_ = s.free(ctx, id, endByEstimate)
+	}
+}
+
+// endByEngineCounts ends estimated bookings early by what rec's engine
+// reported: the requests it runs and queues count every request on a rank,
+// so a rank whose engine reports n of them while k > n estimated bookings
+// there, old enough to have reached it, are kept has finished at least
+// k − n of those. The oldest end first, as the oldest are the likeliest
+// done. This is a lower bound whatever other traffic the engine serves
+// (more requests only make n larger); bookings with a response path are
+// left to it. An engine that does not label its ranks speaks for all of the
+// worker's ranks together.
+func (s *Service) endByEngineCounts(rec *catalog.Record, snap EngineSnapshot) {
+	if snap.Err != "" || s.resv.Ending() == 0 {
+		return
+	}
+	p := s.parts.Get(partitionOfRecord(rec))
+	if p == nil {
+		return
+	}
+	for rank, r := range snap.Ranks {
+		n := r.Running + r.Waiting
+		if !(n >= 0) || math.IsInf(n, 0) {
+			continue // not a count: sanitized to 0 elsewhere, but 0 here would end everything
+		}
+		ranks := []uint32{rank}
+		if rank == AllRanks {
+			if len(snap.Ranks) > 1 {
+				continue // per-rank figures too: those are compared
+			}
+			ranks = rec.Ranks()
+		}
+		ids := s.resv.EndingOn(p, rec.WorkerID, ranks, snap.At.Add(-engineGrace))
+		for _, id := range ids[:max(len(ids)-int(math.Ceil(n)), 0)] {
+			_ = s.free(context.Background(), id, endByEngine) // not found: freed meanwhile
+		}
 	}
 }
 

@@ -156,3 +156,51 @@ func TestEstimatedEndLearnsTheModelsLengths(t *testing.T) {
 		t.Fatalf("end with a 10-token limit %v not before the learnt 1000-token end %v", short, long)
 	}
 }
+
+// An engine that runs fewer requests than the bookings kept to an estimate
+// on its rank ends the oldest of those early; younger ones (not yet in its
+// counts) and bookings whose end a caller will report stay.
+func TestEngineCountsEndTheOldestEstimatedBookings(t *testing.T) {
+	s, clock, rec := newEndService(t)
+	book := func(id string, estimated bool) {
+		t.Helper()
+		if _, err := s.SelectAndReserve(bg, selReq(id, 1, 2, 3, 4)); err != nil {
+			t.Fatal(err)
+		}
+		if estimated {
+			if _, err := s.EndByEstimate(bg, id, 0); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	book("old1", true)
+	clock.Add(time.Second)
+	book("old2", true)
+	clock.Add(time.Second)
+	book("old3", true)
+	book("followed", false)
+	clock.Add(3 * time.Second)
+	book("young", true) // booked after the scrape's grace: not in its counts yet
+	report := func(running, waiting float64) {
+		t.Helper()
+		if !s.ReportEngineMetrics(1, EngineSnapshot{At: clock.Now(), Ranks: map[uint32]EngineRank{AllRanks: {Running: running, Waiting: waiting}}}) {
+			t.Fatal("report dropped")
+		}
+	}
+	report(2, 1) // 3 ≥ the 3 old estimated bookings: nothing to end
+	if got := loadOf(t, s).ActiveRequests; got != 5 {
+		t.Fatalf("active = %d after a report that accounts for every booking, want 5", got)
+	}
+	report(1, 0) // one request runs: at least two of the three old ones are done
+	for id, want := range map[string]bool{"old1": false, "old2": false, "old3": true, "followed": true, "young": true} {
+		if _, err := s.resv.Booked(id); (err == nil) != want {
+			t.Errorf("%s booked = %v, want %v", id, err == nil, want)
+		}
+	}
+	if rec.count(BookingEndedByEngine) != 2 {
+		t.Fatalf("ended by engine = %d, want 2", rec.count(BookingEndedByEngine))
+	}
+	if !s.ReportEngineMetrics(1, EngineSnapshot{At: clock.Now(), Err: "status 500"}) || s.Inspect().EstimatedEnds() != 2 {
+		t.Fatalf("a failed scrape ended bookings: %d left", s.Inspect().EstimatedEnds())
+	}
+}

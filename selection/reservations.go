@@ -214,11 +214,12 @@ func (s *Service) OutputTokens(ctx context.Context, id string, generated int) (a
 }
 
 // Free releases the booking, its reservation row and session lease.
-func (s *Service) Free(ctx context.Context, id string) error { return s.free(ctx, id, false) }
+func (s *Service) Free(ctx context.Context, id string) error { return s.free(ctx, id, endByCaller) }
 
-// free is Free; byEstimate says the upkeep ends the booking at its
-// estimated end (EndByEstimate), so nothing is learnt from it.
-func (s *Service) free(ctx context.Context, id string, byEstimate bool) error {
+// free is Free by a caller, or the end of a booking kept to an estimated
+// end (EndByEstimate) by that estimate or by its engine's counts: nothing is
+// learnt from those, whose true end nobody saw.
+func (s *Service) free(ctx context.Context, id string, by endBy) error {
 	r, err := s.resv.Booked(id)
 	if err != nil {
 		return err
@@ -236,8 +237,11 @@ func (s *Service) free(ctx context.Context, id string, byEstimate bool) error {
 	}
 	s.ended(r)
 	switch {
-	case byEstimate:
+	case by == endByEstimate:
 		s.onBookingEnd(BookingEndEvent{Kind: BookingEndedByEstimate, Model: r.Part.Key().Model, Estimated: end.Lifetime.Seconds()})
+	case by == endByEngine:
+		s.onBookingEnd(BookingEndEvent{Kind: BookingEndedByEngine, Model: r.Part.Key().Model, Estimated: end.Lifetime.Seconds(),
+			Actual: max(now.Sub(end.Start), 0).Seconds()})
 	case !estimated:
 		// A booking kept to an estimate and freed by its caller after all
 		// says nothing of its true length: its response was not followed.

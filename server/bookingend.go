@@ -59,7 +59,7 @@ type bookingEndMetrics struct {
 	estimated *prometheus.HistogramVec // by model and end (estimate, seen)
 	actual    *prometheus.HistogramVec // by model
 	relErr    *prometheus.HistogramVec // by model
-	ended     *prometheus.CounterVec   // by model
+	ended     *prometheus.CounterVec   // by model and how
 }
 
 func newBookingEndMetrics() *bookingEndMetrics {
@@ -82,8 +82,8 @@ func newBookingEndMetrics() *bookingEndMetrics {
 		}, []string{"model"}),
 		ended: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvselect_bookings_ended_by_estimate_total",
-			Help: "Bookings the upkeep freed at their estimated end (their end was never reported), by model.",
-		}, []string{"model"}),
+			Help: "Bookings kept to an estimated end (their end was never reported) and freed, by model and how: estimated_end (the upkeep, at the estimate) or engine_counts (earlier: their engine reported fewer running and waiting requests than such bookings on the rank).",
+		}, []string{"model", "how"}),
 	}
 }
 
@@ -92,7 +92,9 @@ func (m *bookingEndMetrics) observe(ev selection.BookingEndEvent) {
 	case selection.BookingEndSet:
 		m.estimated.WithLabelValues(ev.Model, "estimate").Observe(ev.Estimated)
 	case selection.BookingEndedByEstimate:
-		m.ended.WithLabelValues(ev.Model).Inc()
+		m.ended.WithLabelValues(ev.Model, "estimated_end").Inc()
+	case selection.BookingEndedByEngine:
+		m.ended.WithLabelValues(ev.Model, "engine_counts").Inc()
 	case selection.BookingEndSeen:
 		m.estimated.WithLabelValues(ev.Model, "seen").Observe(ev.Estimated)
 		m.actual.WithLabelValues(ev.Model).Observe(ev.Actual)

@@ -45,9 +45,9 @@ func TestBookingEndMetrics(t *testing.T) {
 	m.observe(selection.BookingEndEvent{Kind: selection.BookingEndSet, Model: "m", Estimated: 3})
 	m.observe(selection.BookingEndEvent{Kind: selection.BookingEndedByEstimate, Model: "m", Estimated: 3})
 	m.observe(selection.BookingEndEvent{Kind: selection.BookingEndSeen, Model: "m", Estimated: 2, Actual: 4})
+	m.observe(selection.BookingEndEvent{Kind: selection.BookingEndedByEngine, Model: "m", Estimated: 3, Actual: 1})
 	got := metricstest.Series(t, m)
 	for name, want := range map[string]float64{
-		"kvselect_bookings_ended_by_estimate_total{model=m}":                      1,
 		"kvselect_booking_estimated_lifetime_seconds_count{end=estimate,model=m}": 1,
 		"kvselect_booking_estimated_lifetime_seconds_count{end=seen,model=m}":     1,
 		"kvselect_booking_lifetime_seconds_count{model=m}":                        1,

@@ -6,6 +6,8 @@
 package reservation
 
 import (
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -44,12 +46,12 @@ type Row struct {
 // End is the estimated course of a booking whose end the picker cannot see
 // (a gateway that never sends the response phase): the upkeep marks its
 // prefill complete at PrefillAt and frees it at At, as if its response had
-// begun and ended then. Lifetime is At less the booking's start, for the
-// estimate's metrics.
+// begun and ended then. Start is the booking's start, and Lifetime At less
+// Start, for the estimate's metrics.
 type End struct {
-	PrefillAt, At time.Time
-	Lifetime      time.Duration
-	prefillDone   bool
+	Start, PrefillAt, At time.Time
+	Lifetime             time.Duration
+	prefillDone          bool
 }
 
 // Table maps selection ids to their rows, across every partition. Claiming
@@ -212,6 +214,34 @@ func (t *Table) Due(now time.Time) (prefill, ended []string) {
 		}
 	}
 	return prefill, ended
+}
+
+// EndingOn returns the ids with an estimated end booked on worker's ranks
+// in part that started before startedBefore, oldest first.
+func (t *Table) EndingOn(part *partition.Partition, worker uint64, ranks []uint32, startedBefore time.Time) []string {
+	type aged struct {
+		id    string
+		start time.Time
+	}
+	var found []aged
+	t.mu.Lock()
+	for id, r := range t.ending {
+		if r.Part == part && r.Worker.WorkerID == worker && slices.Contains(ranks, r.Worker.DPRank) && r.end.Start.Before(startedBefore) {
+			found = append(found, aged{id, r.end.Start})
+		}
+	}
+	t.mu.Unlock()
+	slices.SortFunc(found, func(a, b aged) int {
+		if c := a.start.Compare(b.start); c != 0 {
+			return c
+		}
+		return strings.Compare(a.id, b.id)
+	})
+	out := make([]string, len(found))
+	for i, a := range found {
+		out[i] = a.id
+	}
+	return out
 }
 
 // Ending counts the rows with an estimated end.
