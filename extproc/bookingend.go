@@ -1,32 +1,37 @@
 package extproc
 
-import "fmt"
+import (
+	"fmt"
+
+	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
+)
 
 // BookingEnd says what ends a booking whose stream ends before the picker
 // saw its response end (--booking-end).
 //
 // A booking is made at the decision and should last as long as the request
-// runs on its worker. Envoy keeps its ext_proc stream open for the whole
-// HTTP stream and closes it only when that is destroyed (Filter::onDestroy
-// in source/extensions/filters/http/ext_proc/ext_proc.cc), whatever the
-// processing mode: the stream's end is the request's end, with or without
-// a response phase. NGINX Gateway Fabric's endpoint picker shim
-// (cmd/gateway/endpoint_picker.go in nginx/nginx-gateway-fabric) instead
-// sends the request headers and body, half-closes and reads until the
-// picker ends the stream, so the stream ends right after the decision while
-// the engine is still working. Freeing then would leave the loads blind;
-// such a booking is instead kept to its estimated end
-// (selection.Service.EndByEstimate).
+// runs on its worker. Two gateways end the ext_proc stream right after the
+// decision while the engine is still working, and never show the response:
+// NGINX Gateway Fabric's endpoint picker shim (cmd/gateway/endpoint_picker.go
+// in nginx/nginx-gateway-fabric) sends the request headers and body,
+// half-closes and reads until the picker ends the stream; and Envoy with a
+// processing mode that leaves nothing of the response to process
+// (response_header_mode SKIP, response_body_mode NONE, response trailers
+// skipped), whose filter closes the stream once the request side's last
+// response came (Filter::closeGrpcStreamIfLastRespReceived in
+// source/extensions/filters/http/ext_proc/ext_proc.cc, runtime guard
+// envoy.reloadable_features.ext_proc_stream_close_optimization). Freeing then
+// would leave the loads blind; such a booking is instead kept to its
+// estimated end (selection.Service.EndByEstimate).
 type BookingEnd uint8
 
 // Booking end modes.
 const (
 	// BookingEndAuto keeps a booking to its estimated end when the stream
 	// ended cleanly (the gateway half-closed it) after the decision,
-	// without any response message, from a gateway that sent no
-	// protocol_config and is not declared an older Envoy (AssumedModes)
-	// (keepToEstimate); otherwise it frees at the stream's end as
-	// BookingEndResponse does.
+	// without any response message, from a gateway that will process no
+	// response body (keepToEstimate); otherwise it frees at the stream's
+	// end as BookingEndResponse does.
 	BookingEndAuto BookingEnd = iota
 	// BookingEndResponse frees at the response's end, else at the stream's
 	// end, whatever the gateway.
@@ -66,21 +71,25 @@ func ParseBookingEnd(s string) (BookingEnd, error) {
 //     a half-close is a gateway or connection failure;
 //   - no response message came: a stream that saw the response phase ended
 //     with the response, or early because the client or upstream went away;
-//   - the first message carried no protocol_config. Every Envoy that sends
-//     protocol_config holds the stream until the HTTP stream is destroyed,
-//     so its clean end without response headers is the request's end
-//     either way: the response ended unseen (response_header_mode SKIP) or
-//     the client went away before the upstream answered, and Envoy then
-//     resets the upstream request, which the engine aborts. Either way the
-//     booking goes now, and auto needs no guess between the two. NGF's shim
-//     sends no protocol_config.
+//   - the gateway processes no response body: its first message announced
+//     response_body_mode NONE in protocol_config, or it sent no
+//     protocol_config and either the operator declared an older Envoy's
+//     modes (Options.AssumedModes) with a response body mode NONE, or
+//     declared none (NGF's shim sends no protocol_config).
 //
-// An Envoy too old to send protocol_config is declared by its operator with
-// Options.AssumedModes (--extproc-assume-*-body-mode): its streams too are
-// freed at their end. Left undeclared and configured to skip the response
-// phase, it would have its bookings kept to their estimate after the
-// response ended: an overcount bounded by the estimate, which
-// --booking-end response avoids.
+// Envoy ends its ext_proc stream when the HTTP stream is destroyed
+// (Filter::onDestroy), so a clean end without response headers also means
+// a client that went away before the upstream answered; Envoy then resets
+// the upstream request, which the engine aborts. With a response body to
+// process (GIE's FULL_DUPLEX_STREAMED) the stream would have stayed open
+// for the response, so that is the only meaning left, and the booking goes
+// now. With response_body_mode NONE the two cannot be told apart from the
+// stream: response_header_mode SKIP closes it after the decision (the
+// request runs on), while SEND closes it after the response headers, so a
+// clean end without them is a client gone. auto keeps both to the estimate:
+// the second is the rare case, and its overcount lasts only to the estimated
+// end, while freeing every booking of the first leaves the loads blind.
+// --booking-end response frees both at once.
 func (st *stream) keepToEstimate() bool {
 	if !st.picked {
 		return false
@@ -91,5 +100,14 @@ func (st *stream) keepToEstimate() bool {
 	case BookingEndResponse:
 		return false
 	}
-	return st.cleanEnd && !st.responseSeen && !st.modesKnown && st.s.opts.AssumedModes == nil
+	if !st.cleanEnd || st.responseSeen {
+		return false
+	}
+	switch {
+	case st.modesKnown:
+		return st.modes.Response == filterv3.ProcessingMode_NONE
+	case st.s.opts.AssumedModes != nil:
+		return st.s.opts.AssumedModes.Response == filterv3.ProcessingMode_NONE
+	}
+	return true
 }

@@ -74,12 +74,16 @@ func TestBookingEndModes(t *testing.T) {
 	}{
 		{"auto, the shim's hang-up", extproc.BookingEndAuto, shimModes, (*envoysim.Exchange).Hangup, true, false},
 		{"auto, aborted after the decision", extproc.BookingEndAuto, shimModes, abort, false, false},
-		// Envoy holds its stream to the HTTP stream's end: whether the
-		// response ended unseen or the client left, the request is over.
-		{"auto, Envoy closing without response phase", extproc.BookingEndAuto, envoyNoResponse, closeX, false, false},
-		{"auto, Envoy closing (GIE modes)", extproc.BookingEndAuto, envoysim.GIE, closeX, false, false},
-		{"auto, an older Envoy declared (assumed modes)", extproc.BookingEndAuto, shimModes, (*envoysim.Exchange).Hangup, false, true},
+		// Envoy with nothing of the response to process closes the stream
+		// after the decision (its stream close optimization).
+		{"auto, Envoy without response body processing", extproc.BookingEndAuto, envoyNoResponse, (*envoysim.Exchange).Hangup, true, false},
+		{"auto, Envoy without response body processing, response headers seen", extproc.BookingEndAuto, envoyNoResponse, headersThenClose, false, false},
+		// With a response body to process Envoy holds the stream for the
+		// response: a clean end before it is a client gone.
+		{"auto, Envoy closing before the response (GIE modes)", extproc.BookingEndAuto, envoysim.GIE, closeX, false, false},
+		{"auto, an older Envoy declared with a response body mode", extproc.BookingEndAuto, shimModes, (*envoysim.Exchange).Hangup, false, true},
 		{"response, the shim's hang-up", extproc.BookingEndResponse, shimModes, (*envoysim.Exchange).Hangup, false, false},
+		{"response, Envoy without response body processing", extproc.BookingEndResponse, envoyNoResponse, (*envoysim.Exchange).Hangup, false, false},
 		{"estimate, Envoy closing", extproc.BookingEndEstimate, envoysim.GIE, closeX, true, false},
 		{"estimate, aborted", extproc.BookingEndEstimate, envoysim.GIE, abort, true, false},
 	} {
@@ -107,6 +111,16 @@ func TestBookingEndModes(t *testing.T) {
 
 func abort(x *envoysim.Exchange) error  { x.Abort(); return nil }
 func closeX(x *envoysim.Exchange) error { x.Close(); return nil }
+
+// headersThenClose passes the worker's response headers, then ends the
+// exchange as Envoy does (response body mode NONE: nothing more to send).
+func headersThenClose(x *envoysim.Exchange) error {
+	if _, err := x.ResponseHeaders(envoysim.Response{Headers: []envoysim.Header{{Key: ":status", Value: "200"}}}, false); err != nil {
+		return err
+	}
+	x.Close()
+	return nil
+}
 
 // A response phase that ends frees the booking at its end in every mode.
 func TestResponseEndFreesInEstimateMode(t *testing.T) {
