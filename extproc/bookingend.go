@@ -90,6 +90,13 @@ func ParseBookingEnd(s string) (BookingEnd, error) {
 // the second is the rare case, and its overcount lasts only to the estimated
 // end, while freeing every booking of the first leaves the loads blind.
 // --booking-end response frees both at once.
+//
+// A clean end is a half-close the receive loop saw as end of stream. Envoy's
+// non-graceful close (without the runtime guard
+// envoy.reloadable_features.ext_proc_graceful_grpc_close) resets the stream
+// right after half-closing it, and gRPC may report the reset first: such a
+// stream counts as reset and its booking is freed at once, as before
+// --booking-end existed. --booking-end estimate does not depend on the race.
 func (st *stream) keepToEstimate() bool {
 	if !st.picked {
 		return false
