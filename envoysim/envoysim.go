@@ -27,7 +27,9 @@
 // Decision.EndpointScores); header mutations Envoy's default mutation rules
 // refuse are not applied but listed (Decision.RejectedHeaders); a processor
 // that closes the stream with an OK status during the response has finished,
-// and the rest of the response passes through. InsecureTLS dials a picker
+// and the rest of the response passes through. Hangup ends an exchange as a
+// gateway that never sends the response phase does (NGINX Gateway Fabric's
+// endpoint picker shim). InsecureTLS dials a picker
 // serving a self-signed certificate.
 package envoysim
 
@@ -36,6 +38,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"io"
 	"strings"
 	"sync"
 
@@ -340,6 +343,39 @@ func (x *Exchange) Close() {
 	x.ended = true
 	_ = x.stream.CloseSend()
 	x.cancel()
+}
+
+// Hangup ends the exchange as a gateway that never sends the response
+// phase does once it has the decision — NGINX Gateway Fabric's endpoint
+// picker shim (cmd/gateway/endpoint_picker.go in nginx/nginx-gateway-fabric)
+// half-closes after the request body and reads until the processor ends the
+// stream: half-close, wait for that end, then close. It returns nil when
+// the processor ended the stream with an OK status (so its end-of-stream
+// handling has run), the stream error otherwise.
+func (x *Exchange) Hangup() error {
+	if x == nil || x.ended {
+		return ErrClosed
+	}
+	x.ended = true
+	defer x.cancel()
+	if err := x.stream.CloseSend(); err != nil {
+		return fmt.Errorf("half-close: %w", err)
+	}
+	for {
+		if _, ok, err := x.poll(); err != nil {
+			if errors.Is(err, io.EOF) {
+				return nil
+			}
+			return err
+		} else if ok {
+			continue // anything more the processor sends is ignored, as the shim does
+		}
+		select {
+		case <-x.notify:
+		case <-x.ctx.Done():
+			return x.ctx.Err()
+		}
+	}
 }
 
 // Abort resets the stream without a half-close (a downstream reset or a

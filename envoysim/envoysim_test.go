@@ -293,3 +293,41 @@ func TestRefusedHeaderMutationsAreReported(t *testing.T) {
 		t.Fatalf("applied a refused mutation: set %v, removed %v", d.SetHeaders, d.RemovedHeaders)
 	}
 }
+
+// Hangup half-closes after the decision and returns once the processor
+// ended the stream, with its status: the end NGINX Gateway Fabric's shim
+// gives every stream.
+func TestHangupWaitsForTheProcessorsEnd(t *testing.T) {
+	buffered := envoysim.Modes{Request: envoysim.Buffered, Response: envoysim.Buffered}
+	for _, tc := range []struct {
+		name    string
+		endErr  error
+		wantErr codes.Code
+	}{
+		{"processor ends with OK", nil, codes.OK},
+		{"processor fails", status.Error(codes.Internal, "boom"), codes.Internal},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := &scripted{answers: [][]*extprocv3.ProcessingResponse{one(headersOK), one(bodyOK)}, got: make(chan *extprocv3.ProcessingRequest, 16)}
+			if tc.endErr != nil {
+				p.endAfter, p.endErr = 2, tc.endErr
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			x, _, err := client(t, p).Start(ctx, &envoysim.Request{Modes: buffered, Body: []byte(`{}`)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			err = x.Hangup()
+			if got := status.Code(errors.Unwrap(err)); (tc.wantErr == codes.OK) != (err == nil) || (err != nil && got != tc.wantErr) {
+				t.Fatalf("hangup: %v (code %v), want code %v", err, got, tc.wantErr)
+			}
+			if len(p.got) != 2 {
+				t.Fatalf("processor got %d messages, want the headers and the body only", len(p.got))
+			}
+			if !errors.Is(x.Hangup(), envoysim.ErrClosed) {
+				t.Fatal("a second hangup did not report the exchange ended")
+			}
+		})
+	}
+}

@@ -23,21 +23,27 @@ type bookingCore interface {
 	ResponseBegan(ctx context.Context, id string, firstToken bool) error
 	OutputTokens(ctx context.Context, id string, generated int) (added int, err error)
 	Free(ctx context.Context, id string) error
+	EndByEstimate(ctx context.Context, id string, limit int) (time.Time, error)
 }
 
 // booking is the stream's view of its reservation in the selection service,
 // from the pick to its single free. The rule it keeps: a booking is freed
 // exactly once however the stream ends — at the response's end
-// (responseEnd), else when the stream ends (streamEnd) — and not at all once
-// the core has dropped it (expired, or its worker removed): that is counted
-// as lost. A booking is owned by its stream goroutine.
+// (responseEnd), else when the stream ends (streamEnd), or handed to the
+// core to be freed at its estimated end when the stream ends without the
+// response the gateway will never show (endByEstimate) — and not at all
+// once the core has dropped it (expired, or its worker removed): that is
+// counted as lost. A booking is owned by its stream goroutine.
 type booking struct {
 	core bookingCore
 	m    *metrics
 	log  *slog.Logger
 
-	id          string
-	live        bool // booked, and neither freed nor lost
+	id   string
+	live bool // booked, and neither freed nor lost
+	// limit is the request's output limit (max_tokens; 0 none), a bound
+	// of its estimated end.
+	limit       int
 	prefillDone bool
 	// blockSize is the partition's, from the pick; blocks is the whole
 	// blocks of output tokens last reported. Together they keep the per-chunk
@@ -139,6 +145,33 @@ func (b *booking) streamEnd(ctx context.Context) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), freeTimeout)
 	defer cancel()
 	b.freed(b.core.Free(ctx, b.id), &b.m.freedAtStreamEnd, "stream_end")
+}
+
+// endByEstimate runs instead of streamEnd when the stream ended without a
+// response phase the gateway would ever send (stream.keepToEstimate): the
+// response is still running on the worker, unseen, so the core keeps the
+// booking to its estimated end. Should the core refuse for another reason
+// than the booking being gone, it is freed as at any stream end.
+func (b *booking) endByEstimate(ctx context.Context) {
+	if !b.live {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), freeTimeout)
+	defer cancel()
+	end, err := b.core.EndByEstimate(ctx, b.id, b.limit)
+	switch {
+	case err == nil:
+		b.live = false
+		b.m.keptToEstimate.Add(1)
+		b.event(tracing.EventFreed, attribute.String("kvselect.at", "estimate"), attribute.String("kvselect.estimated_end", end.UTC().Format(time.RFC3339Nano)))
+	case selection.KindOf(err) == selection.KindNotFound:
+		b.live = false
+		b.m.lost.Add(1)
+		b.event(tracing.EventFreed, attribute.String("kvselect.at", "lost"))
+	default:
+		b.log.Warn("extproc: estimated end refused, freeing now", "selection_id", b.id, "err", err)
+		b.streamEnd(ctx)
+	}
 }
 
 // updateFailed handles a failed update. Not found means the core already

@@ -67,7 +67,9 @@ func TestDisaggregatedPickNamesThePrefillWorker(t *testing.T) {
 // decode pod's sidecar where to send the prompt.
 func TestClientPrefillerHeadersAreRemoved(t *testing.T) {
 	for _, disagg := range []bool{false, true} {
-		h := start(t, setup{opts: extproc.Options{Disaggregate: disagg, DefaultModel: model}})
+		// Freed at the stream's end: the exchange ends without a response,
+		// which --booking-end auto would keep to its estimate.
+		h := start(t, setup{opts: extproc.Options{Disaggregate: disagg, DefaultModel: model, BookingEnd: extproc.BookingEndResponse}})
 		x, d := h.start(t, &envoysim.Request{Body: chatBody("hello", false), Headers: []envoysim.Header{
 			{Key: extproc.HeaderPrefiller, Value: "169.254.169.254:80"}, {Key: extproc.HeaderPrefillEndpoint, Value: "x:1"}}})
 		for _, k := range []string{extproc.HeaderPrefiller, extproc.HeaderPrefillEndpoint} {

@@ -16,6 +16,7 @@ import (
 	"github.com/kvselect/kvselect/extproc"
 	"github.com/kvselect/kvselect/internal/metricstest"
 	"github.com/kvselect/kvselect/selection"
+	"github.com/kvselect/kvselect/selection/bookingend"
 	"github.com/kvselect/kvselect/selection/catalog"
 	"github.com/kvselect/kvselect/selection/flow"
 	"github.com/kvselect/kvselect/selection/routerconfig"
@@ -44,6 +45,11 @@ type setup struct {
 	kvEvents bool
 	// flow turns flow control on (it needs router_queue_threshold).
 	flow *flow.Config
+	// clock is the service's clock; time.Now when nil.
+	clock func() time.Time
+	// maxEstimate caps the estimated end of bookings kept past their
+	// stream (bookingend.DefaultMax when zero).
+	maxEstimate time.Duration
 }
 
 func ptr[T any](v T) *T { return &v }
@@ -68,7 +74,8 @@ func start(t testing.TB, s setup) *harness {
 	if s.router != nil {
 		s.router(&rc)
 	}
-	svc, err := selection.New(selection.Config{Router: rc, Rand: rand.New(rand.NewPCG(7, 7)), Flow: s.flow})
+	svc, err := selection.New(selection.Config{Router: rc, Rand: rand.New(rand.NewPCG(7, 7)), Flow: s.flow, Clock: s.clock,
+		BookingEnd: bookingend.Config{Max: s.maxEstimate}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -27,7 +27,7 @@ var (
 	descOutputBlocks = prometheus.NewDesc("kvselect_extproc_output_blocks_total",
 		"Output blocks added to bookings from streamed response tokens.", nil, nil)
 	descFreed = prometheus.NewDesc("kvselect_extproc_bookings_freed_total",
-		"Bookings freed, by when: response_end (end of body or trailers) or stream_end (the stream ended first: reset, cancel, error).",
+		"Bookings freed, by when: response_end (end of body or trailers), stream_end (the stream ended first: reset, cancel, error), or estimate (the stream ended without a response phase: the booking is kept to its estimated end, --booking-end).",
 		[]string{"at"}, nil)
 	descLost = prometheus.NewDesc("kvselect_extproc_bookings_lost_total",
 		"Bookings that vanished under their stream (expired, or their worker removed) before the response ended.", nil, nil)
@@ -54,6 +54,7 @@ var immediateCodes = []typev3.StatusCode{
 type metrics struct {
 	streams, streamErrors, routed, rebooked, outputBlocks atomic.Uint64
 	freedAtEnd, freedAtStreamEnd, lost, forwardedIDs      atomic.Uint64
+	keptToEstimate                                        atomic.Uint64
 	outcomeOK, outcomeFailures                            atomic.Uint64
 	unknownObjectives                                     atomic.Uint64
 	deprecated                                            [len(deprecatedHeaders)]atomic.Uint64
@@ -115,6 +116,7 @@ func (s *Server) Collect(ch chan<- prometheus.Metric) {
 	counter(descOutputBlocks, &m.outputBlocks)
 	counter(descFreed, &m.freedAtEnd, "response_end")
 	counter(descFreed, &m.freedAtStreamEnd, "stream_end")
+	counter(descFreed, &m.keptToEstimate, "estimate")
 	counter(descLost, &m.lost)
 	counter(descForwardedIDs, &m.forwardedIDs)
 	counter(descUnknownObjectives, &m.unknownObjectives)

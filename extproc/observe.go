@@ -243,6 +243,9 @@ func (st *stream) responseEnd() {
 
 // end runs when the stream ends, however it ends.
 func (st *stream) end() {
+	if st.bk.live && st.keepToEstimate() {
+		st.bk.endByEstimate(st.ctx)
+	}
 	st.bk.streamEnd(st.ctx)
 	st.finishRequest()
 	st.ex.span.End()

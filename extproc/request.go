@@ -201,6 +201,9 @@ func (st *stream) reserve(in *selectInput) (*selection.SelectResponse, error) {
 	st.routed(resp)
 	st.picked = true
 	st.bk.booked(*resp.SelectionID, int(resp.BlockSize))
+	if m := in.body.maxOutput; m != nil {
+		st.bk.limit = int(*m)
+	}
 	st.s.metrics.routed.Add(1)
 	st.primary = st.s.addrs.addr(resp.Endpoint)
 	st.worker = resp.WorkerID

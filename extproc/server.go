@@ -136,6 +136,9 @@ type Options struct {
 	// Tracing is where request spans go and how trace context is read from
 	// and written to the request headers; tracing.Off() when nil.
 	Tracing *tracing.Tracing
+	// BookingEnd says what ends a booking whose response the stream did
+	// not see end (bookingend.go); BookingEndAuto when zero.
+	BookingEnd BookingEnd
 }
 
 // BodyModes are the request and response body send modes of Envoy's ext_proc
@@ -254,7 +257,12 @@ func (s *Server) Process(srv extprocv3.ExternalProcessor_ProcessServer) (err err
 			// immediately followed by a reset (its ext_proc filter closes
 			// the stream so when the HTTP stream is destroyed): both are a
 			// normal end here.
-			if errors.Is(err, io.EOF) || status.Code(err) == codes.Canceled || errors.Is(err, context.Canceled) {
+			if errors.Is(err, io.EOF) {
+				// The gateway half-closed: a clean end (keepToEstimate).
+				st.cleanEnd = true
+				return nil
+			}
+			if status.Code(err) == codes.Canceled || errors.Is(err, context.Canceled) {
 				return nil
 			}
 			return status.Errorf(codes.Unknown, "receive: %v", err)

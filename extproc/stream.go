@@ -50,8 +50,11 @@ type stream struct {
 	rewrite modelRewrite
 
 	// Response side.
-	sse     bool
-	counter tokenCounter
+	// responseSeen: a response message came (a response phase exists);
+	// cleanEnd: the gateway half-closed the stream (keepToEstimate).
+	responseSeen, cleanEnd bool
+	sse                    bool
+	counter                tokenCounter
 }
 
 func newStream(s *Server, srv extprocv3.ExternalProcessor_ProcessServer) *stream {
@@ -79,10 +82,13 @@ func (st *stream) handle(req *extprocv3.ProcessingRequest) error {
 	case *extprocv3.ProcessingRequest_RequestTrailers:
 		return st.onRequestTrailers()
 	case *extprocv3.ProcessingRequest_ResponseHeaders:
+		st.responseSeen = true
 		return st.onResponseHeaders(r.ResponseHeaders, req.GetMetadataContext())
 	case *extprocv3.ProcessingRequest_ResponseBody:
+		st.responseSeen = true
 		return st.onResponseBody(r.ResponseBody)
 	case *extprocv3.ProcessingRequest_ResponseTrailers:
+		st.responseSeen = true
 		return st.onResponseTrailers()
 	}
 	return nil

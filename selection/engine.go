@@ -59,7 +59,9 @@ func (s *Service) EngineTargets() []EngineTarget { return s.cat.engineTargets() 
 // ReportEngineMetrics records one scrape of a worker's engine. A report for a
 // worker the catalog does not hold is dropped (the worker may have left while
 // it was scraped); the answer says whether it was kept. Partitions whose
-// queue waits for a rank to stop being saturated are woken.
+// queue waits for a rank to stop being saturated are woken, and bookings
+// kept to an estimated end that the engine's counts show finished are
+// freed (endByEngineCounts).
 func (s *Service) ReportEngineMetrics(workerID uint64, snap EngineSnapshot) bool {
 	rec, ok := s.cat.record(workerID)
 	if !ok {
@@ -70,6 +72,7 @@ func (s *Service) ReportEngineMetrics(workerID uint64, snap EngineSnapshot) bool
 		p.Wake()
 	}
 	s.engineLatency(rec, snap.At, intervals)
+	s.endByEngineCounts(rec, snap)
 	return true
 }
 

@@ -71,7 +71,7 @@ func (s *Service) reserveExplicit(ctx context.Context, key index.Partition, req 
 		return nil, err
 	}
 	s.recordRouting(p, w, pr)
-	s.resv.Install(id, &reservation.Row{Part: p, Worker: w})
+	s.resv.Install(id, &reservation.Row{Part: p, Worker: w, Expected: req.ExpectedOutputTokens})
 	s.repl.added(p, &b, pr.lora)
 	return &ReservationResponse{SelectionID: id, ModelName: key.Model, RoutingGroup: key.RoutingGroup,
 		WorkerID: w.WorkerID, DPRank: w.DPRank, Endpoint: rec.EndpointOrEmpty()}, nil
@@ -133,7 +133,7 @@ func (s *Service) reserveReplay(ctx context.Context, key index.Partition, id str
 		replayed.alsoText = &prompt{locals: e.TextBlockHashes, tracking: kvhash.SequenceHashes(e.TextBlockHashes)}
 	}
 	s.recordRouting(p, e.Worker, replayed)
-	s.resv.Install(id, &reservation.Row{Part: p, Worker: e.Worker, Lease: lease})
+	s.resv.Install(id, &reservation.Row{Part: p, Worker: e.Worker, Lease: lease, Expected: e.ExpectedOutputTokens})
 	s.repl.added(p, &b, e.LoraName)
 	booked = true
 	s.pending.Consume(pk, gen)
@@ -214,13 +214,20 @@ func (s *Service) OutputTokens(ctx context.Context, id string, generated int) (a
 }
 
 // Free releases the booking, its reservation row and session lease.
-func (s *Service) Free(ctx context.Context, id string) error {
+func (s *Service) Free(ctx context.Context, id string) error { return s.free(ctx, id, endByCaller) }
+
+// free is Free by a caller, or the end of a booking kept to an estimated
+// end (EndByEstimate) by that estimate or by its engine's counts: nothing is
+// learnt from those, whose true end nobody saw.
+func (s *Service) free(ctx context.Context, id string, by endBy) error {
 	r, err := s.resv.Booked(id)
 	if err != nil {
 		return err
 	}
+	now := s.clock()
+	end, estimated := s.resv.EndOf(id)
 	ferr := r.Part.Loads().Free(id)
-	s.resv.Release(id, s.clock())
+	s.resv.Release(id, now)
 	r.Part.Wake()
 	if r.Prefill != "" {
 		_ = s.Free(ctx, r.Prefill) // not found: freed already, or expired
@@ -229,6 +236,17 @@ func (s *Service) Free(ctx context.Context, id string) error {
 		return apierr.New(KindNotFound, "reservation %s not found", id)
 	}
 	s.ended(r)
+	switch {
+	case by == endByEstimate:
+		s.onBookingEnd(BookingEndEvent{Kind: BookingEndedByEstimate, Model: r.Part.Key().Model, Estimated: end.Lifetime.Seconds()})
+	case by == endByEngine:
+		s.onBookingEnd(BookingEndEvent{Kind: BookingEndedByEngine, Model: r.Part.Key().Model, Estimated: end.Lifetime.Seconds(),
+			Actual: max(now.Sub(end.Start), 0).Seconds()})
+	case !estimated:
+		// A booking kept to an estimate and freed by its caller after all
+		// says nothing of its true length: its response was not followed.
+		s.endSeen(r, now)
+	}
 	s.repl.changed(BookingFreed, r.Part, id, r.Worker)
 	return nil
 }

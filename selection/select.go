@@ -148,7 +148,7 @@ func (s *Service) SelectAndReserve(ctx context.Context, req *SelectRequest) (*Se
 		s.installPrefill(dis)
 		prefillID = dis.prefillID
 	}
-	row := &reservation.Row{Part: p, Worker: d.worker, Lease: lease, Prefill: prefillID}
+	row := &reservation.Row{Part: p, Worker: d.worker, Lease: lease, Prefill: prefillID, Expected: booking.ExpectedOutputTokens}
 	s.trace(&row.Trace, d, s.clock())
 	s.resv.Install(id, row)
 	s.repl.added(p, booking, pr.lora)

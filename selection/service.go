@@ -12,6 +12,7 @@ import (
 
 	"github.com/kvselect/kvselect/selection/admission"
 	"github.com/kvselect/kvselect/selection/affinity"
+	"github.com/kvselect/kvselect/selection/bookingend"
 	"github.com/kvselect/kvselect/selection/catalog"
 	"github.com/kvselect/kvselect/selection/decisionlog"
 	"github.com/kvselect/kvselect/selection/engine"
@@ -98,6 +99,15 @@ type Config struct {
 	// keeps for the status page (Inspector.RecentDecisions):
 	// DefaultRecentDecisions when zero, none when negative.
 	RecentDecisions int
+	// BookingEnd tunes the estimated end of bookings whose end nobody will
+	// report (EndByEstimate, package bookingend); the zero value takes its
+	// defaults.
+	BookingEnd bookingend.Config
+	// OnBookingEnd, when set, hears of every estimated end set, every
+	// booking ended by its estimate and every traced booking whose end was
+	// seen (with the estimate it would have had), for metrics; called with
+	// no service lock held.
+	OnBookingEnd func(BookingEndEvent)
 }
 
 // Service is the embedded selection service. It is safe for concurrent use.
@@ -187,6 +197,9 @@ type Service struct {
 
 	latency   *latency.Model     // fitted TTFT and ITL per worker (latency.go)
 	onLatency func(LatencyEvent) // Config.OnLatency, or a no-op
+
+	ends         *bookingend.Estimator // estimated ends (bookingend.go)
+	onBookingEnd func(BookingEndEvent) // Config.OnBookingEnd, or a no-op
 }
 
 // New validates cfg and returns the service.
@@ -244,7 +257,12 @@ func New(cfg Config) (*Service, error) {
 	if err != nil {
 		return nil, err
 	}
+	ends, err := bookingend.New(cfg.BookingEnd)
+	if err != nil {
+		return nil, err
+	}
 	s := &Service{
+		ends: ends, onBookingEnd: cfg.OnBookingEnd,
 		flowCfg: flowCfg, onFlow: cfg.OnFlow,
 		disagg:    decisionlog.Disagg{OnPool: cfg.OnPrefillPool},
 		engineCfg: engineCfg,
@@ -256,6 +274,9 @@ func New(cfg Config) (*Service, error) {
 	}
 	if s.onLatency == nil {
 		s.onLatency = func(LatencyEvent) {}
+	}
+	if s.onBookingEnd == nil {
+		s.onBookingEnd = func(BookingEndEvent) {}
 	}
 	s.parts = partition.NewSet((&partitionFactory{indexes: ixs, router: &s.router, set: &s.set, flow: flowCfg, rnd: src, clock: clock}).build)
 	s.judge = partition.Judge{Health: &s.health, Engines: &s.engines, Engine: &s.engineCfg, Router: &s.router, Clock: clock}
@@ -386,7 +407,9 @@ func (s *Service) Shutdown() {
 // than the active-request expiry (without publishing frees), sweeps reservation
 // rows whose booking vanished, reaps idle session bindings, expires
 // approximate-index entries, takes requests past the flow control TTL out of
-// their queue, and wakes every queued selection to re-check. The host calls
+// their queue, wakes every queued selection to re-check, and completes and
+// frees the bookings whose estimated first token and end have come
+// (EndByEstimate). The host calls
 // it every few seconds (with flow control, at least every tenth of the TTL).
 func (s *Service) Maintain(ctx context.Context) {
 	now := s.clock()
@@ -404,4 +427,5 @@ func (s *Service) Maintain(ctx context.Context) {
 		p.Queue().Expire(now)
 		p.Wake()
 	}
+	s.endDue(ctx, now)
 }

@@ -63,6 +63,8 @@ func newCore(o *options, cfg selection.Config, reg prometheus.Registerer, log *s
 	o.flow.apply(&cfg, flowMetrics)
 	latencyMetrics := newLatencyMetrics()
 	o.latency.apply(&cfg, latencyMetrics)
+	bookEndMetrics := newBookingEndMetrics()
+	o.bookEnd.apply(&cfg, bookEndMetrics)
 	svc, err := selection.New(cfg)
 	if err != nil {
 		// Only configuration reaches New (a key of the wrong size, say).
@@ -76,6 +78,7 @@ func newCore(o *options, cfg selection.Config, reg prometheus.Registerer, log *s
 	flowMetrics.svc = svc
 	reg.MustRegister(flowMetrics)    // kvselect_flow_*
 	reg.MustRegister(latencyMetrics) // kvselect_latency_*, kvselect_slo_requests_total
+	reg.MustRegister(bookEndMetrics) // kvselect_booking_*, kvselect_bookings_ended_by_estimate_total
 	if fc := svc.Inspect().FlowConfig(); fc != nil {
 		log.Info("flow control on: waiting requests ordered by priority band and tenant fairness", "fairness", fc.Fairness.String(),
 			"queue_ttl", fc.TTL.String(), "max_bytes", fc.MaxBytes, "max_band_bytes", fc.MaxBandBytes, "max_tenants", fc.MaxTenants)

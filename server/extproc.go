@@ -220,7 +220,7 @@ func startExtProc(o *options, f *fronts, reg prometheus.Registerer) (*extprocSer
 	picker := extproc.New(f.svc, extproc.Options{Logger: log, Fallbacks: e.fallbacks, MaxBodyBytes: e.maxBodyBytes,
 		TestPickHeader: e.testPick, DefaultModel: e.defaultModel, AssumedModes: assumed,
 		Disaggregate: o.disagg.mode == disaggAuto, PrefillHeader: o.disagg.prefillHeader, Objectives: f.objectives, Rewrites: f.rewrites, Tracing: f.tracing,
-		SessionHeaders: e.sessionHeaders, SessionAsFairnessID: e.sessionAsTenant})
+		SessionHeaders: e.sessionHeaders, SessionAsFairnessID: e.sessionAsTenant, BookingEnd: o.bookEnd.mode})
 	if f.tokenizer != nil {
 		// Before the listener serves, so that no early text prompt misses it.
 		picker.SetTokenizer(f.tokenizer, o.tokenize.forwardIDs)
@@ -236,7 +236,7 @@ func startExtProc(o *options, f *fronts, reg prometheus.Registerer) (*extprocSer
 		encoder = "vtprotobuf"
 	}
 	log.Info("ext_proc listening", "addr", ln.Addr().String(), "tls", e.secure, "fallbacks", e.fallbacks, "max_body_bytes", e.maxBodyBytes,
-		"test_pick_header", e.testPick, "assumed_body_modes", e.assumedRequest.String()+"/"+e.assumedResponse.String(), "encoder", encoder,
+		"test_pick_header", e.testPick, "booking_end", o.bookEnd.mode.String(), "assumed_body_modes", e.assumedRequest.String()+"/"+e.assumedResponse.String(), "encoder", encoder,
 		"session_headers", strings.Join(picker.SessionHeaders(), ","), "session_as_fairness_id", e.sessionAsTenant)
 	go func() {
 		if err := g.Serve(ln); err != nil {

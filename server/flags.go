@@ -61,12 +61,13 @@ type options struct {
 	tokenize tokenizeFlags
 	engines  engineFlags // engine metrics, saturation, health (engines.go)
 
-	discovery discoveryFlags // --workers-file, --pool-name (discovery.go)
-	disagg    disaggFlags    // prefill/decode disaggregation (disagg.go)
-	flow      flowFlags      // flow control (flow.go)
-	latency   latencyFlags   // the online latency model (latency.go)
-	auth      authFlags      // REST authentication and TLS (auth.go)
-	limits    limitFlags     // per-client limits, HTTP timeouts, ext_proc streams (limits.go)
+	discovery discoveryFlags  // --workers-file, --pool-name (discovery.go)
+	disagg    disaggFlags     // prefill/decode disaggregation (disagg.go)
+	flow      flowFlags       // flow control (flow.go)
+	latency   latencyFlags    // the online latency model (latency.go)
+	bookEnd   bookingEndFlags // bookings whose end the picker cannot see (bookingend.go)
+	auth      authFlags       // REST authentication and TLS (auth.go)
+	limits    limitFlags      // per-client limits, HTTP timeouts, ext_proc streams (limits.go)
 
 	enablePprof bool
 
@@ -151,6 +152,7 @@ func newFlagSet(o *options) *flag.FlagSet {
 	o.disagg.register(fs)
 	o.flow.register(fs)
 	o.latency.register(fs)
+	o.bookEnd.register(fs)
 	o.auth.register(fs)
 	o.limits.register(fs)
 
@@ -264,6 +266,7 @@ func (o *options) validate() error {
 	errs = append(errs, o.disagg.validate()...)
 	errs = append(errs, o.flow.validate(o.set)...)
 	errs = append(errs, o.latency.validate()...)
+	errs = append(errs, o.bookEnd.validate()...)
 	if err := errors.Join(errs...); err != nil {
 		return &UsageError{err}
 	}

@@ -65,3 +65,7 @@ func (t *Trace) MeanITL(now time.Time) (itl float64, ok bool) {
 	}
 	return max(now.Sub(time.Unix(0, fb)).Seconds(), 0) / float64(n-1), true
 }
+
+// Tokens is the output tokens the response reported streaming so far (0
+// when no response path counted them).
+func (t *Trace) Tokens() int { return int(t.generated.Load()) }

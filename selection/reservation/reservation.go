@@ -6,6 +6,8 @@
 package reservation
 
 import (
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -30,8 +32,26 @@ type Row struct {
 	Prefill string
 	// Trace is the booking's latency forecast and what its response path
 	// reported (zero when the booking was not traced).
-	Trace  latency.Trace
-	booked bool
+	Trace latency.Trace
+	// Expected is the booking's expected output tokens as its request
+	// stated them (nil: none), for an estimated end (EndAt).
+	Expected *uint32
+	booked   bool
+	// end is the booking's estimated end once its response path was lost
+	// (SetEnd); guarded by the table's mutex, the one field set after
+	// installation, so the row stays the same row for Move's comparison.
+	end *End
+}
+
+// End is the estimated course of a booking whose end the picker cannot see
+// (a gateway that never sends the response phase): the upkeep marks its
+// prefill complete at PrefillAt and frees it at At, as if its response had
+// begun and ended then. Start is the booking's start, and Lifetime At less
+// Start, for the estimate's metrics.
+type End struct {
+	Start, PrefillAt, At time.Time
+	Lifetime             time.Duration
+	prefillDone          bool
 }
 
 // Table maps selection ids to their rows, across every partition. Claiming
@@ -42,6 +62,9 @@ type Row struct {
 type Table struct {
 	mu   sync.Mutex
 	rows map[string]*Row
+	// ending are the rows with an estimated end, so the upkeep's sweep
+	// (Due) reads only them, not every booking.
+	ending map[string]*Row
 }
 
 // Claim reserves id before its booking is made; an id that is claimed or
@@ -107,6 +130,7 @@ func (t *Table) Drop(id string) (lease *affinity.Lease, ok bool) {
 		return nil, false
 	}
 	delete(t.rows, id)
+	delete(t.ending, id)
 	return r.Lease, true
 }
 
@@ -133,8 +157,98 @@ func (t *Table) Move(id string, read *Row, w index.WorkerKey) bool {
 	}
 	// The trace stays behind: its features describe the rank the booking
 	// left, so what the moved request observes would fit the wrong model.
-	t.rows[id] = &Row{Part: cur.Part, Worker: w, Lease: cur.Lease, Prefill: cur.Prefill, booked: true}
+	moved := &Row{Part: cur.Part, Worker: w, Lease: cur.Lease, Prefill: cur.Prefill, Expected: cur.Expected, booked: true, end: cur.end}
+	t.rows[id] = moved
+	if cur.end != nil {
+		t.ending[id] = moved
+	}
 	return true
+}
+
+// SetEnd gives id's row, only while it is still read, an estimated end: from
+// then on the booking ends when Due says so, unless it is freed first. It
+// reports whether it was set; a row that already has one keeps it.
+func (t *Table) SetEnd(id string, read *Row, e End) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	cur, ok := t.rows[id]
+	if !ok || cur != read || !cur.booked || cur.end != nil {
+		return false
+	}
+	e.prefillDone = false
+	cur.end = &e
+	if t.ending == nil {
+		t.ending = make(map[string]*Row)
+	}
+	t.ending[id] = cur
+	return true
+}
+
+// EndOf returns id's estimated end, if it has one.
+func (t *Table) EndOf(id string) (End, bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	r, ok := t.rows[id]
+	if !ok || r.end == nil {
+		return End{}, false
+	}
+	return *r.end, true
+}
+
+// Due returns, at now, the ids with an estimated end whose prefill is due
+// (once each) and those whose end is due; the caller completes and frees
+// them. An id stays in the table until the caller frees it, so a free that
+// fails is seen again on the next sweep.
+func (t *Table) Due(now time.Time) (prefill, ended []string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for id, r := range t.ending {
+		e := r.end
+		if !e.At.After(now) {
+			ended = append(ended, id)
+			continue
+		}
+		if !e.prefillDone && !e.PrefillAt.After(now) {
+			e.prefillDone = true
+			prefill = append(prefill, id)
+		}
+	}
+	return prefill, ended
+}
+
+// EndingOn returns the ids with an estimated end booked on worker's ranks
+// in part that started before startedBefore, oldest first.
+func (t *Table) EndingOn(part *partition.Partition, worker uint64, ranks []uint32, startedBefore time.Time) []string {
+	type aged struct {
+		id    string
+		start time.Time
+	}
+	var found []aged
+	t.mu.Lock()
+	for id, r := range t.ending {
+		if r.Part == part && r.Worker.WorkerID == worker && slices.Contains(ranks, r.Worker.DPRank) && r.end.Start.Before(startedBefore) {
+			found = append(found, aged{id, r.end.Start})
+		}
+	}
+	t.mu.Unlock()
+	slices.SortFunc(found, func(a, b aged) int {
+		if c := a.start.Compare(b.start); c != 0 {
+			return c
+		}
+		return strings.Compare(a.id, b.id)
+	})
+	out := make([]string, len(found))
+	for i, a := range found {
+		out[i] = a.id
+	}
+	return out
+}
+
+// Ending counts the rows with an estimated end.
+func (t *Table) Ending() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return len(t.ending)
 }
 
 // Has reports whether id has a row, claimed or booked.

@@ -166,3 +166,39 @@ func TestReservationTableMovesOnlyTheRowTheCallerRead(t *testing.T) {
 		}
 	})
 }
+
+func TestReservationTableEstimatedEnds(t *testing.T) {
+	var tab Table
+	now := time.Unix(1_700_000_000, 0)
+	row := &Row{Worker: index.WorkerKey{WorkerID: 1}}
+	tab.Install("a", row)
+	if tab.SetEnd("a", &Row{}, End{At: now}) {
+		t.Fatal("set an end on a row other than the one read")
+	}
+	if !tab.SetEnd("a", row, End{PrefillAt: now.Add(time.Second), At: now.Add(time.Minute)}) {
+		t.Fatal("set no end on the current row")
+	}
+	if tab.SetEnd("a", row, End{At: now}) {
+		t.Fatal("replaced an estimated end")
+	}
+	if p, e := tab.Due(now); len(p)+len(e) != 0 {
+		t.Fatalf("due before anything is: %v %v", p, e)
+	}
+	// A move keeps the end: the booking is the same request.
+	if !tab.Move("a", row, index.WorkerKey{WorkerID: 2}) {
+		t.Fatal("move failed")
+	}
+	if p, e := tab.Due(now.Add(time.Second)); len(p) != 1 || len(e) != 0 {
+		t.Fatalf("at the first token: prefill %v, ended %v", p, e)
+	}
+	if p, _ := tab.Due(now.Add(2 * time.Second)); len(p) != 0 {
+		t.Fatalf("a prefill came due twice: %v", p)
+	}
+	if _, e := tab.Due(now.Add(time.Minute)); len(e) != 1 || e[0] != "a" {
+		t.Fatalf("at the end: ended %v", e)
+	}
+	tab.Release("a", now)
+	if tab.Ending() != 0 {
+		t.Fatal("a released row is still ending")
+	}
+}
