@@ -371,3 +371,28 @@ func TestNGFInFlightBookings(t *testing.T) {
 	}
 	eventually(t, "/loads counting no request in flight", 15*time.Second, func() bool { return k.activeRequests() == 0 })
 }
+
+// TestNGFReadsTheDestinationFromTheHeadersResponse pins the shim's one place
+// for the decision: the request-headers response. kvselect told to assume
+// the BUFFERED body mode answers the headers at once and routes on the body
+// response, which the shim ignores: it answers epp.js 200 without an
+// endpoint, and the client gets NGINX's 500 (docs/gateways.md: keep the
+// default full_duplex_streamed behind NGF).
+func TestNGFReadsTheDestinationFromTheHeadersResponse(t *testing.T) {
+	dir := needNGF(t)
+	k := newKvselect(t, []string{"--extproc-assume-request-body-mode", "buffered"})
+	k.start()
+	startMockWorkers(t, k, 1, 0)
+	k.schedulable(1)
+	g := startGateway(t, dir, k.extproc())
+
+	n := len(k.decisions())
+	a := post(t, g.url, completion(prompt(1, 40), 2, false))
+	k.decisionAfter(n) // kvselect did route, on the body response
+	if a.status != http.StatusInternalServerError || a.header.Get("X-Kvselect-Worker-Id") != "" {
+		t.Fatalf("client got %d (worker %q): %s; want NGINX's 500", a.status, a.header.Get("X-Kvselect-Worker-Id"), a.body)
+	}
+	if log := g.errorLog(t); !strings.Contains(log, ngfRefusal+"200; body: \n") {
+		t.Fatalf("NGINX's error log has no \"status: 200\" refusal with an empty body:\n%s", tail(log, 2000))
+	}
+}
