@@ -19,10 +19,12 @@ build:
 # The default test run (README, .ci/run): formatting, vet, staticcheck,
 # race-enabled unit and property tests (internal/layout's among them: the
 # folder rules), the side-by-side bench module's tests, the black-box suites
-# and a short fuzz of every network decoder.
+# (kvselect behind NGINX Gateway Fabric among them) and a short fuzz of every
+# network decoder.
 test: fmt-check vet staticcheck
-	$(GO) test -race -count=1 -skip '^TestObserveCommand$$' $(PKGS)
+	$(GO) test -race -count=1 -skip '^(TestObserveCommand|TestNGF.*)$$' $(PKGS)
 	$(MAKE) test-observe
+	$(MAKE) conformance-gateways
 	cd bench/peer && $(GO) vet ./... && $(GO) test -count=1 ./...
 	$(MAKE) conformance-rest
 	$(MAKE) conformance-epp
@@ -47,6 +49,17 @@ soak: build
 
 soak-short: build
 	bin/kvbench soak -short -out $(BENCHOUT)/soak-short
+
+# kvselect behind a real non-Envoy gateway (conformance/gateways,
+# docs/gateways.md): Debian's NGINX with njs running NGINX Gateway Fabric's
+# epp.js and shim (KVSELECT_NGF_SHIM_DIR), mock workers and, with
+# KVSELECT_LLMD_SIM, llm-d-inference-sim. Alone and without -race: the shim's
+# port is fixed (127.0.0.1:54800), so its tests run one at a time, and the
+# parallel package run in `test` skips them (TestNGF*). -v: a skip shows its
+# reason.
+.PHONY: conformance-gateways
+conformance-gateways:
+	$(GO) test -count=1 -v ./conformance/gateways
 
 # The black-box REST suite against a real kvselect process on loopback.
 conformance-rest:

@@ -1,0 +1,601 @@
+package gateways
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/kvselect/kvselect/internal/peerproc"
+)
+
+const (
+	// Environment: where NGF's shim, epp.js and nginx.example.conf are, and
+	// the switch that turns a missing gateway into a failure.
+	envShimDir        = "KVSELECT_NGF_SHIM_DIR"
+	envRequire        = "KVSELECT_REQUIRE_GATEWAYS"
+	envKvselectBin    = "KVSELECT_BIN"
+	envMockWorkerBin  = "KVSELECT_MOCKWORKER_BIN"
+	njsModule         = "/usr/lib/nginx/modules/ngx_http_js_module.so"
+	nginxHowTo        = "apt-get install nginx-light libnginx-mod-http-js"
+	shimHowTo         = "set " + envShimDir + " to a folder holding NGF's ngf-epp-shim binary, epp.js and nginx.example.conf"
+	model             = "fake-model"
+	blockSize         = 16
+	requestTimeout    = 30 * time.Second
+	processStartLimit = 30 * time.Second
+)
+
+// shimAddr is where NGF's epp.js looks for the shim (SHIM_URI): fixed in
+// NGF's source, so the tests cannot give each run a port of its own.
+const shimAddr = "127.0.0.1:54800"
+
+// bins are the kvselect and mock worker binaries the tests run.
+type bins struct {
+	kvselect, mockWorker string
+}
+
+// lazyBins builds the binaries on the first test that needs them: `make test`'s
+// parallel package run compiles this package but skips its tests, and should
+// not pay for two builds it never uses.
+type lazyBins struct {
+	once sync.Once
+	dir  string // where they were built; removed by TestMain
+	b    bins
+	err  error
+}
+
+// binaries is filled once, by the first test that runs, and only read after.
+var binaries lazyBins
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if binaries.dir != "" {
+		_ = os.RemoveAll(binaries.dir)
+	}
+	os.Exit(code)
+}
+
+// built returns kvselect and the mock worker from KVSELECT_BIN and
+// KVSELECT_MOCKWORKER_BIN, or built from this module.
+func built(t *testing.T) bins {
+	t.Helper()
+	binaries.once.Do(func() { binaries.b, binaries.err = binaries.build() })
+	if binaries.err != nil {
+		t.Fatal(binaries.err)
+	}
+	return binaries.b
+}
+
+func (l *lazyBins) build() (bins, error) {
+	b := bins{kvselect: os.Getenv(envKvselectBin), mockWorker: os.Getenv(envMockWorkerBin)}
+	for _, p := range []struct {
+		path *string
+		pkg  string
+	}{
+		{&b.kvselect, "github.com/kvselect/kvselect/cmd/kvselect"},
+		{&b.mockWorker, "github.com/kvselect/kvselect/cmd/kvselect-mockworker"},
+	} {
+		if *p.path != "" {
+			continue
+		}
+		if l.dir == "" {
+			dir, err := os.MkdirTemp("", "kvselect-gateways-")
+			if err != nil {
+				return b, err
+			}
+			l.dir = dir
+		}
+		*p.path = filepath.Join(l.dir, filepath.Base(p.pkg))
+		out, err := exec.Command("go", "build", "-o", *p.path, p.pkg).CombinedOutput()
+		if err != nil {
+			return b, fmt.Errorf("build %s: %w\n%s", p.pkg, err, out)
+		}
+	}
+	return b, nil
+}
+
+func required() bool {
+	return os.Getenv(envRequire) != "" || os.Getenv(peerproc.EnvRequireAll) != ""
+}
+
+// ngf returns the shim's folder, or why the gateway cannot run here.
+func ngf() (dir, problem string) {
+	dir = os.Getenv(envShimDir)
+	if dir == "" {
+		return "", envShimDir + " is not set; " + shimHowTo
+	}
+	for _, f := range []string{"ngf-epp-shim", "epp.js", "nginx.example.conf"} {
+		if _, err := os.Stat(filepath.Join(dir, f)); err != nil {
+			return "", fmt.Sprintf("%s=%s: %v; %s", envShimDir, dir, err, shimHowTo)
+		}
+	}
+	if _, err := exec.LookPath("nginx"); err != nil {
+		return "", "nginx is not on PATH; " + nginxHowTo
+	}
+	if _, err := os.Stat(njsModule); err != nil {
+		return "", fmt.Sprintf("the njs module is missing (%v); %s", err, nginxHowTo)
+	}
+	return dir, ""
+}
+
+// needNGF skips the test when NGF cannot run here, or fails it when the
+// gateway is required.
+func needNGF(t *testing.T) string {
+	t.Helper()
+	dir, problem := ngf()
+	if problem == "" {
+		return dir
+	}
+	if required() {
+		t.Fatalf("%s (required: %s or %s is set)", problem, envRequire, peerproc.EnvRequireAll)
+	}
+	t.Skipf("%s (%s=1 makes this a failure)", problem, envRequire)
+	return ""
+}
+
+// ---- the gateway: NGF's shim and NGINX running epp.js ----
+
+type gateway struct {
+	url    string // http://127.0.0.1:port, NGINX's listener
+	runDir string
+}
+
+// startGateway starts NGF's shim and an NGINX whose configuration is NGF's
+// example with this test's ports, asking the picker at extproc.
+func startGateway(t *testing.T, shimDir string, extproc string) *gateway {
+	t.Helper()
+	if c, err := net.DialTimeout("tcp", shimAddr, time.Second); err == nil {
+		c.Close()
+		t.Fatalf("%s is taken: another instance of this suite (or an NGF shim) is running; NGF fixes the shim's port, so the suite cannot run twice at once", shimAddr)
+	}
+	shimLog := &peerproc.LogBuffer{}
+	shim := exec.Command(filepath.Join(shimDir, "ngf-epp-shim"), "--endpoint-picker-disable-tls")
+	shim.Stdout, shim.Stderr = shimLog, shimLog
+	startProcess(t, "ngf-epp-shim", shim, shimLog)
+	waitListening(t, "ngf-epp-shim", shimAddr)
+
+	run := t.TempDir()
+	port := freePort(t)
+	_, epPort, err := net.SplitHostPort(extproc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conf, err := nginxConf(shimDir, run, port, epPort)
+	if err != nil {
+		t.Fatal(err)
+	}
+	confPath := filepath.Join(run, "nginx.conf")
+	if err := os.WriteFile(confPath, conf, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	nginxLog := &peerproc.LogBuffer{}
+	// -e: NGINX opens its error log before reading the configuration, and
+	// Debian's default (/var/log/nginx) is not writable by a test user.
+	nginx := exec.Command("nginx", "-p", run, "-e", filepath.Join(run, "error.log"), "-c", confPath)
+	nginx.Stdout, nginx.Stderr = nginxLog, nginxLog
+	g := &gateway{url: "http://127.0.0.1:" + strconv.Itoa(port), runDir: run}
+	startProcess(t, "nginx", nginx, nginxLog)
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("nginx error.log:\n%s", tail(g.errorLog(t), 4000))
+		}
+	})
+	waitListening(t, "nginx", "127.0.0.1:"+strconv.Itoa(port))
+	return g
+}
+
+// nginxConf is NGF's example configuration with this run's folder, listener
+// and picker port, in the foreground as the test's child: daemon off, and no
+// master process, so that stopping the process stops NGINX.
+func nginxConf(shimDir, run string, port int, epPort string) ([]byte, error) {
+	raw, err := os.ReadFile(filepath.Join(shimDir, "nginx.example.conf"))
+	if err != nil {
+		return nil, fmt.Errorf("read the example configuration: %w", err)
+	}
+	conf := string(raw)
+	for _, r := range []struct{ old, new string }{
+		{"/PATH/TO/run", run},
+		{"/PATH/TO/ngf-epp-shim", shimDir},
+		{"listen 127.0.0.1:8080;", "listen 127.0.0.1:" + strconv.Itoa(port) + ";"},
+		{"set $epp_port 9002;", "set $epp_port " + epPort + ";"},
+		{"load_module " + njsModule + ";", "load_module " + njsModule + ";\ndaemon off;\nmaster_process off;"},
+	} {
+		if !strings.Contains(conf, r.old) {
+			return nil, fmt.Errorf("nginx.example.conf no longer has %q: the suite's rewrite needs updating", r.old)
+		}
+		conf = strings.ReplaceAll(conf, r.old, r.new)
+	}
+	return []byte(conf), nil
+}
+
+func (g *gateway) errorLog(t *testing.T) string {
+	t.Helper()
+	raw, err := os.ReadFile(filepath.Join(g.runDir, "error.log"))
+	if err != nil && !os.IsNotExist(err) {
+		t.Fatal(err)
+	}
+	return string(raw)
+}
+
+// ---- kvselect ----
+
+type kvselect struct {
+	t                      *testing.T
+	restPort, extprocPort  int
+	collector, workersFile string
+	extra                  []string
+	env                    []string
+	cmd                    *exec.Cmd
+	done                   chan struct{}
+	logs                   *peerproc.LogBuffer
+}
+
+// newKvselect picks kvselect's ports and its workers file; start runs it.
+// The ports and the file stay the same across restarts, as a Deployment's
+// would.
+func newKvselect(t *testing.T, extra []string, env ...string) *kvselect {
+	t.Helper()
+	k := &kvselect{t: t, restPort: freePort(t), extprocPort: freePort(t),
+		collector:   "tcp://127.0.0.1:" + strconv.Itoa(freePort(t)),
+		workersFile: filepath.Join(t.TempDir(), "workers.json"), extra: extra, env: env}
+	k.writeWorkers(nil)
+	return k
+}
+
+func (k *kvselect) rest() string    { return "http://127.0.0.1:" + strconv.Itoa(k.restPort) }
+func (k *kvselect) extproc() string { return "127.0.0.1:" + strconv.Itoa(k.extprocPort) }
+
+// writeWorkers replaces the workers file kvselect discovers its workers in.
+func (k *kvselect) writeWorkers(workers []map[string]any) {
+	k.t.Helper()
+	if workers == nil {
+		workers = []map[string]any{}
+	}
+	raw, err := json.Marshal(map[string]any{"workers": workers})
+	if err != nil {
+		k.t.Fatal(err)
+	}
+	if err := os.WriteFile(k.workersFile, raw, 0o600); err != nil {
+		k.t.Fatal(err)
+	}
+}
+
+func (k *kvselect) start() {
+	t := k.t
+	t.Helper()
+	args := []string{"--host", "127.0.0.1", "--port", strconv.Itoa(k.restPort),
+		"--extproc-port", strconv.Itoa(k.extprocPort), "--kv-events-bind", k.collector,
+		"--workers-file", k.workersFile, "--log-level", "debug", "--log-format", "json"}
+	k.logs = &peerproc.LogBuffer{}
+	k.cmd = exec.Command(built(t).kvselect, append(args, k.extra...)...)
+	k.cmd.Env = append(os.Environ(), k.env...)
+	k.cmd.Stdout, k.cmd.Stderr = k.logs, k.logs
+	k.done = startProcess(t, "kvselect", k.cmd, k.logs)
+	eventually(t, "kvselect healthy", processStartLimit, func() bool {
+		select {
+		case <-k.done:
+			t.Fatalf("kvselect exited:\n%s", tail(k.logs.String(), 4000))
+		default:
+		}
+		resp, err := http.Get(k.rest() + "/health")
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK
+	})
+}
+
+// kill ends kvselect as a crash would.
+func (k *kvselect) kill() {
+	_ = k.cmd.Process.Kill()
+	<-k.done
+}
+
+// decisions returns the workers kvselect's ext_proc front routed to, in
+// order, from its "extproc: routed" log records.
+func (k *kvselect) decisions() []decision {
+	var out []decision
+	for line := range strings.SplitSeq(k.logs.String(), "\n") {
+		var rec struct {
+			Msg         string `json:"msg"`
+			WorkerID    uint64 `json:"worker_id"`
+			Destination string `json:"destination"`
+		}
+		if json.Unmarshal([]byte(line), &rec) == nil && rec.Msg == "extproc: routed" {
+			out = append(out, decision{rec.WorkerID, rec.Destination})
+		}
+	}
+	return out
+}
+
+type decision struct {
+	workerID    uint64
+	destination string // host:port
+}
+
+// decisionAfter waits for the routing record after the first n and wants
+// exactly one.
+func (k *kvselect) decisionAfter(n int) decision {
+	k.t.Helper()
+	var d []decision
+	eventually(k.t, "kvselect's routing record", 5*time.Second, func() bool { d = k.decisions(); return len(d) > n })
+	if len(d) != n+1 {
+		k.t.Fatalf("%d routing decisions for one request: %v", len(d)-n, d[n:])
+	}
+	return d[n]
+}
+
+// do sends a JSON request to the REST API and decodes the answer into out.
+func (k *kvselect) do(method, path string, in, out any) int {
+	k.t.Helper()
+	var body io.Reader
+	if in != nil {
+		b, err := json.Marshal(in)
+		if err != nil {
+			k.t.Fatal(err)
+		}
+		body = bytes.NewReader(b)
+	}
+	req, err := http.NewRequest(method, k.rest()+path, body)
+	if err != nil {
+		k.t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		k.t.Fatalf("%s %s: %v", method, path, err)
+	}
+	defer resp.Body.Close()
+	raw, _ := io.ReadAll(resp.Body)
+	if out != nil && len(raw) > 0 {
+		if err := json.Unmarshal(raw, out); err != nil {
+			k.t.Fatalf("%s %s: %d %s: %v", method, path, resp.StatusCode, raw, err)
+		}
+	}
+	return resp.StatusCode
+}
+
+// overlaps returns the device blocks every worker holds of tokens.
+func (k *kvselect) overlaps(tokens []int) map[uint64]int {
+	k.t.Helper()
+	var out struct {
+		Workers []struct {
+			WorkerID     uint64 `json:"worker_id"`
+			DeviceBlocks int    `json:"device_blocks"`
+		} `json:"workers"`
+	}
+	m := map[uint64]int{}
+	if code := k.do(http.MethodPost, "/overlap_scores", map[string]any{"model_name": model, "token_ids": tokens}, &out); code != http.StatusOK {
+		return m // not ready yet: nothing indexed for anyone
+	}
+	for _, w := range out.Workers {
+		m[w.WorkerID] = w.DeviceBlocks
+	}
+	return m
+}
+
+// activeRequests is the sum of active_requests over GET /loads.
+func (k *kvselect) activeRequests() uint64 {
+	k.t.Helper()
+	var loads []struct {
+		Loads []struct {
+			ActiveRequests uint64 `json:"active_requests"`
+		} `json:"loads"`
+	}
+	if code := k.do(http.MethodGet, "/loads", nil, &loads); code != http.StatusOK {
+		k.t.Fatalf("GET /loads: %d", code)
+	}
+	var n uint64
+	for _, m := range loads {
+		for _, l := range m.Loads {
+			n += l.ActiveRequests
+		}
+	}
+	return n
+}
+
+// schedulable waits until kvselect lists n schedulable workers.
+func (k *kvselect) schedulable(n int) {
+	k.t.Helper()
+	eventually(k.t, fmt.Sprintf("%d schedulable workers", n), processStartLimit, func() bool {
+		var ws []struct {
+			Lifecycle string `json:"lifecycle"`
+		}
+		if k.do(http.MethodGet, "/workers", nil, &ws) != http.StatusOK {
+			return false
+		}
+		got := 0
+		for _, w := range ws {
+			if w.Lifecycle == "schedulable" {
+				got++
+			}
+		}
+		return got == n
+	})
+}
+
+// ---- engines ----
+
+// engine is one inference engine behind the gateway.
+type engine struct {
+	id       uint64
+	hostPort string
+	replay   string
+}
+
+func (e engine) record() map[string]any {
+	return map[string]any{"worker_id": e.id, "model_name": model, "endpoint": "http://" + e.hostPort,
+		"block_size": blockSize, "replay_endpoint": e.replay}
+}
+
+// startMockWorkers starts n mock workers with ids 1..n whose KV events dial
+// kvselect's collector (so kvselect runs first: a mock worker exits when its
+// first dial is refused), and lists them in kvselect's workers file. Every
+// output token takes decode, so that a stream is a stream.
+func startMockWorkers(t *testing.T, k *kvselect, n int, decode time.Duration) []engine {
+	t.Helper()
+	var out []engine
+	var records []map[string]any
+	for i := range n {
+		logs := &peerproc.LogBuffer{}
+		cfg := peerproc.MockWorker{Binary: built(t).mockWorker, Model: model, Port: freePort(t),
+			Collector: k.collector, ReplayPort: freePort(t), BlockSize: blockSize, DecodePerToken: decode,
+			// The worker names itself in every response
+			// (x-kvselect-worker-id): the evidence of who served.
+			Extra: []string{"--worker-id", strconv.Itoa(i + 1)}, Log: logs}
+		w, err := peerproc.StartMockWorker(context.Background(), cfg)
+		if err != nil {
+			t.Fatalf("%v\n%s", err, tail(logs.String(), 3000))
+		}
+		t.Cleanup(func() {
+			w.Stop()
+			if t.Failed() {
+				t.Logf("mock worker %d log:\n%s", i+1, tail(logs.String(), 2000))
+			}
+		})
+		e := engine{id: uint64(i + 1), hostPort: w.HostPort(), replay: w.ReplayEndpoint()}
+		out = append(out, e)
+		records = append(records, e.record())
+	}
+	k.writeWorkers(records)
+	return out
+}
+
+// ---- clients ----
+
+type answer struct {
+	status int
+	header http.Header
+	body   string
+}
+
+// post sends body to the gateway at /v1/completions.
+func post(t *testing.T, url string, body []byte) answer {
+	t.Helper()
+	a, err := tryPost(url, body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return a
+}
+
+func tryPost(url string, body []byte) (answer, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), requestTimeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url+"/v1/completions", bytes.NewReader(body))
+	if err != nil {
+		return answer{}, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return answer{}, fmt.Errorf("POST %s/v1/completions: %w", url, err)
+	}
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return answer{}, fmt.Errorf("read the answer: %w", err)
+	}
+	return answer{resp.StatusCode, resp.Header, string(raw)}, nil
+}
+
+func completion(tokens []int, maxTokens int, stream bool) []byte {
+	b, _ := json.Marshal(map[string]any{"model": model, "prompt": tokens, "max_tokens": maxTokens, "stream": stream})
+	return b
+}
+
+// prompt is n (< 256) token ids derived from seed (< 120): distinct seeds
+// share nothing, and every id is inside the engines' 32,000-token vocabulary.
+func prompt(seed, n int) []int {
+	out := make([]int, n)
+	for i := range out {
+		out[i] = 100 + seed*256 + i
+	}
+	return out
+}
+
+// ---- processes and small helpers ----
+
+// startProcess starts cmd, stops it when the test ends (SIGTERM, then
+// SIGKILL) and returns a channel closed when it has exited.
+func startProcess(t *testing.T, name string, cmd *exec.Cmd, logs *peerproc.LogBuffer) chan struct{} {
+	t.Helper()
+	peerproc.DieWithParent(cmd)
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("start %s: %v", name, err)
+	}
+	done := make(chan struct{})
+	go func() {
+		_ = cmd.Wait()
+		close(done)
+	}()
+	t.Cleanup(func() {
+		select {
+		case <-done:
+		default:
+			_ = cmd.Process.Signal(syscall.SIGTERM)
+			select {
+			case <-done:
+			case <-time.After(10 * time.Second):
+				_ = cmd.Process.Kill()
+				<-done
+			}
+		}
+		if t.Failed() {
+			t.Logf("%s output:\n%s", name, tail(logs.String(), 4000))
+		}
+	})
+	return done
+}
+
+func waitListening(t *testing.T, what, addr string) {
+	t.Helper()
+	eventually(t, what+" listening on "+addr, processStartLimit, func() bool {
+		c, err := net.DialTimeout("tcp", addr, time.Second)
+		if err != nil {
+			return false
+		}
+		c.Close()
+		return true
+	})
+}
+
+func freePort(t *testing.T) int {
+	t.Helper()
+	p, err := peerproc.FreePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func eventually(t *testing.T, what string, limit time.Duration, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(limit)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", limit, what)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func tail(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return "…" + s[len(s)-n:]
+}
