@@ -123,6 +123,9 @@ patches:
 		{"kustomize-example", "llm", kust("deploy/kustomize/overlays/example")},
 		{"kustomize-examples-only", "llm", kust("deploy/examples")},
 		{"kustomize-examples-pd", "llm", kust("deploy/examples/pd")},
+		// kvselect behind an NGINX Gateway Fabric Gateway: carries the
+		// picker, so it is not one of the workloads-only example sets.
+		{"kustomize-ngf", "llm", kust("deploy/examples/ngf")},
 		{"replicas", "llm", kust("deploy/replicas")},
 	}
 }
