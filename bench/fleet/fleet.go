@@ -197,6 +197,16 @@ func (fl *Fleet) Worker(endpoint string) int {
 	return -1
 }
 
+// WorkerByID is the index of the mock worker that named itself id (its
+// x-kvselect-worker-id, i+1 for index i), -1 for none.
+func (fl *Fleet) WorkerByID(id string) int {
+	n, err := strconv.Atoi(id)
+	if err != nil || n < 1 || n > len(fl.Workers) {
+		return -1
+	}
+	return n - 1
+}
+
 // CacheCounters sums the engines' prefix-cache counters (tokens).
 func (fl *Fleet) CacheCounters(ctx context.Context) (queries, hits float64, err error) {
 	return CacheCounters(ctx, fl.HTTP, fl.Workers)
