@@ -69,6 +69,9 @@ type Config struct {
 	// NGFShimDir.
 	Gateway    string
 	NGFShimDir string
+	// ExtProcTLS serves kvselect's picker over TLS (self-signed) and has
+	// every picker path reach it so, unverified.
+	ExtProcTLS bool
 }
 
 // GatewayNGINX is -gateway nginx: NGINX Gateway Fabric's endpoint-picker
@@ -129,12 +132,14 @@ func (c *Config) Validate() error {
 
 // Phase is one policy's run.
 type Phase struct {
-	Policy      string  `json:"policy"`
-	Requests    int     `json:"requests"`
-	Errors      int     `json:"errors"`
-	HitRate     float64 `json:"prefix_cache_hit_rate"` // cached prompt tokens / prompt tokens, from the workers' metrics
-	TTFTP50Ms   float64 `json:"ttft_p50_ms"`
-	TTFTP90Ms   float64 `json:"ttft_p90_ms"`
+	Policy    string  `json:"policy"`
+	Requests  int     `json:"requests"`
+	Errors    int     `json:"errors"`
+	HitRate   float64 `json:"prefix_cache_hit_rate"` // cached prompt tokens / prompt tokens, from the workers' metrics
+	TTFTP50Ms float64 `json:"ttft_p50_ms"`
+	TTFTP90Ms float64 `json:"ttft_p90_ms"`
+	// TLS says the picker phases reached kvselect over TLS.
+	TLS         bool    `json:"extproc_tls,omitempty"`
 	Throughput  float64 `json:"throughput_rps"`
 	SelectP50Us float64 `json:"select_p50_us,omitempty"` // ext_proc decision latency as the client saw it
 	SelectP99Us float64 `json:"select_p99_us,omitempty"`
@@ -243,7 +248,7 @@ func Run(ctx context.Context, c Config, stdout, stderr io.Writer) (*Report, erro
 			// Started per phase, after its kvselect: the configuration
 			// names the picker's port, and the shim's fixed port is held
 			// only while the demo uses it.
-			if gw, err = ngf.Start(ctx, ngf.Config{ShimDir: c.NGFShimDir, Dir: c.Out, Prefix: "demo", ExtProc: fl.KV.ExtProc}); err != nil {
+			if gw, err = ngf.Start(ctx, ngf.Config{ShimDir: c.NGFShimDir, Dir: c.Out, Prefix: "demo", ExtProc: fl.KV.ExtProc, TLS: c.ExtProcTLS}); err != nil {
 				return nil, err
 			}
 		}
@@ -283,7 +288,7 @@ func StartFleet(ctx context.Context, c Config, reqs []mooncake.Request, prefix s
 	e := c.Engine
 	e.MaxModelLen = fleet.SimModelLen(reqs, c.BlockTokens, c.MaxOutput)
 	return fleet.Start(ctx, fleet.Config{Binaries: c.Binaries, Family: c.Family, Workers: c.Workers, Engine: e,
-		Dir: c.Out, Prefix: prefix, Progress: stderr,
+		Dir: c.Out, Prefix: prefix, Progress: stderr, ExtProcTLS: c.ExtProcTLS,
 		HTTP: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: c.Concurrency, MaxIdleConns: 4 * c.Concurrency}}})
 }
 
@@ -294,6 +299,7 @@ func StartFleet(ctx context.Context, c Config, reqs []mooncake.Request, prefix s
 func Replay(ctx context.Context, fl *fleet.Fleet, gw *ngf.Gateway, c Config, policy string, reqs []mooncake.Request, stderr io.Writer) (Phase, error) {
 	ph := Phase{Policy: policy, Requests: len(reqs), PerWorker: make([]int, len(fl.Workers))}
 	picker := policy != PolicyRoundRobin
+	ph.TLS = picker && c.ExtProcTLS
 	if policy == PolicyKVSelectNGINX && gw == nil {
 		return ph, errors.New("the NGINX phase needs a running gateway")
 	}

@@ -62,8 +62,12 @@ func (rep *Report) Table(w io.Writer) error {
 	}
 	for _, p := range rep.Phases {
 		if p.Path == PathNGINX {
-			fmt.Fprintf(w, "\nkvselect-nginx: NGINX running NGINX Gateway Fabric's epp.js, its shim, kvselect's ext_proc picker (plaintext);\n"+
-				"the shim never sends the response phase, so kvselect ends those bookings at an estimated end (--booking-end auto).\n")
+			transport := "plaintext"
+			if p.TLS {
+				transport = "TLS, unverified"
+			}
+			fmt.Fprintf(w, "\nkvselect-nginx: NGINX running NGINX Gateway Fabric's epp.js, its shim, kvselect's ext_proc picker (%s);\n"+
+				"the shim never sends the response phase, so kvselect ends those bookings at an estimated end (--booking-end auto).\n", transport)
 		}
 		if p.Policy == PolicyKVSelect {
 			fmt.Fprintf(w, "\nkvselect active requests after the run: %d (every booking freed when its response ended)\n", p.LoadAfterRun)

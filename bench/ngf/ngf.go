@@ -113,6 +113,9 @@ type Config struct {
 	// ExtProc is the picker's host:port; the example configuration's
 	// $epp_host is 127.0.0.1.
 	ExtProc string
+	// TLS has the shim reach the picker over TLS without verifying its
+	// certificate (the shim's default); plaintext otherwise.
+	TLS bool
 }
 
 // Gateway is a running shim and NGINX.
@@ -123,8 +126,8 @@ type Gateway struct {
 	nginx  *fleet.Process
 }
 
-// Start checks the machine, starts the shim (plaintext to the picker) and
-// NGINX, and waits until both listen.
+// Start checks the machine, starts the shim and NGINX, and waits until
+// both listen.
 func Start(ctx context.Context, c Config) (_ *Gateway, err error) {
 	if err := Check(c.ShimDir); err != nil {
 		return nil, err
@@ -151,7 +154,11 @@ func Start(ctx context.Context, c Config) (_ *Gateway, err error) {
 	if err := os.MkdirAll(g.RunDir, 0o755); err != nil {
 		return nil, err
 	}
-	g.shim = fleet.NewProcess(name("ngf-epp-shim"), filepath.Join(c.ShimDir, "ngf-epp-shim"), c.Dir, "--endpoint-picker-disable-tls")
+	var shimArgs []string
+	if !c.TLS {
+		shimArgs = append(shimArgs, "--endpoint-picker-disable-tls")
+	}
+	g.shim = fleet.NewProcess(name("ngf-epp-shim"), filepath.Join(c.ShimDir, "ngf-epp-shim"), c.Dir, shimArgs...)
 	if err := g.shim.Start(); err != nil {
 		return nil, err
 	}
