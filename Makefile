@@ -55,11 +55,13 @@ soak-short: build
 # epp.js and shim (KVSELECT_NGF_SHIM_DIR), mock workers and, with
 # KVSELECT_LLMD_SIM, llm-d-inference-sim. Alone and without -race: the shim's
 # port is fixed (127.0.0.1:54800), so its tests run one at a time, and the
-# parallel package run in `test` skips them (TestNGF*). -v: a skip shows its
-# reason.
+# parallel package run in `test` skips them (TestNGF*), and the demo's own
+# NGINX test (bench/demo's TestNGFDemoBothPaths) runs after the suite, not
+# beside it. -v: a skip shows its reason.
 .PHONY: conformance-gateways
 conformance-gateways:
 	$(GO) test -count=1 -v ./conformance/gateways
+	$(GO) test -count=1 -v -run '^TestNGF' ./bench/demo
 
 # The black-box REST suite against a real kvselect process on loopback.
 conformance-rest:
@@ -183,6 +185,15 @@ bench-extproc:
 demo:
 	$(GO) build -o bin/ ./cmd/kvselect ./cmd/kvselect-mockworker ./cmd/kvbench
 	bin/kvbench demo -out $(BENCHOUT)/demo
+
+# The demo with a third phase through NGINX Gateway Fabric's endpoint-picker
+# path (bench/ngf, docs/gateways.md): NGINX running NGF's epp.js, NGF's shim on
+# its fixed 127.0.0.1:54800, kvselect's picker; one table, a row per path.
+# Needs KVSELECT_NGF_SHIM_DIR and nginx-light + libnginx-mod-http-js.
+.PHONY: demo-nginx
+demo-nginx:
+	$(GO) build -o bin/ ./cmd/kvselect ./cmd/kvselect-mockworker ./cmd/kvbench
+	bin/kvbench demo -gateway nginx -out $(BENCHOUT)/demo-nginx
 
 # The demo over a third-party engine: llm-d-inference-sim processes whose KV
 # events dial kvselect's collector (--kv-events-bind). Needs KVSELECT_LLMD_SIM.

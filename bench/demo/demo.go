@@ -7,6 +7,14 @@
 // engines' prefix-cache hit rate (their own counters), TTFT, throughput and
 // the picker's decision time, as a table, JSON and an SVG chart.
 //
+// With -gateway nginx a third phase, between the two, replays the same trace
+// through NGINX Gateway Fabric's endpoint-picker path (Debian's NGINX running
+// NGF's epp.js, NGF's shim, kvselect's ext_proc picker; bench/ngf), and the
+// report compares the two picker paths on the figures a gateway can change:
+// hit rate, p90 TTFT, how well kvselect's booked requests track the requests
+// actually in flight (NGF never sends the response phase, so kvselect ends
+// those bookings at an estimate), and kvselect's CPU per request.
+//
 // Two engine families: kvselect's mock workers, which register themselves,
 // publish KV events on a socket kvselect subscribes to, and have their caches
 // reset between phases; or the llm-d project's vLLM simulator,
@@ -31,6 +39,7 @@ import (
 
 	"github.com/kvselect/kvselect/bench/fleet"
 	"github.com/kvselect/kvselect/bench/mooncake"
+	"github.com/kvselect/kvselect/bench/ngf"
 	"github.com/kvselect/kvselect/bench/promtext"
 	"github.com/kvselect/kvselect/bench/relay"
 	"github.com/kvselect/kvselect/bench/report"
@@ -55,7 +64,19 @@ type Config struct {
 	// ext_proc round trip).
 	MaxOutput int
 	Quiet     bool // no progress bars
+	// Gateway adds a phase through a gateway beside envoysim's: "" (none)
+	// or GatewayNGINX, whose shim, epp.js and nginx.example.conf are in
+	// NGFShimDir.
+	Gateway    string
+	NGFShimDir string
+	// ExtProcTLS serves kvselect's picker over TLS (self-signed) and has
+	// every picker path reach it so, unverified.
+	ExtProcTLS bool
 }
+
+// GatewayNGINX is -gateway nginx: NGINX Gateway Fabric's endpoint-picker
+// path.
+const GatewayNGINX = "nginx"
 
 // Defaults is the demo of `make demo`. A trace block is 512 tokens; with 64
 // tokens per block each prompt token stands for 8, so the per-token times
@@ -92,6 +113,15 @@ func (c *Config) Validate() error {
 	case !(c.Compress > 0) || !(c.Engine.Speedup > 0):
 		return errors.New("-compress and -speedup must be positive")
 	}
+	switch c.Gateway {
+	case "":
+	case GatewayNGINX:
+		if err := ngf.Check(c.NGFShimDir); err != nil {
+			return fmt.Errorf("-gateway nginx: %w", err)
+		}
+	default:
+		return fmt.Errorf("-gateway %q: want %s (or none)", c.Gateway, GatewayNGINX)
+	}
 	if c.Family == fleet.FamilySim {
 		if st, err := os.Stat(c.Sim); err != nil || st.IsDir() {
 			return fmt.Errorf("-sim-bin %q is not a file (set -sim-bin or $%s)", c.Sim, peerproc.EnvSim)
@@ -102,12 +132,14 @@ func (c *Config) Validate() error {
 
 // Phase is one policy's run.
 type Phase struct {
-	Policy      string  `json:"policy"`
-	Requests    int     `json:"requests"`
-	Errors      int     `json:"errors"`
-	HitRate     float64 `json:"prefix_cache_hit_rate"` // cached prompt tokens / prompt tokens, from the workers' metrics
-	TTFTP50Ms   float64 `json:"ttft_p50_ms"`
-	TTFTP90Ms   float64 `json:"ttft_p90_ms"`
+	Policy    string  `json:"policy"`
+	Requests  int     `json:"requests"`
+	Errors    int     `json:"errors"`
+	HitRate   float64 `json:"prefix_cache_hit_rate"` // cached prompt tokens / prompt tokens, from the workers' metrics
+	TTFTP50Ms float64 `json:"ttft_p50_ms"`
+	TTFTP90Ms float64 `json:"ttft_p90_ms"`
+	// TLS says the picker phases reached kvselect over TLS.
+	TLS         bool    `json:"extproc_tls,omitempty"`
 	Throughput  float64 `json:"throughput_rps"`
 	SelectP50Us float64 `json:"select_p50_us,omitempty"` // ext_proc decision latency as the client saw it
 	SelectP99Us float64 `json:"select_p99_us,omitempty"`
@@ -121,6 +153,15 @@ type Phase struct {
 	WallSeconds     float64 `json:"wall_seconds"`
 	PerWorker       []int   `json:"requests_per_worker"`
 	LoadAfterRun    uint64  `json:"active_requests_after_run,omitempty"`
+	// Path is how the picker phases reached kvselect: PathEnvoysim or
+	// PathNGINX.
+	Path string `json:"path,omitempty"`
+	// InFlight compares kvselect's bookings with the client's requests in
+	// flight over the phase (picker phases only).
+	InFlight *InFlight `json:"in_flight,omitempty"`
+	// CPUPerRequestUs is kvselect's CPU time (user + system, /proc) over
+	// the phase divided by its requests (picker phases only).
+	CPUPerRequestUs float64 `json:"kvselect_cpu_per_request_us,omitempty"`
 	ttfts, selDur   []time.Duration
 }
 
@@ -137,6 +178,8 @@ type Report struct {
 	Requests int          `json:"requests"`
 	Workers  int          `json:"workers"`
 	Phases   []Phase      `json:"phases"`
+	// Gateway compares the NGINX path with envoysim's (-gateway nginx).
+	Gateway *GatewayGoals `json:"gateway,omitempty"`
 }
 
 // Policies are the demo's phases: kvselect's picker, then Envoy's
@@ -144,6 +187,15 @@ type Report struct {
 const (
 	PolicyKVSelect   = "kvselect"
 	PolicyRoundRobin = "round-robin"
+	// PolicyKVSelectNGINX is kvselect's picker reached through NGINX
+	// Gateway Fabric (-gateway nginx).
+	PolicyKVSelectNGINX = "kvselect-nginx"
+)
+
+// The picker phases' paths to kvselect.
+const (
+	PathEnvoysim = "envoysim"
+	PathNGINX    = "nginx"
 )
 
 // pickHistogram is kvselect's server-side decision time.
@@ -166,7 +218,11 @@ func Run(ctx context.Context, c Config, stdout, stderr io.Writer) (*Report, erro
 			fl.Stop()
 		}
 	}()
-	for _, policy := range []string{PolicyKVSelect, PolicyRoundRobin} {
+	policies := []string{PolicyKVSelect, PolicyRoundRobin}
+	if c.Gateway == GatewayNGINX {
+		policies = []string{PolicyKVSelect, PolicyKVSelectNGINX, PolicyRoundRobin}
+	}
+	for _, policy := range policies {
 		switch {
 		case c.Family == fleet.FamilySim:
 			// The simulator cannot empty its cache: fresh processes (and a
@@ -187,12 +243,25 @@ func Run(ctx context.Context, c Config, stdout, stderr io.Writer) (*Report, erro
 				return nil, err
 			}
 		}
-		ph, err := Replay(ctx, fl, c, policy, reqs, stderr)
+		var gw *ngf.Gateway
+		if policy == PolicyKVSelectNGINX {
+			// Started per phase, after its kvselect: the configuration
+			// names the picker's port, and the shim's fixed port is held
+			// only while the demo uses it.
+			if gw, err = ngf.Start(ctx, ngf.Config{ShimDir: c.NGFShimDir, Dir: c.Out, Prefix: "demo", ExtProc: fl.KV.ExtProc, TLS: c.ExtProcTLS}); err != nil {
+				return nil, err
+			}
+		}
+		ph, err := Replay(ctx, fl, gw, c, policy, reqs, stderr)
+		if gw != nil {
+			gw.Stop()
+		}
 		if err != nil {
 			return nil, err
 		}
 		rep.Phases = append(rep.Phases, ph)
 	}
+	rep.Gateway = compareGateway(rep.Phases)
 	if err := rep.Table(stdout); err != nil {
 		return rep, err
 	}
@@ -219,16 +288,21 @@ func StartFleet(ctx context.Context, c Config, reqs []mooncake.Request, prefix s
 	e := c.Engine
 	e.MaxModelLen = fleet.SimModelLen(reqs, c.BlockTokens, c.MaxOutput)
 	return fleet.Start(ctx, fleet.Config{Binaries: c.Binaries, Family: c.Family, Workers: c.Workers, Engine: e,
-		Dir: c.Out, Prefix: prefix, Progress: stderr,
+		Dir: c.Out, Prefix: prefix, Progress: stderr, ExtProcTLS: c.ExtProcTLS,
 		HTTP: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: c.Concurrency, MaxIdleConns: 4 * c.Concurrency}}})
 }
 
 // Replay runs one phase: open loop at the trace's (compressed) arrival
 // times, at most c.Concurrency requests in flight, through the picker
-// (PolicyKVSelect) or round-robin straight to the engines.
-func Replay(ctx context.Context, fl *fleet.Fleet, c Config, policy string, reqs []mooncake.Request, stderr io.Writer) (Phase, error) {
+// (PolicyKVSelect with envoysim, PolicyKVSelectNGINX through gw) or
+// round-robin straight to the engines.
+func Replay(ctx context.Context, fl *fleet.Fleet, gw *ngf.Gateway, c Config, policy string, reqs []mooncake.Request, stderr io.Writer) (Phase, error) {
 	ph := Phase{Policy: policy, Requests: len(reqs), PerWorker: make([]int, len(fl.Workers))}
-	picker := policy == PolicyKVSelect
+	picker := policy != PolicyRoundRobin
+	ph.TLS = picker && c.ExtProcTLS
+	if policy == PolicyKVSelectNGINX && gw == nil {
+		return ph, errors.New("the NGINX phase needs a running gateway")
+	}
 	q0, h0, err := fl.CacheCounters(ctx)
 	if err != nil {
 		return ph, err
@@ -247,36 +321,60 @@ func Replay(ctx context.Context, fl *fleet.Fleet, c Config, policy string, reqs 
 	if !c.Quiet {
 		bar = report.NewProgress(stderr, policy)
 	}
-	send := sender(fl, picker)
+	send := sender(fl, gw, policy)
 	var (
 		mu       sync.Mutex
 		done     atomic.Int64
+		inFlight atomic.Int64 // the client's requests between send and last byte
 		firstErr error
 	)
 	one := func(i int) {
+		inFlight.Add(1)
 		res, worker, err := send(ctx, i, bodies[i])
+		inFlight.Add(-1)
 		mu.Lock()
-		if err := ph.add(res, worker, picker, err); err != nil && firstErr == nil {
+		// The client sees the decision's time only on envoysim's path.
+		if err := ph.add(res, worker, policy == PolicyKVSelect, err); err != nil && firstErr == nil {
 			firstErr = err
 		}
 		mu.Unlock()
 		bar.Update(int(done.Add(1)), len(reqs))
 	}
+	var cpu0 time.Duration
+	if picker {
+		if cpu0, err = fleet.ProcessCPU(fl.KV.Proc.Pid()); err != nil {
+			return ph, err
+		}
+	}
 	start := time.Now()
 	sampling := make(chan struct{})
 	sampled := make(chan []Point)
 	go func() { sampled <- sampleHitRate(ctx, fl, start, q0, h0, sampling) }()
+	tracked := make(chan *InFlight, 1)
+	if picker {
+		go func() { tracked <- sampleInFlight(ctx, fl.KV, &inFlight, inFlightEvery, sampling) }()
+	} else {
+		tracked <- nil
+	}
 	t0 := reqs[0].Timestamp
 	err = relay.OpenLoop(ctx, start, len(reqs), func(i int) time.Duration {
 		return time.Duration(float64(time.Duration(reqs[i].Timestamp-t0)*time.Millisecond) / c.Compress)
 	}, c.Concurrency, one)
 	wall := time.Since(start)
+	var cpu1 time.Duration
+	if picker {
+		cpu1, _ = fleet.ProcessCPU(fl.KV.Proc.Pid())
+	}
 	close(sampling)
 	hitRates := <-sampled
+	ph.InFlight = <-tracked
 	if err != nil {
 		return ph, err
 	}
 	ph.HitRateOverTime = hitRates
+	if picker && cpu1 > cpu0 {
+		ph.CPUPerRequestUs = float64(cpu1-cpu0) / 1e3 / float64(len(reqs))
+	}
 	if firstErr != nil {
 		fmt.Fprintf(stderr, "%s: first error: %v\n", policy, firstErr)
 	}
@@ -301,10 +399,18 @@ func completionBodies(model string, c Config, reqs []mooncake.Request) ([][]byte
 }
 
 // sender is how the phase sends request i: through the picker as Envoy
-// does, or round-robin straight to an engine. It returns the result and the
-// worker that served it (-1 when the picker named none of them).
-func sender(fl *fleet.Fleet, picker bool) func(ctx context.Context, i int, body []byte) (relay.Result, int, error) {
-	if picker {
+// does, through NGINX (which asks the picker through NGF's shim), or
+// round-robin straight to an engine. It returns the result and the worker
+// that served it (-1 when it is not known: the picker named none of them,
+// or NGINX does not say).
+func sender(fl *fleet.Fleet, gw *ngf.Gateway, policy string) func(ctx context.Context, i int, body []byte) (relay.Result, int, error) {
+	switch policy {
+	case PolicyKVSelectNGINX:
+		return func(ctx context.Context, _ int, body []byte) (relay.Result, int, error) {
+			res, err := relay.Direct(ctx, fl.HTTP, gw.URL+"/v1/completions", body)
+			return res, fl.WorkerByID(res.WorkerID), err
+		}
+	case PolicyKVSelect:
 		rl := fl.Relay()
 		return func(ctx context.Context, i int, body []byte) (relay.Result, int, error) {
 			res, err := rl.Do(ctx, "/v1/completions", body, envoysim.Header{Key: "x-request-id", Value: fmt.Sprintf("demo-%d-%d", time.Now().UnixNano(), i)})
@@ -352,15 +458,30 @@ func (ph *Phase) summarize(ctx context.Context, fl *fleet.Fleet, q0, h0 float64,
 	if prompt := q1 - q0; prompt > 0 {
 		ph.HitRate = (h1 - h0) / prompt
 	}
+	if ph.Policy == PolicyKVSelectNGINX {
+		ph.Path = PathNGINX
+	} else if ph.Policy == PolicyKVSelect {
+		ph.Path = PathEnvoysim
+	}
 	ph.TTFTP50Ms, ph.TTFTP90Ms = float64(stats.Quantile(ph.ttfts, 0.5))/1e6, float64(stats.Quantile(ph.ttfts, 0.9))/1e6
 	ph.SelectP50Us, ph.SelectP99Us = float64(stats.Quantile(ph.selDur, 0.5))/1e3, float64(stats.Quantile(ph.selDur, 0.99))/1e3
 	ph.WallSeconds = wall.Seconds()
 	ph.Throughput = float64(len(ph.ttfts)) / wall.Seconds()
-	if ph.Policy != PolicyKVSelect {
+	if ph.Policy == PolicyRoundRobin {
 		return nil
 	}
 	if ph.LoadAfterRun, err = fl.KV.ActiveRequests(ctx); err != nil {
 		return err
+	}
+	if ph.InFlight != nil {
+		// Bookings kvselect ends at an estimate (NGF's path) may trail the
+		// last response a little; what is still held after a grace is a
+		// leak.
+		t0 := time.Now()
+		if ph.InFlight.BookingsLeft, err = fl.KV.Settle(ctx, settleLimit); err != nil {
+			return err
+		}
+		ph.InFlight.DrainMs = float64(time.Since(t0)) / 1e6
 	}
 	pick1, err := fl.KV.Metrics(ctx)
 	if err != nil {

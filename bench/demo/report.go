@@ -32,12 +32,43 @@ func (rep *Report) Table(w io.Writer) error {
 		}
 		return fmt.Sprintf("%.0f / %.0f", p.SelectP50Us, p.SelectP99Us)
 	})
-	row("requests per worker", func(p Phase) string { return strings.Trim(fmt.Sprint(p.PerWorker), "[]") })
+	row("kvselect CPU per request (µs)", func(p Phase) string {
+		if p.CPUPerRequestUs == 0 {
+			return "-"
+		}
+		return fmt.Sprintf("%.0f", p.CPUPerRequestUs)
+	})
+	row("bookings within ±1 of client in flight", func(p Phase) string {
+		if p.InFlight == nil || p.InFlight.Samples == 0 {
+			return "-"
+		}
+		return fmt.Sprintf("%.1f %% of %d", 100*p.InFlight.Within1, p.InFlight.Samples)
+	})
+	row("bookings left after the run", func(p Phase) string {
+		if p.InFlight == nil {
+			return "-"
+		}
+		return fmt.Sprintf("%d (drained in %.0f ms)", p.InFlight.BookingsLeft, p.InFlight.DrainMs)
+	})
+	row("requests per worker", func(p Phase) string {
+		if p.Path == PathNGINX && p.Routed() == 0 {
+			return "- (the engines do not name themselves)"
+		}
+		return strings.Trim(fmt.Sprint(p.PerWorker), "[]")
+	})
 	row("errors", func(p Phase) string { return strconv.Itoa(p.Errors) })
 	if err := tw.Flush(); err != nil {
 		return err
 	}
 	for _, p := range rep.Phases {
+		if p.Path == PathNGINX {
+			transport := "plaintext"
+			if p.TLS {
+				transport = "TLS, unverified"
+			}
+			fmt.Fprintf(w, "\nkvselect-nginx: NGINX running NGINX Gateway Fabric's epp.js, its shim, kvselect's ext_proc picker (%s);\n"+
+				"the shim never sends the response phase, so kvselect ends those bookings at an estimated end (--booking-end auto).\n", transport)
+		}
 		if p.Policy == PolicyKVSelect {
 			fmt.Fprintf(w, "\nkvselect active requests after the run: %d (every booking freed when its response ended)\n", p.LoadAfterRun)
 			fmt.Fprintln(w, "decision time: kvselect's own is its kvselect_extproc_pick_duration_seconds histogram (body parse, selection,\n"+
@@ -46,7 +77,29 @@ func (rep *Report) Table(w io.Writer) error {
 				"machine's CPUs: on a small shared machine that queueing, not the picker, is most of it.")
 		}
 	}
+	if g := rep.Gateway; g != nil {
+		met := func(ok bool) string {
+			if ok {
+				return "met"
+			}
+			return "MISSED"
+		}
+		fmt.Fprintf(w, "\nNGINX path vs envoysim path (goals):\n")
+		fmt.Fprintf(w, "  hit rate            %+.1f %%  (at most 5 %% lower: %s)\n", 100*g.HitRateDelta, met(g.HitRateMet))
+		fmt.Fprintf(w, "  TTFT p90            %+.1f %%  (at most 5 %% slower: %s)\n", 100*g.TTFTP90Delta, met(g.TTFTMet))
+		fmt.Fprintf(w, "  in-flight samples   %.1f %% within ±1, %d bookings left  (≥ 95 %% and 0: %s)\n", 100*g.InFlightWithin1, g.BookingsLeft, met(g.InFlightMet))
+		fmt.Fprintf(w, "  kvselect CPU/req    %.2f× envoysim's  (at most 2×: %s)\n", g.CPURatio, met(g.CPUMet))
+	}
 	return nil
+}
+
+// Routed is how many of the phase's requests were counted on a worker.
+func (p Phase) Routed() int {
+	n := 0
+	for _, c := range p.PerWorker {
+		n += c
+	}
+	return n
 }
 
 // Charts are the hit rate, its course over each phase, the TTFT

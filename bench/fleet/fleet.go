@@ -37,6 +37,9 @@ type Config struct {
 	// [Prefix-]sim-N.log.
 	Dir, Prefix  string
 	KVSelectArgs []string
+	// ExtProcTLS serves the picker over TLS (a self-signed certificate,
+	// --extproc-secure-serving), which Conn dials without verifying it.
+	ExtProcTLS bool
 	// HTTP is the client for kvselect's REST API and the engines.
 	HTTP *http.Client
 	// Progress hears what started and where the status page is; nil: nothing.
@@ -49,7 +52,7 @@ type Fleet struct {
 	Model   string   // what the engines serve
 	Workers []string // host:port of each engine, worker id i+1 at index i
 	HTTP    *http.Client
-	Conn    *grpc.ClientConn // to the picker, as Envoy dials it (plaintext)
+	Conn    *grpc.ClientConn // to the picker, as Envoy dials it (TLS with Config.ExtProcTLS)
 	procs   []*Process
 	engines []CollectorEngine
 }
@@ -83,6 +86,9 @@ func Start(ctx context.Context, c Config) (_ *Fleet, err error) {
 		fl.Model, collector = SimModel, "tcp://127.0.0.1:"+strconv.Itoa(ports[2])
 		args = append([]string{"--kv-events-bind", collector}, args...)
 	}
+	if c.ExtProcTLS {
+		args = append([]string{"--extproc-secure-serving"}, args...)
+	}
 	if fl.KV, err = StartKVSelect(ctx, KVSelectConfig{Binary: c.KVSelect, Name: c.name("kvselect"), Dir: c.Dir,
 		Port: ports[0], ExtProcPort: ports[1], Args: args, HTTP: fl.HTTP}); err != nil {
 		return nil, err
@@ -108,7 +114,7 @@ func Start(ctx context.Context, c Config) (_ *Fleet, err error) {
 	if err := fl.KV.WaitWorkers(ctx, c.Workers, 60*time.Second); err != nil {
 		return nil, fmt.Errorf("%w (logs in %s)", err, c.Dir)
 	}
-	if fl.Conn, err = fl.KV.Dial(false); err != nil {
+	if fl.Conn, err = fl.KV.Dial(c.ExtProcTLS); err != nil {
 		return nil, err
 	}
 	return fl, nil
@@ -195,6 +201,16 @@ func (fl *Fleet) Worker(endpoint string) int {
 		}
 	}
 	return -1
+}
+
+// WorkerByID is the index of the mock worker that named itself id (its
+// x-kvselect-worker-id, i+1 for index i), -1 for none.
+func (fl *Fleet) WorkerByID(id string) int {
+	n, err := strconv.Atoi(id)
+	if err != nil || n < 1 || n > len(fl.Workers) {
+		return -1
+	}
+	return n - 1
 }
 
 // CacheCounters sums the engines' prefix-cache counters (tokens).

@@ -102,6 +102,10 @@ type Result struct {
 	// generated text, the first included: their gaps are the inter-token
 	// latencies a client sees (one event per token for OpenAI streams).
 	Events []time.Duration
+	// WorkerID is the answer's x-kvselect-worker-id header (Direct only):
+	// kvselect's mock workers name themselves, which tells who served a
+	// request a gateway routed; "" when absent.
+	WorkerID string
 	// Abandoned is where the client gave up (Relay.Abandon); StageNone when
 	// it did not. An abandoned request is no error.
 	Abandoned Stage
@@ -268,7 +272,7 @@ func Direct(ctx context.Context, hc *http.Client, url string, body []byte) (Resu
 		return Result{}, err
 	}
 	defer resp.Body.Close()
-	res := Result{Status: resp.StatusCode}
+	res := Result{Status: resp.StatusCode, WorkerID: resp.Header.Get("x-kvselect-worker-id")}
 	if resp.StatusCode != http.StatusOK {
 		b, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
 		return res, fmt.Errorf("worker %s answered %s: %s", url, resp.Status, bytes.TrimSpace(b))

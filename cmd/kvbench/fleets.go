@@ -16,6 +16,7 @@ import (
 	"github.com/kvselect/kvselect/bench/demo"
 	"github.com/kvselect/kvselect/bench/fleet"
 	"github.com/kvselect/kvselect/bench/health"
+	"github.com/kvselect/kvselect/bench/ngf"
 	"github.com/kvselect/kvselect/bench/observe"
 	"github.com/kvselect/kvselect/bench/soak"
 	"github.com/kvselect/kvselect/bench/suite"
@@ -42,6 +43,9 @@ func demoCmd(fs *flag.FlagSet, _ []string) func(context.Context, io.Writer, io.W
 	c.Spec.RegisterFamily(fs)
 	benchflag.Alias(fs, "engines", "engine-family")
 	fs.IntVar(&c.Engine.MaxNumSeqs, "max-num-seqs", c.Engine.MaxNumSeqs, "llm-d-inference-sim's --max-num-seqs: requests an engine runs at once, the rest wait in its queue")
+	fs.StringVar(&c.Gateway, "gateway", "", "also replay the trace through this `gateway` beside envoysim: "+demo.GatewayNGINX+" (NGINX running NGINX Gateway Fabric's epp.js and shim; needs -ngf-shim-dir, nginx and its njs module)")
+	fs.StringVar(&c.NGFShimDir, "ngf-shim-dir", os.Getenv(ngf.EnvShimDir), "`folder` holding NGINX Gateway Fabric's ngf-epp-shim, epp.js and nginx.example.conf (default $"+ngf.EnvShimDir+")")
+	fs.BoolVar(&c.ExtProcTLS, "extproc-tls", false, "serve kvselect's ext_proc picker over TLS (self-signed); envoysim and NGF's shim reach it without verifying the certificate")
 	return func(ctx context.Context, stdout, stderr io.Writer) error {
 		_, err := demo.Run(ctx, c, stdout, stderr)
 		return err

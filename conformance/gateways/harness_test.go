@@ -18,28 +18,19 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvselect/kvselect/bench/ngf"
 	"github.com/kvselect/kvselect/internal/peerproc"
 )
 
 const (
-	// Environment: where NGF's shim, epp.js and nginx.example.conf are, and
-	// the switch that turns a missing gateway into a failure.
-	envShimDir        = "KVSELECT_NGF_SHIM_DIR"
-	envRequire        = "KVSELECT_REQUIRE_GATEWAYS"
+	// Environment: the binaries under test (built when unset).
 	envKvselectBin    = "KVSELECT_BIN"
 	envMockWorkerBin  = "KVSELECT_MOCKWORKER_BIN"
-	njsModule         = "/usr/lib/nginx/modules/ngx_http_js_module.so"
-	nginxHowTo        = "apt-get install nginx-light libnginx-mod-http-js"
-	shimHowTo         = "set " + envShimDir + " to a folder holding NGF's ngf-epp-shim binary, epp.js and nginx.example.conf"
 	model             = "fake-model"
 	blockSize         = 16
 	requestTimeout    = 30 * time.Second
 	processStartLimit = 30 * time.Second
 )
-
-// shimAddr is where NGF's epp.js looks for the shim (SHIM_URI): fixed in
-// NGF's source, so the tests cannot give each run a port of its own.
-const shimAddr = "127.0.0.1:54800"
 
 // bins are the kvselect and mock worker binaries the tests run.
 type bins struct {
@@ -106,26 +97,11 @@ func (l *lazyBins) build() (bins, error) {
 	return b, nil
 }
 
-func required() bool {
-	return os.Getenv(envRequire) != "" || os.Getenv(peerproc.EnvRequireAll) != ""
-}
-
-// ngf returns the shim's folder, or why the gateway cannot run here.
-func ngf() (dir, problem string) {
-	dir = os.Getenv(envShimDir)
-	if dir == "" {
-		return "", envShimDir + " is not set; " + shimHowTo
-	}
-	for _, f := range []string{"ngf-epp-shim", "epp.js", "nginx.example.conf"} {
-		if _, err := os.Stat(filepath.Join(dir, f)); err != nil {
-			return "", fmt.Sprintf("%s=%s: %v; %s", envShimDir, dir, err, shimHowTo)
-		}
-	}
-	if _, err := exec.LookPath("nginx"); err != nil {
-		return "", "nginx is not on PATH; " + nginxHowTo
-	}
-	if _, err := os.Stat(njsModule); err != nil {
-		return "", fmt.Sprintf("the njs module is missing (%v); %s", err, nginxHowTo)
+// ngfDir returns the shim's folder, or why the gateway cannot run here.
+func ngfDir() (dir, problem string) {
+	dir = os.Getenv(ngf.EnvShimDir)
+	if err := ngf.Check(dir); err != nil {
+		return "", err.Error()
 	}
 	return dir, ""
 }
@@ -134,14 +110,14 @@ func ngf() (dir, problem string) {
 // gateway is required.
 func needNGF(t *testing.T) string {
 	t.Helper()
-	dir, problem := ngf()
+	dir, problem := ngfDir()
 	if problem == "" {
 		return dir
 	}
-	if required() {
-		t.Fatalf("%s (required: %s or %s is set)", problem, envRequire, peerproc.EnvRequireAll)
+	if ngf.Required() {
+		t.Fatalf("%s (required: %s or %s is set)", problem, ngf.EnvRequire, peerproc.EnvRequireAll)
 	}
-	t.Skipf("%s (%s=1 makes this a failure)", problem, envRequire)
+	t.Skipf("%s (%s=1 makes this a failure)", problem, ngf.EnvRequire)
 	return ""
 }
 
@@ -156,15 +132,14 @@ type gateway struct {
 // example with this test's ports, asking the picker at extproc.
 func startGateway(t *testing.T, shimDir string, extproc string) *gateway {
 	t.Helper()
-	if c, err := net.DialTimeout("tcp", shimAddr, time.Second); err == nil {
-		c.Close()
-		t.Fatalf("%s is taken: another instance of this suite (or an NGF shim) is running; NGF fixes the shim's port, so the suite cannot run twice at once", shimAddr)
+	if err := ngf.ShimTaken(); err != nil {
+		t.Fatal(err)
 	}
 	shimLog := &peerproc.LogBuffer{}
 	shim := exec.Command(filepath.Join(shimDir, "ngf-epp-shim"), "--endpoint-picker-disable-tls")
 	shim.Stdout, shim.Stderr = shimLog, shimLog
 	startProcess(t, "ngf-epp-shim", shim, shimLog)
-	waitListening(t, "ngf-epp-shim", shimAddr)
+	waitListening(t, "ngf-epp-shim", ngf.ShimAddr)
 
 	run := t.TempDir()
 	port := freePort(t)
@@ -172,7 +147,7 @@ func startGateway(t *testing.T, shimDir string, extproc string) *gateway {
 	if err != nil {
 		t.Fatal(err)
 	}
-	conf, err := nginxConf(shimDir, run, port, epPort)
+	conf, err := ngf.Conf(shimDir, run, port, epPort)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -194,30 +169,6 @@ func startGateway(t *testing.T, shimDir string, extproc string) *gateway {
 	})
 	waitListening(t, "nginx", "127.0.0.1:"+strconv.Itoa(port))
 	return g
-}
-
-// nginxConf is NGF's example configuration with this run's folder, listener
-// and picker port, in the foreground as the test's child: daemon off, and no
-// master process, so that stopping the process stops NGINX.
-func nginxConf(shimDir, run string, port int, epPort string) ([]byte, error) {
-	raw, err := os.ReadFile(filepath.Join(shimDir, "nginx.example.conf"))
-	if err != nil {
-		return nil, fmt.Errorf("read the example configuration: %w", err)
-	}
-	conf := string(raw)
-	for _, r := range []struct{ old, new string }{
-		{"/PATH/TO/run", run},
-		{"/PATH/TO/ngf-epp-shim", shimDir},
-		{"listen 127.0.0.1:8080;", "listen 127.0.0.1:" + strconv.Itoa(port) + ";"},
-		{"set $epp_port 9002;", "set $epp_port " + epPort + ";"},
-		{"load_module " + njsModule + ";", "load_module " + njsModule + ";\ndaemon off;\nmaster_process off;"},
-	} {
-		if !strings.Contains(conf, r.old) {
-			return nil, fmt.Errorf("nginx.example.conf no longer has %q: the suite's rewrite needs updating", r.old)
-		}
-		conf = strings.ReplaceAll(conf, r.old, r.new)
-	}
-	return []byte(conf), nil
 }
 
 func (g *gateway) errorLog(t *testing.T) string {
