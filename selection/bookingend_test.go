@@ -48,7 +48,22 @@ func newEndService(t *testing.T) (*Service, *fakeClock, *endRecorder) {
 	return s, clock, rec
 }
 
+// TestEstimatedEndKeepsBookingsUntilTheirEnd runs with the upkeep's whole
+// Maintain and with MaintainEnds, the finer tick a server runs while it keeps
+// bookings to estimated ends: either completes the prefill and frees them.
 func TestEstimatedEndKeepsBookingsUntilTheirEnd(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		maintain func(*Service)
+	}{
+		{"Maintain", func(s *Service) { s.Maintain(bg) }},
+		{"MaintainEnds", func(s *Service) { s.MaintainEnds(bg) }},
+	} {
+		t.Run(tc.name, func(t *testing.T) { estimatedEndsKept(t, tc.maintain) })
+	}
+}
+
+func estimatedEndsKept(t *testing.T, maintain func(*Service)) {
 	s, clock, rec := newEndService(t)
 	const n = 4
 	// Each decision's predictions see the bookings before it: the ends
@@ -83,18 +98,18 @@ func TestEstimatedEndKeepsBookingsUntilTheirEnd(t *testing.T) {
 
 	// Past the estimated first token: the prefill load goes, the requests stay.
 	clock.Add(e.PrefillAt.Sub(clock.Now()))
-	s.Maintain(bg)
+	maintain(s)
 	if l := loadOf(t, s); l.ActiveRequests != n || l.PotentialPrefillTokens != 0 {
 		t.Fatalf("loads after the estimated first tokens = %+v, want %d active, none prefilling", l, n)
 	}
 	// Just before the end nothing is freed; at it, everything is.
 	clock.Add(first.Sub(clock.Now()) - time.Millisecond)
-	s.Maintain(bg)
+	maintain(s)
 	if l := loadOf(t, s); l.ActiveRequests != n {
 		t.Fatalf("loads before the estimated end = %+v", l)
 	}
 	clock.Add(last.Sub(clock.Now()))
-	s.Maintain(bg)
+	maintain(s)
 	if l := loadOf(t, s); l.ActiveRequests != 0 || l.PotentialDecodeBlocks != 0 {
 		t.Fatalf("loads after the estimated end = %+v, want none", l)
 	}

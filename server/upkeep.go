@@ -8,6 +8,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/kvselect/kvselect/extproc"
 	"github.com/kvselect/kvselect/replicas/recovery"
 	"github.com/kvselect/kvselect/selection"
 )
@@ -31,19 +32,34 @@ func upkeepInterval(svc *selection.Service) time.Duration {
 	return maintainEvery
 }
 
+// endsEvery is the cadence of svc.MaintainEnds while bookings may be kept to
+// an estimated end (--booking-end auto or estimate): how late past its
+// estimate such a booking is freed. Behind NGINX Gateway Fabric, which hides
+// every response, requests of a few hundred milliseconds were counted in
+// /loads for up to maintainEvery (5 s) after their estimated end; the tick
+// reads only the bookings being kept, so it costs nothing when there are
+// none.
+const endsEvery = 100 * time.Millisecond
+
 // Upkeep calls svc.Maintain every interval until ctx ends: the one timer of
 // the selection core, which starts none of its own. Run starts it; a program
 // that embeds a selection.Service without Run starts it the same way, in a
-// goroutine of its own.
-func Upkeep(ctx context.Context, svc *selection.Service, every time.Duration) {
-	t := time.NewTicker(every)
+// goroutine of its own (and, when it keeps bookings to estimated ends,
+// svc.MaintainEnds at a finer cadence).
+func Upkeep(ctx context.Context, svc *selection.Service, interval time.Duration) {
+	every(ctx, interval, func() { svc.Maintain(ctx) })
+}
+
+// every calls fn every interval until ctx ends.
+func every(ctx context.Context, interval time.Duration, fn func()) {
+	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-			svc.Maintain(ctx)
+			fn()
 		}
 	}
 }
@@ -58,6 +74,9 @@ func startUpkeep(ctx context.Context, o *options, svc *selection.Service, startD
 	upkeep, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	wg.Go(func() { Upkeep(upkeep, svc, upkeepInterval(svc)) })
+	if o.bookEnd.mode != extproc.BookingEndResponse {
+		wg.Go(func() { every(upkeep, endsEvery, func() { svc.MaintainEnds(upkeep) }) })
+	}
 	startDiscovery(upkeep, &wg)
 	wg.Go(o.engines.startEngines(upkeep, svc, reg, log))
 	if len(o.indexerPeers) > 0 {

@@ -145,7 +145,13 @@ func Start(ctx context.Context, c Config) (_ *Gateway, err error) {
 		}
 		return c.Prefix + "-" + n
 	}
-	g := &Gateway{RunDir: filepath.Join(c.Dir, name("nginx-run"))}
+	// NGINX resolves relative paths against its prefix (-p), so every path
+	// it is given is absolute: a relative -out would otherwise be doubled.
+	dir, err := filepath.Abs(c.Dir)
+	if err != nil {
+		return nil, fmt.Errorf("ngf: the run folder: %w", err)
+	}
+	g := &Gateway{RunDir: filepath.Join(dir, name("nginx-run"))}
 	defer func() {
 		if err != nil {
 			g.Stop()
