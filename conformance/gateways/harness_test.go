@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -124,60 +123,36 @@ func needNGF(t *testing.T) string {
 // ---- the gateway: NGF's shim and NGINX running epp.js ----
 
 type gateway struct {
-	url    string // http://127.0.0.1:port, NGINX's listener
-	runDir string
+	url string // http://127.0.0.1:port, NGINX's listener
+	ngf *ngf.Gateway
 }
 
 // startGateway starts NGF's shim and an NGINX whose configuration is NGF's
-// example with this test's ports, asking the picker at extproc.
+// example with this test's ports, asking the picker at extproc (bench/ngf,
+// which kvbench demo -gateway nginx starts the same way).
 func startGateway(t *testing.T, shimDir string, extproc string) *gateway {
 	t.Helper()
-	if err := ngf.ShimTaken(); err != nil {
-		t.Fatal(err)
-	}
-	shimLog := &peerproc.LogBuffer{}
-	shim := exec.Command(filepath.Join(shimDir, "ngf-epp-shim"), "--endpoint-picker-disable-tls")
-	shim.Stdout, shim.Stderr = shimLog, shimLog
-	startProcess(t, "ngf-epp-shim", shim, shimLog)
-	waitListening(t, "ngf-epp-shim", ngf.ShimAddr)
-
-	run := t.TempDir()
-	port := freePort(t)
-	_, epPort, err := net.SplitHostPort(extproc)
+	ng, err := ngf.Start(t.Context(), ngf.Config{ShimDir: shimDir, Dir: t.TempDir(), ExtProc: extproc})
 	if err != nil {
 		t.Fatal(err)
 	}
-	conf, err := ngf.Conf(shimDir, run, port, epPort)
-	if err != nil {
-		t.Fatal(err)
-	}
-	confPath := filepath.Join(run, "nginx.conf")
-	if err := os.WriteFile(confPath, conf, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	nginxLog := &peerproc.LogBuffer{}
-	// -e: NGINX opens its error log before reading the configuration, and
-	// Debian's default (/var/log/nginx) is not writable by a test user.
-	nginx := exec.Command("nginx", "-p", run, "-e", filepath.Join(run, "error.log"), "-c", confPath)
-	nginx.Stdout, nginx.Stderr = nginxLog, nginxLog
-	g := &gateway{url: "http://127.0.0.1:" + strconv.Itoa(port), runDir: run}
-	startProcess(t, "nginx", nginx, nginxLog)
+	g := &gateway{url: ng.URL, ngf: ng}
 	t.Cleanup(func() {
 		if t.Failed() {
 			t.Logf("nginx error.log:\n%s", tail(g.errorLog(t), 4000))
 		}
+		ng.Stop()
 	})
-	waitListening(t, "nginx", "127.0.0.1:"+strconv.Itoa(port))
 	return g
 }
 
 func (g *gateway) errorLog(t *testing.T) string {
 	t.Helper()
-	raw, err := os.ReadFile(filepath.Join(g.runDir, "error.log"))
-	if err != nil && !os.IsNotExist(err) {
+	log, err := g.ngf.ErrorLog()
+	if err != nil {
 		t.Fatal(err)
 	}
-	return string(raw)
+	return log
 }
 
 // ---- kvselect ----
@@ -510,18 +485,6 @@ func startProcess(t *testing.T, name string, cmd *exec.Cmd, logs *peerproc.LogBu
 		}
 	})
 	return done
-}
-
-func waitListening(t *testing.T, what, addr string) {
-	t.Helper()
-	eventually(t, what+" listening on "+addr, processStartLimit, func() bool {
-		c, err := net.DialTimeout("tcp", addr, time.Second)
-		if err != nil {
-			return false
-		}
-		c.Close()
-		return true
-	})
 }
 
 func freePort(t *testing.T) int {
