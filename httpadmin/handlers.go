@@ -1,6 +1,7 @@
 package httpadmin
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -340,7 +341,22 @@ func (s *server) selectAndReserve(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
+	if resp.SelectionID != nil {
+		s.estimateEnd(r.Context(), *resp.SelectionID)
+	}
 	writeJSON(w, http.StatusOK, resp)
+}
+
+// estimateEnd keeps booking id to its estimated end (Options.EstimateEnds).
+// The booking stands either way: a failure (the caller freed it already)
+// is logged, not answered.
+func (s *server) estimateEnd(ctx context.Context, id string) {
+	if !s.opts.EstimateEnds {
+		return
+	}
+	if _, err := s.svc.EndByEstimate(ctx, id, 0); err != nil {
+		s.log.Debug("booking not kept to an estimated end", "selection_id", id, "err", err)
+	}
 }
 
 // ---- reservations: POST /reservations and the booking lifecycle ----
@@ -366,6 +382,7 @@ func (s *server) reserve(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
+	s.estimateEnd(r.Context(), resp.SelectionID)
 	writeJSON(w, http.StatusCreated, resp)
 }
 

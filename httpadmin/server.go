@@ -59,6 +59,13 @@ type Options struct {
 	// status page, continuing the caller's traceparent; tracing.Off() when
 	// nil.
 	Tracing *tracing.Tracing
+	// EstimateEnds keeps every booking made over REST (select_and_reserve,
+	// reservations) to its estimated end unless it is freed first
+	// (selection.Service.EndByEstimate): for callers that book and never
+	// free, whose bookings would otherwise count in the loads until the
+	// 300 s active-request expiry. Off: a booking lasts until freed, as in
+	// Dynamo.
+	EstimateEnds bool
 }
 
 // PeerManager is the replica-sync peer membership behind /replica_sync/*.
@@ -84,6 +91,7 @@ type server struct {
 	scopes     map[string]access.Scope // route pattern → the scope it needs; 0: open
 	objectives *flow.Objectives
 	tracing    *tracing.Tracing
+	opts       Options
 }
 
 // route is one registered route. The table below is the single source of the
@@ -127,7 +135,7 @@ var routes = []route{
 // New returns the REST API over svc.
 func New(svc *selection.Service, opts Options) http.Handler {
 	s := &server{svc: svc, peers: opts.Peers, log: opts.Logger, mux: http.NewServeMux(), tokenizer: opts.Tokenizer,
-		auth: opts.Auth, scopes: make(map[string]access.Scope), objectives: opts.Objectives, tracing: opts.Tracing}
+		auth: opts.Auth, scopes: make(map[string]access.Scope), objectives: opts.Objectives, tracing: opts.Tracing, opts: opts}
 	if s.tracing == nil {
 		s.tracing = tracing.Off()
 	}

@@ -40,6 +40,10 @@ const (
 	// before it because its engine reported fewer requests than such
 	// bookings on its rank (EngineCorrection); Estimated and Actual set.
 	BookingEndedByEngine
+	// BookingFirstTokenSeen: the engine stored the prompt of a booking
+	// kept to an estimated end (prefillseen.go); Estimated is its
+	// estimated time to first token, Actual the one seen.
+	BookingFirstTokenSeen
 )
 
 // endBy says who ends a booking (free).
@@ -52,9 +56,14 @@ const (
 )
 
 // engineGrace is how long a booking may take to reach its engine's counts:
-// the request's trip from the gateway, and the scrape's own duration. An
-// estimated booking younger than this at a scrape is not compared with it.
-const engineGrace = 2 * time.Second
+// the request's trip from the gateway, the engine's own work before it
+// queues a request (an OpenAI server tokenizes the prompt first), and the
+// scrape's duration (a snapshot is stamped when its answer was read). An
+// estimated booking younger than this at a scrape is not compared with it,
+// unless its engine already stored its prompt (prefillseen.go). Longer only
+// leaves finished requests booked until the next scrape; shorter would end
+// bookings the engine has not counted yet.
+const engineGrace = 500 * time.Millisecond
 
 // BookingEndEvent is one booking end, for metrics (Config.OnBookingEnd).
 // Lifetimes are in seconds from the booking.
@@ -62,6 +71,9 @@ type BookingEndEvent struct {
 	Kind              BookingEndKind
 	Model             string
 	Estimated, Actual float64
+	// Unseen, on BookingEndedByEstimate: the booking waited for a first
+	// token its engine never reported, and was freed when it gave up.
+	Unseen bool
 }
 
 // EndByEstimate keeps booking id until its estimated end instead of
@@ -79,7 +91,8 @@ func (s *Service) EndByEstimate(ctx context.Context, id string, limit int) (time
 	}
 	now := s.clock()
 	est, start := s.estimate(r, limit, now)
-	e := reservation.End{Start: start, PrefillAt: start.Add(est.TTFT), At: start.Add(est.Lifetime), Lifetime: est.Lifetime}
+	e := reservation.End{Start: start, PrefillAt: start.Add(est.TTFT), At: start.Add(est.Lifetime), Lifetime: est.Lifetime, TTFT: est.TTFT}
+	e.Await = s.await(r, e)
 	if !s.resv.SetEnd(id, r, e) {
 		if _, err := s.resv.Booked(id); err != nil {
 			return time.Time{}, err
@@ -88,12 +101,30 @@ func (s *Service) EndByEstimate(ctx context.Context, id string, limit int) (time
 	}
 	s.onBookingEnd(BookingEndEvent{Kind: BookingEndSet, Model: r.Part.Key().Model, Estimated: est.Lifetime.Seconds()})
 	// Already due (a decision long ago, a zero estimate): act now rather
-	// than at the next upkeep.
+	// than at the next wake.
 	if !e.PrefillAt.After(now) || !e.At.After(now) {
 		s.endDue(ctx, now)
 	}
+	s.wakeEnds(e.PrefillAt) // never after e.At (bookingend.Estimate)
 	return e.At, nil
 }
+
+// wakeEnds signals EndsChanged when at comes before the instant the ends
+// loop sleeps until, or when that is unknown.
+func (s *Service) wakeEnds(at time.Time) {
+	if armed := s.endsArmed.Load(); armed != 0 && at.UnixNano() >= armed {
+		return
+	}
+	select {
+	case s.endsWake <- struct{}{}:
+	default: // a wake is pending already
+	}
+}
+
+// EndsChanged is signalled when a booking was given an estimated end due
+// before the instant MaintainEnds last returned: a loop sleeping until that
+// instant wakes and calls MaintainEnds again.
+func (s *Service) EndsChanged() <-chan struct{} { return s.endsWake }
 
 // estimate is r's estimated course and the time it counts from: the
 // decision when the booking was traced, else now.
@@ -115,22 +146,31 @@ func (s *Service) estimate(r *reservation.Row, limit int, now time.Time) (bookin
 	return s.ends.Estimate(model, req), start
 }
 
+// MaintainEnds does Maintain's share for bookings kept to an estimated end
+// (EndByEstimate), alone: their prefill completes and they are freed once
+// due. It returns the next instant something will be due (ok false: none
+// is kept), which a server sleeps until, waking early on EndsChanged.
+// Maintain's cadence (seconds) would keep each booking that much past its
+// end, and behind a gateway that hides every response most requests last
+// less than that: every millisecond a booking outlives its request is
+// counted in the loads. It reads only what is due.
+func (s *Service) MaintainEnds(ctx context.Context) (next time.Time, ok bool) {
+	// Unknown while the next instant is read: an end set meanwhile
+	// signals, so none is slept through.
+	s.endsArmed.Store(0)
+	s.endDue(ctx, s.clock())
+	next, ok = s.resv.NextDue()
+	if ok {
+		s.endsArmed.Store(next.UnixNano())
+	} else {
+		s.endsArmed.Store(math.MaxInt64)
+	}
+	return next, ok
+}
+
 // endDue completes the prefills and frees the bookings whose estimated
 // first token and end have come by now. A booking freed meanwhile is not
 // found, which is fine.
-// MaintainEnds does Maintain's share for bookings kept to an estimated end
-// (EndByEstimate), alone: their prefill completes and they are freed once
-// due. Maintain's cadence (seconds) would keep each one that much past its
-// end, and behind a gateway that hides every response most requests last
-// less than that; so a server keeping bookings to estimated ends calls this
-// more often. It only reads the bookings being kept (none: nothing to do).
-func (s *Service) MaintainEnds(ctx context.Context) {
-	if s.resv.Ending() == 0 {
-		return
-	}
-	s.endDue(ctx, s.clock())
-}
-
 func (s *Service) endDue(ctx context.Context, now time.Time) {
 	prefill, ended := s.resv.Due(now)
 	for _, id := range prefill {

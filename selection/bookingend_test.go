@@ -3,10 +3,14 @@ package selection
 import (
 	"fmt"
 	"math/rand/v2"
+	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/kvselect/kvselect/selection/index"
+	"github.com/kvselect/kvselect/selection/reservation"
 	"github.com/kvselect/kvselect/selection/routerconfig"
 )
 
@@ -217,5 +221,252 @@ func TestEngineCountsEndTheOldestEstimatedBookings(t *testing.T) {
 	}
 	if !s.ReportEngineMetrics(1, EngineSnapshot{At: clock.Now(), Err: "status 500"}) || s.Inspect().EstimatedEnds() != 2 {
 		t.Fatalf("a failed scrape ended bookings: %d left", s.Inspect().EstimatedEnds())
+	}
+}
+
+// storedEvent is a batch of one Stored event of worker's rank 0 holding
+// blocks (public hashes; the engine's own hashes are the same numbers).
+func storedEvent(worker uint64, blocks ...uint64) []index.Event {
+	ev := index.Event{Worker: index.WorkerKey{WorkerID: worker}, Kind: index.EventStored}
+	for _, b := range blocks {
+		ev.Blocks = append(ev.Blocks, index.Block{Ext: b, Local: b})
+	}
+	return []index.Event{ev}
+}
+
+// bookEstimated books id for tokens and keeps it to its estimated end.
+func bookEstimated(t *testing.T, s *Service, id string, tokens ...uint32) (*reservation.Row, reservation.End) {
+	t.Helper()
+	req := selReq(id, tokens...)
+	req.ExpectedOutputTokens = ptr(uint32(100))
+	if _, err := s.SelectAndReserve(bg, req); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.EndByEstimate(bg, id, 0); err != nil {
+		t.Fatal(err)
+	}
+	row, err := s.resv.Booked(id)
+	if err != nil || !row.LastBlockKnown {
+		t.Fatalf("row %+v, %v: want its last block known (a token prompt)", row, err)
+	}
+	e, _ := s.resv.EndOf(id)
+	return row, e
+}
+
+// TestStoredLastBlockMovesTheEstimatedEnd: the engine storing a booking's
+// last prompt block is its first token: later or earlier than estimated,
+// the end moves as much. A block stored on another rank, another block, or
+// another model's, says nothing.
+func TestStoredLastBlockMovesTheEstimatedEnd(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		// shift is when the block is stored, from the estimated first
+		// token; acted is whether the upkeep acted on that estimate first.
+		shift time.Duration
+		acted bool
+	}{
+		{"late, after the estimated first token was acted on", 300 * time.Millisecond, true},
+		{"late, before the upkeep woke", 300 * time.Millisecond, false},
+		{"early", -5 * time.Millisecond, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s, clock, rec := newEndService(t)
+			row, est := bookEstimated(t, s, "w", 1, 2, 3, 4, 5, 6, 7, 8)
+			if tc.acted {
+				clock.Add(est.PrefillAt.Sub(clock.Now()))
+				s.MaintainEnds(bg)
+			}
+			seenAt := est.PrefillAt.Add(tc.shift)
+			clock.Add(seenAt.Sub(clock.Now()))
+			part := row.Part.Key()
+			s.storedSeen(part, storedEvent(2, row.LastBlock))                            // another worker
+			s.storedSeen(part, storedEvent(1, row.LastBlock^1))                          // another block
+			s.storedSeen(index.Partition{Model: "other"}, storedEvent(1, row.LastBlock)) // another model
+			if got, _ := s.resv.EndOf("w"); !got.At.Equal(est.At) || rec.count(BookingFirstTokenSeen) != 0 {
+				t.Fatalf("end moved to %v by a block that is not the booking's (estimated %v)", got.At, est.At)
+			}
+			s.storedSeen(part, storedEvent(1, row.LastBlock-1, row.LastBlock))
+			got, _ := s.resv.EndOf("w")
+			want := est
+			want.PrefillAt, want.At = seenAt, seenAt.Add(est.At.Sub(est.PrefillAt))
+			if !got.At.Equal(want.At) || !got.PrefillAt.Equal(want.PrefillAt) || rec.count(BookingFirstTokenSeen) != 1 {
+				t.Fatalf("after the block was stored: end %+v, want first token %v and end %v (%d seen)", got, want.PrefillAt, want.At, rec.count(BookingFirstTokenSeen))
+			}
+			if l := loadOf(t, s); l.PotentialPrefillTokens != 0 || l.ActiveRequests != 1 {
+				t.Fatalf("loads once the first token was seen = %+v, want the prefill complete, still active", l)
+			}
+			// Stored again (another request's prompt): the end stays.
+			clock.Add(time.Millisecond)
+			s.storedSeen(part, storedEvent(1, row.LastBlock))
+			if again, _ := s.resv.EndOf("w"); !again.At.Equal(got.At) {
+				t.Fatalf("a second store moved the end again: %v, was %v", again.At, got.At)
+			}
+			if next, ok := s.MaintainEnds(bg); !ok || next.After(got.At) {
+				t.Fatalf("next due = %v, %v; want no later than the end %v", next, ok, got.At)
+			}
+			clock.Add(got.At.Sub(clock.Now()))
+			s.MaintainEnds(bg)
+			if s.Inspect().EstimatedEnds() != 0 || s.resv.Watching() {
+				t.Fatalf("at the end: %d ends left, watching %v", s.Inspect().EstimatedEnds(), s.resv.Watching())
+			}
+		})
+	}
+}
+
+// TestAwaitedFirstTokenKeepsTheBooking: on a rank whose engine stores
+// blocks, a booking whose last block is not cached there is kept past its
+// estimated end until its engine begins it, or until it gives up waiting.
+func TestAwaitedFirstTokenKeepsTheBooking(t *testing.T) {
+	s, clock, rec := newEndService(t)
+	// Without a store from the rank first, nothing is awaited.
+	coldRow, cold := bookEstimated(t, s, "cold", 101, 102, 103, 104)
+	if !cold.Await.IsZero() {
+		t.Fatalf("awaits a first token from a rank that never stored a block: %+v", cold)
+	}
+	s.storedSeen(coldRow.Part.Key(), storedEvent(1, 999)) // the rank's events flow
+	row, est := bookEstimated(t, s, "queued", 1, 2, 3, 4, 5, 6, 7, 8)
+	if est.Await.IsZero() || !est.Await.After(est.At) || est.Await.Sub(est.Start) > s.ends.Config().Max {
+		t.Fatalf("end %+v: want the first token awaited past the estimated end, within the cap", est)
+	}
+	// The estimated end passes: the request is still queued, so kept.
+	clock.Add(est.At.Sub(clock.Now()) + time.Millisecond)
+	s.MaintainEnds(bg)
+	if _, err := s.resv.Booked("queued"); err != nil {
+		t.Fatal("freed at its estimated end while its first token was awaited")
+	}
+	if _, err := s.resv.Booked("cold"); err == nil {
+		t.Fatal("the unawaited booking outlived its estimated end")
+	}
+	// The engine begins it late: the end is the decode estimate from then.
+	seen := clock.Now().Add(2 * time.Second)
+	clock.Add(seen.Sub(clock.Now()))
+	s.storedSeen(row.Part.Key(), storedEvent(1, row.LastBlock))
+	got, _ := s.resv.EndOf("queued")
+	if want := seen.Add(est.At.Sub(est.PrefillAt)); !got.At.Equal(want) {
+		t.Fatalf("end after the late first token = %v, want %v", got.At, want)
+	}
+	if next, _ := s.MaintainEnds(bg); !next.Equal(got.At) {
+		t.Fatalf("next due %v, want the moved end %v", next, got.At)
+	}
+
+	// Never begun (events lost): freed when it gives up waiting.
+	_, lost := bookEstimated(t, s, "lost", 11, 12, 13, 14, 15, 16, 17, 18)
+	if lost.Await.IsZero() {
+		t.Fatal("no first token awaited on a rank whose events flow")
+	}
+	clock.Add(lost.Await.Sub(clock.Now()) - time.Millisecond)
+	s.MaintainEnds(bg)
+	if _, err := s.resv.Booked("lost"); err != nil {
+		t.Fatal("gave up before its wait was over")
+	}
+	clock.Add(time.Millisecond)
+	s.MaintainEnds(bg)
+	if _, err := s.resv.Booked("lost"); err == nil {
+		t.Fatal("still kept once its wait was over")
+	}
+	var unseen []bool
+	for _, e := range rec.events {
+		if e.Kind == BookingEndedByEstimate {
+			unseen = append(unseen, e.Unseen)
+		}
+	}
+	// cold at its estimate, queued at its moved end, lost when it gave up.
+	if !slices.Equal(unseen, []bool{false, false, true}) {
+		t.Fatalf("ends by estimate, unseen: %v; want only the lost one", unseen)
+	}
+}
+
+// TestStoredBeforeTheHangUp: an engine may begin a request before its
+// gateway's stream ends; the store is kept for the estimate, which then
+// awaits nothing.
+func TestStoredBeforeTheHangUp(t *testing.T) {
+	s, clock, _ := newEndService(t)
+	req := selReq("early", 1, 2, 3, 4, 5, 6, 7, 8)
+	if _, err := s.SelectAndReserve(bg, req); err != nil {
+		t.Fatal(err)
+	}
+	row, _ := s.resv.Booked("early")
+	s.storedSeen(row.Part.Key(), storedEvent(1, 999))
+	s.storedSeen(row.Part.Key(), storedEvent(1, row.LastBlock))
+	if _, err := s.EndByEstimate(bg, "early", 0); err != nil {
+		t.Fatal(err)
+	}
+	e, _ := s.resv.EndOf("early")
+	if e.Await.IsZero() {
+		t.Fatalf("end %+v: want a first token expected (the rank stores blocks)", e)
+	}
+	clock.Add(e.At.Sub(clock.Now()))
+	s.MaintainEnds(bg)
+	if _, err := s.resv.Booked("early"); err == nil {
+		t.Fatal("a booking its engine began already was kept past its estimated end, waiting for its first token")
+	}
+}
+
+func TestWatchesAreDroppedWithTheirBookings(t *testing.T) {
+	s, _, _ := newEndService(t)
+	for i := range 3 {
+		// Same prompt, same rank: one block, three bookings on it.
+		if _, err := s.SelectAndReserve(bg, selReq(fmt.Sprintf("d%d", i), 1, 2, 3, 4)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := s.resv.Watches(); n != 3 {
+		t.Fatalf("%d watches, want 3", n)
+	}
+	if err := s.Free(bg, "d1"); err != nil {
+		t.Fatal(err)
+	}
+	if n := s.resv.Watches(); n != 2 {
+		t.Fatalf("after a free: %d watches, want 2", n)
+	}
+	// Expired rather than freed: the watch goes too.
+	s.resv.Release("d0", s.clock())
+	if err := s.Free(bg, "d2"); err != nil {
+		t.Fatal(err)
+	}
+	if s.resv.Watching() || s.resv.Watches() != 0 {
+		t.Fatalf("%d watches left after every booking went", s.resv.Watches())
+	}
+}
+
+func TestTextPromptsAreNotWatched(t *testing.T) {
+	s, _, _ := newEndService(t)
+	req := &SelectRequest{PartitionKey: PartitionKey{ModelName: "model"}, PromptRequest: PromptRequest{PromptText: strings.Repeat("a text prompt hashed by its characters, not its tokens. ", 20)}}
+	req.SelectionID = ptr("t")
+	if _, err := s.SelectAndReserve(bg, req); err != nil {
+		t.Fatal(err)
+	}
+	if s.resv.Watching() {
+		t.Fatal("a text prompt's booking waits for a block hash no engine event carries")
+	}
+}
+
+// TestEngineCountsSeeABookingWhosePromptWasStored: a booking younger than
+// the scrape's grace is compared with the engine's counts once the engine
+// stored its prompt, since it has reached the engine.
+func TestEngineCountsSeeABookingWhosePromptWasStored(t *testing.T) {
+	s, _, _ := newEndService(t)
+	for _, id := range []string{"stored", "unseen"} {
+		req := selReq(id, 1, 2, 3, 4, 5, 6, 7, 8)
+		if id == "unseen" {
+			req = selReq(id, 9, 10, 11, 12)
+		}
+		if _, err := s.SelectAndReserve(bg, req); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.EndByEstimate(bg, id, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	row, _ := s.resv.Booked("stored")
+	s.storedSeen(row.Part.Key(), []index.Event{{Worker: row.Worker, Kind: index.EventStored,
+		Blocks: []index.Block{{Ext: 1, Local: row.LastBlock}}}})
+	if !s.ReportEngineMetrics(1, EngineSnapshot{At: s.clock(), Ranks: map[uint32]EngineRank{AllRanks: {}}}) {
+		t.Fatal("report dropped")
+	}
+	for id, want := range map[string]bool{"stored": false, "unseen": true} {
+		if _, err := s.resv.Booked(id); (err == nil) != want {
+			t.Errorf("%s booked = %v after the engine reported none running, want %v", id, err == nil, want)
+		}
 	}
 }

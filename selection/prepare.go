@@ -232,6 +232,16 @@ type prompt struct {
 	alsoText *prompt
 }
 
+// lastBlock is the public hash of the prompt's last full block when an
+// engine's KV events carry the same hash: a prompt hashed from its token
+// ids (or given its block hashes), not a text's character blocks.
+func (pr *prompt) lastBlock() (hash uint64, ok bool) {
+	if !pr.hashed || pr.text || len(pr.locals) == 0 {
+		return 0, false
+	}
+	return pr.locals[len(pr.locals)-1], true
+}
+
 // promptUse selects the validation rules: selection-like calls need all three
 // hash-path fields, the explicit reservation only sequence hashes and length.
 type promptUse uint8

@@ -71,7 +71,11 @@ func (s *Service) reserveExplicit(ctx context.Context, key index.Partition, req 
 		return nil, err
 	}
 	s.recordRouting(p, w, pr)
-	s.resv.Install(id, &reservation.Row{Part: p, Worker: w, Expected: req.ExpectedOutputTokens})
+	// Its last block is watched, but without a lookup whether the rank
+	// holds it, no first token is awaited (Row.StoreExpected).
+	row := &reservation.Row{Part: p, Worker: w, Expected: req.ExpectedOutputTokens}
+	row.LastBlock, row.LastBlockKnown = pr.lastBlock()
+	s.resv.Install(id, row)
 	s.repl.added(p, &b, pr.lora)
 	return &ReservationResponse{SelectionID: id, ModelName: key.Model, RoutingGroup: key.RoutingGroup,
 		WorkerID: w.WorkerID, DPRank: w.DPRank, Endpoint: rec.EndpointOrEmpty()}, nil
@@ -238,7 +242,8 @@ func (s *Service) free(ctx context.Context, id string, by endBy) error {
 	s.ended(r)
 	switch {
 	case by == endByEstimate:
-		s.onBookingEnd(BookingEndEvent{Kind: BookingEndedByEstimate, Model: r.Part.Key().Model, Estimated: end.Lifetime.Seconds()})
+		s.onBookingEnd(BookingEndEvent{Kind: BookingEndedByEstimate, Model: r.Part.Key().Model, Estimated: end.Lifetime.Seconds(),
+			Unseen: end.Awaited()})
 	case by == endByEngine:
 		s.onBookingEnd(BookingEndEvent{Kind: BookingEndedByEngine, Model: r.Part.Key().Model, Estimated: end.Lifetime.Seconds(),
 			Actual: max(now.Sub(end.Start), 0).Seconds()})

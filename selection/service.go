@@ -200,6 +200,12 @@ type Service struct {
 
 	ends         *bookingend.Estimator // estimated ends (bookingend.go)
 	onBookingEnd func(BookingEndEvent) // Config.OnBookingEnd, or a no-op
+	// endsWake and endsArmed let a server's ends loop (EndsChanged,
+	// MaintainEnds) sleep until the next estimated instant: endsArmed is
+	// the Unix nanoseconds it sleeps until (0: unknown), and a new end due
+	// before that signals endsWake.
+	endsWake  chan struct{}
+	endsArmed atomic.Int64
 }
 
 // New validates cfg and returns the service.
@@ -262,7 +268,7 @@ func New(cfg Config) (*Service, error) {
 		return nil, err
 	}
 	s := &Service{
-		ends: ends, onBookingEnd: cfg.OnBookingEnd,
+		ends: ends, onBookingEnd: cfg.OnBookingEnd, endsWake: make(chan struct{}, 1),
 		flowCfg: flowCfg, onFlow: cfg.OnFlow,
 		disagg:    decisionlog.Disagg{OnPool: cfg.OnPrefillPool},
 		engineCfg: engineCfg,
@@ -280,7 +286,7 @@ func New(cfg Config) (*Service, error) {
 	}
 	s.parts = partition.NewSet((&partitionFactory{indexes: ixs, router: &s.router, set: &s.set, flow: flowCfg, rnd: src, clock: clock}).build)
 	s.judge = partition.Judge{Health: &s.health, Engines: &s.engines, Engine: &s.engineCfg, Router: &s.router, Clock: clock}
-	s.cat = workerCatalog{set: &s.set, listeners: cfg.Listeners, parts: s.parts, resv: &s.resv, gate: &s.gate, clock: clock,
+	s.cat = workerCatalog{set: &s.set, listeners: cfg.Listeners, parts: s.parts, resv: &s.resv, gate: &s.gate, clock: clock, applied: s.storedSeen,
 		attachedRanks: make(map[uint64]attached), records: make(map[uint64]*catalog.Record)}
 	if s.onFlow == nil {
 		s.onFlow = func(FlowEvent) {}
@@ -428,4 +434,5 @@ func (s *Service) Maintain(ctx context.Context) {
 		p.Wake()
 	}
 	s.endDue(ctx, now)
+	s.resv.ForgetStores(now.Add(-storesRecent))
 }

@@ -78,6 +78,11 @@ type RankAttachment struct {
 	BlockSize uint32 // the partition's (frozen) block size
 	Eagle     bool   // the partition's Eagle mode
 	Index     *index.Index
+	// Applied, when set, is told each batch of events once the index
+	// applied it (the events are the listener's: read, not kept). The
+	// service reads, in the blocks an engine stores, the first tokens of
+	// the bookings it keeps to an estimated end (prefillseen.go).
+	Applied func([]index.Event)
 }
 
 // attached is what the service attached for one schedulable worker.
@@ -138,6 +143,7 @@ type workerCatalog struct {
 	resv      *reservation.Table
 	gate      *readiness.Gate
 	clock     func() time.Time
+	applied   func(index.Partition, []index.Event) // RankAttachment.Applied of a partition's ranks
 
 	catMu         sync.Mutex          // serializes catalog changes
 	attachedRanks map[uint64]attached // guarded by catMu
@@ -316,6 +322,10 @@ func (c *workerCatalog) reconcileListeners(p *partition.Partition, rec *catalog.
 		wk := index.WorkerKey{WorkerID: rec.WorkerID, DPRank: rank}
 		if c.listeners != nil {
 			a := RankAttachment{Partition: p.Key(), Worker: wk, Endpoints: want[rank], BlockSize: p.BlockSize(), Eagle: p.Eagle(), Index: p.Index()}
+			if c.applied != nil {
+				key := p.Key()
+				a.Applied = func(evs []index.Event) { c.applied(key, evs) }
+			}
 			if err := c.listeners.Attach(a); err != nil {
 				for _, r := range fresh {
 					c.detachRank(p, rec.WorkerID, r)

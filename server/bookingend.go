@@ -17,8 +17,21 @@ import (
 // response phase, such as NGINX Gateway Fabric's shim.
 type bookingEndFlags struct {
 	mode         extproc.BookingEnd
+	rest         string // restEndFree or restEndEstimate
 	max          time.Duration
 	outputTokens int
+}
+
+// --rest-booking-end modes.
+const (
+	restEndFree     = "free"
+	restEndEstimate = "estimate"
+)
+
+// keepsEnds reports whether any front may keep a booking to an estimated
+// end, so that the server runs KeepEnds.
+func (f *bookingEndFlags) keepsEnds() bool {
+	return f.mode != extproc.BookingEndResponse || f.rest == restEndEstimate
 }
 
 func (f *bookingEndFlags) register(fs *flag.FlagSet) {
@@ -30,6 +43,16 @@ func (f *bookingEndFlags) register(fs *flag.FlagSet) {
 			}
 			f.mode = m
 			return nil
+		})
+	f.rest = restEndFree
+	fs.Func("rest-booking-end", "what ends a booking made over REST (/select_and_reserve, /reservations) (`mode`): free (its caller's DELETE /reservations/{id}, else the 300 s active-request expiry, as in Dynamo) or estimate (also its estimated end, for callers that book and never free) (default free)",
+		func(s string) error {
+			switch s {
+			case restEndFree, restEndEstimate:
+				f.rest = s
+				return nil
+			}
+			return fmt.Errorf("REST booking end %q: want free or estimate", s)
 		})
 	fs.DurationVar(&f.max, "booking-estimate-max", bookingend.DefaultMax, "hard cap of a booking's estimated lifetime (`duration`, from its decision); the active-request expiry reclaims every booking after 300 s anyway")
 	fs.IntVar(&f.outputTokens, "booking-estimate-output-tokens", bookingend.DefaultOutputTokens, "output tokens (`n`) expected of a request that states none, until the model's seen responses (8 or more) give their own length")
@@ -60,6 +83,7 @@ type bookingEndMetrics struct {
 	actual    *prometheus.HistogramVec // by model
 	relErr    *prometheus.HistogramVec // by model
 	ended     *prometheus.CounterVec   // by model and how
+	firstErr  *prometheus.HistogramVec // by model
 }
 
 func newBookingEndMetrics() *bookingEndMetrics {
@@ -80,9 +104,14 @@ func newBookingEndMetrics() *bookingEndMetrics {
 			Help:    "(estimated − actual) / actual lifetime of each traced booking whose end was seen (actual floored at 1 ms), by model: negative when the estimate would have freed it early.",
 			Buckets: []float64{-0.9, -0.75, -0.5, -0.25, -0.1, 0, 0.1, 0.25, 0.5, 1, 2, 5, 10},
 		}, []string{"model"}),
+		firstErr: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "kvselect_booking_first_token_error_seconds",
+			Help:    "Estimated minus seen time to first token of each booking kept to an estimated end whose first token its engine's KV events showed (the prompt's last block stored), by model: negative when the estimate was early (the request waited in the engine's queue); its end moved by as much.",
+			Buckets: []float64{-5, -1, -0.5, -0.25, -0.1, -0.05, -0.01, 0, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 5},
+		}, []string{"model"}),
 		ended: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvselect_bookings_ended_by_estimate_total",
-			Help: "Bookings kept to an estimated end (their end was never reported) and freed, by model and how: estimated_end (the upkeep, at the estimate) or engine_counts (earlier: their engine reported fewer running and waiting requests than such bookings on the rank).",
+			Help: "Bookings kept to an estimated end (their end was never reported) and freed, by model and how: estimated_end (at the estimate), first_token_unseen (later: it waited for its engine to report beginning it, and gave up) or engine_counts (earlier: their engine reported fewer running and waiting requests than such bookings on the rank).",
 		}, []string{"model", "how"}),
 	}
 }
@@ -92,9 +121,15 @@ func (m *bookingEndMetrics) observe(ev selection.BookingEndEvent) {
 	case selection.BookingEndSet:
 		m.estimated.WithLabelValues(ev.Model, "estimate").Observe(ev.Estimated)
 	case selection.BookingEndedByEstimate:
-		m.ended.WithLabelValues(ev.Model, "estimated_end").Inc()
+		how := "estimated_end"
+		if ev.Unseen {
+			how = "first_token_unseen"
+		}
+		m.ended.WithLabelValues(ev.Model, how).Inc()
 	case selection.BookingEndedByEngine:
 		m.ended.WithLabelValues(ev.Model, "engine_counts").Inc()
+	case selection.BookingFirstTokenSeen:
+		m.firstErr.WithLabelValues(ev.Model).Observe(ev.Estimated - ev.Actual)
 	case selection.BookingEndSeen:
 		m.estimated.WithLabelValues(ev.Model, "seen").Observe(ev.Estimated)
 		m.actual.WithLabelValues(ev.Model).Observe(ev.Actual)
@@ -108,6 +143,7 @@ func (m *bookingEndMetrics) Describe(ch chan<- *prometheus.Desc) {
 	m.actual.Describe(ch)
 	m.relErr.Describe(ch)
 	m.ended.Describe(ch)
+	m.firstErr.Describe(ch)
 }
 
 // Collect implements prometheus.Collector.
@@ -116,4 +152,5 @@ func (m *bookingEndMetrics) Collect(ch chan<- prometheus.Metric) {
 	m.actual.Collect(ch)
 	m.relErr.Collect(ch)
 	m.ended.Collect(ch)
+	m.firstErr.Collect(ch)
 }

@@ -50,7 +50,7 @@ var helpSections = []struct {
 	{"Disaggregated prefill/decode (docs/disaggregation.md)", []string{"prefill-routing-group", "disaggregation", "prefill-header"}},
 	{"Flow control (docs/flow-control.md)", []string{"flow-control", "flow-queue-ttl", "flow-max-bytes", "flow-max-band-bytes", "flow-max-tenants"}},
 	{"Latency model of the predicted-latency policy (docs/selection.md)", []string{"latency-forgetting", "latency-min-observations"}},
-	{"Booking end (bookings whose end the picker cannot see, docs/extproc.md)", []string{"booking-end", "booking-estimate-max", "booking-estimate-output-tokens"}},
+	{"Booking end (bookings whose end the picker cannot see, docs/extproc.md)", []string{"booking-end", "rest-booking-end", "booking-estimate-max", "booking-estimate-output-tokens"}},
 	{"Other", []string{"version"}},
 }
 

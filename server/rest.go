@@ -85,6 +85,8 @@ func startREST(o *options, f *fronts, conf startup, peers httpadmin.PeerManager,
 			Auth:       auth,
 			Objectives: f.objectives,
 			Tracing:    f.tracing,
+			// REST callers that book and never free (--rest-booking-end).
+			EstimateEnds: o.bookEnd.rest == restEndEstimate,
 		})),
 		ReadHeaderTimeout: readHeaderTimeout,
 		IdleTimeout:       idleTimeout,

@@ -327,12 +327,16 @@ func Replay(ctx context.Context, fl *fleet.Fleet, gw *ngf.Gateway, c Config, pol
 		done     atomic.Int64
 		inFlight atomic.Int64 // the client's requests between send and last byte
 		firstErr error
+		lifeSum  time.Duration // the client's requests' send to last byte, summed
 	)
 	one := func(i int) {
 		inFlight.Add(1)
+		sent := time.Now()
 		res, worker, err := send(ctx, i, bodies[i])
+		life := time.Since(sent)
 		inFlight.Add(-1)
 		mu.Lock()
+		lifeSum += life
 		// The client sees the decision's time only on envoysim's path.
 		if err := ph.add(res, worker, policy == PolicyKVSelect, err); err != nil && firstErr == nil {
 			firstErr = err
@@ -352,7 +356,7 @@ func Replay(ctx context.Context, fl *fleet.Fleet, gw *ngf.Gateway, c Config, pol
 	go func() { sampled <- sampleHitRate(ctx, fl, start, q0, h0, sampling) }()
 	tracked := make(chan *InFlight, 1)
 	if picker {
-		go func() { tracked <- sampleInFlight(ctx, fl.KV, &inFlight, inFlightEvery, sampling) }()
+		go func() { tracked <- sampleInFlight(ctx, fl.KV, &inFlight, fl.EngineRequests, inFlightEvery, sampling) }()
 	} else {
 		tracked <- nil
 	}
@@ -370,6 +374,9 @@ func Replay(ctx context.Context, fl *fleet.Fleet, gw *ngf.Gateway, c Config, pol
 	ph.InFlight = <-tracked
 	if err != nil {
 		return ph, err
+	}
+	if ph.InFlight != nil {
+		ph.InFlight.ClientLifetimeMs = float64(lifeSum) / 1e6 / float64(len(reqs))
 	}
 	ph.HitRateOverTime = hitRates
 	if picker && cpu1 > cpu0 {
@@ -487,8 +494,12 @@ func (ph *Phase) summarize(ctx context.Context, fl *fleet.Fleet, q0, h0 float64,
 	if err != nil {
 		return err
 	}
-	sp := pick1.Minus(pick0).Summarize(pickHistogram)
+	delta := pick1.Minus(pick0)
+	sp := delta.Summarize(pickHistogram)
 	ph.ServerPick = &sp
+	if ph.InFlight != nil {
+		ph.InFlight.lifetimes(delta)
+	}
 	return nil
 }
 

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/kvselect/kvselect/bench/fleet"
+	"github.com/kvselect/kvselect/bench/promtext"
 )
 
 const (
@@ -19,68 +20,152 @@ const (
 )
 
 // InFlight is how well kvselect's bookings (GET /loads, summed active
-// requests) tracked the requests the client had in flight over a phase.
+// requests) tracked the requests in flight over a phase, against two
+// references: the client's requests (send to last byte) and the requests
+// the engines hold (running and waiting). The client's count includes what
+// no picker can book — the gateway's work before the decision, the last
+// bytes after the engine's — so the engines' is the load the picker models.
 type InFlight struct {
 	Samples int `json:"samples"`
-	// Within1 is the share of samples whose booking count was within ±1
-	// of the client's count: the client's count is read just before and
-	// just after each GET /loads, and a sample is within when kvselect's
-	// count is within 1 of the range the two span.
-	Within1 float64 `json:"share_within_1"`
-	// MeanAbsError is the mean distance from that range, in requests.
-	MeanAbsError float64 `json:"mean_abs_error"`
-	MeanClient   float64 `json:"mean_client_in_flight"`
+	// Client compares the bookings with the client's requests in flight,
+	// Engines with the engines' (nil when they were not read).
+	Client  Tracking  `json:"client"`
+	Engines *Tracking `json:"engines,omitempty"`
 	// BookingsLeft is what kvselect still held settleLimit after the last
 	// response (or sooner, once none was left); DrainMs is how long it
 	// waited for that.
 	BookingsLeft uint64  `json:"bookings_left"`
 	DrainMs      float64 `json:"drain_ms"`
+	// ClientLifetimeMs is the client's mean request lifetime (send to last
+	// byte); EstimatedLifetimeMs kvselect's mean estimated lifetime of the
+	// phase's bookings (decision to estimated end: those it kept to one,
+	// else what it would have estimated for those whose end it saw), and
+	// BookedLifetimeMs the mean decision-to-free of those it saw end (0:
+	// none seen).
+	ClientLifetimeMs    float64 `json:"client_lifetime_mean_ms"`
+	EstimatedLifetimeMs float64 `json:"estimated_lifetime_mean_ms"`
+	BookedLifetimeMs    float64 `json:"booked_lifetime_mean_ms,omitempty"`
+	// EndedBy counts the bookings kvselect kept to an estimated end and
+	// freed, by how (kvselect_bookings_ended_by_estimate_total);
+	// FirstTokensSeen those whose first token their engine's KV events
+	// showed.
+	EndedBy         map[string]float64 `json:"ended_by,omitempty"`
+	FirstTokensSeen float64            `json:"first_tokens_seen,omitempty"`
 }
 
-// sampleInFlight compares kvselect's bookings with *client every `every`
-// until stop closes.
-func sampleInFlight(ctx context.Context, kv *fleet.KVSelect, client *atomic.Int64, every time.Duration, stop <-chan struct{}) *InFlight {
+// Tracking compares the booking count with one reference count, read just
+// before and just after each GET /loads: a sample is within ±1 when the
+// bookings are within 1 of the range the two reads span.
+type Tracking struct {
+	Within1 float64 `json:"share_within_1"`
+	// MeanAbsError is the mean distance from that range, in requests;
+	// MeanError the same signed (positive: kvselect counted more); Mean
+	// the reference's mean.
+	MeanAbsError float64 `json:"mean_abs_error"`
+	MeanError    float64 `json:"mean_error"`
+	Mean         float64 `json:"mean"`
+
+	within             int
+	abs, signed, total float64
+}
+
+// add is one sample: booked against a reference read as a then b.
+func (t *Tracking) add(booked, a, b float64) {
+	lo, hi := min(a, b), max(a, b)
+	d := 0.0
+	switch {
+	case booked < lo:
+		d = lo - booked
+		t.signed -= d
+	case booked > hi:
+		d = booked - hi
+		t.signed += d
+	}
+	if d <= 1 {
+		t.within++
+	}
+	t.abs += d
+	t.total += (a + b) / 2
+}
+
+// finish turns n samples' sums into shares and means.
+func (t *Tracking) finish(n int) {
+	if n == 0 {
+		return
+	}
+	f := float64(n)
+	t.Within1, t.MeanAbsError, t.MeanError, t.Mean = float64(t.within)/f, t.abs/f, t.signed/f, t.total/f
+}
+
+// The booking-end metrics lifetimes reads.
+const (
+	estimatedLifetimes = "kvselect_booking_estimated_lifetime_seconds"
+	seenLifetimes      = "kvselect_booking_lifetime_seconds"
+	endedByEstimate    = "kvselect_bookings_ended_by_estimate_total"
+	firstTokenErrors   = "kvselect_booking_first_token_error_seconds"
+)
+
+// lifetimes fills the estimated and booked lifetimes from the phase's change
+// in kvselect's metrics.
+func (f *InFlight) lifetimes(delta promtext.Samples) {
+	mean := func(s promtext.Samples, name string) float64 {
+		if n := s.Sum(name + "_count"); n > 0 {
+			return s.Sum(name+"_sum") / n * 1e3
+		}
+		return 0
+	}
+	if f.EstimatedLifetimeMs = mean(delta.Where("end", "estimate"), estimatedLifetimes); f.EstimatedLifetimeMs == 0 {
+		f.EstimatedLifetimeMs = mean(delta.Where("end", "seen"), estimatedLifetimes)
+	}
+	f.BookedLifetimeMs = mean(delta, seenLifetimes)
+	if by := delta.ByLabel(endedByEstimate, "how"); len(by) > 0 {
+		f.EndedBy = by
+	}
+	f.FirstTokensSeen = delta.Sum(firstTokenErrors + "_count")
+}
+
+// sampleInFlight compares kvselect's bookings with *client and, when
+// engines is set, with the requests the engines hold, every `every` until
+// stop closes.
+func sampleInFlight(ctx context.Context, kv *fleet.KVSelect, client *atomic.Int64, engines func(context.Context) (float64, error),
+	every time.Duration, stop <-chan struct{}) *InFlight {
 	out := &InFlight{}
-	var within int
-	var absErr, clientSum float64
+	var eng Tracking
 	tick := time.NewTicker(every)
 	defer tick.Stop()
 	for {
 		select {
 		case <-stop:
-			if out.Samples > 0 {
-				n := float64(out.Samples)
-				out.Within1, out.MeanAbsError, out.MeanClient = float64(within)/n, absErr/n, clientSum/n
+			out.Client.finish(out.Samples)
+			if engines != nil {
+				eng.finish(out.Samples)
+				out.Engines = &eng
 			}
 			return out
 		case <-tick.C:
-			before := client.Load()
+			var e0, e1 float64
+			var err error
+			if engines != nil {
+				if e0, err = engines(ctx); err != nil {
+					continue
+				}
+			}
+			c0 := client.Load()
 			booked, err := kv.ActiveRequests(ctx)
-			after := client.Load()
+			c1 := client.Load()
 			if err != nil {
 				continue
 			}
-			lo, hi := min(before, after), max(before, after)
-			d := distance(int64(booked), lo, hi)
-			out.Samples++
-			if d <= 1 {
-				within++
+			if engines != nil {
+				if e1, err = engines(ctx); err != nil {
+					continue
+				}
+				eng.add(float64(booked), e0, e1)
 			}
-			absErr += float64(d)
-			clientSum += float64(before+after) / 2
+			out.Samples++
+			out.Client.add(float64(booked), float64(c0), float64(c1))
 		}
 	}
-}
-
-// distance is how far n lies outside [lo, hi].
-func distance(n, lo, hi int64) int64 {
-	switch {
-	case n < lo:
-		return lo - n
-	case n > hi:
-		return n - hi
-	}
-	return 0
 }
 
 // GatewayGoals compares the NGINX path with envoysim's against the goals
@@ -91,8 +176,8 @@ func distance(n, lo, hi int64) int64 {
 type GatewayGoals struct {
 	HitRateDelta    float64 `json:"hit_rate_rel_delta"` // NGINX's / envoysim's - 1
 	TTFTP90Delta    float64 `json:"ttft_p90_rel_delta"`
-	CPURatio        float64 `json:"cpu_per_request_ratio"` // NGINX's / envoysim's
-	InFlightWithin1 float64 `json:"in_flight_share_within_1"`
+	CPURatio        float64 `json:"cpu_per_request_ratio"`    // NGINX's / envoysim's
+	InFlightWithin1 float64 `json:"in_flight_share_within_1"` // against the engines' requests when read, else the client's
 	BookingsLeft    uint64  `json:"bookings_left"`
 	HitRateMet      bool    `json:"hit_rate_within_5pct"`
 	TTFTMet         bool    `json:"ttft_p90_within_5pct"`
@@ -136,8 +221,11 @@ func compareGateway(phases []Phase) *GatewayGoals {
 	if env.CPUPerRequestUs > 0 {
 		g.CPURatio = gw.CPUPerRequestUs / env.CPUPerRequestUs
 	}
-	if gw.InFlight != nil {
-		g.InFlightWithin1, g.BookingsLeft = gw.InFlight.Within1, gw.InFlight.BookingsLeft
+	if f := gw.InFlight; f != nil {
+		g.InFlightWithin1, g.BookingsLeft = f.Client.Within1, f.BookingsLeft
+		if f.Engines != nil {
+			g.InFlightWithin1 = f.Engines.Within1
+		}
 	}
 	// One-sided: the goal is that the gateway costs routing quality at
 	// most 5 %, so only a lower hit rate or a slower p90 misses it (a

@@ -46,13 +46,29 @@ func TestNGFDemoBothPaths(t *testing.T) {
 		t.Fatalf("demo.json: %+v", rep)
 	}
 	for _, ph := range rep.Phases[:2] {
-		if ph.Errors != 0 || ph.Requests != 60 || ph.TTFTP90Ms <= 0 || ph.InFlight == nil || ph.InFlight.Samples == 0 ||
+		if ph.Errors != 0 || ph.Requests != 60 || ph.TTFTP90Ms <= 0 || ph.InFlight == nil || ph.InFlight.Samples == 0 || ph.InFlight.Engines == nil ||
 			ph.CPUPerRequestUs <= 0 || ph.ServerPick == nil || ph.ServerPick.Count != 60 {
 			t.Errorf("phase %s: %+v (in flight %+v)", ph.Policy, ph, ph.InFlight)
 		}
 	}
 	if p := rep.Phases[1]; p.Path != PathNGINX || p.Routed() != 60 {
 		t.Errorf("NGINX phase: path %q, %d requests counted on a worker, want nginx and 60", p.Path, p.Routed())
+	}
+}
+
+func TestTrackingBracketsTheReference(t *testing.T) {
+	var tr Tracking
+	for _, s := range []struct{ booked, a, b float64 }{
+		{5, 4, 6},  // inside the range the reads span: 0
+		{3, 5, 5},  // 2 below
+		{7, 6, 5},  // 1 above, reads in either order
+		{10, 4, 4}, // 6 above
+	} {
+		tr.add(s.booked, s.a, s.b)
+	}
+	tr.finish(4)
+	if tr.Within1 != 0.5 || tr.MeanAbsError != 9.0/4 || tr.MeanError != 5.0/4 || tr.Mean != 4.875 {
+		t.Fatalf("tracking = %+v, want half within, |error| 9/4, error +5/4, mean 4.875", tr)
 	}
 }
 
@@ -64,9 +80,9 @@ func TestCompareGatewayJudgesTheGoals(t *testing.T) {
 		gw   Phase
 		want GatewayGoals
 	}{
-		{"all met", Phase{Path: PathNGINX, HitRate: 0.25, TTFTP90Ms: 90, CPUPerRequestUs: 150, InFlight: &InFlight{Within1: 0.96}},
+		{"all met", Phase{Path: PathNGINX, HitRate: 0.25, TTFTP90Ms: 90, CPUPerRequestUs: 150, InFlight: &InFlight{Client: Tracking{Within1: 0.5}, Engines: &Tracking{Within1: 0.96}}},
 			GatewayGoals{HitRateMet: true, TTFTMet: true, InFlightMet: true, CPUMet: true}},
-		{"all missed", Phase{Path: PathNGINX, HitRate: 0.10, TTFTP90Ms: 120, CPUPerRequestUs: 250, InFlight: &InFlight{Within1: 0.99, BookingsLeft: 1}},
+		{"all missed", Phase{Path: PathNGINX, HitRate: 0.10, TTFTP90Ms: 120, CPUPerRequestUs: 250, InFlight: &InFlight{Client: Tracking{Within1: 0.99}, Engines: &Tracking{Within1: 0.99}, BookingsLeft: 1}},
 			GatewayGoals{}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -38,17 +38,52 @@ func (rep *Report) Table(w io.Writer) error {
 		}
 		return fmt.Sprintf("%.0f", p.CPUPerRequestUs)
 	})
+	row("bookings within ±1 of engines' requests", func(p Phase) string {
+		if p.InFlight == nil || p.InFlight.Engines == nil || p.InFlight.Samples == 0 {
+			return "-"
+		}
+		return fmt.Sprintf("%.1f %% of %d", 100*p.InFlight.Engines.Within1, p.InFlight.Samples)
+	})
 	row("bookings within ±1 of client in flight", func(p Phase) string {
 		if p.InFlight == nil || p.InFlight.Samples == 0 {
 			return "-"
 		}
-		return fmt.Sprintf("%.1f %% of %d", 100*p.InFlight.Within1, p.InFlight.Samples)
+		return fmt.Sprintf("%.1f %% of %d", 100*p.InFlight.Client.Within1, p.InFlight.Samples)
 	})
 	row("bookings left after the run", func(p Phase) string {
 		if p.InFlight == nil {
 			return "-"
 		}
 		return fmt.Sprintf("%d (drained in %.0f ms)", p.InFlight.BookingsLeft, p.InFlight.DrainMs)
+	})
+	row("bookings − engines' / client's, mean", func(p Phase) string {
+		f := p.InFlight
+		if f == nil || f.Samples == 0 {
+			return "-"
+		}
+		engines := "-"
+		if f.Engines != nil {
+			engines = fmt.Sprintf("%+.2f of %.1f", f.Engines.MeanError, f.Engines.Mean)
+		}
+		return fmt.Sprintf("%s / %+.2f of %.1f", engines, f.Client.MeanError, f.Client.Mean)
+	})
+	row("lifetime, client / estimated / booked (ms)", func(p Phase) string {
+		f := p.InFlight
+		if f == nil {
+			return "-"
+		}
+		booked := "-"
+		if f.BookedLifetimeMs > 0 {
+			booked = fmt.Sprintf("%.0f", f.BookedLifetimeMs)
+		}
+		return fmt.Sprintf("%.0f / %.0f / %s", f.ClientLifetimeMs, f.EstimatedLifetimeMs, booked)
+	})
+	row("estimated ends: at estimate / unseen / engine counts; first tokens seen", func(p Phase) string {
+		f := p.InFlight
+		if f == nil || (len(f.EndedBy) == 0 && f.FirstTokensSeen == 0) {
+			return "-"
+		}
+		return fmt.Sprintf("%.0f / %.0f / %.0f; %.0f", f.EndedBy["estimated_end"], f.EndedBy["first_token_unseen"], f.EndedBy["engine_counts"], f.FirstTokensSeen)
 	})
 	row("requests per worker", func(p Phase) string {
 		if p.Path == PathNGINX && p.Routed() == 0 {
@@ -87,7 +122,7 @@ func (rep *Report) Table(w io.Writer) error {
 		fmt.Fprintf(w, "\nNGINX path vs envoysim path (goals):\n")
 		fmt.Fprintf(w, "  hit rate            %+.1f %%  (at most 5 %% lower: %s)\n", 100*g.HitRateDelta, met(g.HitRateMet))
 		fmt.Fprintf(w, "  TTFT p90            %+.1f %%  (at most 5 %% slower: %s)\n", 100*g.TTFTP90Delta, met(g.TTFTMet))
-		fmt.Fprintf(w, "  in-flight samples   %.1f %% within ±1, %d bookings left  (≥ 95 %% and 0: %s)\n", 100*g.InFlightWithin1, g.BookingsLeft, met(g.InFlightMet))
+		fmt.Fprintf(w, "  in-flight samples   %.1f %% within ±1 of the engines' requests, %d bookings left  (≥ 95 %% and 0: %s)\n", 100*g.InFlightWithin1, g.BookingsLeft, met(g.InFlightMet))
 		fmt.Fprintf(w, "  kvselect CPU/req    %.2f× envoysim's  (at most 2×: %s)\n", g.CPURatio, met(g.CPUMet))
 	}
 	return nil

@@ -213,6 +213,11 @@ func (fl *Fleet) WorkerByID(id string) int {
 	return n - 1
 }
 
+// EngineRequests sums the requests the workers hold, running and waiting.
+func (fl *Fleet) EngineRequests(ctx context.Context) (float64, error) {
+	return EngineRequests(ctx, fl.HTTP, fl.Workers)
+}
+
 // CacheCounters sums the engines' prefix-cache counters (tokens).
 func (fl *Fleet) CacheCounters(ctx context.Context) (queries, hits float64, err error) {
 	return CacheCounters(ctx, fl.HTTP, fl.Workers)

@@ -90,6 +90,21 @@ func Post(ctx context.Context, hc *http.Client, url string, v any) error {
 	return nil
 }
 
+// EngineRequests sums the requests the engines hold, running and waiting
+// (vLLM's num_requests_running and num_requests_waiting gauges): what is in
+// flight on them, as against the requests a client or gateway has open.
+func EngineRequests(ctx context.Context, hc *http.Client, engines []string) (float64, error) {
+	var n float64
+	for _, e := range engines {
+		m, err := promtext.Scrape(ctx, hc, "http://"+e+"/metrics")
+		if err != nil {
+			return 0, err
+		}
+		n += m.Sum("vllm:num_requests_running") + m.Sum("vllm:num_requests_waiting")
+	}
+	return n, nil
+}
+
 // CacheCounters sums the engines' vLLM prefix-cache counters (tokens queried
 // and found) over engines, host:port each.
 func CacheCounters(ctx context.Context, hc *http.Client, engines []string) (queries, hits float64, err error) {

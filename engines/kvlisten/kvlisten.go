@@ -247,6 +247,9 @@ func (r *rank) apply(s uint64, payload []byte, replayed bool) {
 		blocks += uint64(len(evs[i].Blocks) + len(evs[i].Hashes))
 	}
 	failed, first := r.a.Index.ApplyBatch(evs)
+	if r.a.Applied != nil {
+		r.a.Applied(evs)
+	}
 	// The events point into the decoder's buffers; keep only the slice capacity.
 	clear(evs)
 	r.evs = evs[:0]

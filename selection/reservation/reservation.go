@@ -6,9 +6,11 @@
 package reservation
 
 import (
+	"container/heap"
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/kvselect/kvselect/selection/affinity"
@@ -36,7 +38,23 @@ type Row struct {
 	// Expected is the booking's expected output tokens as its request
 	// stated them (nil: none), for an estimated end (EndAt).
 	Expected *uint32
-	booked   bool
+	// LastBlock is the public hash (LocalBlockHash) of the prompt's last
+	// full block when the engine's KV events can name it (a prompt hashed
+	// from its token ids; LastBlockKnown), for an estimated end: the engine
+	// stores that block when the prefill is done.
+	LastBlock      uint64
+	LastBlockKnown bool
+	// StoreExpected says the rank did not hold the prompt's last block at
+	// the decision: its engine will store it (and say so) when it begins
+	// the request.
+	StoreExpected bool
+	booked        bool
+	// stored is when the engine stored the prompt's last block before the
+	// row had an estimated end (Stored); guarded by the table's mutex.
+	stored time.Time
+	// watchedOn is the block the row's watch waits for (Install), nil for
+	// none: a moved row keeps its predecessor's.
+	watchedOn *watchKey
 	// end is the booking's estimated end once its response path was lost
 	// (SetEnd); guarded by the table's mutex, the one field set after
 	// installation, so the row stays the same row for Move's comparison.
@@ -46,12 +64,52 @@ type Row struct {
 // End is the estimated course of a booking whose end the picker cannot see
 // (a gateway that never sends the response phase): the upkeep marks its
 // prefill complete at PrefillAt and frees it at At, as if its response had
-// begun and ended then. Start is the booking's start, and Lifetime At less
-// Start, for the estimate's metrics.
+// begun and ended then. Start is the booking's start; Lifetime and TTFT
+// are At and PrefillAt less Start as first estimated, for the estimate's
+// metrics.
+//
+// Await, when set, says the engine will report the first token (it stores
+// the prompt's last block, PrefillSeen): until it does the booking is not
+// freed at At but at Await, when it gives up waiting. A request still in
+// its engine's queue at its estimated end is still in flight.
 type End struct {
 	Start, PrefillAt, At time.Time
-	Lifetime             time.Duration
+	Lifetime, TTFT       time.Duration
+	Await                time.Time
 	prefillDone          bool
+	seen                 bool // the engine reported the first token (PrefillSeen)
+}
+
+// Awaited reports whether e waited for a first token that was not seen.
+func (e *End) Awaited() bool { return !e.Await.IsZero() && !e.seen }
+
+// due is when the end comes: At, or Await while the first token that is
+// awaited was not seen.
+func (e *End) due() time.Time {
+	if !e.Await.IsZero() && !e.seen && e.Await.After(e.At) {
+		return e.Await
+	}
+	return e.At
+}
+
+// firstTokenSeen moves e by its first token, seen at now: the end comes
+// its estimated decode after it, however much later (the request waited in
+// its engine's queue) or earlier than estimated the first token came, never
+// past latest. It reports whether the prefill completes now (the estimate
+// had not completed it).
+func (e *End) firstTokenSeen(now, latest time.Time) (began bool) {
+	e.seen = true
+	e.At = now.Add(e.At.Sub(e.PrefillAt))
+	if e.At.After(latest) {
+		e.At = latest
+	}
+	if e.At.Before(now) {
+		e.At = now
+	}
+	e.PrefillAt = now
+	began = !e.prefillDone
+	e.prefillDone = true
+	return began
 }
 
 // Table maps selection ids to their rows, across every partition. Claiming
@@ -62,9 +120,35 @@ type End struct {
 type Table struct {
 	mu   sync.Mutex
 	rows map[string]*Row
-	// ending are the rows with an estimated end, so the upkeep's sweep
-	// (Due) reads only them, not every booking.
+	// ending are the rows with an estimated end, so nothing that acts on
+	// estimated ends reads every booking.
 	ending map[string]*Row
+	// due orders the estimated ends' next instants (first token, end) so
+	// that Due and NextDue read only what is due: a server wakes at each
+	// estimated end rather than sweeping on a tick, since behind a gateway
+	// that hides every response how late a booking is freed is how much
+	// the loads overcount.
+	due dueHeap
+	// watched are the rows whose prompt's last block is named
+	// (Row.LastBlockKnown) by the block an engine would store, so that a
+	// batch of KV events finds the bookings it begins (Stored); watches
+	// counts them, read without the lock. lastStore is when each rank last
+	// stored a block: a rank that stores nothing (prefix caching off, no
+	// events) will not report a first token.
+	watched   map[watchKey][]string
+	watches   atomic.Int64
+	lastStore map[watchRank]time.Time
+}
+
+// watchRank is one rank of one partition; watchKey a block on it.
+type watchRank struct {
+	part   *partition.Partition
+	worker index.WorkerKey
+}
+
+type watchKey struct {
+	watchRank
+	block uint64
 }
 
 // Claim reserves id before its booking is made; an id that is claimed or
@@ -103,6 +187,30 @@ func (t *Table) Install(id string, row *Row) {
 		t.rows = make(map[string]*Row)
 	}
 	t.rows[id] = row
+	if row.LastBlockKnown {
+		if t.watched == nil {
+			t.watched = make(map[watchKey][]string)
+		}
+		k := watchKey{watchRank{row.Part, row.Worker}, row.LastBlock}
+		row.watchedOn = &k
+		t.watched[k] = append(t.watched[k], id)
+		t.watches.Add(1)
+	}
+}
+
+// unwatch forgets id's watch on k. Called with t.mu held.
+func (t *Table) unwatch(id string, k watchKey) {
+	ids := t.watched[k]
+	i := slices.Index(ids, id)
+	if i < 0 {
+		return
+	}
+	t.watches.Add(-1)
+	if len(ids) == 1 {
+		delete(t.watched, k)
+		return
+	}
+	t.watched[k] = slices.Delete(ids, i, i+1)
 }
 
 // Booked returns id's booked row. An id that is only claimed (its booking
@@ -131,6 +239,9 @@ func (t *Table) Drop(id string) (lease *affinity.Lease, ok bool) {
 	}
 	delete(t.rows, id)
 	delete(t.ending, id)
+	if r.watchedOn != nil {
+		t.unwatch(id, *r.watchedOn)
+	}
 	return r.Lease, true
 }
 
@@ -157,7 +268,11 @@ func (t *Table) Move(id string, read *Row, w index.WorkerKey) bool {
 	}
 	// The trace stays behind: its features describe the rank the booking
 	// left, so what the moved request observes would fit the wrong model.
-	moved := &Row{Part: cur.Part, Worker: w, Lease: cur.Lease, Prefill: cur.Prefill, Expected: cur.Expected, booked: true, end: cur.end}
+	// The watch stays on the rank the row left: its key is the
+	// predecessor's, dropped with the moved row.
+	moved := &Row{Part: cur.Part, Worker: w, Lease: cur.Lease, Prefill: cur.Prefill, Expected: cur.Expected,
+		LastBlock: cur.LastBlock, LastBlockKnown: cur.LastBlockKnown, booked: true, end: cur.end,
+		stored: cur.stored, watchedOn: cur.watchedOn}
 	t.rows[id] = moved
 	if cur.end != nil {
 		t.ending[id] = moved
@@ -175,13 +290,156 @@ func (t *Table) SetEnd(id string, read *Row, e End) bool {
 	if !ok || cur != read || !cur.booked || cur.end != nil {
 		return false
 	}
-	e.prefillDone = false
+	e.prefillDone, e.seen = false, false
+	if !cur.stored.IsZero() {
+		// Stored before its end was set: the gateway's hang-up came after
+		// the engine began. Nothing to wait for.
+		e.seen = true
+	}
 	cur.end = &e
 	if t.ending == nil {
 		t.ending = make(map[string]*Row)
 	}
 	t.ending[id] = cur
+	t.schedule(id, cur.end)
 	return true
+}
+
+// schedule queues end's next instant: its first token until that is done,
+// then its end. Called with t.mu held.
+func (t *Table) schedule(id string, end *End) {
+	at, prefill := end.due(), false
+	if !end.prefillDone && end.PrefillAt.Before(at) {
+		at, prefill = end.PrefillAt, true
+	}
+	heap.Push(&t.due, dueEntry{at: at, id: id, end: end, prefill: prefill})
+	// Entries of rows freed or rescheduled before their instant stay
+	// queued until it comes; rebuild once they outnumber the live ones,
+	// so the queue stays within twice the ending rows.
+	if n := len(t.due); n > 64 && n > 2*len(t.ending) {
+		live := t.due[:0]
+		for _, d := range t.due {
+			if t.current(d) {
+				live = append(live, d)
+			}
+		}
+		clear(t.due[len(live):])
+		t.due = live
+		heap.Init(&t.due)
+	}
+}
+
+// current reports whether d is still its row's next instant. Called with
+// t.mu held.
+func (t *Table) current(d dueEntry) bool {
+	r, ok := t.ending[d.id]
+	if !ok || r.end != d.end {
+		return false
+	}
+	if d.prefill {
+		return !d.end.prefillDone && d.end.PrefillAt.Equal(d.at)
+	}
+	return d.end.due().Equal(d.at)
+}
+
+// FirstToken is a booking whose first token an engine reported (Stored):
+// Due is when its estimated end now comes; Began says the caller completes
+// its prefill, which the estimate had not done yet.
+type FirstToken struct {
+	ID    string
+	Due   time.Time
+	Began bool
+}
+
+// Watching reports whether any row waits for its prompt's last block, so a
+// batch of KV events needs reading; it takes no lock.
+func (t *Table) Watching() bool { return t.watches.Load() > 0 }
+
+// Watches counts the rows waiting for their prompt's last block.
+func (t *Table) Watches() int64 { return t.watches.Load() }
+
+// Stored records that worker's engine in part stored blocks at now (a KV
+// events batch): a row waiting for one of them as its prompt's last block
+// has its first token now. Its estimated end moves (End.firstTokenSeen),
+// never past its start plus maxLife; a row without one yet keeps the time
+// for SetEnd. It returns the moved ends; each row is seen once.
+func (t *Table) Stored(part *partition.Partition, worker index.WorkerKey, blocks func(yield func(uint64) bool), now time.Time, maxLife time.Duration) []FirstToken {
+	rank := watchRank{part, worker}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.lastStore == nil {
+		t.lastStore = make(map[watchRank]time.Time)
+	}
+	t.lastStore[rank] = now
+	if t.watches.Load() == 0 {
+		return nil
+	}
+	var out []FirstToken
+	for block := range blocks {
+		k := watchKey{rank, block}
+		ids, ok := t.watched[k]
+		if !ok {
+			continue
+		}
+		delete(t.watched, k)
+		t.watches.Add(-int64(len(ids)))
+		for _, id := range ids {
+			r, found := t.rows[id]
+			if !found {
+				continue
+			}
+			r.watchedOn = nil
+			if r.end == nil {
+				if r.stored.IsZero() {
+					r.stored = now
+				}
+				continue
+			}
+			if r.end.seen {
+				continue
+			}
+			began := r.end.firstTokenSeen(now, r.end.Start.Add(maxLife))
+			t.schedule(id, r.end)
+			out = append(out, FirstToken{ID: id, Due: r.end.due(), Began: began})
+		}
+	}
+	return out
+}
+
+// ForgetStores forgets the ranks that stored nothing since before: a rank
+// gone for good is not remembered forever.
+func (t *Table) ForgetStores(before time.Time) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for k, last := range t.lastStore {
+		if last.Before(before) {
+			delete(t.lastStore, k)
+		}
+	}
+}
+
+// StoresWithin reports whether worker's engine in part stored a block
+// since since: one that does reports the first tokens of the prompts it
+// begins (Stored).
+func (t *Table) StoresWithin(part *partition.Partition, worker index.WorkerKey, since time.Time) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	last, ok := t.lastStore[watchRank{part, worker}]
+	return ok && !last.Before(since)
+}
+
+// NextDue is the earliest instant an estimated end has something due (its
+// first token or its end); ok is false when no row has an estimated end.
+func (t *Table) NextDue() (at time.Time, ok bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for len(t.due) > 0 {
+		if d := t.due[0]; t.current(d) {
+			return d.at, true
+		}
+		heap.Pop(&t.due)
+	}
+	return time.Time{}, false
 }
 
 // EndOf returns id's estimated end, if it has one.
@@ -196,28 +454,30 @@ func (t *Table) EndOf(id string) (End, bool) {
 }
 
 // Due returns, at now, the ids with an estimated end whose prefill is due
-// (once each) and those whose end is due; the caller completes and frees
-// them. An id stays in the table until the caller frees it, so a free that
-// fails is seen again on the next sweep.
+// (once each) and those whose end is due (once each); the caller completes
+// and frees them. It reads only what is due, in the order it came due.
 func (t *Table) Due(now time.Time) (prefill, ended []string) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	for id, r := range t.ending {
-		e := r.end
-		if !e.At.After(now) {
-			ended = append(ended, id)
+	for len(t.due) > 0 && !t.due[0].at.After(now) {
+		d := heap.Pop(&t.due).(dueEntry)
+		if !t.current(d) {
 			continue
 		}
-		if !e.prefillDone && !e.PrefillAt.After(now) {
-			e.prefillDone = true
-			prefill = append(prefill, id)
+		if !d.prefill || !d.end.due().After(now) {
+			ended = append(ended, d.id)
+			continue
 		}
+		d.end.prefillDone = true
+		prefill = append(prefill, d.id)
+		t.schedule(d.id, d.end)
 	}
 	return prefill, ended
 }
 
 // EndingOn returns the ids with an estimated end booked on worker's ranks
-// in part that started before startedBefore, oldest first.
+// in part that started before startedBefore, or whose first token was seen
+// (PrefillSeen) whenever they started, oldest first.
 func (t *Table) EndingOn(part *partition.Partition, worker uint64, ranks []uint32, startedBefore time.Time) []string {
 	type aged struct {
 		id    string
@@ -226,7 +486,7 @@ func (t *Table) EndingOn(part *partition.Partition, worker uint64, ranks []uint3
 	var found []aged
 	t.mu.Lock()
 	for id, r := range t.ending {
-		if r.Part == part && r.Worker.WorkerID == worker && slices.Contains(ranks, r.Worker.DPRank) && r.end.Start.Before(startedBefore) {
+		if r.Part == part && r.Worker.WorkerID == worker && slices.Contains(ranks, r.Worker.DPRank) && (r.end.seen || r.end.Start.Before(startedBefore)) {
 			found = append(found, aged{id, r.end.Start})
 		}
 	}
@@ -264,4 +524,29 @@ func (t *Table) Len() int {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return len(t.rows)
+}
+
+// dueEntry is one queued instant of an estimated end: its first token
+// (prefill) or its end.
+type dueEntry struct {
+	at      time.Time
+	id      string
+	end     *End
+	prefill bool
+}
+
+// dueHeap is a min-heap of dueEntry by instant (container/heap).
+type dueHeap []dueEntry
+
+func (h dueHeap) Len() int           { return len(h) }
+func (h dueHeap) Less(i, j int) bool { return h[i].at.Before(h[j].at) }
+func (h dueHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
+func (h *dueHeap) Push(x any)        { *h = append(*h, x.(dueEntry)) }
+func (h *dueHeap) Pop() any {
+	old := *h
+	n := len(old) - 1
+	x := old[n]
+	old[n] = dueEntry{}
+	*h = old[:n]
+	return x
 }

@@ -1,6 +1,8 @@
 package reservation
 
 import (
+	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -200,5 +202,113 @@ func TestReservationTableEstimatedEnds(t *testing.T) {
 	tab.Release("a", now)
 	if tab.Ending() != 0 {
 		t.Fatal("a released row is still ending")
+	}
+}
+
+// TestDueReadsEstimatedEndsInOrder: ends come due in the order of their
+// instants whatever the order they were set in, NextDue names the next one,
+// and rows freed or moved before their instant leave nothing due and a
+// queue no larger than twice the live ends.
+func TestDueReadsEstimatedEndsInOrder(t *testing.T) {
+	var tab Table
+	now := time.Unix(1_700_000_000, 0)
+	if _, ok := tab.NextDue(); ok {
+		t.Fatal("something due in an empty table")
+	}
+	const n = 200
+	ends := make([]time.Time, n)
+	for i := range n {
+		id := fmt.Sprintf("r%03d", i)
+		row := &Row{Worker: index.WorkerKey{WorkerID: 1}}
+		tab.Install(id, row)
+		// Spread, not in id order: i*37 mod n milliseconds.
+		ends[i] = now.Add(time.Duration((i*37)%n+1) * time.Millisecond)
+		if !tab.SetEnd(id, row, End{PrefillAt: ends[i], At: ends[i]}) {
+			t.Fatal("set no end")
+		}
+	}
+	if next, ok := tab.NextDue(); !ok || !next.Equal(now.Add(time.Millisecond)) {
+		t.Fatalf("next due = %v, %v; want the earliest end", next, ok)
+	}
+	// Free every other row before anything is due: their instants pass
+	// without a trace, and the queue is rebuilt rather than kept whole.
+	for i := 0; i < n; i += 2 {
+		tab.Release(fmt.Sprintf("r%03d", i), now)
+	}
+	var got []string
+	for step := 1; step <= n; step++ {
+		_, ended := tab.Due(now.Add(time.Duration(step) * time.Millisecond))
+		got = append(got, ended...)
+	}
+	if len(got) != n/2 {
+		t.Fatalf("%d ends due, want %d", len(got), n/2)
+	}
+	for k := 1; k < len(got); k++ {
+		var a, b int
+		fmt.Sscanf(got[k-1], "r%03d", &a)
+		fmt.Sscanf(got[k], "r%03d", &b)
+		if a%2 == 0 || ends[a].After(ends[b]) {
+			t.Fatalf("due out of order or freed: %s (%v) before %s (%v)", got[k-1], ends[a], got[k], ends[b])
+		}
+	}
+	if len(tab.due) > 2*len(tab.ending)+64 {
+		t.Fatalf("queue holds %d instants for %d ends", len(tab.due), len(tab.ending))
+	}
+}
+
+func TestStoredMovesTheEnd(t *testing.T) {
+	var tab Table
+	now := time.Unix(1_700_000_000, 0)
+	w := index.WorkerKey{WorkerID: 1}
+	blocks := func(bs ...uint64) func(func(uint64) bool) { return slices.Values(bs) }
+	row := &Row{Worker: w, LastBlock: 7, LastBlockKnown: true}
+	tab.Install("a", row)
+	if !tab.Watching() || tab.Watches() != 1 {
+		t.Fatal("a row naming its last block is not watched")
+	}
+	tab.SetEnd("a", row, End{Start: now, PrefillAt: now.Add(100 * time.Millisecond), At: now.Add(300 * time.Millisecond)})
+	if got := tab.Stored(nil, w, blocks(1, 2), now, time.Second); len(got) != 0 {
+		t.Fatalf("other blocks began %v", got)
+	}
+	// Seen 400 ms late: the end moves 400 ms, the prefill is for the
+	// caller to complete (the estimate had not done it).
+	got := tab.Stored(nil, w, blocks(6, 7), now.Add(500*time.Millisecond), time.Second)
+	if len(got) != 1 || got[0].ID != "a" || !got[0].Began || !got[0].Due.Equal(now.Add(700*time.Millisecond)) {
+		t.Fatalf("Stored = %+v; want a's end at +700ms, its prefill to complete", got)
+	}
+	if tab.Watching() {
+		t.Fatal("still watched once seen")
+	}
+	if p, e := tab.Due(now.Add(699 * time.Millisecond)); len(p)+len(e) != 0 {
+		t.Fatalf("due before the moved end: %v %v (the old instants are stale)", p, e)
+	}
+	if _, e := tab.Due(now.Add(700 * time.Millisecond)); len(e) != 1 {
+		t.Fatalf("not due at the moved end: %v", e)
+	}
+
+	// Never past start + the cap.
+	rowB := &Row{Worker: w, LastBlock: 8, LastBlockKnown: true}
+	tab.Install("b", rowB)
+	tab.SetEnd("b", rowB, End{Start: now, PrefillAt: now.Add(100 * time.Millisecond), At: now.Add(900 * time.Millisecond)})
+	if got := tab.Stored(nil, w, blocks(8), now.Add(800*time.Millisecond), time.Second); len(got) != 1 || !got[0].Due.Equal(now.Add(time.Second)) {
+		t.Fatalf("Stored = %+v, want the end at the 1 s cap", got)
+	}
+
+	// Awaited: due at Await until seen, then at the moved end.
+	rowC := &Row{Worker: w, LastBlock: 9, LastBlockKnown: true}
+	tab.Install("c", rowC)
+	tab.SetEnd("c", rowC, End{Start: now, PrefillAt: now.Add(100 * time.Millisecond), At: now.Add(200 * time.Millisecond), Await: now.Add(5 * time.Second)})
+	if _, e := tab.Due(now.Add(4 * time.Second)); slices.Contains(e, "c") {
+		t.Fatal("an awaited end came due at its estimate")
+	}
+	if got := tab.Stored(nil, w, blocks(9), now.Add(4*time.Second), time.Minute); len(got) != 1 || !got[0].Due.Equal(now.Add(4100*time.Millisecond)) {
+		t.Fatalf("Stored = %+v, want the end 100 ms (its decode) after the first token", got)
+	}
+	if !tab.StoresWithin(nil, w, now.Add(4*time.Second)) || tab.StoresWithin(nil, index.WorkerKey{WorkerID: 2}, now) {
+		t.Fatal("StoresWithin does not follow the stores")
+	}
+	tab.ForgetStores(now.Add(time.Hour))
+	if tab.StoresWithin(nil, w, now) {
+		t.Fatal("a forgotten rank still stores")
 	}
 }
