@@ -123,7 +123,7 @@ bench-peer:
 # to 16,384 engine ranks with an index fed through the KV-event decoder,
 # ingest CPU per engine, and the replica mesh from 1 to 8 replicas at 1k-20k
 # requests/s. Tables on stdout, scale.json and one SVG per curve in
-# bench/out/scale. About 10 minutes on 2 cores; not part of `make test`.
+# bench/out/scale. About 4 minutes on 2 cores; not part of `make test`.
 .PHONY: scale
 scale:
 	mkdir -p $(BENCHOUT)/scale

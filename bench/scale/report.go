@@ -74,16 +74,21 @@ func (r *Report) Charts() map[string]svgFile {
 	if len(r.Selection) > 0 {
 		x := make([]float64, len(r.Selection))
 		var p50, p99, cpu, perRank, perBlock []float64
+		ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1e3 }
 		for i, p := range r.Selection {
 			x[i] = float64(p.Ranks)
-			p50, p99 = append(p50, float64(p.P50.Microseconds())), append(p99, float64(p.P99.Microseconds()))
-			cpu = append(cpu, float64(p.CPUPerRequest.Microseconds()))
+			p50, p99 = append(p50, ms(p.P50)), append(p99, ms(p.P99))
+			cpu = append(cpu, ms(p.CPUPerRequest))
 			perRank, perBlock = append(perRank, p.BytesPerRank/1024), append(perBlock, p.BytesPerBlock)
 		}
-		out["scale-selection"] = svgFile{"kvselect selection vs fleet size, one core", []report.Chart{{
-			Title: "SelectAndReserve latency and CPU per request", Unit: "µs", XLabel: "engine ranks (log scale)", LogX: true,
-			Lines: []report.Line{{Name: "p50", X: x, Y: p50}, {Name: "p99", X: x, Y: p99}, {Name: "CPU per request", X: x, Y: cpu}},
-		}}}
+		// The goals: p99 within 1 ms at 4,096 ranks and 5 ms at 16,384.
+		goal := report.Line{Name: "p99 goal", X: []float64{4096, 16384}, Y: []float64{1, 5}}
+		out["scale-selection"] = svgFile{"kvselect selection vs fleet size, one core", []report.Chart{
+			{Title: "SelectAndReserve p50 and CPU per request", Unit: "ms", XLabel: "engine ranks (log scale)", LogX: true,
+				Lines: []report.Line{{Name: "p50", X: x, Y: p50}, {Name: "CPU per request", X: x, Y: cpu}}},
+			{Title: "SelectAndReserve p99", Unit: "ms", XLabel: "engine ranks (log scale)", LogX: true,
+				Lines: []report.Line{{Name: "p99", X: x, Y: p99}, goal}},
+		}}
 		out["scale-memory"] = svgFile{"kvselect memory vs fleet size", []report.Chart{
 			{Title: "Heap per rank before any block", Unit: "KiB", XLabel: "engine ranks (log scale)", LogX: true,
 				Lines: []report.Line{{Name: "KiB per rank", X: x, Y: perRank}}},
@@ -115,7 +120,11 @@ func (r *Report) Charts() map[string]svgFile {
 			}
 		}
 		for _, n := range counts {
-			c, m := report.Line{Name: fmt.Sprintf("%d replicas", n)}, report.Line{Name: fmt.Sprintf("%d replicas", n)}
+			name := fmt.Sprintf("%d replicas", n)
+			if n == 1 {
+				name = "1 replica"
+			}
+			c, m := report.Line{Name: name}, report.Line{Name: name}
 			for _, p := range r.Replicas {
 				if p.Replicas != n {
 					continue

@@ -2,9 +2,11 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
+	"os"
 	"strings"
 
 	"github.com/kvselect/kvselect/bench/benchflag"
@@ -41,6 +43,7 @@ func scaleCmd(fs *flag.FlagSet, _ []string) func(context.Context, io.Writer, io.
 	fs.IntVar(&c.ReplicaRanks, "replica-ranks", c.ReplicaRanks, "replica mesh: engine `ranks` of each replica's fleet")
 	fs.Uint64Var(&c.Seed, "seed", c.Seed, "random `seed`")
 	out := fs.String("out", "", "write scale.json and the curves' SVGs into this `dir`")
+	from := fs.String("from", "", "run nothing: print the tables of, and with -out redraw the curves of, this scale.json `file`")
 	var prof benchflag.CPUProfile
 	prof.Register(fs)
 	return func(ctx context.Context, stdout, stderr io.Writer) error {
@@ -58,6 +61,17 @@ func scaleCmd(fs *flag.FlagSet, _ []string) func(context.Context, io.Writer, io.
 			return fmt.Errorf("-fleet-rates: %w", err)
 		}
 		c.Parts = benchflag.Split(*parts)
+		if *from != "" {
+			b, err := os.ReadFile(*from)
+			if err != nil {
+				return fmt.Errorf("-from: %w", err)
+			}
+			var rep scale.Report
+			if err := json.Unmarshal(b, &rep); err != nil {
+				return fmt.Errorf("-from %s: %w", *from, err)
+			}
+			return show(&rep, stdout, *out)
+		}
 		stop, err := prof.Start()
 		if err != nil {
 			return fmt.Errorf("-cpuprofile: %w", err)
@@ -67,12 +81,17 @@ func scaleCmd(fs *flag.FlagSet, _ []string) func(context.Context, io.Writer, io.
 		if err != nil {
 			return err
 		}
-		if err := rep.Table(stdout); err != nil {
-			return err
-		}
-		if *out != "" {
-			return rep.WriteFiles(*out)
-		}
-		return nil
+		return show(rep, stdout, *out)
 	}
+}
+
+// show prints rep's tables and, with dir set, writes its files there.
+func show(rep *scale.Report, stdout io.Writer, dir string) error {
+	if err := rep.Table(stdout); err != nil {
+		return err
+	}
+	if dir != "" {
+		return rep.WriteFiles(dir)
+	}
+	return nil
 }
