@@ -81,6 +81,8 @@ func ingestPoint(ctx context.Context, c Config, engines int) (IngestPoint, error
 			prefill []uint32
 			left    int // output blocks still to fill
 		}
+		// The queue's clock counts engine steps (a Duration of n is step
+		// n): the simulation's unit, not nanoseconds.
 		var q eventq.Queue[*action]
 		n := int(math.Round(c.RequestRate * c.IngestSeconds))
 		phase := e.rng.Float64() / c.RequestRate

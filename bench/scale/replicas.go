@@ -198,7 +198,7 @@ func hashedPrompts(c Config, n int) []selection.PromptRequest {
 	return out
 }
 
-// replicaPoint offers rate requests per second to rs for d, each replica
+// point offers rate requests per second to rs for d, each replica
 // taking its share open loop (a request's selection, prefill completion and
 // free back to back), and measures the mesh.
 func (rs *replicaSet) point(ctx context.Context, prompts []selection.PromptRequest, rate float64, d time.Duration, run int) (ReplicaPoint, error) {
