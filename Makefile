@@ -119,6 +119,16 @@ bench-peer:
 	cd bench/peer && $(GO) run . -workers 16 -blocks 4096 -json ../out/peer-evicting.json | tee ../out/peer-evicting.txt
 	cd bench/peer && $(GO) run . -workers 64 -blocks 16384 -dup 4 -json ../out/peer-large.json | tee ../out/peer-large.txt
 
+# The fleet curve (docs/scale.md), in process: selection on one core from 64
+# to 16,384 engine ranks with an index fed through the KV-event decoder,
+# ingest CPU per engine, and the replica mesh from 1 to 8 replicas at 1k-20k
+# requests/s. Tables on stdout, scale.json and one SVG per curve in
+# bench/out/scale. About 4 minutes on 2 cores; not part of `make test`.
+.PHONY: scale
+scale:
+	mkdir -p $(BENCHOUT)/scale
+	$(GO) run ./cmd/kvbench scale -out $(BENCHOUT)/scale | tee $(BENCHOUT)/scale/scale.txt
+
 # Closed-loop HTTP load on the REST API (select_and_reserve + delete) against an
 # in-process server on 127.0.0.1, for both prompt forms.
 # What REST authentication and TLS cost, side by side in one run

@@ -17,6 +17,13 @@ import (
 // a share of a pool of 128-block prompts on them, as KV events would.
 func benchService(b *testing.B, workers int) (*Service, [][]uint32) {
 	b.Helper()
+	return benchServiceDP(b, workers, 1)
+}
+
+// benchServiceDP is benchService with workers of dp data-parallel ranks
+// each: ranks = workers × dp, prompts cached on rank 0 of each worker.
+func benchServiceDP(b *testing.B, workers, dp int) (*Service, [][]uint32) {
+	b.Helper()
 	rc := routerconfig.Default()
 	s, err := New(Config{Router: rc, Clock: time.Now, Rand: rand.New(rand.NewPCG(7, 8))})
 	if err != nil {
@@ -26,6 +33,13 @@ func benchService(b *testing.B, workers int) (*Service, [][]uint32) {
 		r := catalog.Record{WorkerID: id, ModelName: "m", Endpoint: ptr(fmt.Sprintf("http://w%d:8000", id)),
 			BlockSize: ptr(uint32(16)), KVEventsEndpoint: ptr(fmt.Sprintf("tcp://127.0.0.1:%d", 20000+id)),
 			TotalKVBlocks: ptr(uint64(16384))}
+		if dp > 1 {
+			eps := make(map[uint32]string, dp)
+			for r := range uint32(dp) {
+				eps[r] = fmt.Sprintf("tcp://10.%d.%d.%d:%d", id>>16&255, id>>8&255, id&255, 5557+r)
+			}
+			r.KVEventsEndpoint, r.KVEventsEndpoints, r.DataParallelSize = nil, eps, ptr(uint32(dp))
+		}
 		if rec, err := s.UpsertWorker(bg, r); err != nil || rec.Lifecycle != catalog.Schedulable {
 			b.Fatalf("upsert: %+v %v", rec, err)
 		}
@@ -131,6 +145,25 @@ func BenchmarkSelectAndReserveFreeParallel(b *testing.B) {
 				}
 			})
 			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "pairs/s")
+		})
+	}
+}
+
+// BenchmarkSelectAndReserveFreeLargeFleet is BenchmarkSelectAndReserveFree
+// on fleets past BenchmarkSelectAndReserveFreeParallel's: 4,096 and 16,384
+// ranks as workers of 8 data-parallel ranks (registering them one rank per
+// worker costs minutes: every catalog change copies the partition's
+// snapshot). Run it with -cpu 1 for the one-core figure; kvbench scale
+// measures the same call with an index populated through KV events.
+func BenchmarkSelectAndReserveFreeLargeFleet(b *testing.B) {
+	for _, ranks := range []int{4096, 16384} {
+		b.Run(fmt.Sprintf("ranks=%d", ranks), func(b *testing.B) {
+			s, prompts := benchServiceDP(b, ranks/8, 8)
+			reqs := make([]*SelectRequest, len(prompts))
+			for i, t := range prompts {
+				reqs[i] = &SelectRequest{PartitionKey: PartitionKey{ModelName: "m"}, PromptRequest: PromptRequest{TokenIDs: t}}
+			}
+			benchPairs(b, s, reqs)
 		})
 	}
 }

@@ -34,6 +34,7 @@ Subcommands:
   text      text chat sessions through the picker: --tokenize pool vs the approximate text index vs token ids vs round-robin, on mock workers
   health    kvselect + mock worker processes: one worker fails mid-run (ejection, trials, restoration); optional direct traffic that bypasses kvselect, with and without engine metrics
   observe   kvselect + mock workers scraped by a real Prometheus, the status page in headless Chromium: checks the Grafana dashboard's queries and the alert rules, saves screenshots
+  scale     selection, KV-event ingest and replica-mesh costs as the fleet grows (64 to 16,384 ranks, 1 to 8 replicas), in process
   soak      kvselect replicas, mock workers and traffic for an hour under seeded faults (workers, KV publishers, replicas, clients); checks for leaked load, index drift, resource growth and 5xx
   otlp-sink an OTLP trace receiver that counts spans (the other end of bench/tracing-overhead.sh)
 
@@ -48,6 +49,7 @@ var subcommands = map[string]subcommand{
 	"index": indexCmd, "rest": restCmd, "extproc": extprocCmd, "replicas": replicasCmd, "otlp-sink": otlpSinkCmd,
 	"route": routeCmd, "pd": pdCmd, "flow": flowCmd,
 	"demo": demoCmd, "vs-epp": vsEPPCmd, "suite": suiteCmd, "text": textCmd, "health": healthCmd, "observe": observeCmd, "soak": soakCmd,
+	"scale": scaleCmd,
 }
 
 func main() {

@@ -78,6 +78,9 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"route", "-policies", "kvselect"}, "unknown policy"}, // the old name of kv-cost
 		{[]string{"route", "-policies", ""}, "no policy"},
 		{[]string{"route", "-capacity", "0"}, "-capacity"},
+		{[]string{"scale", "-parts", "selection,gpu"}, "unknown part"},
+		{[]string{"scale", "-ranks", "0"}, "-ranks"},
+		{[]string{"scale", "-from", "/does/not/exist.json"}, "-from"},
 		{[]string{"route", "-capacity", "x"}, "-capacity"},
 		{[]string{"route", "-trace", "/nonexistent.jsonl"}, ""},
 		{[]string{"route", "-workers", "0", "-trace", trace, "-requests", "10"}, ""},
@@ -156,4 +159,32 @@ func TestEverySubcommandHelps(t *testing.T) {
 			t.Errorf("the usage does not list %s", name)
 		}
 	}
+}
+
+// kvbench scale prints its tables and writes scale.json and the curves; -from
+// prints and redraws them from that file without running anything.
+func TestScaleWritesTablesJSONAndCurves(t *testing.T) {
+	dir := t.TempDir()
+	var stdout, stderr bytes.Buffer
+	err := run(context.Background(), []string{"scale", "-parts", "selection,ingest", "-ranks", "8", "-ingest-engines", "8",
+		"-ranks-per-worker", "4", "-ranks-per-group", "4", "-cache-blocks", "64", "-system-tokens", "128", "-question-tokens", "128",
+		"-output-tokens", "64", "-requests", "20", "-warmup", "5", "-in-flight", "4", "-ingest-seconds", "0.5", "-out", dir}, &stdout, &stderr)
+	if err != nil {
+		t.Fatalf("run: %v\n%s", err, stderr.String())
+	}
+	for _, want := range []string{"Selection on one core", "Ingest on one core"} {
+		if !strings.Contains(stdout.String(), want) {
+			t.Errorf("output lacks %q:\n%s", want, stdout.String())
+		}
+	}
+	reporttest.CheckSVG(t, filepath.Join(dir, "scale-selection.svg"), "p50")
+	redraw := t.TempDir()
+	var again bytes.Buffer
+	if err := run(context.Background(), []string{"scale", "-from", filepath.Join(dir, "scale.json"), "-out", redraw}, &again, &stderr); err != nil {
+		t.Fatalf("-from: %v", err)
+	}
+	if again.String() != stdout.String() {
+		t.Errorf("-from printed\n%s\nwant\n%s", again.String(), stdout.String())
+	}
+	reporttest.CheckSVG(t, filepath.Join(redraw, "scale-ingest.svg"), "goal")
 }

@@ -474,6 +474,11 @@ func (t *Tree) Match(locals []uint64, earlyExit bool, dst []Overlap) []Overlap {
 			elems := t.sets.elems(set)
 			if prevSet == ^uint32(0) {
 				cands = seed(cands, elems)
+				// Every candidate emits at most one row: one allocation of
+				// the right size instead of append's doublings, which cost
+				// more than the walk when a prefix is on thousands of ranks
+				// (kvbench scale).
+				dst = slices.Grow(dst, len(cands))
 			} else {
 				cands, dst = t.advance(cands, elems, depth, dst)
 			}
