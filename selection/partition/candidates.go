@@ -48,11 +48,17 @@ func (ws *Workers) Candidates(out []scheduler.Candidate, projs []loads.Projectio
 	// Projections and overlap rows both come sorted by rank, so one cursor
 	// joins them in O(ranks + rows): a binary search per rank cost a tenth
 	// of a 4,096-rank selection (kvbench scale).
-	next := 0
+	// Should the projections ever come out of order, the rest of them
+	// fall back to the binary search: the cursor would have passed rows
+	// they need.
+	next, sorted := 0, true
 	for i, pj := range projs {
 		var ov index.Overlap
-		if i > 0 && index.CompareWorkerKeys(projs[i-1].Worker, pj.Worker) >= 0 {
-			ov = OverlapOf(overlaps, pj.Worker) // not sorted after all
+		if sorted && i > 0 && index.CompareWorkerKeys(projs[i-1].Worker, pj.Worker) >= 0 {
+			sorted = false
+		}
+		if !sorted {
+			ov = OverlapOf(overlaps, pj.Worker)
 		} else {
 			for next < len(overlaps) && index.CompareWorkerKeys(overlaps[next].Worker, pj.Worker) < 0 {
 				next++

@@ -46,3 +46,42 @@ func BenchmarkCandidates(b *testing.B) {
 		})
 	}
 }
+
+// TestCandidatesJoinOverlapsInAnyOrder: each candidate gets its own rank's
+// overlap row whether the projections come sorted by rank or not, and a
+// rank without a row gets none.
+func TestCandidatesJoinOverlapsInAnyOrder(t *testing.T) {
+	ws := &Workers{ByID: map[uint64]*catalog.Record{}}
+	var overlaps []index.Overlap
+	for w := range uint64(3) {
+		ws.ByID[w+1] = &catalog.Record{WorkerID: w + 1, DataParallelSize: new(uint32(2))}
+		for r := range uint32(2) {
+			k := index.WorkerKey{WorkerID: w + 1, DPRank: r}
+			ws.Ranks = append(ws.Ranks, k)
+			if k != (index.WorkerKey{WorkerID: 2, DPRank: 1}) {
+				overlaps = append(overlaps, index.Overlap{Worker: k, Device: uint32(10*(w+1) + uint64(r))})
+			}
+		}
+	}
+	rc := routerconfig.Default()
+	j := &Judge{Health: &health.Table{}, Engines: &engine.Table{}, Engine: &engine.Config{}, Router: &rc, Clock: time.Now}
+	for _, order := range [][]int{{0, 1, 2, 3, 4, 5}, {5, 0, 1, 2, 3, 4}, {0, 4, 1, 2, 3, 5}, {5, 4, 3, 2, 1, 0}} {
+		var projs []loads.Projection
+		for _, i := range order {
+			projs = append(projs, loads.Projection{WorkerLoad: loads.WorkerLoad{Worker: ws.Ranks[i]}})
+		}
+		out, _ := ws.Candidates(nil, projs, overlaps, j, "", time.Now())
+		if len(out) != 6 {
+			t.Fatalf("order %v: %d candidates", order, len(out))
+		}
+		for _, c := range out {
+			want := uint32(10*c.Worker.WorkerID) + c.Worker.DPRank
+			if c.Worker == (index.WorkerKey{WorkerID: 2, DPRank: 1}) {
+				want = 0
+			}
+			if c.Overlap.Device != want {
+				t.Errorf("order %v: %v got overlap %d, want %d", order, c.Worker, c.Overlap.Device, want)
+			}
+		}
+	}
+}
