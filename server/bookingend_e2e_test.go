@@ -115,7 +115,9 @@ func jsonList(ids []uint32) string {
 	return string(b)
 }
 
-func postJSON(t *testing.T, url, body string, out any) {
+// postOK POSTs a JSON body and returns the answer's, failing the test on
+// anything but a 2xx.
+func postOK(t *testing.T, url, body string) []byte {
 	t.Helper()
 	res, err := http.Post(url, "application/json", strings.NewReader(body))
 	if err != nil {
@@ -126,6 +128,12 @@ func postJSON(t *testing.T, url, body string, out any) {
 	if res.StatusCode/100 != 2 {
 		t.Fatalf("POST %s: %d %s", url, res.StatusCode, b)
 	}
+	return b
+}
+
+func postJSON(t *testing.T, url, body string, out any) {
+	t.Helper()
+	b := postOK(t, url, body)
 	if err := json.Unmarshal(b, out); err != nil {
 		t.Fatalf("POST %s: %v in %s", url, err, b)
 	}

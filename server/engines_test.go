@@ -174,19 +174,7 @@ func TestEngineHistogramsCalibrateWithoutResponsePath(t *testing.T) {
 	defer engine.Close()
 	srv := runInBackground(t, withoutKVEvents, []string{"--engine-metrics-interval", "20ms", "--latency-min-observations", "4"})
 	rest := "http://" + srv.addrs.REST.String()
-	post := func(url, body string) []byte {
-		t.Helper()
-		res, err := http.Post(url, "application/json", strings.NewReader(body))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer res.Body.Close()
-		b, _ := io.ReadAll(res.Body)
-		if res.StatusCode/100 != 2 {
-			t.Fatalf("POST %s: %d %s", url, res.StatusCode, b)
-		}
-		return b
-	}
+	post := func(url, body string) []byte { t.Helper(); return postOK(t, url, body) }
 	post(rest+"/workers", fmt.Sprintf(`{"worker_id":1,"model_name":"m","endpoint":%q,"block_size":4}`, engine.URL))
 	type policy struct {
 		LatencyModel struct {
