@@ -52,9 +52,11 @@ type Row struct {
 	// stored is when the engine stored the prompt's last block before the
 	// row had an estimated end (Stored); guarded by the table's mutex.
 	stored time.Time
-	// watchedOn is the block the row's watch waits for (Install), nil for
-	// none: a moved row keeps its predecessor's.
-	watchedOn *watchKey
+	// watchedOn is the block the row's watch waits for (Install) while
+	// watching: a moved row keeps its predecessor's. Guarded by the
+	// table's mutex.
+	watchedOn watchKey
+	watching  bool
 	// end is the booking's estimated end once its response path was lost
 	// (SetEnd); guarded by the table's mutex, the one field set after
 	// installation, so the row stays the same row for Move's comparison.
@@ -135,7 +137,7 @@ type Table struct {
 	// counts them, read without the lock. lastStore is when each rank last
 	// stored a block: a rank that stores nothing (prefix caching off, no
 	// events) will not report a first token.
-	watched   map[watchKey][]string
+	watched   map[watchKey]watchIDs
 	watches   atomic.Int64
 	lastStore map[watchRank]time.Time
 }
@@ -150,6 +152,16 @@ type watchKey struct {
 	watchRank
 	block uint64
 }
+
+// watchIDs are the rows waiting for one block: nearly always one, held
+// without an allocation of its own; the rare others (the same prompt
+// booked twice on a rank at once) in more.
+type watchIDs struct {
+	first string
+	more  []string
+}
+
+func (w watchIDs) all() []string { return append([]string{w.first}, w.more...) }
 
 // Claim reserves id before its booking is made; an id that is claimed or
 // booked is a 409.
@@ -189,28 +201,40 @@ func (t *Table) Install(id string, row *Row) {
 	t.rows[id] = row
 	if row.LastBlockKnown {
 		if t.watched == nil {
-			t.watched = make(map[watchKey][]string)
+			t.watched = make(map[watchKey]watchIDs)
 		}
 		k := watchKey{watchRank{row.Part, row.Worker}, row.LastBlock}
-		row.watchedOn = &k
-		t.watched[k] = append(t.watched[k], id)
+		row.watchedOn, row.watching = k, true
+		if w, ok := t.watched[k]; ok {
+			w.more = append(w.more, id)
+			t.watched[k] = w
+		} else {
+			t.watched[k] = watchIDs{first: id}
+		}
 		t.watches.Add(1)
 	}
 }
 
 // unwatch forgets id's watch on k. Called with t.mu held.
 func (t *Table) unwatch(id string, k watchKey) {
-	ids := t.watched[k]
-	i := slices.Index(ids, id)
-	if i < 0 {
+	w, ok := t.watched[k]
+	if !ok {
 		return
 	}
-	t.watches.Add(-1)
-	if len(ids) == 1 {
+	switch i := slices.Index(w.more, id); {
+	case i >= 0:
+		w.more = slices.Delete(w.more, i, i+1)
+	case w.first == id && len(w.more) > 0:
+		w.first, w.more = w.more[0], w.more[1:]
+	case w.first == id:
 		delete(t.watched, k)
+		t.watches.Add(-1)
+		return
+	default:
 		return
 	}
-	t.watched[k] = slices.Delete(ids, i, i+1)
+	t.watched[k] = w
+	t.watches.Add(-1)
 }
 
 // Booked returns id's booked row. An id that is only claimed (its booking
@@ -239,8 +263,8 @@ func (t *Table) Drop(id string) (lease *affinity.Lease, ok bool) {
 	}
 	delete(t.rows, id)
 	delete(t.ending, id)
-	if r.watchedOn != nil {
-		t.unwatch(id, *r.watchedOn)
+	if r.watching {
+		t.unwatch(id, r.watchedOn)
 	}
 	return r.Lease, true
 }
@@ -272,7 +296,7 @@ func (t *Table) Move(id string, read *Row, w index.WorkerKey) bool {
 	// predecessor's, dropped with the moved row.
 	moved := &Row{Part: cur.Part, Worker: w, Lease: cur.Lease, Prefill: cur.Prefill, Expected: cur.Expected,
 		LastBlock: cur.LastBlock, LastBlockKnown: cur.LastBlockKnown, booked: true, end: cur.end,
-		stored: cur.stored, watchedOn: cur.watchedOn}
+		stored: cur.stored, watchedOn: cur.watchedOn, watching: cur.watching}
 	t.rows[id] = moved
 	if cur.end != nil {
 		t.ending[id] = moved
@@ -377,18 +401,19 @@ func (t *Table) Stored(part *partition.Partition, worker index.WorkerKey, blocks
 	var out []FirstToken
 	for block := range blocks {
 		k := watchKey{rank, block}
-		ids, ok := t.watched[k]
+		w, ok := t.watched[k]
 		if !ok {
 			continue
 		}
 		delete(t.watched, k)
+		ids := w.all()
 		t.watches.Add(-int64(len(ids)))
 		for _, id := range ids {
 			r, found := t.rows[id]
 			if !found {
 				continue
 			}
-			r.watchedOn = nil
+			r.watching = false
 			if r.end == nil {
 				if r.stored.IsZero() {
 					r.stored = now
