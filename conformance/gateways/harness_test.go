@@ -132,7 +132,14 @@ type gateway struct {
 // which kvbench demo -gateway nginx starts the same way).
 func startGateway(t *testing.T, shimDir string, extproc string) *gateway {
 	t.Helper()
-	ng, err := ngf.Start(t.Context(), ngf.Config{ShimDir: shimDir, Dir: t.TempDir(), ExtProc: extproc})
+	return startGatewayWith(t, ngf.Config{ShimDir: shimDir, ExtProc: extproc})
+}
+
+// startGatewayWith is startGateway with the rest of c (TLS to the picker).
+func startGatewayWith(t *testing.T, c ngf.Config) *gateway {
+	t.Helper()
+	c.Dir = t.TempDir()
+	ng, err := ngf.Start(t.Context(), c)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvselect/kvselect/bench/ngf"
 	"github.com/kvselect/kvselect/internal/peerproc"
 )
 
@@ -64,6 +65,30 @@ func TestNGFRoutesToThePickedWorker(t *testing.T) {
 		served[events.workerID]++
 	}
 	t.Logf("requests served per worker: %v", served)
+}
+
+// TestNGFOverTLS: NGF's shim dials the picker over TLS by default (without
+// verifying its certificate, cmd/gateway/endpoint_picker.go), a handshake
+// per request; kvselect serving --extproc-secure-serving routes through it
+// as in plaintext, and a shim speaking plaintext to it gets no decision
+// (NGINX's 500).
+func TestNGFOverTLS(t *testing.T) {
+	dir := needNGF(t)
+	k := newKvselect(t, []string{"--extproc-secure-serving"})
+	k.start()
+	startMockWorkers(t, k, 2, time.Millisecond)
+	k.schedulable(2)
+	g := startGatewayWith(t, ngf.Config{ShimDir: dir, ExtProc: k.extproc(), TLS: true})
+	for i := range 4 {
+		n := len(k.decisions())
+		a := post(t, g.url, completion(prompt(100+i, 40), 4, false))
+		wantServedBy(t, a, k.decisionAfter(n))
+	}
+	g.ngf.Stop() // NGF fixes the shim's port: one shim at a time
+	plain := startGateway(t, dir, k.extproc())
+	if a := post(t, plain.url, completion(prompt(200, 40), 4, false)); a.status != http.StatusInternalServerError {
+		t.Fatalf("a plaintext shim against the TLS picker: %d %s, want NGINX's 500", a.status, a.body)
+	}
 }
 
 func wantServedBy(t *testing.T, a answer, d decision) {
