@@ -4,6 +4,8 @@ import (
 	"bytes"
 	stdjson "encoding/json"
 	"errors"
+	"fmt"
+	"math/rand/v2"
 	"slices"
 	"strconv"
 	"strings"
@@ -205,5 +207,55 @@ func TestParseBodyMode(t *testing.T) {
 		if _, err := ParseBodyMode(in); err == nil || !strings.Contains(err.Error(), "full_duplex_streamed") {
 			t.Errorf("ParseBodyMode(%q) = %v, want an error listing the modes", in, err)
 		}
+	}
+}
+
+// BenchmarkParseBodyLong parses long-context bodies (the step of a pick
+// before hashing): completions prompts of 100k and 1M token ids of a 128k
+// vocabulary, and chat bodies of the same length in text (four characters a
+// token, with newlines and quotes to unescape), rendered to the text the
+// text index hashes.
+func BenchmarkParseBodyLong(b *testing.B) {
+	for _, c := range []struct {
+		name   string
+		tokens int
+		text   bool
+	}{{"tokens-100k", 100_000, false}, {"text-100k", 100_000, true}, {"tokens-1m", 1_000_000, false}, {"text-1m", 1_000_000, true}} {
+		b.Run(c.name, func(b *testing.B) {
+			rng := rand.New(rand.NewPCG(1, 2))
+			var body []byte
+			if c.text {
+				var sb strings.Builder
+				for range c.tokens {
+					w := []byte{byte('a' + rng.IntN(26)), byte('a' + rng.IntN(26)), byte('a' + rng.IntN(26)), ' '}
+					switch rng.IntN(17) {
+					case 0:
+						w[3] = '\n'
+					case 1:
+						w[2] = '"'
+					}
+					sb.Write(w)
+				}
+				q, _ := stdjson.Marshal(sb.String())
+				body = fmt.Appendf(nil, `{"model":"m","stream":true,"messages":[{"role":"user","content":%s}]}`, q)
+			} else {
+				body = []byte(`{"model":"m","stream":true,"prompt":[`)
+				for j := range c.tokens {
+					if j > 0 {
+						body = append(body, ',')
+					}
+					body = strconv.AppendUint(body, uint64(rng.IntN(128_000)), 10)
+				}
+				body = append(body, "]}"...)
+			}
+			b.SetBytes(int64(len(body)))
+			b.ReportAllocs()
+			for b.Loop() {
+				pb, err := parseBody(body, "")
+				if err != nil || (len(pb.tokens) != c.tokens && pb.text == "") {
+					b.Fatal(err)
+				}
+			}
+		})
 	}
 }
