@@ -294,6 +294,7 @@ FUZZ_TARGETS := \
 	./httpadmin:FuzzSelectBody \
 	./extproc:FuzzParseBody \
 	./extproc:FuzzScanTokenIDs \
+	./extproc:FuzzLiftTokenIDs \
 	./extproc:FuzzFlowHeaders \
 	./extproc:FuzzParseAnthropicBody \
 	./extproc:FuzzParseResponsesBody \

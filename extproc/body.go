@@ -31,6 +31,10 @@ type requestBody struct {
 	Text            json.RawMessage `json:"text"`              // SGLang
 	TokenIDs        json.RawMessage `json:"token_ids"`         // vLLM generate
 	SamplingParams  json.RawMessage `json:"sampling_params"`   // SGLang, vLLM generate
+
+	// lifted are the id arrays read in place (liftTokenIDs); their fields
+	// above hold "[]" then.
+	lifted liftedIDs
 }
 
 // nvext is the part of Dynamo's NVIDIA extension block
@@ -91,14 +95,18 @@ var errBadBody = errors.New("invalid request body")
 // string or the first of a list of strings); the other formats follow the
 // same order with their own fields. An empty body identifies nothing and is
 // fine.
-func parseBody(b []byte, path string) (parsedBody, error) {
+func parseBody(b []byte, path string) (parsedBody, error) { return parseBodyLifting(b, path, liftMin) }
+
+// parseBodyLifting is parseBody lifting id arrays out of bodies of at least
+// liftFrom bytes (never when negative); tests compare the two ways.
+func parseBodyLifting(b []byte, path string, liftFrom int) (parsedBody, error) {
 	var out parsedBody
 	if len(bytes.TrimSpace(b)) == 0 {
 		return out, nil
 	}
 	var rb requestBody
-	if err := json.Unmarshal(b, &rb); err != nil {
-		return out, fmt.Errorf("%w: %s", errBadBody, shortJSONError(err))
+	if err := decodeBody(b, &rb, liftFrom); err != nil {
+		return out, err
 	}
 	out.hasField = true
 	out.model = rb.Model
@@ -115,6 +123,9 @@ func parseBody(b []byte, path string) (parsedBody, error) {
 		return out, parseOtherFormat(&rb, &out)
 	}
 	tokens, text, err := parsePrompt(rb.Prompt)
+	if rb.lifted.prompt != nil {
+		tokens = rb.lifted.prompt
+	}
 	if err != nil {
 		return out, err
 	}
@@ -135,6 +146,27 @@ func parseBody(b []byte, path string) (parsedBody, error) {
 		out.textFrom = textChat
 	}
 	return out, err
+}
+
+// decodeBody decodes b into rb, its id arrays read in place
+// (liftTokenIDs) when it has any and is at least liftFrom bytes long.
+func decodeBody(b []byte, rb *requestBody, liftFrom int) error {
+	if liftFrom >= 0 && len(b) >= liftFrom {
+		if reduced, ids, ok := liftTokenIDs(b); ok {
+			if json.Unmarshal(reduced, rb) == nil {
+				rb.lifted = ids
+				if ids.tokenData != nil && rb.Nvext != nil {
+					rb.Nvext.TokenData = ids.tokenData
+				}
+				return nil
+			}
+			*rb = requestBody{}
+		}
+	}
+	if err := json.Unmarshal(b, rb); err != nil {
+		return fmt.Errorf("%w: %s", errBadBody, shortJSONError(err))
+	}
+	return nil
 }
 
 // parsePrompt reads the completions prompt: a string, an array of token ids,
@@ -192,53 +224,60 @@ func parsePrompt(raw json.RawMessage) (tokens []uint32, text string, err error) 
 // goes through the JSON decoder and gets its error message.
 // FuzzScanTokenIDs holds it to encoding/json's result.
 func scanTokenIDs(raw []byte) (tokens []uint32, ok bool) {
-	i, n := 0, len(raw)
-	skip := func() {
-		for i < n && (raw[i] == ' ' || raw[i] == '\n' || raw[i] == '\t' || raw[i] == '\r') {
-			i++
-		}
-	}
-	skip()
-	if i == n || raw[i] != '[' {
+	i := skipWS(raw, 0)
+	tokens, end, ok := scanIDArray(raw, i)
+	if !ok || skipWS(raw, end) != len(raw) {
 		return nil, false
 	}
-	i++
-	skip()
-	// A token id is 1 to 10 digits plus a comma: size the slice once.
-	tokens = make([]uint32, 0, n/4+1)
-	if i < n && raw[i] == ']' {
-		i++
-		skip()
-		return tokens, i == n
+	return tokens, true
+}
+
+// scanIDArray reads the plain id array that starts at b[i] (scanTokenIDs'
+// form) and returns its ids and the index after its ']'.
+func scanIDArray(b []byte, i int) (tokens []uint32, end int, ok bool) {
+	if i >= len(b) || b[i] != '[' {
+		return nil, 0, false
+	}
+	// A plain array ends at its first ']': its commas size the slice
+	// exactly (both searches are vectorized; the scan below is not).
+	close := bytes.IndexByte(b[i:], ']')
+	if close < 0 {
+		return nil, 0, false
+	}
+	n := i + close + 1
+	tokens = make([]uint32, 0, bytes.Count(b[i:n], []byte{','})+1)
+	i = skipWS(b, i+1)
+	if b[i] == ']' {
+		return tokens, i + 1, true
 	}
 	for {
 		start := i
 		var v uint64
-		for i < n && raw[i] >= '0' && raw[i] <= '9' {
-			v = v*10 + uint64(raw[i]-'0')
-			i++
-			if i-start > 10 {
-				return nil, false
+		for i < n {
+			d := b[i] - '0'
+			if d > 9 {
+				break
 			}
+			v = v*10 + uint64(d)
+			i++
 		}
-		if i == start || v > 1<<32-1 || (raw[start] == '0' && i-start > 1) {
-			return nil, false
+		if l := i - start; l == 0 || l > 10 || v > 1<<32-1 || (b[start] == '0' && l > 1) {
+			return nil, 0, false
 		}
 		tokens = append(tokens, uint32(v))
-		skip()
-		if i == n {
-			return nil, false
+		for i < n && (b[i] == ' ' || b[i] == '\n' || b[i] == '\t' || b[i] == '\r') {
+			i++
 		}
-		switch raw[i] {
+		if i == n {
+			return nil, 0, false
+		}
+		switch b[i] {
 		case ',':
-			i++
-			skip()
+			i = skipWS(b, i+1)
 		case ']':
-			i++
-			skip()
-			return tokens, i == n
+			return tokens, i + 1, true
 		default:
-			return nil, false
+			return nil, 0, false
 		}
 	}
 }
