@@ -549,7 +549,18 @@ func roundHalfAway(x float64) int { return int(math.Round(x)) }
 // output. Free and Move both go through it.
 func (r *rank) drop(rq *request) {
 	r.prefill -= rq.prefill
-	r.release(rq.keys)
+	if r.requests == 1 && cap(r.held) <= 16*len(rq.keys) {
+		// The last booking leaves, and its path fills the table enough
+		// that a pass over it is cheaper than a probe per block.
+		r.releaseAll()
+	} else {
+		r.release(rq.keys)
+	}
+	if len(r.held) == 0 && cap(r.held) > shrinkSlots {
+		// A drained rank gives a long prompt's table back, so memory
+		// returns to its size before the prompt came.
+		r.held, r.shift = nil, 0
+	}
 	r.unit -= rq.outUnit
 	r.fracN -= rq.outFrac
 	r.fracSum -= float64(rq.outFrac) * rq.outFracVal
