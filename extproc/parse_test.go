@@ -2,6 +2,7 @@ package extproc
 
 import (
 	"bytes"
+	"encoding/binary"
 	stdjson "encoding/json"
 	"errors"
 	"fmt"
@@ -128,7 +129,9 @@ func TestParseTargets(t *testing.T) {
 // range is always taken by the scanner.
 func FuzzScanTokenIDs(f *testing.F) {
 	for _, s := range []string{`[]`, `[0]`, `[1,2,3]`, ` [ 4294967295 , 0 ] `, `[4294967296]`, `[01]`, `[-1]`, `[1.0]`, `[1e3]`,
-		`[1,]`, `[,1]`, `[1 2]`, `[1]x`, `["1"]`, `[[1]]`, "[\n1,\t2\r]", `[00]`, `[12345678901]`} {
+		`[1,]`, `[,1]`, `[1 2]`, `[1]x`, `["1"]`, `[[1]]`, "[\n1,\t2\r]", `[00]`, `[12345678901]`,
+		`[1234567,12345678,123456789,4294967295,0,7,  9  ,1000000]    `, `[4294967296,1,2,3,4,5,6,7,8]`, `[12345670x,1,2,3,4,5,6]`,
+		`[0123456,1,2,3,4,5,6,7,8]`, `[1,2,3,4,5,6,7,8,9,10,11,12]` + strings.Repeat(" ", 8)} {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, b []byte) {
@@ -257,5 +260,31 @@ func BenchmarkParseBodyLong(b *testing.B) {
 				}
 			}
 		})
+	}
+}
+
+// TestDigits8 holds the eight-byte digit reader to a byte-by-byte one on
+// every run length and on bytes around the digits' range.
+func TestDigits8(t *testing.T) {
+	rng := rand.New(rand.NewPCG(8, 8))
+	alphabet := []byte("0123456789/:,] \n[-.eE\"\x00\xff\xf9\xfa")
+	for range 200_000 {
+		var b [8]byte
+		for j := range b {
+			if rng.IntN(3) > 0 {
+				b[j] = byte('0' + rng.IntN(10))
+			} else {
+				b[j] = alphabet[rng.IntN(len(alphabet))]
+			}
+		}
+		wantN, wantV := 0, uint64(0)
+		for wantN < 8 && b[wantN] >= '0' && b[wantN] <= '9' {
+			wantV = wantV*10 + uint64(b[wantN]-'0')
+			wantN++
+		}
+		n, v := digits8(binary.LittleEndian.Uint64(b[:]))
+		if n != wantN || (n < 8 && v != wantV) {
+			t.Fatalf("digits8(%q) = %d, %d; want %d, %d", b, n, v, wantN, wantV)
+		}
 	}
 }
