@@ -291,6 +291,7 @@ FUZZ_TARGETS := \
 	./engines/kvlisten:FuzzLiveMessage \
 	./internal/zmqguard:FuzzFrameGuard \
 	./selection/index:FuzzDecodeDump \
+	./selection:FuzzAppendJSONString \
 	./httpadmin:FuzzSelectBody \
 	./extproc:FuzzParseBody \
 	./extproc:FuzzScanTokenIDs \
