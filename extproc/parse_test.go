@@ -288,3 +288,45 @@ func TestDigits8(t *testing.T) {
 		}
 	}
 }
+
+// TestScanTokenIDsForms: ids of every length, packed or spaced, read as
+// the ids they spell, across the eight-byte reads' borders.
+func TestScanTokenIDsForms(t *testing.T) {
+	rng := rand.New(rand.NewPCG(9, 9))
+	for range 3000 {
+		n := 1 + rng.IntN(40)
+		ids := make([]uint32, n)
+		var packed, spaced []byte
+		packed, spaced = append(packed, '['), append(spaced, '[')
+		for j := range ids {
+			switch rng.IntN(4) {
+			case 0:
+				ids[j] = rng.Uint32N(10)
+			case 1:
+				ids[j] = rng.Uint32N(100_000_000) // up to 8 digits: one read
+			case 2:
+				ids[j] = rng.Uint32() // up to 10 digits: the byte loop
+			default:
+				ids[j] = rng.Uint32N(200_000)
+			}
+			if j > 0 {
+				packed = append(packed, ',')
+				spaced = append(spaced, " \n\t"[rng.IntN(3)], ',', ' ')
+			}
+			packed = strconv.AppendUint(packed, uint64(ids[j]), 10)
+			spaced = strconv.AppendUint(spaced, uint64(ids[j]), 10)
+		}
+		packed, spaced = append(packed, ']'), append(spaced, " ]"...)
+		for _, b := range [][]byte{packed, spaced, append(slices.Clone(packed), "   "...)} {
+			got, ok := scanTokenIDs(b)
+			if !ok || !slices.Equal(got, ids) {
+				t.Fatalf("%s: %v %v, want %v", b, got, ok, ids)
+			}
+		}
+	}
+	for _, bad := range []string{`[1,,2]`, `[1,]`, `[,1]`, `[01,2]`, `[1,02]`, `[123456789012,1]`, `[1,2x]`, `[1,-2]`, `[1.5,2]`} {
+		if got, ok := scanTokenIDs([]byte(bad)); ok {
+			t.Fatalf("%s read as %v", bad, got)
+		}
+	}
+}
