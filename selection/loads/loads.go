@@ -430,6 +430,16 @@ func (t *Tracker) Expire(now time.Time) (reclaimed []string) {
 	for _, id := range reclaimed {
 		t.free(t.reqs[id])
 	}
+	for _, r := range t.sorted {
+		if r.requests == 0 && cap(r.held) > shrinkSlots {
+			// A rank drained at the upkeep gives a long prompt's table
+			// back, so memory returns to what it was before the prompt.
+			// Not at the drain itself: at a low rate every request
+			// drains its rank, and the next long prompt would allocate
+			// (and fault in) the table again.
+			r.held, r.shift = nil, 0
+		}
+	}
 	return reclaimed
 }
 
@@ -522,7 +532,13 @@ func (t *Tracker) addOutput(rq *request, decay *float64) {
 func (t *Tracker) free(rq *request) {
 	rq.rank.drop(rq)
 	delete(t.reqs, rq.id)
-	*rq = request{keys: rq.keys[:0]}
+	keys := rq.keys[:0]
+	if cap(keys) > shrinkSlots {
+		// A long prompt's path keys (half a megabyte at 1M tokens) are
+		// not kept for whichever booking reuses the record.
+		keys = nil
+	}
+	*rq = request{keys: keys}
 	t.spare = append(t.spare, rq)
 }
 
@@ -555,11 +571,6 @@ func (r *rank) drop(rq *request) {
 		r.releaseAll()
 	} else {
 		r.release(rq.keys)
-	}
-	if len(r.held) == 0 && cap(r.held) > shrinkSlots {
-		// A drained rank gives a long prompt's table back, so memory
-		// returns to its size before the prompt came.
-		r.held, r.shift = nil, 0
 	}
 	r.unit -= rq.outUnit
 	r.fracN -= rq.outFrac

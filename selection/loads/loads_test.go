@@ -695,8 +695,9 @@ func TestConcurrentBookingsDrainToZero(t *testing.T) {
 }
 
 // TestDrainedRankGivesLongTablesBack: a rank that held a long prompt and
-// drained keeps no table larger than shrinkSlots, so memory returns to what
-// it was before the prompt; a short prompt's table stays for the next one.
+// is drained at an upkeep (Expire) keeps no table larger than shrinkSlots,
+// so memory returns to what it was before the prompt; until then, and for
+// a short prompt's table always, the table stays for the next booking.
 // Both ways of releasing (the last booking's pass over the table, the probe
 // per block) leave the same loads.
 func TestDrainedRankGivesLongTablesBack(t *testing.T) {
@@ -720,6 +721,10 @@ func TestDrainedRankGivesLongTablesBack(t *testing.T) {
 			}
 		}
 		r := tr.ranks[w]
+		if cap(r.held) <= shrinkSlots {
+			t.Fatalf("%s: the table was freed at the drain; the next long prompt would allocate it again", tc.name)
+		}
+		tr.Expire(t0)
 		if len(r.held) != 0 || cap(r.held) > shrinkSlots || r.unit != 0 || r.fracN != 0 || r.fracSum != 0 || r.requests != 0 {
 			t.Fatalf("%s: rank after drain: %d held in %d slots, unit %d, frac %d/%v, %d requests",
 				tc.name, len(r.held), cap(r.held), r.unit, r.fracN, r.fracSum, r.requests)
@@ -729,6 +734,7 @@ func TestDrainedRankGivesLongTablesBack(t *testing.T) {
 	if err := tr.Free("s"); err != nil {
 		t.Fatal(err)
 	}
+	tr.Expire(t0)
 	if c := cap(tr.ranks[w].held); c == 0 {
 		t.Fatal("a short prompt's table was freed on drain; the next booking would allocate it again")
 	}

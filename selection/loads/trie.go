@@ -76,9 +76,9 @@ const (
 	maxLoadNum    = 3
 	maxLoadDenom  = 4
 	fibonacciMult = 0x9e3779b97f4a7c15
-	// shrinkSlots: a drained rank keeps a table up to this size (96 KiB,
-	// prompts of ~3,000 blocks) for the next booking, and frees a larger
-	// one.
+	// shrinkSlots: a rank drained at an upkeep keeps a table up to this
+	// size (96 KiB, prompts of ~3,000 blocks) for the next booking, and
+	// frees a larger one.
 	shrinkSlots = 4096
 )
 
@@ -91,10 +91,10 @@ type rank struct {
 	// held is the rank's path table: its length is the number of held paths
 	// and its capacity the table size, so the slots are held[:cap(held)]
 	// (a power of two, or nil before the first booking). The table
-	// shrinks only when the rank drains, and then only from beyond
-	// shrinkSlots: a rank that drains and fills again with ordinary
-	// prompts does not allocate, and a long prompt's table does not
-	// outlive it.
+	// shrinks only at an upkeep (Expire) that finds the rank drained,
+	// and then only from beyond shrinkSlots: a rank that drains and
+	// fills again does not allocate, and a long prompt's table does not
+	// outlive the traffic that needed it.
 	held       []slot
 	shift      uint8 // 64 - log2(cap(held))
 	unit       int   // blocks at weight 1
@@ -215,10 +215,6 @@ func (r *rank) releaseAll() {
 		} else {
 			r.unit--
 		}
-	}
-	if len(tab) > shrinkSlots {
-		r.held = tab[:0] // drop frees it
-		return
 	}
 	clear(tab)
 	r.held = tab[:0]
