@@ -292,6 +292,11 @@ func (t *Tracker) Add(now time.Time, b Booking) error {
 		rq.expected = &e
 	}
 	if t.cfg.TrackActiveBlocks {
+		if cap(rq.keys) < len(b.TrackingHashes) {
+			// Sized once rather than by append's doublings, each a copy:
+			// a long prompt has tens of thousands of blocks.
+			rq.keys = make([]uint64, 0, len(b.TrackingHashes))
+		}
 		rq.keys = appendPathKeys(rq.keys[:0], b.TrackingHashes)
 		r.acquire(rq.keys)
 	}
@@ -430,6 +435,13 @@ func (t *Tracker) Expire(now time.Time) (reclaimed []string) {
 	for _, id := range reclaimed {
 		t.free(t.reqs[id])
 	}
+	for i, rq := range t.spare {
+		if cap(rq.keys) > shrinkSlots {
+			// Nor do a long prompt's path keys (half a megabyte at 1M
+			// tokens) stay with a recycled record past the upkeep.
+			t.spare[i].keys = nil
+		}
+	}
 	for _, r := range t.sorted {
 		if r.requests == 0 && cap(r.held) > shrinkSlots {
 			// A rank drained at the upkeep gives a long prompt's table
@@ -532,13 +544,7 @@ func (t *Tracker) addOutput(rq *request, decay *float64) {
 func (t *Tracker) free(rq *request) {
 	rq.rank.drop(rq)
 	delete(t.reqs, rq.id)
-	keys := rq.keys[:0]
-	if cap(keys) > shrinkSlots {
-		// A long prompt's path keys (half a megabyte at 1M tokens) are
-		// not kept for whichever booking reuses the record.
-		keys = nil
-	}
-	*rq = request{keys: keys}
+	*rq = request{keys: rq.keys[:0]}
 	t.spare = append(t.spare, rq)
 }
 

@@ -725,6 +725,11 @@ func TestDrainedRankGivesLongTablesBack(t *testing.T) {
 			t.Fatalf("%s: the table was freed at the drain; the next long prompt would allocate it again", tc.name)
 		}
 		tr.Expire(t0)
+		for _, rq := range tr.spare {
+			if cap(rq.keys) > shrinkSlots {
+				t.Fatalf("%s: a recycled record keeps %d path keys past the upkeep", tc.name, cap(rq.keys))
+			}
+		}
 		if len(r.held) != 0 || cap(r.held) > shrinkSlots || r.unit != 0 || r.fracN != 0 || r.fracSum != 0 || r.requests != 0 {
 			t.Fatalf("%s: rank after drain: %d held in %d slots, unit %d, frac %d/%v, %d requests",
 				tc.name, len(r.held), cap(r.held), r.unit, r.fracN, r.fracSum, r.requests)
