@@ -230,8 +230,8 @@ func TestTTLTrackerMatchesAModel(t *testing.T) {
 				t.Fatalf("step %d: expired %d hashes, model %d", step, len(got), len(want))
 			}
 		}
-		if len(tt.deadlines) != len(model) {
-			t.Fatalf("step %d: %d live, model %d", step, len(tt.deadlines), len(model))
+		if tt.live != len(model) {
+			t.Fatalf("step %d: %d live, model %d", step, tt.live, len(model))
 		}
 	}
 }
@@ -248,8 +248,8 @@ func TestTTLTrackerStopsClock(t *testing.T) {
 	for range 200 {
 		tt.touch(now, WorkerKey{WorkerID: 1}, exts)
 	}
-	if tt.queued > 2*len(tt.deadlines)+1024 {
-		t.Fatalf("%d hashes queued for %d live", tt.queued, len(tt.deadlines))
+	if tt.queued > 2*tt.live+1024 {
+		t.Fatalf("%d hashes queued for %d live", tt.queued, tt.live)
 	}
 	if n := tt.expired(now.Add(time.Second), func(ttlKey) {}); n != len(exts) {
 		t.Fatalf("%d expired, want %d", n, len(exts))

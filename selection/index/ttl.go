@@ -15,8 +15,12 @@ import (
 // The heap may hold stale deadlines for refreshed entries; they are skipped
 // when popped and compacted away when they outnumber live entries.
 type ttlTracker struct {
-	ttl       time.Duration
-	deadlines map[ttlKey]int64 // unix nanoseconds
+	ttl time.Duration
+	// deadlines are per worker rank, keyed by engine hash (unix
+	// nanoseconds): a map with 8-byte keys is the fast kind, and a
+	// recording looks its rank up once.
+	deadlines map[WorkerKey]map[uint64]int64
+	live      int // hashes in deadlines
 	heap      ttlHeap
 	queued    int // engine hashes in the heap's entries, stale ones included
 }
@@ -48,7 +52,7 @@ func (h *ttlHeap) Pop() any {
 }
 
 func newTTLTracker(ttl time.Duration) *ttlTracker {
-	return &ttlTracker{ttl: ttl, deadlines: make(map[ttlKey]int64)}
+	return &ttlTracker{ttl: ttl, deadlines: make(map[WorkerKey]map[uint64]int64)}
 }
 
 // touch records exts of worker w at now: each expires ttl after now unless
@@ -58,12 +62,19 @@ func (tt *ttlTracker) touch(now time.Time, w WorkerKey, exts []uint64) {
 		return
 	}
 	d := now.Add(tt.ttl).UnixNano()
-	for _, e := range exts {
-		tt.deadlines[ttlKey{w, e}] = d
+	m := tt.deadlines[w]
+	if m == nil {
+		m = make(map[uint64]int64, len(exts))
+		tt.deadlines[w] = m
 	}
+	n := len(m)
+	for _, e := range exts {
+		m[e] = d
+	}
+	tt.live += len(m) - n
 	heap.Push(&tt.heap, ttlEntry{deadline: d, worker: w, exts: slices.Clone(exts)})
 	tt.queued += len(exts)
-	if tt.queued > 2*len(tt.deadlines)+1024 {
+	if tt.queued > 2*tt.live+1024 {
 		tt.compact()
 	}
 }
@@ -75,9 +86,10 @@ func (tt *ttlTracker) touch(now time.Time, w WorkerKey, exts []uint64) {
 func (tt *ttlTracker) compact() {
 	h, queued := tt.heap[:0], 0
 	for _, e := range tt.heap {
+		m := tt.deadlines[e.worker]
 		live := e.exts[:0]
 		for _, x := range e.exts {
-			if d, ok := tt.deadlines[ttlKey{e.worker, x}]; ok && d == e.deadline {
+			if d, ok := m[x]; ok && d == e.deadline {
 				live = append(live, x)
 			}
 		}
@@ -89,7 +101,7 @@ func (tt *ttlTracker) compact() {
 	}
 	clear(h[len(h):cap(h)]) // the dropped entries' hash slices
 	tt.heap, tt.queued = h, queued
-	if queued > len(tt.deadlines)*3/2+1024 {
+	if queued > tt.live*3/2+1024 {
 		tt.rebuild()
 		return
 	}
@@ -103,9 +115,11 @@ func (tt *ttlTracker) rebuild() {
 		deadline int64
 		key      ttlKey
 	}
-	live := make([]due, 0, len(tt.deadlines))
-	for k, d := range tt.deadlines {
-		live = append(live, due{d, k})
+	live := make([]due, 0, tt.live)
+	for w, m := range tt.deadlines {
+		for x, d := range m {
+			live = append(live, due{d, ttlKey{w, x}})
+		}
 	}
 	slices.SortFunc(live, func(a, b due) int {
 		return cmp.Or(cmp.Compare(a.deadline, b.deadline), CompareWorkerKeys(a.key.worker, b.key.worker), cmp.Compare(a.key.ext, b.key.ext))
@@ -121,7 +135,7 @@ func (tt *ttlTracker) rebuild() {
 		h = append(h, ttlEntry{deadline: live[i].deadline, worker: live[i].key.worker, exts: exts[i:j:j]})
 		i = j
 	}
-	clear(h[len(h):cap(h)]) // the old entries' hash slices
+	clear(h[len(h):cap(h)])
 	tt.heap, tt.queued = h, len(live)
 	heap.Init(&tt.heap)
 }
@@ -134,23 +148,28 @@ func (tt *ttlTracker) expired(now time.Time, fn func(ttlKey)) int {
 	for len(tt.heap) > 0 && tt.heap[0].deadline <= limit {
 		e := heap.Pop(&tt.heap).(ttlEntry)
 		tt.queued -= len(e.exts)
+		m := tt.deadlines[e.worker]
 		for _, x := range e.exts {
-			k := ttlKey{e.worker, x}
-			if d, ok := tt.deadlines[k]; !ok || d != e.deadline {
+			if d, ok := m[x]; !ok || d != e.deadline {
 				continue // refreshed or already gone
 			}
-			delete(tt.deadlines, k)
-			fn(k)
+			delete(m, x)
+			tt.live--
+			fn(ttlKey{e.worker, x})
 			n++
+		}
+		if m != nil && len(m) == 0 {
+			delete(tt.deadlines, e.worker)
 		}
 	}
 	return n
 }
 
 func (tt *ttlTracker) forget(match func(WorkerKey) bool) {
-	for k := range tt.deadlines {
-		if match(k.worker) {
-			delete(tt.deadlines, k)
+	for w, m := range tt.deadlines {
+		if match(w) {
+			tt.live -= len(m)
+			delete(tt.deadlines, w)
 		}
 	}
 }
