@@ -254,13 +254,25 @@ func scanIDArray(b []byte, i int) (tokens []uint32, end int, ok bool) {
 	}
 	for {
 		start := i
-		var v uint64
+		var v, w uint64
 		l := 8
 		if i+8 <= len(b) {
 			// Most ids are shorter than 8 digits: read them 8 bytes at
 			// a time.
-			l, v = digits8(binary.LittleEndian.Uint64(b[i:]))
+			w = binary.LittleEndian.Uint64(b[i:])
+			l, v = digits8(w)
 			i += l
+		}
+		if l < 8 && byte(w>>(8*l)) == ',' && l > 0 && v <= 1<<32-1 && (l == 1 || b[start] != '0') {
+			// The comma is in the word just read: the next id's start
+			// is known without loading it again, which shortens the
+			// chain of dependent loads the scan is.
+			tokens = append(tokens, uint32(v))
+			i++
+			if c := b[i]; c == ' ' || c == '\n' || c == '\t' || c == '\r' {
+				i = skipWS(b, i)
+			}
+			continue
 		}
 		if l == 8 {
 			i, v = start, 0
