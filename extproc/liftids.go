@@ -5,7 +5,7 @@ import (
 )
 
 // A tokenized long-context body is almost all token ids: a 100k-token prompt
-// is ~650 KB of digits and commas, a 1M-token one ~6.5 MB. Handing that to
+// is ~600 KB of digits and commas, a 1M-token one ~6 MB. Handing that to
 // the JSON decoder costs a copy of the body (goccy/go-json pads its input),
 // a copy of the prompt's raw bytes, a skip over them and then the id scan:
 // most of a long-context pick. liftTokenIDs reads the id arrays in place
