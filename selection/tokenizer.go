@@ -94,7 +94,8 @@ func ChatText(msgs []ChatMessage) (string, error) {
 	for _, m := range msgs {
 		size += len(m.Role) + len(m.Content) + 2
 	}
-	// The rendering is never longer than the raw messages: one buffer.
+	// The rendering is about as long as the raw messages (escapes shrink,
+	// only invalid UTF-8 grows): one buffer, as a rule.
 	buf := make([]byte, 0, size)
 	for i, m := range msgs {
 		buf = append(buf, m.Role...)
