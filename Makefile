@@ -301,9 +301,11 @@ FUZZ_TARGETS := \
 	./engines/kvlisten:FuzzLiveMessage \
 	./internal/zmqguard:FuzzFrameGuard \
 	./selection/index:FuzzDecodeDump \
+	./selection:FuzzAppendJSONString \
 	./httpadmin:FuzzSelectBody \
 	./extproc:FuzzParseBody \
 	./extproc:FuzzScanTokenIDs \
+	./extproc:FuzzLiftTokenIDs \
 	./extproc:FuzzFlowHeaders \
 	./extproc:FuzzParseAnthropicBody \
 	./extproc:FuzzParseResponsesBody \

@@ -2,8 +2,10 @@ package extproc
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"math/bits"
 
 	json "github.com/goccy/go-json"
 
@@ -31,6 +33,10 @@ type requestBody struct {
 	Text            json.RawMessage `json:"text"`              // SGLang
 	TokenIDs        json.RawMessage `json:"token_ids"`         // vLLM generate
 	SamplingParams  json.RawMessage `json:"sampling_params"`   // SGLang, vLLM generate
+
+	// lifted are the id arrays read in place (liftTokenIDs); their fields
+	// above hold "[]" then.
+	lifted liftedIDs
 }
 
 // nvext is the part of Dynamo's NVIDIA extension block
@@ -91,14 +97,18 @@ var errBadBody = errors.New("invalid request body")
 // string or the first of a list of strings); the other formats follow the
 // same order with their own fields. An empty body identifies nothing and is
 // fine.
-func parseBody(b []byte, path string) (parsedBody, error) {
+func parseBody(b []byte, path string) (parsedBody, error) { return parseBodyLifting(b, path, liftMin) }
+
+// parseBodyLifting is parseBody lifting id arrays out of bodies of at least
+// liftFrom bytes (never when negative); tests compare the two ways.
+func parseBodyLifting(b []byte, path string, liftFrom int) (parsedBody, error) {
 	var out parsedBody
 	if len(bytes.TrimSpace(b)) == 0 {
 		return out, nil
 	}
 	var rb requestBody
-	if err := json.Unmarshal(b, &rb); err != nil {
-		return out, fmt.Errorf("%w: %s", errBadBody, shortJSONError(err))
+	if err := decodeBody(b, &rb, liftFrom); err != nil {
+		return out, err
 	}
 	out.hasField = true
 	out.model = rb.Model
@@ -115,6 +125,9 @@ func parseBody(b []byte, path string) (parsedBody, error) {
 		return out, parseOtherFormat(&rb, &out)
 	}
 	tokens, text, err := parsePrompt(rb.Prompt)
+	if rb.lifted.prompt != nil {
+		tokens = rb.lifted.prompt
+	}
 	if err != nil {
 		return out, err
 	}
@@ -135,6 +148,27 @@ func parseBody(b []byte, path string) (parsedBody, error) {
 		out.textFrom = textChat
 	}
 	return out, err
+}
+
+// decodeBody decodes b into rb, its id arrays read in place
+// (liftTokenIDs) when it has any and is at least liftFrom bytes long.
+func decodeBody(b []byte, rb *requestBody, liftFrom int) error {
+	if liftFrom >= 0 && len(b) >= liftFrom {
+		if reduced, ids, ok := liftTokenIDs(b); ok {
+			if json.Unmarshal(reduced, rb) == nil {
+				rb.lifted = ids
+				if ids.tokenData != nil && rb.Nvext != nil {
+					rb.Nvext.TokenData = ids.tokenData
+				}
+				return nil
+			}
+			*rb = requestBody{}
+		}
+	}
+	if err := json.Unmarshal(b, rb); err != nil {
+		return fmt.Errorf("%w: %s", errBadBody, shortJSONError(err))
+	}
+	return nil
 }
 
 // parsePrompt reads the completions prompt: a string, an array of token ids,
@@ -192,55 +226,108 @@ func parsePrompt(raw json.RawMessage) (tokens []uint32, text string, err error) 
 // goes through the JSON decoder and gets its error message.
 // FuzzScanTokenIDs holds it to encoding/json's result.
 func scanTokenIDs(raw []byte) (tokens []uint32, ok bool) {
-	i, n := 0, len(raw)
-	skip := func() {
-		for i < n && (raw[i] == ' ' || raw[i] == '\n' || raw[i] == '\t' || raw[i] == '\r') {
-			i++
-		}
-	}
-	skip()
-	if i == n || raw[i] != '[' {
+	i := skipWS(raw, 0)
+	tokens, end, ok := scanIDArray(raw, i)
+	if !ok || skipWS(raw, end) != len(raw) {
 		return nil, false
 	}
-	i++
-	skip()
-	// A token id is 1 to 10 digits plus a comma: size the slice once.
-	tokens = make([]uint32, 0, n/4+1)
-	if i < n && raw[i] == ']' {
-		i++
-		skip()
-		return tokens, i == n
+	return tokens, true
+}
+
+// scanIDArray reads the plain id array that starts at b[i] (scanTokenIDs'
+// form) and returns its ids and the index after its ']'.
+func scanIDArray(b []byte, i int) (tokens []uint32, end int, ok bool) {
+	if i >= len(b) || b[i] != '[' {
+		return nil, 0, false
+	}
+	// A plain array ends at its first ']': its commas size the slice
+	// exactly (both searches are vectorized; the scan below is not).
+	close := bytes.IndexByte(b[i:], ']')
+	if close < 0 {
+		return nil, 0, false
+	}
+	n := i + close + 1
+	tokens = make([]uint32, 0, bytes.Count(b[i:n], []byte{','})+1)
+	i = skipWS(b, i+1)
+	if b[i] == ']' {
+		return tokens, i + 1, true
 	}
 	for {
 		start := i
-		var v uint64
-		for i < n && raw[i] >= '0' && raw[i] <= '9' {
-			v = v*10 + uint64(raw[i]-'0')
+		var v, w uint64
+		l := 8
+		if i+8 <= len(b) {
+			// Most ids are shorter than 8 digits: read them 8 bytes at
+			// a time.
+			w = binary.LittleEndian.Uint64(b[i:])
+			l, v = digits8(w)
+			i += l
+		}
+		if l < 8 && byte(w>>(8*l)) == ',' && l > 0 && v <= 1<<32-1 && (l == 1 || b[start] != '0') {
+			// The comma is in the word just read: the next id's start
+			// is known without loading it again, which shortens the
+			// chain of dependent loads the scan is.
+			tokens = append(tokens, uint32(v))
 			i++
-			if i-start > 10 {
-				return nil, false
+			if c := b[i]; c == ' ' || c == '\n' || c == '\t' || c == '\r' {
+				i = skipWS(b, i)
+			}
+			continue
+		}
+		if l == 8 {
+			i, v = start, 0
+			for i < n {
+				d := b[i] - '0'
+				if d > 9 {
+					break
+				}
+				v = v*10 + uint64(d)
+				i++
 			}
 		}
-		if i == start || v > 1<<32-1 || (raw[start] == '0' && i-start > 1) {
-			return nil, false
+		if l := i - start; l == 0 || l > 10 || v > 1<<32-1 || (b[start] == '0' && l > 1) {
+			return nil, 0, false
 		}
 		tokens = append(tokens, uint32(v))
-		skip()
-		if i == n {
-			return nil, false
+		for i < n && (b[i] == ' ' || b[i] == '\n' || b[i] == '\t' || b[i] == '\r') {
+			i++
 		}
-		switch raw[i] {
+		if i == n {
+			return nil, 0, false
+		}
+		switch b[i] {
 		case ',':
-			i++
-			skip()
+			i = skipWS(b, i+1)
 		case ']':
-			i++
-			skip()
-			return tokens, i == n
+			return tokens, i + 1, true
 		default:
-			return nil, false
+			return nil, 0, false
 		}
 	}
+}
+
+// digits8 reads the run of decimal digits that w (eight bytes of input, the
+// first in the low byte) starts with: its length, 8 when every byte is a
+// digit, and for a shorter run its value. SWAR, as simdjson parses eight
+// digits (Lemire, "Faster number parsing", the parse_eight_digits_unrolled
+// step): a byte is a digit when its high nibble is 3 before and after adding
+// 6; the lowest byte that is not is exact (a carry only moves upward, from a
+// byte that is not a digit); the run is shifted to the top of the word,
+// zeros below it reading as leading zeros, and combined pairwise.
+func digits8(w uint64) (n int, v uint64) {
+	const ones = 0x0101010101010101
+	notDigit := ((w & (0xf0 * ones)) ^ (0x30 * ones)) | (((w + 0x06*ones) & (0xf0 * ones)) ^ (0x30 * ones))
+	if notDigit == 0 {
+		return 8, 0
+	}
+	n = bits.TrailingZeros64(notDigit) / 8
+	if n == 0 {
+		return 0, 0
+	}
+	d := (w - 0x30*ones) << (64 - 8*n)
+	d = d*10 + d>>8
+	d = ((d&0x000000ff000000ff)*(100+1000000<<32) + (d>>16&0x000000ff000000ff)*(1+10000<<32)) >> 32
+	return n, d
 }
 
 // shortJSONError keeps decoder messages to one short line.

@@ -117,10 +117,16 @@ func parseOtherFormat(rb *requestBody, out *parsedBody) error {
 	case formatSGLang:
 		if out.maxOutput, err = samplingMax("max_new_tokens", rb.SamplingParams); err == nil {
 			tokens, err = tokenIDs("input_ids", rb.InputIDs, true)
+			if rb.lifted.inputIDs != nil {
+				tokens = rb.lifted.inputIDs
+			}
 		}
 	case formatVLLMGenerate:
 		if out.maxOutput, err = samplingMax("max_tokens", rb.SamplingParams); err == nil {
 			tokens, err = tokenIDs("token_ids", rb.TokenIDs, false)
+			if rb.lifted.tokenIDs != nil {
+				tokens = rb.lifted.tokenIDs
+			}
 		}
 	}
 	if err != nil {

@@ -50,6 +50,9 @@ type setup struct {
 	// maxEstimate caps the estimated end of bookings kept past their
 	// stream (bookingend.DefaultMax when zero).
 	maxEstimate time.Duration
+	// listeners receives the ranks' KV-event attachments (kvEvents on),
+	// so a test can feed their indexes as engines would.
+	listeners selection.Listeners
 }
 
 func ptr[T any](v T) *T { return &v }
@@ -75,7 +78,7 @@ func start(t testing.TB, s setup) *harness {
 		s.router(&rc)
 	}
 	svc, err := selection.New(selection.Config{Router: rc, Rand: rand.New(rand.NewPCG(7, 7)), Flow: s.flow, Clock: s.clock,
-		BookingEnd: bookingend.Config{Max: s.maxEstimate}})
+		BookingEnd: bookingend.Config{Max: s.maxEstimate}, Listeners: s.listeners})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -76,11 +76,14 @@ type identity struct {
 	hashPath                          bool // any of the three hash headers was sent
 	testPick                          string
 	path, method, authority           string
-	objective, tenant, priority       string // flow control (flow.go)
-	sloTTFT, sloTPOT                  string // latency objectives, ms (flow.go)
-	sloTTFTLegacy, sloTPOTLegacy      string
-	traceparent, tracestate, baggage  string // W3C trace context (observe.go)
-	modelRewrite, modelRewriteLegacy  string // rewrite.go
+	// contentLength is the request's content-length header (0 when
+	// absent or not a number): what the body buffer is sized to.
+	contentLength                    int64
+	objective, tenant, priority      string // flow control (flow.go)
+	sloTTFT, sloTPOT                 string // latency objectives, ms (flow.go)
+	sloTTFTLegacy, sloTPOTLegacy     string
+	traceparent, tracestate, baggage string // W3C trace context (observe.go)
+	modelRewrite, modelRewriteLegacy string // rewrite.go
 
 	// session is the first value of sessions, the values of the session
 	// headers (Options.SessionHeaders) entry by entry; parentSession and
@@ -181,6 +184,12 @@ func readHeaders(hm *corev3.HeaderMap, id *identity, sessionHeaders []string) er
 			v, err := strconv.ParseUint(strings.TrimSpace(headerValue(h)), 10, 64)
 			id.isl, id.hashPath = &v, true
 			errs = appendErr(errs, k, err)
+		case "content-length":
+			// Only sizes the body buffer: a wrong value costs a
+			// reallocation, never a refusal.
+			if n, err := strconv.ParseInt(headerValue(h), 10, 64); err == nil && n > 0 {
+				id.contentLength = n
+			}
 		case HeaderTokenIDs:
 			v, err := parseTokens(headerValue(h))
 			id.tokens = v

@@ -63,7 +63,14 @@ type streamedMsg struct {
 // streamedBody is a FULL_DUPLEX_STREAMED body chunk for Envoy to forward: a
 // request (request=true) or response body, eos on the last one.
 func streamedBody(request bool, b []byte, eos bool) *extprocv3.ProcessingResponse {
-	m := &streamedMsg{}
+	return new(streamedMsg).set(request, b, eos)
+}
+
+// set makes m the streamed body chunk b (streamedBody) and returns it. A
+// stream reuses one for its response chunks: grpc encodes a message before
+// Send returns, so it is free again for the next chunk.
+func (m *streamedMsg) set(request bool, b []byte, eos bool) *extprocv3.ProcessingResponse {
+	*m = streamedMsg{}
 	m.sbr.Body, m.sbr.EndOfStream = b, eos
 	m.sr.StreamedResponse = &m.sbr
 	m.mut.Mutation = &m.sr

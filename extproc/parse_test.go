@@ -2,8 +2,11 @@ package extproc
 
 import (
 	"bytes"
+	"encoding/binary"
 	stdjson "encoding/json"
 	"errors"
+	"fmt"
+	"math/rand/v2"
 	"slices"
 	"strconv"
 	"strings"
@@ -126,7 +129,9 @@ func TestParseTargets(t *testing.T) {
 // range is always taken by the scanner.
 func FuzzScanTokenIDs(f *testing.F) {
 	for _, s := range []string{`[]`, `[0]`, `[1,2,3]`, ` [ 4294967295 , 0 ] `, `[4294967296]`, `[01]`, `[-1]`, `[1.0]`, `[1e3]`,
-		`[1,]`, `[,1]`, `[1 2]`, `[1]x`, `["1"]`, `[[1]]`, "[\n1,\t2\r]", `[00]`, `[12345678901]`} {
+		`[1,]`, `[,1]`, `[1 2]`, `[1]x`, `["1"]`, `[[1]]`, "[\n1,\t2\r]", `[00]`, `[12345678901]`,
+		`[1234567,12345678,123456789,4294967295,0,7,  9  ,1000000]    `, `[4294967296,1,2,3,4,5,6,7,8]`, `[12345670x,1,2,3,4,5,6]`,
+		`[0123456,1,2,3,4,5,6,7,8]`, `[1,2,3,4,5,6,7,8,9,10,11,12]` + strings.Repeat(" ", 8)} {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, b []byte) {
@@ -204,6 +209,124 @@ func TestParseBodyMode(t *testing.T) {
 	for _, in := range []string{"", "duplex", "4"} {
 		if _, err := ParseBodyMode(in); err == nil || !strings.Contains(err.Error(), "full_duplex_streamed") {
 			t.Errorf("ParseBodyMode(%q) = %v, want an error listing the modes", in, err)
+		}
+	}
+}
+
+// BenchmarkParseBodyLong parses long-context bodies (the step of a pick
+// before hashing): completions prompts of 100k and 1M token ids of a 128k
+// vocabulary, and chat bodies of the same length in text (four characters a
+// token, with newlines and quotes to unescape), rendered to the text the
+// text index hashes.
+func BenchmarkParseBodyLong(b *testing.B) {
+	for _, c := range []struct {
+		name   string
+		tokens int
+		text   bool
+	}{{"tokens-100k", 100_000, false}, {"text-100k", 100_000, true}, {"tokens-1m", 1_000_000, false}, {"text-1m", 1_000_000, true}} {
+		b.Run(c.name, func(b *testing.B) {
+			rng := rand.New(rand.NewPCG(1, 2))
+			var body []byte
+			if c.text {
+				var sb strings.Builder
+				for range c.tokens {
+					w := []byte{byte('a' + rng.IntN(26)), byte('a' + rng.IntN(26)), byte('a' + rng.IntN(26)), ' '}
+					switch rng.IntN(17) {
+					case 0:
+						w[3] = '\n'
+					case 1:
+						w[2] = '"'
+					}
+					sb.Write(w)
+				}
+				q, _ := stdjson.Marshal(sb.String())
+				body = fmt.Appendf(nil, `{"model":"m","stream":true,"messages":[{"role":"user","content":%s}]}`, q)
+			} else {
+				body = []byte(`{"model":"m","stream":true,"prompt":[`)
+				for j := range c.tokens {
+					if j > 0 {
+						body = append(body, ',')
+					}
+					body = strconv.AppendUint(body, uint64(rng.IntN(128_000)), 10)
+				}
+				body = append(body, "]}"...)
+			}
+			b.SetBytes(int64(len(body)))
+			b.ReportAllocs()
+			for b.Loop() {
+				pb, err := parseBody(body, "")
+				if err != nil || (len(pb.tokens) != c.tokens && pb.text == "") {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+// TestDigits8 holds the eight-byte digit reader to a byte-by-byte one on
+// every run length and on bytes around the digits' range.
+func TestDigits8(t *testing.T) {
+	rng := rand.New(rand.NewPCG(8, 8))
+	alphabet := []byte("0123456789/:,] \n[-.eE\"\x00\xff\xf9\xfa")
+	for range 200_000 {
+		var b [8]byte
+		for j := range b {
+			if rng.IntN(3) > 0 {
+				b[j] = byte('0' + rng.IntN(10))
+			} else {
+				b[j] = alphabet[rng.IntN(len(alphabet))]
+			}
+		}
+		wantN, wantV := 0, uint64(0)
+		for wantN < 8 && b[wantN] >= '0' && b[wantN] <= '9' {
+			wantV = wantV*10 + uint64(b[wantN]-'0')
+			wantN++
+		}
+		n, v := digits8(binary.LittleEndian.Uint64(b[:]))
+		if n != wantN || (n < 8 && v != wantV) {
+			t.Fatalf("digits8(%q) = %d, %d; want %d, %d", b, n, v, wantN, wantV)
+		}
+	}
+}
+
+// TestScanTokenIDsForms: ids of every length, packed or spaced, read as
+// the ids they spell, across the eight-byte reads' borders.
+func TestScanTokenIDsForms(t *testing.T) {
+	rng := rand.New(rand.NewPCG(9, 9))
+	for range 3000 {
+		n := 1 + rng.IntN(40)
+		ids := make([]uint32, n)
+		var packed, spaced []byte
+		packed, spaced = append(packed, '['), append(spaced, '[')
+		for j := range ids {
+			switch rng.IntN(4) {
+			case 0:
+				ids[j] = rng.Uint32N(10)
+			case 1:
+				ids[j] = rng.Uint32N(100_000_000) // up to 8 digits: one read
+			case 2:
+				ids[j] = rng.Uint32() // up to 10 digits: the byte loop
+			default:
+				ids[j] = rng.Uint32N(200_000)
+			}
+			if j > 0 {
+				packed = append(packed, ',')
+				spaced = append(spaced, " \n\t"[rng.IntN(3)], ',', ' ')
+			}
+			packed = strconv.AppendUint(packed, uint64(ids[j]), 10)
+			spaced = strconv.AppendUint(spaced, uint64(ids[j]), 10)
+		}
+		packed, spaced = append(packed, ']'), append(spaced, " ]"...)
+		for _, b := range [][]byte{packed, spaced, append(slices.Clone(packed), "   "...)} {
+			got, ok := scanTokenIDs(b)
+			if !ok || !slices.Equal(got, ids) {
+				t.Fatalf("%s: %v %v, want %v", b, got, ok, ids)
+			}
+		}
+	}
+	for _, bad := range []string{`[1,,2]`, `[1,]`, `[,1]`, `[01,2]`, `[1,02]`, `[123456789012,1]`, `[1,2x]`, `[1,-2]`, `[1.5,2]`} {
+		if got, ok := scanTokenIDs([]byte(bad)); ok {
+			t.Fatalf("%s read as %v", bad, got)
 		}
 	}
 }

@@ -123,7 +123,7 @@ func (st *stream) onResponseBody(b *extprocv3.HttpBody) error {
 	}
 	if st.responseMode() == filterv3.ProcessingMode_FULL_DUPLEX_STREAMED {
 		// Echo at once: SSE is never buffered.
-		return st.send(streamedBody(false, st.restoreModel(body), eos))
+		return st.send(st.echo.set(false, st.restoreModel(body), eos))
 	}
 	return st.send(bodyResponse(false, nil))
 }

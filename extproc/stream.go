@@ -55,6 +55,9 @@ type stream struct {
 	responseSeen, cleanEnd bool
 	sse                    bool
 	counter                tokenCounter
+	// echo is the message every streamed response chunk goes back in,
+	// reused: one allocation less per chunk.
+	echo streamedMsg
 }
 
 func newStream(s *Server, srv extprocv3.ExternalProcessor_ProcessServer) *stream {

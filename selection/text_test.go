@@ -1,6 +1,8 @@
 package selection
 
 import (
+	"bytes"
+	"encoding/json"
 	"strings"
 	"testing"
 
@@ -198,4 +200,34 @@ func TestBookingsTeachTheTextIndex(t *testing.T) {
 			}
 		})
 	}
+}
+
+// FuzzAppendJSONString holds ChatText's string reader to encoding/json: the
+// same string for every literal encoding/json takes, and a refusal (dst
+// unchanged) for every one it refuses.
+func FuzzAppendJSONString(f *testing.F) {
+	for _, s := range []string{`""`, `"a"`, `"a\nb\"c\\d\/e\bf\fg\rh\ti"`, `"\u00e9\u4e2d"`, `"\ud83d\ude00"`, `"\ud83d"`, `"\ud83dx"`,
+		`"\ude00\ud83d"`, `"\ud83d\u0041"`, `"\uD83D\uDE00"`, "\"\xff\xfe\"", "\"\xed\xa0\x80\"", `"\x"`, `"\u12"`, `"a"b"`, "\"\x01\"", `"\`, `"`,
+		`"é中😀"`, `"\ud83d\uzzzz"`, `x`, `"a" `} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, raw []byte) {
+		raw = bytes.TrimSpace(raw) // as ChatText hands it over
+		prefix := []byte("p:")
+		got, ok := appendJSONString(prefix, raw)
+		var want string
+		err := json.Unmarshal(raw, &want)
+		if ok != (err == nil) {
+			t.Fatalf("%q: ok %v, encoding/json %v", raw, ok, err)
+		}
+		if !ok {
+			if string(got) != "p:" {
+				t.Fatalf("%q refused but dst changed to %q", raw, got)
+			}
+			return
+		}
+		if string(got) != "p:"+want {
+			t.Fatalf("%q: %q, encoding/json %q", raw, got[2:], want)
+		}
+	})
 }

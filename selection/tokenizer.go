@@ -5,7 +5,9 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"strings"
+	"unicode"
+	"unicode/utf16"
+	"unicode/utf8"
 )
 
 // Tokenizer turns a text prompt into the token ids the engine will prefill
@@ -88,19 +90,29 @@ type ChatMessage struct {
 // whatever the client's JSON spacing. Both fronts use it, so a conversation
 // seen by either teaches the same text chain.
 func ChatText(msgs []ChatMessage) (string, error) {
-	var sb strings.Builder
+	size := 0
+	for _, m := range msgs {
+		size += len(m.Role) + len(m.Content) + 2
+	}
+	// The rendering is about as long as the raw messages (escapes shrink,
+	// only invalid UTF-8 grows): one buffer, as a rule.
+	buf := make([]byte, 0, size)
 	for i, m := range msgs {
-		sb.WriteString(m.Role)
-		sb.WriteByte('\n')
+		buf = append(buf, m.Role...)
+		buf = append(buf, '\n')
 		c := bytes.TrimSpace(m.Content)
 		switch {
 		case len(c) == 0 || bytes.Equal(c, []byte("null")):
 		case c[0] == '"':
+			if out, ok := appendJSONString(buf, c); ok {
+				buf = out
+				break
+			}
 			var s string
 			if err := json.Unmarshal(c, &s); err != nil {
 				return "", fmt.Errorf("messages[%d].content: %s", i, shortError(err))
 			}
-			sb.WriteString(s)
+			buf = append(buf, s...)
 		case c[0] == '[':
 			var parts []struct {
 				Text     string `json:"text"`
@@ -112,17 +124,117 @@ func ChatText(msgs []ChatMessage) (string, error) {
 				return "", fmt.Errorf("messages[%d].content: %s", i, shortError(err))
 			}
 			for _, p := range parts {
-				sb.WriteString(p.Text)
+				buf = append(buf, p.Text...)
 				if p.ImageURL != nil {
-					sb.WriteString(p.ImageURL.URL)
+					buf = append(buf, p.ImageURL.URL...)
 				}
 			}
 		default:
 			return "", fmt.Errorf("messages[%d].content must be a string or an array of parts", i)
 		}
-		sb.WriteByte('\n')
+		buf = append(buf, '\n')
 	}
-	return sb.String(), nil
+	return string(buf), nil
+}
+
+// appendJSONString appends to sb what the JSON string literal raw decodes
+// to, exactly as encoding/json decodes it (invalid UTF-8 and unpaired
+// surrogates become U+FFFD), in one pass and without the decoder's
+// validation pass and copy: a long-context chat message is hundreds of
+// kilobytes of text with escapes (newlines, quotes) all through it. It
+// reports false, and dst unchanged, for anything that is not one valid
+// string literal; the caller then leaves it to encoding/json, for its
+// error. FuzzAppendJSONString holds it to encoding/json.
+func appendJSONString(dst, raw []byte) ([]byte, bool) {
+	if len(raw) < 2 || raw[0] != '"' || raw[len(raw)-1] != '"' {
+		return dst, false
+	}
+	orig := len(dst)
+	s := raw[1 : len(raw)-1]
+	for len(s) > 0 {
+		i := 0
+		for i < len(s) {
+			if c := s[i]; c == '\\' || c == '"' || c < 0x20 || c >= utf8.RuneSelf {
+				break
+			}
+			i++
+		}
+		dst = append(dst, s[:i]...)
+		if s = s[i:]; len(s) == 0 {
+			break
+		}
+		switch c := s[0]; {
+		case c == '"' || c < 0x20:
+			return dst[:orig], false
+		case c >= utf8.RuneSelf:
+			r, size := utf8.DecodeRune(s)
+			if r == utf8.RuneError && size == 1 {
+				dst = utf8.AppendRune(dst, utf8.RuneError)
+			} else {
+				dst = append(dst, s[:size]...)
+			}
+			s = s[size:]
+		default: // a backslash
+			if len(s) < 2 {
+				return dst[:orig], false
+			}
+			if e := jsonEscapes[s[1]]; e != 0 {
+				dst = append(dst, e)
+				s = s[2:]
+				continue
+			}
+			if s[1] != 'u' {
+				return dst[:orig], false
+			}
+			r, ok := hex4(s[2:])
+			if !ok {
+				return dst[:orig], false
+			}
+			s = s[6:]
+			if utf16.IsSurrogate(r) {
+				// A pair decodes to one rune; anything else leaves the
+				// first half as U+FFFD and the rest to be read on.
+				if len(s) >= 2 && s[0] == '\\' && s[1] == 'u' {
+					if r2, ok := hex4(s[2:]); ok {
+						if d := utf16.DecodeRune(r, r2); d != unicode.ReplacementChar {
+							dst = utf8.AppendRune(dst, d)
+							s = s[6:]
+							continue
+						}
+					}
+				}
+				r = unicode.ReplacementChar
+			}
+			dst = utf8.AppendRune(dst, r)
+		}
+	}
+	return dst, true
+}
+
+// jsonEscapes are the one-character escapes of JSON strings and what they
+// stand for; 0 for any other character.
+var jsonEscapes = [256]byte{'"': '"', '\\': '\\', '/': '/', 'b': '\b', 'f': '\f', 'n': '\n', 'r': '\r', 't': '\t'}
+
+// hex4 reads the four hex digits of a \u escape.
+func hex4(s []byte) (rune, bool) {
+	if len(s) < 4 {
+		return 0, false
+	}
+	var r rune
+	for _, c := range s[:4] {
+		switch {
+		case '0' <= c && c <= '9':
+			c -= '0'
+		case 'a' <= c && c <= 'f':
+			c = c - 'a' + 10
+		case 'A' <= c && c <= 'F':
+			c = c - 'A' + 10
+		default:
+			return 0, false
+		}
+		r = r<<4 | rune(c)
+	}
+	return r, true
 }
 
 // shortError keeps a decoder's message to one short line.

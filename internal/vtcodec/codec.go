@@ -69,11 +69,12 @@ func (Codec) Marshal(v any) (mem.BufferSlice, error) {
 	}
 	size := vt.SizeVT()
 	if mem.IsBelowBufferPoolingThreshold(size) {
-		b := make([]byte, size)
-		if _, err := vt.MarshalToSizedBufferVTStrict(b); err != nil {
+		m := &smallMessage{buf: make([]byte, size)}
+		if _, err := vt.MarshalToSizedBufferVTStrict(m.buf); err != nil {
 			return nil, fmt.Errorf("vtcodec: marshal %T: %w", v, err)
 		}
-		return mem.BufferSlice{mem.SliceBuffer(b)}, nil
+		m.slice[0] = &m.buf
+		return m.slice[:], nil
 	}
 	pool := mem.DefaultBufferPool()
 	buf := pool.Get(size)
@@ -82,6 +83,15 @@ func (Codec) Marshal(v any) (mem.BufferSlice, error) {
 		return nil, fmt.Errorf("vtcodec: marshal %T: %w", v, err)
 	}
 	return mem.BufferSlice{mem.NewBuffer(buf, pool)}, nil
+}
+
+// smallMessage is an encoded message below grpc's pooling threshold and the
+// one-element BufferSlice grpc takes it in, allocated together: the
+// slice's backing array and the buffer's interface value would be two
+// allocations of their own, on every streamed chunk the picker echoes.
+type smallMessage struct {
+	buf   mem.SliceBuffer
+	slice [1]mem.Buffer
 }
 
 // Unmarshal decodes data into v: body chunks by the readers in bodies.go,

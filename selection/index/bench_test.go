@@ -1,6 +1,7 @@
 package index
 
 import (
+	"fmt"
 	"math/rand/v2"
 	"runtime"
 	"runtime/debug"
@@ -163,5 +164,45 @@ func BenchmarkMemory10MEntries(b *testing.B) {
 			b.ReportMetric(float64(gcStats.Pause[0].Microseconds())/1000, "last-stw-pause-ms")
 		}
 		runtime.KeepAlive(ix)
+	}
+}
+
+// BenchmarkMatchLongPrompt walks the index for a long prompt (6,250 blocks
+// of 16 tokens at 100k tokens, 62,500 at 1M) whose first 95 % is cached on
+// one of 16 workers and whose question is not, next to four other such
+// system prompts on other workers: the walk a long-context selection makes.
+func BenchmarkMatchLongPrompt(b *testing.B) {
+	for _, blocks := range []int{6_250, 62_500} {
+		b.Run(fmt.Sprintf("blocks=%d", blocks), func(b *testing.B) {
+			ix, err := New(Config{BlockSize: 16})
+			if err != nil {
+				b.Fatal(err)
+			}
+			var prompt []uint64
+			for g := range 5 {
+				local := make([]uint64, blocks)
+				ev := Event{Worker: WorkerKey{WorkerID: uint64(g)}, Kind: EventStored, Blocks: make([]Block, blocks*95/100)}
+				for i := range local {
+					local[i] = xxh3.HashSeed([]byte{byte(i), byte(i >> 8), byte(i >> 16)}, uint64(g)+1)
+					if i < len(ev.Blocks) {
+						ev.Blocks[i] = Block{Ext: local[i] ^ 0x5555, Local: local[i]}
+					} else {
+						local[i] ^= 0xabcdef // the question: not cached
+					}
+				}
+				if err := ix.Apply(&ev); err != nil {
+					b.Fatal(err)
+				}
+				prompt = local
+			}
+			var dst []Overlap
+			b.ReportAllocs()
+			for b.Loop() {
+				dst = ix.Match(prompt, false, dst[:0])
+			}
+			if len(dst) != 1 || int(dst[0].Device) != blocks*95/100 {
+				b.Fatalf("overlaps %+v", dst)
+			}
+		})
 	}
 }

@@ -234,9 +234,11 @@ func (ix *Index) Replay(now time.Time, events []RouterEvent) (failed int, first 
 			continue
 		}
 		if ix.cfg.Approximate && ev.Kind == EventStored {
-			for _, b := range ev.Blocks {
-				ix.ttl.touch(now, ev.Worker, b.Ext)
+			exts := make([]uint64, len(ev.Blocks))
+			for j, b := range ev.Blocks {
+				exts[j] = b.Ext
 			}
+			ix.ttl.touch(now, ev.Worker, exts)
 		}
 	}
 	return failed, first

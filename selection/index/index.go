@@ -158,9 +158,7 @@ func (ix *Index) RecordRouting(now time.Time, w WorkerKey, locals, seqs []uint64
 	if err := tree.Apply(&ev); err != nil {
 		return false, fmt.Errorf("record routing decision: %w", err)
 	}
-	for _, b := range blocks {
-		ix.ttl.touch(now, w, b.Ext)
-	}
+	ix.ttl.touch(now, w, seqs[:n])
 	return true, nil
 }
 

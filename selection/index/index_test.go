@@ -1,7 +1,10 @@
 package index
 
 import (
+	"cmp"
 	"errors"
+	"math/rand/v2"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -184,4 +187,71 @@ func TestConcurrentReadersAndWriters(t *testing.T) {
 	}
 	close(stop)
 	wg.Wait()
+}
+
+// TestTTLTrackerMatchesAModel: recordings of whole chains at once, refreshed
+// and re-recorded in random order across compactions, expire exactly when a
+// per-hash model of their last deadline says.
+func TestTTLTrackerMatchesAModel(t *testing.T) {
+	rng := rand.New(rand.NewPCG(5, 6))
+	tt := newTTLTracker(10 * time.Second)
+	model := map[ttlKey]int64{}
+	now := time.Unix(1000, 0)
+	for step := range 3000 {
+		now = now.Add(time.Duration(rng.IntN(900)) * time.Millisecond)
+		wk := WorkerKey{WorkerID: uint64(rng.IntN(3))}
+		exts := make([]uint64, 1+rng.IntN(300))
+		base := uint64(rng.IntN(50)) * 1000
+		for i := range exts {
+			exts[i] = base + uint64(i)
+		}
+		tt.touch(now, wk, exts)
+		for _, e := range exts {
+			model[ttlKey{wk, e}] = now.Add(10 * time.Second).UnixNano()
+		}
+		if step%7 == 0 {
+			var got []ttlKey
+			tt.expired(now, func(k ttlKey) { got = append(got, k) })
+			var want []ttlKey
+			for k, d := range model {
+				if d <= now.UnixNano() {
+					want = append(want, k)
+					delete(model, k)
+				}
+			}
+			sortKeys := func(ks []ttlKey) {
+				slices.SortFunc(ks, func(a, b ttlKey) int {
+					return cmp.Or(CompareWorkerKeys(a.worker, b.worker), cmp.Compare(a.ext, b.ext))
+				})
+			}
+			sortKeys(got)
+			sortKeys(want)
+			if !slices.Equal(got, want) {
+				t.Fatalf("step %d: expired %d hashes, model %d", step, len(got), len(want))
+			}
+		}
+		if tt.live != len(model) {
+			t.Fatalf("step %d: %d live, model %d", step, tt.live, len(model))
+		}
+	}
+}
+
+// TestTTLTrackerStopsClock: a clock that does not move records every chain
+// at one deadline again and again; the heap stays bounded by the live set.
+func TestTTLTrackerStopsClock(t *testing.T) {
+	tt := newTTLTracker(time.Second)
+	exts := make([]uint64, 500)
+	for i := range exts {
+		exts[i] = uint64(i)
+	}
+	now := time.Unix(1000, 0)
+	for range 200 {
+		tt.touch(now, WorkerKey{WorkerID: 1}, exts)
+	}
+	if tt.queued > 2*tt.live+1024 {
+		t.Fatalf("%d hashes queued for %d live", tt.queued, tt.live)
+	}
+	if n := tt.expired(now.Add(time.Second), func(ttlKey) {}); n != len(exts) {
+		t.Fatalf("%d expired, want %d", n, len(exts))
+	}
 }

@@ -1,6 +1,7 @@
 package loads
 
 import (
+	"fmt"
 	"math/rand/v2"
 	"testing"
 
@@ -64,5 +65,30 @@ func BenchmarkProject64Ranks128Blocks(b *testing.B) {
 	}
 	if dst[63].AdditionalBlocks != 128-126 {
 		b.Fatalf("rank 63 additional = %d", dst[63].AdditionalBlocks)
+	}
+}
+
+// BenchmarkAddFreeLongPrompt books and frees a long prompt (6,250 blocks at
+// 100k tokens, 62,500 at 1M) on a rank where another booking already holds
+// its first 95 % (the shared system prompt), after projecting it onto 16
+// ranks, as a selection does under the scheduling lock.
+func BenchmarkAddFreeLongPrompt(b *testing.B) {
+	for _, blocks := range []int{6_250, 62_500} {
+		b.Run(fmt.Sprintf("blocks=%d", blocks), func(b *testing.B) {
+			ranks := benchRanks(16)
+			tr := newTracker(b, DefaultConfig(16), ranks...)
+			prompt := benchHashes(blocks, 1)
+			other := append(prompt[:blocks*95/100:blocks*95/100], benchHashes(blocks-blocks*95/100, 2)...)
+			mustAdd(b, tr, t0, Booking{RequestID: "other", Worker: ranks[3], TrackingHashes: other})
+			var proj []Projection
+			b.ReportAllocs()
+			for b.Loop() {
+				proj = tr.Project(prompt, proj)
+				mustAdd(b, tr, t0, Booking{RequestID: "x", Worker: ranks[3], TrackingHashes: prompt})
+				if err := tr.Free("x"); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
 	}
 }

@@ -292,6 +292,11 @@ func (t *Tracker) Add(now time.Time, b Booking) error {
 		rq.expected = &e
 	}
 	if t.cfg.TrackActiveBlocks {
+		if cap(rq.keys) < len(b.TrackingHashes) {
+			// Sized once rather than by append's doublings, each a copy:
+			// a long prompt has tens of thousands of blocks.
+			rq.keys = make([]uint64, 0, len(b.TrackingHashes))
+		}
 		rq.keys = appendPathKeys(rq.keys[:0], b.TrackingHashes)
 		r.acquire(rq.keys)
 	}
@@ -430,6 +435,23 @@ func (t *Tracker) Expire(now time.Time) (reclaimed []string) {
 	for _, id := range reclaimed {
 		t.free(t.reqs[id])
 	}
+	for i, rq := range t.spare {
+		if cap(rq.keys) > shrinkSlots {
+			// Nor do a long prompt's path keys (half a megabyte at 1M
+			// tokens) stay with a recycled record past the upkeep.
+			t.spare[i].keys = nil
+		}
+	}
+	for _, r := range t.sorted {
+		if r.requests == 0 && cap(r.held) > shrinkSlots {
+			// A rank drained at the upkeep gives a long prompt's table
+			// back, so memory returns to what it was before the prompt.
+			// Not at the drain itself: at a low rate every request
+			// drains its rank, and the next long prompt would allocate
+			// (and fault in) the table again.
+			r.held, r.shift = nil, 0
+		}
+	}
 	return reclaimed
 }
 
@@ -549,7 +571,13 @@ func roundHalfAway(x float64) int { return int(math.Round(x)) }
 // output. Free and Move both go through it.
 func (r *rank) drop(rq *request) {
 	r.prefill -= rq.prefill
-	r.release(rq.keys)
+	if r.requests == 1 && cap(r.held) <= 16*len(rq.keys) {
+		// The last booking leaves, and its path fills the table enough
+		// that a pass over it is cheaper than a probe per block.
+		r.releaseAll()
+	} else {
+		r.release(rq.keys)
+	}
 	r.unit -= rq.outUnit
 	r.fracN -= rq.outFrac
 	r.fracSum -= float64(rq.outFrac) * rq.outFracVal

@@ -693,3 +693,54 @@ func TestConcurrentBookingsDrainToZero(t *testing.T) {
 		}
 	}
 }
+
+// TestDrainedRankGivesLongTablesBack: a rank that held a long prompt and
+// is drained at an upkeep (Expire) keeps no table larger than shrinkSlots,
+// so memory returns to what it was before the prompt; until then, and for
+// a short prompt's table always, the table stays for the next booking.
+// Both ways of releasing (the last booking's pass over the table, the probe
+// per block) leave the same loads.
+func TestDrainedRankGivesLongTablesBack(t *testing.T) {
+	w := index.WorkerKey{WorkerID: 1}
+	tr := newTracker(t, DefaultConfig(16), w)
+	long := benchHashes(20_000, 1)
+	short := benchHashes(100, 2)
+	for _, tc := range []struct {
+		name  string
+		books [][]uint64
+	}{{"last booking", [][]uint64{long}}, {"shared prefix", [][]uint64{long, long[:19_000]}}, {"short after long", [][]uint64{long, short}}} {
+		for i, h := range tc.books {
+			mustAdd(t, tr, t0, Booking{RequestID: fmt.Sprint(i), Worker: w, TrackingHashes: h, ISL: 16 * len(h)})
+		}
+		if err := tr.AddOutputBlock("0", frac(0.5)); err != nil {
+			t.Fatal(err)
+		}
+		for i := range tc.books {
+			if err := tr.Free(fmt.Sprint(i)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		r := tr.ranks[w]
+		if cap(r.held) <= shrinkSlots {
+			t.Fatalf("%s: the table was freed at the drain; the next long prompt would allocate it again", tc.name)
+		}
+		tr.Expire(t0)
+		for _, rq := range tr.spare {
+			if cap(rq.keys) > shrinkSlots {
+				t.Fatalf("%s: a recycled record keeps %d path keys past the upkeep", tc.name, cap(rq.keys))
+			}
+		}
+		if len(r.held) != 0 || cap(r.held) > shrinkSlots || r.unit != 0 || r.fracN != 0 || r.fracSum != 0 || r.requests != 0 {
+			t.Fatalf("%s: rank after drain: %d held in %d slots, unit %d, frac %d/%v, %d requests",
+				tc.name, len(r.held), cap(r.held), r.unit, r.fracN, r.fracSum, r.requests)
+		}
+	}
+	mustAdd(t, tr, t0, Booking{RequestID: "s", Worker: w, TrackingHashes: short})
+	if err := tr.Free("s"); err != nil {
+		t.Fatal(err)
+	}
+	tr.Expire(t0)
+	if c := cap(tr.ranks[w].held); c == 0 {
+		t.Fatal("a short prompt's table was freed on drain; the next booking would allocate it again")
+	}
+}

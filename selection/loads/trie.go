@@ -76,6 +76,10 @@ const (
 	maxLoadNum    = 3
 	maxLoadDenom  = 4
 	fibonacciMult = 0x9e3779b97f4a7c15
+	// shrinkSlots: a rank drained at an upkeep keeps a table up to this
+	// size (96 KiB, prompts of ~3,000 blocks) for the next booking, and
+	// frees a larger one.
+	shrinkSlots = 4096
 )
 
 // rank is one (worker, dp_rank)'s state. Block weights are kept as an exact
@@ -86,8 +90,11 @@ type rank struct {
 	key index.WorkerKey
 	// held is the rank's path table: its length is the number of held paths
 	// and its capacity the table size, so the slots are held[:cap(held)]
-	// (a power of two, or nil before the first booking). The table never
-	// shrinks, so a rank that drains and fills again does not allocate.
+	// (a power of two, or nil before the first booking). The table
+	// shrinks only at an upkeep (Expire) that finds the rank drained,
+	// and then only from beyond shrinkSlots: a rank that drains and
+	// fills again does not allocate, and a long prompt's table does not
+	// outlive the traffic that needed it.
 	held       []slot
 	shift      uint8 // 64 - log2(cap(held))
 	unit       int   // blocks at weight 1
@@ -134,6 +141,11 @@ func (r *rank) find(tab []slot, k uint64) int {
 
 // acquire adds one booking's prompt path, given as its path keys.
 func (r *rank) acquire(keys []uint64) {
+	if len(r.held) == 0 && len(keys)*maxLoadDenom > cap(r.held)*maxLoadNum {
+		// An empty rank takes a long prompt: one table of its size
+		// instead of a rehash at each doubling on the way there.
+		r.growTo(len(keys))
+	}
 	tab := r.held[:cap(r.held)]
 	n := len(r.held)
 	for _, k := range keys {
@@ -185,6 +197,29 @@ func (r *rank) release(keys []uint64) {
 	}
 }
 
+// releaseAll drops every held path at once: the rank's last booking leaves,
+// so its path is all the table holds. A long prompt's path costs one pass
+// over the table instead of a probe and a backward shift per block. The
+// weights it subtracts are the same; a float sum left when the last
+// fractional block goes is cleared by settle either way.
+func (r *rank) releaseAll() {
+	tab := r.held[:cap(r.held)]
+	for i := range tab {
+		s := &tab[i]
+		if s.refs == 0 {
+			continue
+		}
+		if s.hasFrac {
+			r.fracN--
+			r.fracSum -= s.frac
+		} else {
+			r.unit--
+		}
+	}
+	clear(tab)
+	r.held = tab[:0]
+}
+
 // remove empties slot i by backward-shift deletion: later entries of the probe
 // run move into the hole, so lookups never meet tombstones.
 func (r *rank) remove(tab []slot, i int) {
@@ -200,9 +235,22 @@ func (r *rank) remove(tab []slot, i int) {
 	tab[i] = slot{}
 }
 
-func (r *rank) grow() {
+func (r *rank) grow() { r.resize(max(2*cap(r.held), minSlots)) }
+
+// growTo sizes the table for at least entries held paths.
+func (r *rank) growTo(entries int) {
+	size := minSlots
+	for entries*maxLoadDenom > size*maxLoadNum {
+		size *= 2
+	}
+	if size > cap(r.held) {
+		r.resize(size)
+	}
+}
+
+// resize moves the held paths into a table of size slots (a power of two).
+func (r *rank) resize(size int) {
 	old := r.held[:cap(r.held)]
-	size := max(2*len(old), minSlots)
 	tab := make([]slot, size)
 	r.shift = uint8(64 - bits.TrailingZeros(uint(size)))
 	mask := size - 1
