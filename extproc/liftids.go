@@ -2,6 +2,7 @@ package extproc
 
 import (
 	"bytes"
+	"slices"
 )
 
 // A tokenized long-context body is almost all token ids: a 100k-token prompt
@@ -55,7 +56,9 @@ const liftMin = 4 << 10
 func liftTokenIDs(b []byte) (reduced []byte, ids liftedIDs, ok bool) {
 	type span struct{ start, end int }
 	var (
-		spans [2]span // at most a top-level id field and nvext's token_data are used
+		// One per field at most (a field seen twice declines the body):
+		// every id field may come at once, whichever the parser then uses.
+		spans [numLiftFields]span
 		nspan int
 		seen  [numLiftFields]bool
 	)
@@ -149,10 +152,8 @@ func liftTokenIDs(b []byte) (reduced []byte, ids liftedIDs, ok bool) {
 	if !ok || skipWS(b, end) != len(b) || nspan == 0 {
 		return nil, liftedIDs{}, false
 	}
-	// Spans are in body order (nvext's inside its object's place).
-	if nspan == 2 && spans[1].start < spans[0].start {
-		spans[0], spans[1] = spans[1], spans[0]
-	}
+	// Spans in body order (nvext's token_data sits where its object does).
+	slices.SortFunc(spans[:nspan], func(a, b span) int { return a.start - b.start })
 	size := len(b)
 	for _, s := range spans[:nspan] {
 		size -= s.end - s.start - 2

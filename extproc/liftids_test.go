@@ -26,6 +26,8 @@ var liftCases = []struct {
 	{name: "nvext token_data", body: `{"nvext":{"agent_hints":{"osl":5},"token_data":[1,2],"session_control":{"session_id":"s"}},"messages":[]}`,
 		tokenData: []uint32{1, 2}},
 	{name: "prompt and token_data", body: `{"nvext":{"token_data":[3]},"prompt":[1,2]}`, prompt: []uint32{1, 2}, tokenData: []uint32{3}},
+	{name: "every id field at once", body: `{"token_ids":[6],"prompt":[1,2,3],"nvext":{"token_data":[7]},"input_ids":[4,5]}`,
+		prompt: []uint32{1, 2, 3}, inputIDs: []uint32{4, 5}, tokenIDs: []uint32{6}, tokenData: []uint32{7}},
 	{name: "key case folded like the decoder's", body: `{"PROMPT":[1,2]}`, prompt: []uint32{1, 2}},
 	{name: "strings with quotes and brackets skipped", body: `{"x":"a\"],[{\\","y":["]",{"z":"}"}],"prompt":[6]}`, prompt: []uint32{6}},
 	{name: "batch left to the decoder", body: `{"prompt":[[1,2],[3]]}`, none: true},
