@@ -60,10 +60,13 @@ const (
 // queues a request (an OpenAI server tokenizes the prompt first), and the
 // scrape's duration (a snapshot is stamped when its answer was read). An
 // estimated booking younger than this at a scrape is not compared with it,
-// unless its engine already stored its prompt (prefillseen.go). Longer only
-// leaves finished requests booked until the next scrape; shorter would end
-// bookings the engine has not counted yet.
-const engineGrace = 500 * time.Millisecond
+// unless its engine already stored its prompt (prefillseen.go). Longer
+// leaves finished requests booked for as long (behind NGINX at 60
+// requests/s on llm-d-inference-sim, whose KV events come up to a second
+// late: 0.5 s overcounted 16 requests on average, 0.15 s 7); shorter would
+// end bookings the engine has not counted yet, such as a long prompt's
+// still being tokenized.
+const engineGrace = 250 * time.Millisecond
 
 // BookingEndEvent is one booking end, for metrics (Config.OnBookingEnd).
 // Lifetimes are in seconds from the booking.
