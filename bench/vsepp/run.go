@@ -75,6 +75,14 @@ func (c *Config) runOne(ctx context.Context, name, transport string, reqs []moon
 		return run, err
 	}
 	run.RSSAfterMiB, run.PeakRSSMiB = mib(rss), mib(peak)
+	if c.Profile > 0 && f.pk.kv != nil {
+		// What the resident memory after the run holds: the heap in use
+		// after a collection (the index, bookings) against what the
+		// runtime has not yet returned to the system.
+		if err := savePprof(ctx, f.hc, f.pk.kv.REST+"/debug/pprof/heap?gc=1", filepath.Join(c.Out, label, "heap.pprof")); err != nil {
+			return run, err
+		}
+	}
 	if c.Saturate > 0 {
 		if err := c.saturation(ctx, f.pk, f.client, bodies, &run); err != nil {
 			return run, err
@@ -266,25 +274,30 @@ func (c *Config) runTrace(ctx context.Context, f *runFleet, label string, reqs [
 // /debug/pprof/profile) at path.
 func profile(ctx context.Context, hc *http.Client, rest string, d time.Duration, path string) error {
 	secs := max(1, int(d.Round(time.Second)/time.Second))
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, fmt.Sprintf("%s/debug/pprof/profile?seconds=%d", rest, secs), nil)
+	return savePprof(ctx, hc, fmt.Sprintf("%s/debug/pprof/profile?seconds=%d", rest, secs), path)
+}
+
+// savePprof saves one of kvselect's net/http/pprof profiles at path.
+func savePprof(ctx context.Context, hc *http.Client, url, path string) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
 		return err
 	}
 	resp, err := hc.Do(req)
 	if err != nil {
-		return fmt.Errorf("kvselect's CPU profile: %w", err)
+		return fmt.Errorf("kvselect's profile: %w", err)
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
 		b, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
-		return fmt.Errorf("kvselect's CPU profile: %s: %s (run it with -kvselect-args --enable-pprof)", resp.Status, b)
+		return fmt.Errorf("kvselect's profile %s: %s: %s (run it with -kvselect-args --enable-pprof)", url, resp.Status, b)
 	}
 	b, err := io.ReadAll(resp.Body)
 	if err != nil {
-		return fmt.Errorf("kvselect's CPU profile: %w", err)
+		return fmt.Errorf("kvselect's profile %s: %w", url, err)
 	}
 	if err := os.WriteFile(path, b, 0o644); err != nil {
-		return fmt.Errorf("kvselect's CPU profile: %w", err)
+		return fmt.Errorf("kvselect's profile: %w", err)
 	}
 	return nil
 }

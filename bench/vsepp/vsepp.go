@@ -104,7 +104,9 @@ type Config struct {
 	SharedPrefix *workload.SharedPrefix
 	// Profile, when positive, takes a CPU profile of kvselect
 	// (/debug/pprof/profile, which needs --enable-pprof) over the first
-	// Profile of the trace run, into <out>/<picker>-<transport>/cpu.pprof.
+	// Profile of the trace run, into <out>/<picker>-<transport>/cpu.pprof,
+	// and its heap after the idle window that follows the trace, into
+	// heap.pprof beside it.
 	Profile             time.Duration
 	Loop                string  // "open" or "closed"
 	Compress            float64 // open loop: trace time is divided by this

@@ -108,7 +108,7 @@ func vsEPPFlags(fs *flag.FlagSet, args []string) func() (vsepp.Config, error) {
 	fs.BoolVar(&c.Quiet, "quiet", false, "no progress bars")
 	fs.DurationVar(&c.GoodputTTFT, "goodput-ttft", c.GoodputTTFT, "goodput counts requests whose TTFT is at most this (`duration`)")
 	fs.DurationVar(&c.GoodputITL, "goodput-itl", c.GoodputITL, "goodput counts requests whose mean inter-token latency is at most this (`duration`)")
-	fs.DurationVar(&c.Profile, "profile", 0, "take a CPU profile of kvselect over this much of the trace run (`duration`) into <out>/<picker>-<transport>/cpu.pprof; needs -kvselect-args --enable-pprof")
+	fs.DurationVar(&c.Profile, "profile", 0, "take a CPU profile of kvselect over this much of the trace run (`duration`) into <out>/<picker>-<transport>/cpu.pprof, and its heap after the run into heap.pprof; needs -kvselect-args --enable-pprof")
 	var sp sharedPrefixFlags
 	sp.register(fs)
 	return func() (vsepp.Config, error) {
