@@ -67,3 +67,31 @@ func CheckLoopback(raw string) error {
 	}
 	return fmt.Errorf("-url %q: only loopback targets (127.0.0.0/8, ::1, localhost) are allowed", raw)
 }
+
+// ProcessMemory is a process's resident memory now (VmRSS) and at its peak
+// since it started (VmHWM), in bytes, from /proc/<pid>/status.
+func ProcessMemory(pid int) (rss, peak uint64, err error) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
+	if err != nil {
+		return 0, 0, fmt.Errorf("memory: %w", err)
+	}
+	for line := range strings.Lines(string(b)) {
+		name, v, ok := strings.Cut(line, ":")
+		if !ok || (name != "VmRSS" && name != "VmHWM") {
+			continue
+		}
+		kb, err := strconv.ParseUint(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
+		if err != nil {
+			return 0, 0, fmt.Errorf("memory: /proc/%d/status %s: %w", pid, name, err)
+		}
+		if name == "VmRSS" {
+			rss = kb << 10
+		} else {
+			peak = kb << 10
+		}
+	}
+	if rss == 0 || peak == 0 {
+		return 0, 0, fmt.Errorf("memory: no VmRSS or VmHWM in /proc/%d/status", pid)
+	}
+	return rss, peak, nil
+}

@@ -57,8 +57,8 @@ type Engine struct {
 	// MaxNumSeqs and MaxModelLen are the simulator's (and the mock's in
 	// llm-d's topology); a registered mock worker takes them in Extra.
 	MaxNumSeqs, MaxModelLen int
-	// Extra are more mock worker flags.
-	Extra []string
+	// Extra are more mock worker flags, SimExtra more simulator flags.
+	Extra, SimExtra []string
 }
 
 // MockWorkerArgs are a mock worker's flags for e, Extra last.
@@ -176,12 +176,12 @@ func (c CollectorEngines) start(ctx context.Context, i, port, replay int) (Colle
 		p, err = peerproc.StartSim(ctx, peerproc.Sim{
 			Binary: c.Sim, Model: SimModel, Port: port, ZMQEndpoint: c.Collector, ReplayPort: replay,
 			BlockSize: e.BlockSize, KVCacheSize: e.PoolBlocks, Log: logf,
-			Extra: []string{
+			Extra: append([]string{
 				"--prefill-time-per-token", e.scaled(e.PrefillPerToken).String(),
 				"--inter-token-latency", e.scaled(e.DecodePerToken).String(),
 				"--max-num-seqs", strconv.Itoa(e.MaxNumSeqs),
 				"--max-model-len", strconv.Itoa(e.MaxModelLen),
-			},
+			}, e.SimExtra...),
 		})
 	}
 	if err != nil {

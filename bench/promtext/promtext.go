@@ -226,6 +226,7 @@ type Summary struct {
 	MeanUs float64 `json:"mean_us"`
 	P50Us  float64 `json:"p50_us"`
 	P90Us  float64 `json:"p90_us"`
+	P95Us  float64 `json:"p95_us"`
 	P99Us  float64 `json:"p99_us"`
 }
 
@@ -240,6 +241,7 @@ func (s Samples) Summarize(name string) Summary {
 	out.MeanUs = s.Sum(name+"_sum") / out.Count * 1e6
 	out.P50Us = s.HistogramQuantile(name, 0.5) * 1e6
 	out.P90Us = s.HistogramQuantile(name, 0.9) * 1e6
+	out.P95Us = s.HistogramQuantile(name, 0.95) * 1e6
 	out.P99Us = s.HistogramQuantile(name, 0.99) * 1e6
 	return out
 }

@@ -36,14 +36,18 @@ func (rep *Report) Table(w io.Writer) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	row := report.Columns(tw, rep.Runs)
 	row("", func(r PickerRun) string { return r.label() })
-	row("decision p50 / p90 / p99, client (µs)", func(r PickerRun) string {
-		return fmt.Sprintf("%.0f / %.0f / %.0f", r.Decision.P50, r.Decision.P90, r.Decision.P99)
+	row("decision p50 / p90 / p95 / p99, client (µs)", func(r PickerRun) string {
+		return fmt.Sprintf("%.0f / %.0f / %.0f / %.0f", r.Decision.P50, r.Decision.P90, r.Decision.P95, r.Decision.P99)
 	})
-	row("picker histogram mean / p50 / p90 / p99 (µs)", func(r PickerRun) string {
+	row("picker histogram mean / p50 / p90 / p95 / p99 (µs)", func(r PickerRun) string {
 		if r.Histogram.Count == 0 {
 			return "-"
 		}
-		return fmt.Sprintf("%.0f / %.0f / %.0f / %.0f", r.Histogram.MeanUs, r.Histogram.P50Us, r.Histogram.P90Us, r.Histogram.P99Us)
+		return fmt.Sprintf("%.0f / %.0f / %.0f / %.0f / %.0f", r.Histogram.MeanUs, r.Histogram.P50Us, r.Histogram.P90Us, r.Histogram.P95Us, r.Histogram.P99Us)
+	})
+	row("picker CPU cores used over the trace, gross", func(r PickerRun) string { return fmt.Sprintf("%.3f", r.CPUCores) })
+	row("picker RSS idle / peak / after (MiB)", func(r PickerRun) string {
+		return fmt.Sprintf("%.0f / %.0f / %.0f", r.RSSIdleMiB, r.PeakRSSMiB, r.RSSAfterMiB)
 	})
 	row("picker CPU per request, net of idle (gross) (µs)", func(r PickerRun) string {
 		return fmt.Sprintf("%.0f (%.0f)", r.CPUPerRequestUs, r.CPUPerRequestGrossUs)

@@ -53,11 +53,35 @@ func (c *Config) runOne(ctx context.Context, name, transport string, reqs []moon
 		return run, err
 	}
 	run.IdleCPUPercent = 100 * idleRate
+	rss, _, err := fleet.ProcessMemory(f.pk.pid)
+	if err != nil {
+		return run, err
+	}
+	run.RSSIdleMiB = mib(rss)
 	if err := c.runTrace(ctx, f, label, reqs, bodies, idleRate, &run, stderr); err != nil {
 		return run, err
 	}
 	if err := c.afterTrace(ctx, f, &run); err != nil {
 		return run, err
+	}
+	// Memory back where it was: the resident set an idle window after the
+	// trace (Go returns freed heap to the system in the background), and
+	// the peak, which that window cannot raise.
+	if _, err := c.idleCPU(ctx, f.pk.pid); err != nil {
+		return run, err
+	}
+	rss, peak, err := fleet.ProcessMemory(f.pk.pid)
+	if err != nil {
+		return run, err
+	}
+	run.RSSAfterMiB, run.PeakRSSMiB = mib(rss), mib(peak)
+	if c.Profile > 0 && f.pk.kv != nil {
+		// What the resident memory after the run holds: the heap in use
+		// after a collection (the index, bookings) against what the
+		// runtime has not yet returned to the system.
+		if err := savePprof(ctx, f.hc, f.pk.kv.REST+"/debug/pprof/heap?gc=1", filepath.Join(c.Out, label, "heap.pprof")); err != nil {
+			return run, err
+		}
 	}
 	if c.Saturate > 0 {
 		if err := c.saturation(ctx, f.pk, f.client, bodies, &run); err != nil {
@@ -73,6 +97,8 @@ func (c *Config) runOne(ctx context.Context, name, transport string, reqs []moon
 	}
 	return run, nil
 }
+
+func mib(b uint64) float64 { return float64(b) / (1 << 20) }
 
 // runFleet is what one picker's run stands on: the picker, its engines,
 // the HTTP client that talks to both and the Envoy double in front.
@@ -184,6 +210,14 @@ func (c *Config) runTrace(ctx context.Context, f *runFleet, label string, reqs [
 	if err != nil {
 		return err
 	}
+	profiled := make(chan error, 1)
+	if c.Profile > 0 && f.pk.kv != nil {
+		go func() {
+			profiled <- profile(ctx, f.hc, f.pk.kv.REST, c.Profile, filepath.Join(c.Out, label, "cpu.pprof"))
+		}()
+	} else {
+		profiled <- nil
+	}
 	var (
 		mu       sync.Mutex
 		done     atomic.Int64
@@ -206,6 +240,9 @@ func (c *Config) runTrace(ctx context.Context, f *runFleet, label string, reqs [
 	if err != nil {
 		return err
 	}
+	if err := <-profiled; err != nil {
+		return err
+	}
 	if firstErr != nil {
 		run.ErrorSample = firstErr.Error()
 		fmt.Fprintf(stderr, "%s: first error: %v\n", label, firstErr)
@@ -218,17 +255,50 @@ func (c *Config) runTrace(ctx context.Context, f *runFleet, label string, reqs [
 		run.CPUPerRequestGrossUs = gross / float64(routed) / 1e3
 		run.CPUPerRequestUs = math.Max(0, gross-idleRate*float64(wall)) / float64(routed) / 1e3
 	}
+	run.CPUCores = float64(cpuEnd-cpuStart) / float64(wall)
 	h1, err := promtext.Scrape(ctx, f.hc, f.pk.metrics)
 	if err != nil {
 		return err
 	}
 	run.Histogram = h1.Minus(h0).Summarize(f.pk.hist)
 	q := func(d []time.Duration, p, unit float64) float64 { return float64(stats.Quantile(d, p)) / unit }
-	run.Decision = Pct{P50: q(run.decisions, 0.5, 1e3), P90: q(run.decisions, 0.9, 1e3), P99: q(run.decisions, 0.99, 1e3)}
+	run.Decision = Pct{P50: q(run.decisions, 0.5, 1e3), P90: q(run.decisions, 0.9, 1e3), P95: q(run.decisions, 0.95, 1e3), P99: q(run.decisions, 0.99, 1e3)}
 	run.TTFTP50Ms, run.TTFTP90Ms, run.TTFTP99Ms = q(run.ttfts, 0.5, 1e6), q(run.ttfts, 0.9, 1e6), q(run.ttfts, 0.99, 1e6)
 	run.ITLP90Ms = q(run.itls, 0.9, 1e6)
 	run.goodput(c.GoodputTTFT, c.GoodputITL, wall)
 	run.LoadCV = stats.CV(run.PerEngine)
+	return nil
+}
+
+// profile saves kvselect's CPU profile over d (net/http/pprof's
+// /debug/pprof/profile) at path.
+func profile(ctx context.Context, hc *http.Client, rest string, d time.Duration, path string) error {
+	secs := max(1, int(d.Round(time.Second)/time.Second))
+	return savePprof(ctx, hc, fmt.Sprintf("%s/debug/pprof/profile?seconds=%d", rest, secs), path)
+}
+
+// savePprof saves one of kvselect's net/http/pprof profiles at path.
+func savePprof(ctx context.Context, hc *http.Client, url, path string) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := hc.Do(req)
+	if err != nil {
+		return fmt.Errorf("kvselect's profile: %w", err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+		return fmt.Errorf("kvselect's profile %s: %s: %s (run it with -kvselect-args --enable-pprof)", url, resp.Status, b)
+	}
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return fmt.Errorf("kvselect's profile %s: %w", url, err)
+	}
+	if err := os.WriteFile(path, b, 0o644); err != nil {
+		return fmt.Errorf("kvselect's profile: %w", err)
+	}
 	return nil
 }
 

@@ -38,6 +38,7 @@ import (
 	"runtime"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/kvselect/kvselect/bench/fleet"
@@ -45,6 +46,7 @@ import (
 	"github.com/kvselect/kvselect/bench/promtext"
 	"github.com/kvselect/kvselect/bench/relay"
 	"github.com/kvselect/kvselect/bench/report"
+	"github.com/kvselect/kvselect/bench/workload"
 	"github.com/kvselect/kvselect/internal/peerproc"
 )
 
@@ -96,6 +98,16 @@ type Config struct {
 	// KVSelectArgs and EPPArgs are more flags for the pickers.
 	KVSelectArgs, EPPArgs []string
 	mooncake.Slice
+	// SharedPrefix, when set, replaces the trace: inference-perf's
+	// shared_prefix workload, prompts of exactly its token lengths, arrivals
+	// at its stages' pace; Requests, when positive, caps it.
+	SharedPrefix *workload.SharedPrefix
+	// Profile, when positive, takes a CPU profile of kvselect
+	// (/debug/pprof/profile, which needs --enable-pprof) over the first
+	// Profile of the trace run, into <out>/<picker>-<transport>/cpu.pprof,
+	// and its heap after the idle window that follows the trace, into
+	// heap.pprof beside it.
+	Profile             time.Duration
 	Loop                string  // "open" or "closed"
 	Compress            float64 // open loop: trace time is divided by this
 	Rate                float64 // open loop: fixed arrivals per second instead of the trace's
@@ -146,6 +158,15 @@ type PickerRun struct {
 	// Decision is client-side: envoysim's Start (request headers sent) to
 	// the routing decision (destination known, body streamed back), µs.
 	Decision Pct `json:"decision_us"`
+	// CPUCores is the picker's CPU over the trace run per second of it,
+	// gross: the cores it used at the run's rate.
+	CPUCores float64 `json:"cpu_cores"`
+	// RSSIdleMiB is the picker's resident memory before the trace,
+	// PeakRSSMiB its peak since it started (VmHWM) read after the trace,
+	// RSSAfterMiB its resident memory an idle window after the trace.
+	RSSIdleMiB  float64 `json:"rss_idle_mib"`
+	PeakRSSMiB  float64 `json:"peak_rss_mib"`
+	RSSAfterMiB float64 `json:"rss_after_mib"`
 	// Histogram is the picker's own decision histogram over the trace run:
 	// kvselect_extproc_pick_duration_seconds (body parse, selection,
 	// booking) or llm_d_epp_scheduler_e2e_duration_seconds (the scheduling
@@ -223,6 +244,7 @@ type PickerRun struct {
 type Pct struct {
 	P50 float64 `json:"p50"`
 	P90 float64 `json:"p90"`
+	P95 float64 `json:"p95"`
 	P99 float64 `json:"p99"`
 }
 
@@ -256,7 +278,7 @@ func Run(ctx context.Context, c Config, stdout, stderr io.Writer) (*Report, erro
 	if err := c.Validate(); err != nil {
 		return nil, err
 	}
-	reqs, err := c.Slice.Load()
+	reqs, err := c.requests()
 	if err != nil {
 		return nil, err
 	}
@@ -268,13 +290,14 @@ func Run(ctx context.Context, c Config, stdout, stderr io.Writer) (*Report, erro
 			fmt.Fprintln(stderr, "vs-epp: each picker on CPU 0; this load generator and the engines on CPU 1")
 		}
 	}
-	rep := &Report{Date: time.Now().UTC().Format(time.RFC3339), CPUs: runtime.NumCPU(), Pinned: c.Pin, Trace: c.Trace,
+	rep := &Report{Date: time.Now().UTC().Format(time.RFC3339), CPUs: runtime.NumCPU(), Pinned: c.Pin, Trace: c.traceName(),
 		Requests: len(reqs), Engines: c.Workers, EngineFamily: string(c.Family), Prompts: c.Prompts, Loop: c.loopName(), Args: c.Args,
 		GoodputTTFT: c.GoodputTTFT, GoodputITL: c.GoodputITL}
 	bodies, err := c.bodies(reqs)
 	if err != nil {
 		return nil, err
 	}
+	c.Engine.SimExtra = append(slices.Clone(c.Engine.SimExtra), simBodyLimit(bodies)...)
 	for _, tr := range c.Transports {
 		for _, p := range c.Pickers {
 			fmt.Fprintf(stderr, "vs-epp: %s over %s...\n", p, tr)
@@ -315,13 +338,18 @@ func Run(ctx context.Context, c Config, stdout, stderr io.Writer) (*Report, erro
 // Validate checks the configuration before anything starts.
 func (c *Config) Validate() error {
 	switch {
-	case c.Requests < 1 || c.Concurrency < 1 || c.Workers < 1 || c.BlockTokens < 1 || c.Engine.BlockSize < 1 || c.Engine.PoolBlocks < 1 ||
+	case (c.Requests < 1 && c.SharedPrefix == nil) || c.Requests < 0 || c.Concurrency < 1 || c.Workers < 1 || c.BlockTokens < 1 || c.Engine.BlockSize < 1 || c.Engine.PoolBlocks < 1 ||
 		c.Engine.MaxNumSeqs < 1 || c.MaxOutput < 1 || c.SaturateStreams < 1:
 		return errors.New("-requests, -concurrency, -workers, -block-tokens, -block-size, -pool-blocks, -max-num-seqs, -max-output and -saturate-streams must be positive")
 	case c.Loop != "open" && c.Loop != "closed":
 		return fmt.Errorf("-loop %q: want open or closed", c.Loop)
 	case !(c.Compress > 0) || c.Rate < 0:
 		return errors.New("-compress must be positive and -rate not negative")
+	case c.SharedPrefix != nil && (c.Rate != 0 || c.Compress != 1 || c.BlockTokens != workload.BlockTokens):
+		return fmt.Errorf("a shared_prefix workload paces itself and sends its own token lengths: -rate 0, -compress 1 and -block-tokens %d, not %g, %g and %d",
+			workload.BlockTokens, c.Rate, c.Compress, c.BlockTokens)
+	case c.Profile < 0:
+		return errors.New("-profile must not be negative")
 	case c.Idle <= 0 || c.Saturate < 0:
 		return errors.New("-idle must be positive and -saturate not negative")
 	case c.GoodputTTFT < 0 || c.GoodputITL < 0:
@@ -378,22 +406,106 @@ func familyNoun(family fleet.Family) string {
 	return "llm-d-inference-sim engines"
 }
 
-// bodies are the trace's requests as the client sends them, token ids or text.
+// requests is the trace slice, or the generated shared_prefix trace cut to
+// Requests.
+func (c *Config) requests() ([]mooncake.Request, error) {
+	if c.SharedPrefix == nil {
+		return c.Slice.Load()
+	}
+	reqs, err := c.SharedPrefix.Generate()
+	if err != nil {
+		return nil, err
+	}
+	if c.Requests > 0 && len(reqs) > c.Requests {
+		reqs = reqs[:c.Requests]
+	}
+	return reqs, nil
+}
+
+// bodies are the trace's requests as the client sends them, token ids or
+// text. A shared_prefix trace repeats its prompts: each distinct prompt is
+// encoded once and its bytes shared (a 1M-token body is ~6 MB).
 func (c *Config) bodies(reqs []mooncake.Request) ([][]byte, error) {
 	bodies := make([][]byte, len(reqs))
+	type key struct {
+		first *uint64
+		n     int
+	}
+	seen := map[key][]byte{}
 	for i, r := range reqs {
 		maxTokens := min(max(1, r.OutputLength*c.BlockTokens/512), c.MaxOutput)
-		body := relay.Completion{Model: fleet.SimModel, Prompt: mooncake.Tokens(r.HashIDs, c.BlockTokens), MaxTokens: maxTokens, Stream: true}
-		if c.Prompts == PromptsText {
+		k := key{n: len(r.HashIDs)}
+		if k.n > 0 {
+			k.first = &r.HashIDs[0]
+		}
+		if b, ok := seen[k]; ok {
+			bodies[i] = b
+			continue
+		}
+		body := relay.Completion{Model: fleet.SimModel, MaxTokens: maxTokens, Stream: true}
+		var err error
+		switch {
+		case c.SharedPrefix != nil && c.Prompts == PromptsText:
+			body.Prompt, err = c.SharedPrefix.Text(r.HashIDs)
+		case c.SharedPrefix != nil:
+			body.Prompt, err = c.SharedPrefix.Tokens(r.HashIDs)
+		case c.Prompts == PromptsText:
 			body.Prompt = mooncake.Text(r.HashIDs, c.BlockTokens)
+		default:
+			body.Prompt = mooncake.Tokens(r.HashIDs, c.BlockTokens)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("request %d: %w", i, err)
 		}
 		b, err := json.Marshal(body)
 		if err != nil {
 			return nil, fmt.Errorf("request %d: %w", i, err)
 		}
 		bodies[i] = b
+		if c.SharedPrefix != nil {
+			seen[k] = b // Generate shares one id slice per prompt
+		}
 	}
 	return bodies, nil
+}
+
+// simDefaultBodyMB is llm-d-inference-sim's --max-request-body-size-mb
+// default (4, fasthttp's own): a 1M-token prompt as token ids (~6 MB)
+// is over it.
+const simDefaultBodyMB = 4
+
+// simBodyLimit is the simulator flag that admits the largest body, when the
+// default does not (llm-d-router's 1M-context simulators run
+// --max-request-body-size-mb 10: test/perf/config/
+// llm-d-sim-deployment-1m-context.yaml).
+func simBodyLimit(bodies [][]byte) []string {
+	largest := 0
+	for _, b := range bodies {
+		largest = max(largest, len(b))
+	}
+	mb := (largest + 1<<20 - 1) >> 20
+	if mb <= simDefaultBodyMB {
+		return nil
+	}
+	return []string{"--max-request-body-size-mb", strconv.Itoa(mb + 1)}
+}
+
+// traceName names the trace in the report.
+func (c *Config) traceName() string {
+	sp := c.SharedPrefix
+	if sp == nil {
+		return c.Trace
+	}
+	stages := fmt.Sprintf("%g/s", sp.Rate)
+	if len(sp.Stages) > 0 {
+		var parts []string
+		for _, s := range sp.Stages {
+			parts = append(parts, fmt.Sprintf("%g/s for %v", s.Rate, s.Duration))
+		}
+		stages = strings.Join(parts, " then ")
+	}
+	return fmt.Sprintf("shared_prefix (%d groups × %d prompts, system %d + question %d tokens, output %d; %s)",
+		sp.Groups, sp.PromptsPerGroup, sp.SystemTokens, sp.QuestionTokens, sp.OutputTokens, stages)
 }
 
 func (c *Config) loopName() string {

@@ -115,7 +115,7 @@ func vsHarness(t *testing.T, c Config, requests int, pickers []string, text bool
 			t.Errorf("EPP run: %d decisions with endpoint scores, histogram %q", r.WithScores, r.Histogram.Name)
 		}
 	}
-	want := []string{"decision p50 / p90 / p99", "prefix-cache hit rate"}
+	want := []string{"decision p50 / p90 / p95 / p99", "prefix-cache hit rate"}
 	if len(pickers) > 1 {
 		want = append(want, "kvselect vs epp:")
 	}

@@ -22,6 +22,7 @@ import (
 	"github.com/kvselect/kvselect/bench/suite"
 	"github.com/kvselect/kvselect/bench/text"
 	"github.com/kvselect/kvselect/bench/vsepp"
+	"github.com/kvselect/kvselect/bench/workload"
 	"github.com/kvselect/kvselect/internal/peerproc"
 )
 
@@ -68,6 +69,20 @@ func observeCmd(fs *flag.FlagSet, _ []string) func(context.Context, io.Writer, i
 
 // vsEPPCmd is `kvbench vs-epp` (bench/vsepp).
 func vsEPPCmd(fs *flag.FlagSet, args []string) func(context.Context, io.Writer, io.Writer) error {
+	config := vsEPPFlags(fs, args)
+	return func(ctx context.Context, stdout, stderr io.Writer) error {
+		c, err := config()
+		if err != nil {
+			return err
+		}
+		_, err = vsepp.Run(ctx, c, stdout, stderr)
+		return err
+	}
+}
+
+// vsEPPFlags defines vs-epp's flags on fs and returns the configuration
+// they give once args are parsed.
+func vsEPPFlags(fs *flag.FlagSet, args []string) func() (vsepp.Config, error) {
 	c := vsepp.Defaults()
 	c.Spec.Register(fs)
 	c.Spec.RegisterFamily(fs)
@@ -93,13 +108,34 @@ func vsEPPCmd(fs *flag.FlagSet, args []string) func(context.Context, io.Writer, 
 	fs.BoolVar(&c.Quiet, "quiet", false, "no progress bars")
 	fs.DurationVar(&c.GoodputTTFT, "goodput-ttft", c.GoodputTTFT, "goodput counts requests whose TTFT is at most this (`duration`)")
 	fs.DurationVar(&c.GoodputITL, "goodput-itl", c.GoodputITL, "goodput counts requests whose mean inter-token latency is at most this (`duration`)")
-	return func(ctx context.Context, stdout, stderr io.Writer) error {
+	fs.DurationVar(&c.Profile, "profile", 0, "take a CPU profile of kvselect over this much of the trace run (`duration`) into <out>/<picker>-<transport>/cpu.pprof, and its heap after the run into heap.pprof; needs -kvselect-args --enable-pprof")
+	var sp sharedPrefixFlags
+	sp.register(fs)
+	return func() (vsepp.Config, error) {
 		c.KVSelectArgs, c.EPPArgs = strings.Fields(*kvselectArgs), strings.Fields(*eppArgs)
 		c.Pickers, c.Transports = benchflag.Split(*pickers), benchflag.Split(*transports)
 		c.Args = strings.Join(args, " ")
-		_, err := vsepp.Run(ctx, c, stdout, stderr)
+		err := applySharedPrefix(fs, &sp, &c)
+		return c, err
+	}
+}
+
+// applySharedPrefix turns vs-epp's shared_prefix flags into c's workload:
+// the generator paces the requests (-rate moves into it) and sends its exact
+// token lengths (trace blocks of 512 tokens), and -requests caps it only
+// when given.
+func applySharedPrefix(fs *flag.FlagSet, sp *sharedPrefixFlags, c *vsepp.Config) error {
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	gen, err := sp.resolve(c.Rate, func(name string) bool { return set[name] })
+	if err != nil || gen == nil {
 		return err
 	}
+	c.SharedPrefix, c.Rate, c.Compress, c.BlockTokens = gen, 0, 1, workload.BlockTokens
+	if !set["requests"] {
+		c.Requests = 0
+	}
+	return nil
 }
 
 // textCmd is `kvbench text` (bench/text).
