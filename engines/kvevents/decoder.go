@@ -233,6 +233,41 @@ func (d *Decoder) Decode(payload []byte, dst []index.Event) ([]index.Event, Stat
 	return dst, st, nil
 }
 
+// keepScratch bounds, in elements, the scratch a decoder keeps between
+// batches (Trim): enough for a 1M-token prompt's blocks would hold tens of
+// MiB per engine after the prompt is long gone.
+const keepScratch = 1 << 14
+
+// Trim drops the scratch buffers and arenas that grew beyond keepScratch
+// elements decoding a large batch, so that memory returns once long
+// prompts stop coming; ordinary batches keep theirs. Call it once the
+// events of the last Decode are no longer read: they point into the
+// arenas it may drop.
+func (d *Decoder) Trim() {
+	if cap(d.blocks) > keepScratch {
+		d.blocks = nil
+	}
+	if cap(d.hashes) > keepScratch {
+		d.hashes = nil
+	}
+	if cap(d.locals) > keepScratch {
+		d.locals = nil
+	}
+	if cap(d.mmFlat) > keepScratch {
+		d.mmFlat, d.mmEnds, d.mm = nil, nil, nil
+	}
+	if cap(d.raw.tokens) > keepScratch {
+		d.raw.tokens = nil
+	}
+	if cap(d.raw.hashes) > keepScratch {
+		d.raw.hashes = nil
+	}
+	// A map keeps its buckets when cleared: only a new one gives them back.
+	if len(d.seen) > keepScratch {
+		d.seen = make(map[uint64]struct{})
+	}
+}
+
 // envelope reads the batch wrapper: the array [ts, events] or
 // [ts, events, dp_rank|nil] that msgspec array_like writes, or the map
 // {ts, events, data_parallel_rank} that a non-array_like EventBatch would write

@@ -250,9 +250,11 @@ func (r *rank) apply(s uint64, payload []byte, replayed bool) {
 	if r.a.Applied != nil {
 		r.a.Applied(evs)
 	}
-	// The events point into the decoder's buffers; keep only the slice capacity.
+	// The events point into the decoder's buffers; keep only the slice
+	// capacity, and not the decoder's buffers past a long prompt's batch.
 	clear(evs)
 	r.evs = evs[:0]
+	r.dec.Trim()
 	if failed > 0 {
 		r.log.Debug("index rejected kv events", "seq", s, "failed", failed, "first", first)
 	}

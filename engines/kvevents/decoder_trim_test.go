@@ -1,0 +1,47 @@
+package kvevents
+
+import (
+	"testing"
+
+	"github.com/kvselect/kvselect/selection/index"
+)
+
+// TestTrimDropsOnlyLargeScratch: after a batch far beyond keepScratch the
+// decoder gives its buffers back; after an ordinary one it keeps them, and
+// decoding works the same either way.
+func TestTrimDropsOnlyLargeScratch(t *testing.T) {
+	d, err := NewDecoder(Config{BlockSize: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	decode := func(blocks int) []index.Event {
+		t.Helper()
+		evs, _, err := d.Decode(storedBatch(t, blocks), nil)
+		if err != nil || len(evs) != 1 || len(evs[0].Blocks) != blocks {
+			t.Fatalf("decoding %d blocks: %v, %+v", blocks, err, evs)
+		}
+		return evs
+	}
+	decode(8)
+	d.Trim()
+	if cap(d.blocks) == 0 || cap(d.raw.tokens) == 0 {
+		t.Fatal("an ordinary batch's scratch was dropped")
+	}
+	big := 2 * keepScratch
+	decode(big)
+	if cap(d.blocks) < big || cap(d.raw.tokens) < 4*big {
+		t.Fatalf("scratch %d blocks, %d tokens after a %d-block batch", cap(d.blocks), cap(d.raw.tokens), big)
+	}
+	d.Trim()
+	if cap(d.blocks) != 0 || cap(d.hashes) > keepScratch || cap(d.raw.tokens) != 0 || cap(d.raw.hashes) != 0 || len(d.seen) > keepScratch {
+		t.Fatalf("kept %d blocks, %d tokens, %d hashes, %d seen after Trim", cap(d.blocks), cap(d.raw.tokens), cap(d.raw.hashes), len(d.seen))
+	}
+	decode(8)
+	decode(big)
+}
+
+// storedBatch is one batch of one BlockStored of n chained 4-token blocks.
+func storedBatch(t *testing.T, n int) []byte {
+	t.Helper()
+	return batch(0, storedPos(Hs(seq64(1, n)...), Nil(), Toks(seq(0, uint32(4*n))...), 4))
+}
