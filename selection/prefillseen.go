@@ -72,14 +72,7 @@ func (s *Service) storedSeen(key index.Partition, evs []index.Event) {
 		if ev.Kind != index.EventStored || ev.Tier != index.TierDevice || len(ev.Blocks) == 0 {
 			continue
 		}
-		blocks := func(yield func(uint64) bool) {
-			for _, b := range ev.Blocks {
-				if !yield(b.Local) {
-					return
-				}
-			}
-		}
-		for _, ft := range s.resv.Stored(p, ev.Worker, blocks, now, maxLife) {
+		for _, ft := range s.resv.Stored(p, ev.Worker, ev.Blocks, now, maxLife) {
 			s.firstTokenSeen(ft, now)
 		}
 	}

@@ -387,20 +387,41 @@ func (t *Table) Watches() int64 { return t.watches.Load() }
 // has its first token now. Its estimated end moves (End.firstTokenSeen),
 // never past its start plus maxLife; a row without one yet keeps the time
 // for SetEnd. It returns the moved ends; each row is seen once.
-func (t *Table) Stored(part *partition.Partition, worker index.WorkerKey, blocks func(yield func(uint64) bool), now time.Time, maxLife time.Duration) []FirstToken {
+//
+// The blocks are read storedChunk at a time, the lock let go in between: a
+// long prompt stores tens of thousands at once, and every booking waits
+// on this lock.
+func (t *Table) Stored(part *partition.Partition, worker index.WorkerKey, blocks []index.Block, now time.Time, maxLife time.Duration) []FirstToken {
 	rank := watchRank{part, worker}
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if t.lastStore == nil {
-		t.lastStore = make(map[watchRank]time.Time)
-	}
-	t.lastStore[rank] = now
-	if t.watches.Load() == 0 {
-		return nil
-	}
 	var out []FirstToken
-	for block := range blocks {
-		k := watchKey{rank, block}
+	for start := 0; ; start += storedChunk {
+		chunk := blocks[start:min(start+storedChunk, len(blocks))]
+		t.mu.Lock()
+		if start == 0 {
+			if t.lastStore == nil {
+				t.lastStore = make(map[watchRank]time.Time)
+			}
+			t.lastStore[rank] = now
+		}
+		out = t.stored(rank, chunk, now, maxLife, out)
+		t.mu.Unlock()
+		if start+len(chunk) >= len(blocks) || t.watches.Load() == 0 {
+			return out
+		}
+	}
+}
+
+// storedChunk is how many stored blocks Stored reads under one hold of
+// the lock.
+const storedChunk = 256
+
+// stored is Stored's reading of blocks, with t.mu held: it appends to out.
+func (t *Table) stored(rank watchRank, blocks []index.Block, now time.Time, maxLife time.Duration, out []FirstToken) []FirstToken {
+	if t.watches.Load() == 0 {
+		return out
+	}
+	for _, b := range blocks {
+		k := watchKey{rank, b.Local}
 		w, ok := t.watched[k]
 		if !ok {
 			continue

@@ -260,7 +260,13 @@ func TestStoredMovesTheEnd(t *testing.T) {
 	var tab Table
 	now := time.Unix(1_700_000_000, 0)
 	w := index.WorkerKey{WorkerID: 1}
-	blocks := func(bs ...uint64) func(func(uint64) bool) { return slices.Values(bs) }
+	blocks := func(bs ...uint64) []index.Block {
+		out := make([]index.Block, len(bs))
+		for i, b := range bs {
+			out[i] = index.Block{Ext: b, Local: b}
+		}
+		return out
+	}
 	row := &Row{Worker: w, LastBlock: 7, LastBlockKnown: true}
 	tab.Install("a", row)
 	if !tab.Watching() || tab.Watches() != 1 {
@@ -303,6 +309,18 @@ func TestStoredMovesTheEnd(t *testing.T) {
 	}
 	if got := tab.Stored(nil, w, blocks(9), now.Add(4*time.Second), time.Minute); len(got) != 1 || !got[0].Due.Equal(now.Add(4100*time.Millisecond)) {
 		t.Fatalf("Stored = %+v, want the end 100 ms (its decode) after the first token", got)
+	}
+	// A long prompt's store is read a chunk at a time: a block past the
+	// first chunks is found all the same.
+	rowD := &Row{Worker: w, LastBlock: 1_000_500, LastBlockKnown: true}
+	tab.Install("d", rowD)
+	tab.SetEnd("d", rowD, End{Start: now, PrefillAt: now.Add(5 * time.Second), At: now.Add(6 * time.Second)})
+	long := make([]uint64, 3*storedChunk)
+	for i := range long {
+		long[i] = 1_000_000 + uint64(i)
+	}
+	if got := tab.Stored(nil, w, blocks(long...), now.Add(5*time.Second), time.Minute); len(got) != 1 || got[0].ID != "d" {
+		t.Fatalf("Stored = %+v over %d blocks, want d's first token", got, len(long))
 	}
 	if !tab.StoresWithin(nil, w, now.Add(4*time.Second)) || tab.StoresWithin(nil, index.WorkerKey{WorkerID: 2}, now) {
 		t.Fatal("StoresWithin does not follow the stores")
