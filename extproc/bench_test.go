@@ -11,7 +11,6 @@ import (
 
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
-	"github.com/kvselect/kvselect/envoysim"
 	"github.com/kvselect/kvselect/extproc"
 	"github.com/kvselect/kvselect/internal/tracing"
 	"github.com/kvselect/kvselect/internal/tracing/otlptest"
@@ -122,19 +121,7 @@ func requests(b *testing.B, h *harness, bodies [][]byte) {
 	b.RunParallel(func(pb *testing.PB) {
 		for pb.Next() {
 			i := n.Add(1)
-			x, d, err := h.client.Start(context.Background(), &envoysim.Request{Modes: envoysim.GIE, Body: bodies[i%64]})
-			if err != nil || d.Immediate != nil {
-				b.Fatal(err, d)
-			}
-			if _, err := x.ResponseHeaders(envoysim.Response{Served: d.Endpoint, Headers: sseHeaders()}, false); err != nil {
-				b.Fatal(err)
-			}
-			for k, c := range chunks {
-				if _, err := x.ResponseBody(c, k == len(chunks)-1); err != nil {
-					b.Fatal(err)
-				}
-			}
-			x.Close()
+			streamRequest(b, h, bodies[i%64], chunks)
 		}
 	})
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "req/s")

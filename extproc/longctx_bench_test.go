@@ -73,7 +73,7 @@ func BenchmarkRequestLong(b *testing.B) {
 			sum0, n0, buckets0 := pickTime(b, h.srv)
 			b.ResetTimer()
 			for i := 0; b.Loop(); i++ {
-				longRequest(b, h, bodies[i%len(bodies)], chunks)
+				streamRequest(b, h, bodies[i%len(bodies)], chunks)
 			}
 			b.StopTimer()
 			sum, n, buckets := pickTime(b, h.srv)
@@ -95,7 +95,7 @@ func BenchmarkRequestLong(b *testing.B) {
 }
 
 // longRequest runs one request and its streamed response.
-func longRequest(b *testing.B, h *harness, body []byte, chunks [][]byte) {
+func streamRequest(b *testing.B, h *harness, body []byte, chunks [][]byte) {
 	x, d, err := h.client.Start(context.Background(), &envoysim.Request{Modes: envoysim.GIE, Body: body})
 	if err != nil || d.Immediate != nil {
 		b.Fatal(err, d)
@@ -281,7 +281,7 @@ func BenchmarkResponseStream(b *testing.B) {
 			b.ReportAllocs()
 			cpu0 := processCPU()
 			for b.Loop() {
-				longRequest(b, h, body, chunks)
+				streamRequest(b, h, body, chunks)
 			}
 			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*n), "ns/chunk")
 			b.ReportMetric(float64(processCPU()-cpu0)/float64(b.N*n), "cpu-ns/chunk")

@@ -185,15 +185,21 @@ func (r *rank) release(keys []uint64) {
 		if s.refs--; s.refs > 0 {
 			continue
 		}
-		if s.hasFrac {
-			r.fracN--
-			r.fracSum -= s.frac
-		} else {
-			r.unit--
-		}
+		r.unweigh(s)
 		r.remove(tab, i)
 		n--
 		r.held = tab[:n] // find reads the count
+	}
+}
+
+// unweigh takes a path slot's weight, whole or fractional, off the rank's
+// sums as the slot is let go.
+func (r *rank) unweigh(s *slot) {
+	if s.hasFrac {
+		r.fracN--
+		r.fracSum -= s.frac
+	} else {
+		r.unit--
 	}
 }
 
@@ -209,12 +215,7 @@ func (r *rank) releaseAll() {
 		if s.refs == 0 {
 			continue
 		}
-		if s.hasFrac {
-			r.fracN--
-			r.fracSum -= s.frac
-		} else {
-			r.unit--
-		}
+		r.unweigh(s)
 	}
 	clear(tab)
 	r.held = tab[:0]
