@@ -29,10 +29,6 @@ type liftedIDs struct {
 	prompt, inputIDs, tokenIDs, tokenData []uint32
 }
 
-func (l *liftedIDs) any() bool {
-	return l.prompt != nil || l.inputIDs != nil || l.tokenIDs != nil || l.tokenData != nil
-}
-
 // liftField names the fields liftTokenIDs reads.
 type liftField uint8
 
