@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/kvselect/kvselect/internal/peerproc"
+	"github.com/kvselect/kvselect/internal/proctest"
 )
 
 // TestOverlapEqualsEngineCache is the core interop check, in both of the
@@ -29,10 +30,10 @@ func TestOverlapEqualsEngineCache(t *testing.T) {
 	}{{"array", false}, {"map", true}} {
 		t.Run(enc.name, func(t *testing.T) {
 			peerproc.SimBinary(t)
-			collectorEP := "tcp://127.0.0.1:" + fmt.Sprint(freePort(t))
+			collectorEP := "tcp://127.0.0.1:" + fmt.Sprint(proctest.FreePort(t))
 			// The third simulator comes from a workers file; its ports are
 			// fixed before anything starts.
-			third := peerproc.Sim{Port: freePort(t), ReplayPort: freePort(t), Model: model}
+			third := peerproc.Sim{Port: proctest.FreePort(t), ReplayPort: proctest.FreePort(t), Model: model}
 			wf := filepath.Join(t.TempDir(), "workers.yaml")
 			rec, _ := json.Marshal(map[string]any{"workers": []any{map[string]any{
 				"worker_id": 3, "model_name": model, "block_size": blockSize,
@@ -64,7 +65,7 @@ func TestOverlapEqualsEngineCache(t *testing.T) {
 				ext := prompt(i, lengths[i]+2*blockSize) // the prompt and two more blocks
 				want := lengths[i] / blockSize
 				var got map[uint64]int
-				eventually(t, fmt.Sprintf("worker %d's blocks indexed", id), settle, func() bool {
+				proctest.Eventually(t, fmt.Sprintf("worker %d's blocks indexed", id), settle, func() bool {
 					got = k.overlaps(ext)
 					return got[id] == want
 				})
@@ -98,11 +99,11 @@ func TestOverlapEqualsEngineCache(t *testing.T) {
 // replay alone: nothing lost, nothing phantom.
 func TestKvselectRestartRecoversByReplay(t *testing.T) {
 	peerproc.SimBinary(t)
-	collectorEP := "tcp://127.0.0.1:" + fmt.Sprint(freePort(t))
+	collectorEP := "tcp://127.0.0.1:" + fmt.Sprint(proctest.FreePort(t))
 	cfgs := []peerproc.Sim{}
 	var workers []any
 	for i := range 3 {
-		c := peerproc.Sim{Binary: peerproc.SimBinary(t), Model: model, Port: freePort(t), ReplayPort: freePort(t),
+		c := peerproc.Sim{Binary: peerproc.SimBinary(t), Model: model, Port: proctest.FreePort(t), ReplayPort: proctest.FreePort(t),
 			ZMQEndpoint: collectorEP, BlockSize: blockSize}
 		cfgs = append(cfgs, c)
 		workers = append(workers, map[string]any{"worker_id": i + 1, "model_name": model, "block_size": blockSize,
@@ -128,7 +129,7 @@ func TestKvselectRestartRecoversByReplay(t *testing.T) {
 		}
 	}
 	send(0)
-	eventually(t, "round 0 indexed", settle, func() bool { return k.overlaps(prompts[0])[1] == 3 })
+	proctest.Eventually(t, "round 0 indexed", settle, func() bool { return k.overlaps(prompts[0])[1] == 3 })
 	k.kill()
 	send(1) // published while no collector listens: lost live, kept in the rings
 	send(2)
@@ -139,7 +140,7 @@ func TestKvselectRestartRecoversByReplay(t *testing.T) {
 	for pi, p := range prompts {
 		owner := uint64(pi%3 + 1)
 		want := len(p) / blockSize
-		eventually(t, fmt.Sprintf("prompt %d on worker %d in both", pi, owner), settle, func() bool {
+		proctest.Eventually(t, fmt.Sprintf("prompt %d on worker %d in both", pi, owner), settle, func() bool {
 			return restarted.overlaps(p)[owner] == want && fresh.overlaps(p)[owner] == want
 		})
 	}
@@ -180,7 +181,7 @@ func TestSimulatorRestartSamePort(t *testing.T) {
 		time.Sleep(1100 * time.Millisecond)
 	}
 	complete(t, s, old)
-	eventually(t, "the old prompt indexed", settle, func() bool { return k.overlaps(old)[1] == 5 })
+	proctest.Eventually(t, "the old prompt indexed", settle, func() bool { return k.overlaps(old)[1] == 5 })
 	cfg := s.Config()
 	s.Stop()
 	restarted := startSimWith(t, cfg)
@@ -189,7 +190,7 @@ func TestSimulatorRestartSamePort(t *testing.T) {
 	// The simulator flushes a batch a second: keep it publishing until three
 	// of them have shown the restart.
 	n := 0
-	eventually(t, "the restart recognized and the new engine's blocks indexed", settle, func() bool {
+	proctest.Eventually(t, "the restart recognized and the new engine's blocks indexed", settle, func() bool {
 		if k.metric("kvselect_kv_events_publisher_restarts_total", "") < 1 {
 			n++
 			complete(t, restarted, prompt(300+n, blockSize))
@@ -208,7 +209,7 @@ func TestSimulatorRestartSamePort(t *testing.T) {
 		t.Fatalf("DELETE: %d", code)
 	}
 	k.register(restarted, 1)
-	eventually(t, "the new engine's blocks after re-registration", settle, func() bool {
+	proctest.Eventually(t, "the new engine's blocks after re-registration", settle, func() bool {
 		return k.overlaps(fresh)[1] == 3
 	})
 	if got := k.overlaps(old)[1]; got != 0 {

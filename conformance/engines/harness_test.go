@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/kvselect/kvselect/internal/peerproc"
+	"github.com/kvselect/kvselect/internal/proctest"
 )
 
 const (
@@ -77,18 +78,18 @@ type kvselectOptions struct {
 
 func startKvselect(t *testing.T, o kvselectOptions) *kvselect {
 	t.Helper()
-	port := freePort(t)
+	port := proctest.FreePort(t)
 	k := &kvselect{t: t, rest: "http://127.0.0.1:" + strconv.Itoa(port), logs: &peerproc.LogBuffer{}, done: make(chan struct{})}
 	args := []string{"--host", "127.0.0.1", "--port", strconv.Itoa(port), "--log-level", "debug"}
 	if o.collector {
 		k.collect = o.collectorEP
 		if k.collect == "" {
-			k.collect = "tcp://127.0.0.1:" + strconv.Itoa(freePort(t))
+			k.collect = "tcp://127.0.0.1:" + strconv.Itoa(proctest.FreePort(t))
 		}
 		args = append(args, "--kv-events-bind", k.collect)
 	}
 	// The picker always listens (9002 by default): give it a port of its own.
-	ep := freePort(t)
+	ep := proctest.FreePort(t)
 	k.extproc = "127.0.0.1:" + strconv.Itoa(ep)
 	args = append(args, "--extproc-port", strconv.Itoa(ep))
 	if o.workersFile != "" {
@@ -108,10 +109,10 @@ func startKvselect(t *testing.T, o kvselectOptions) *kvselect {
 	t.Cleanup(func() {
 		k.stop()
 		if t.Failed() {
-			t.Logf("kvselect log:\n%s", tail(k.logs.String(), 6000))
+			t.Logf("kvselect log:\n%s", proctest.Tail(k.logs.String(), 6000))
 		}
 	})
-	eventually(t, "kvselect healthy", 30*time.Second, func() bool {
+	proctest.Eventually(t, "kvselect healthy", 30*time.Second, func() bool {
 		select {
 		case <-k.done:
 			t.Fatal("kvselect exited")
@@ -281,12 +282,12 @@ func startSim(t *testing.T, collectorEP string, o simOptions) *peerproc.SimProce
 	bin := peerproc.SimBinary(t)
 	port := o.port
 	if port == 0 {
-		port = freePort(t)
+		port = proctest.FreePort(t)
 	}
 	cfg := peerproc.Sim{Binary: bin, Model: model, Port: port, ZMQEndpoint: collectorEP,
 		BlockSize: blockSize, KVCacheSize: o.kvCacheSize, MapEvents: o.mapEvents, Extra: o.extra}
 	if !o.noReplay {
-		cfg.ReplayPort = freePort(t)
+		cfg.ReplayPort = proctest.FreePort(t)
 	}
 	return startSimWith(t, cfg)
 }
@@ -297,12 +298,12 @@ func startSimWith(t *testing.T, cfg peerproc.Sim) *peerproc.SimProcess {
 	cfg.Log = logs
 	s, err := peerproc.StartSim(context.Background(), cfg)
 	if err != nil {
-		t.Fatalf("%v\n%s", err, tail(logs.String(), 4000))
+		t.Fatalf("%v\n%s", err, proctest.Tail(logs.String(), 4000))
 	}
 	t.Cleanup(func() {
 		s.Stop()
 		if t.Failed() {
-			t.Logf("simulator %s log:\n%s", s.URL(), tail(logs.String(), 3000))
+			t.Logf("simulator %s log:\n%s", s.URL(), proctest.Tail(logs.String(), 3000))
 		}
 	})
 	return s
@@ -356,33 +357,4 @@ func prompt(seed, n int) []int {
 		out[i] = 1000 + seed*100_000 + i
 	}
 	return out
-}
-
-// ---- small helpers ----
-
-func freePort(t *testing.T) int {
-	t.Helper()
-	p, err := peerproc.FreePort()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return p
-}
-
-func eventually(t *testing.T, what string, limit time.Duration, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(limit)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", limit, what)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-}
-
-func tail(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	return "…" + s[len(s)-n:]
 }

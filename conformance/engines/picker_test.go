@@ -16,6 +16,7 @@ import (
 
 	"github.com/kvselect/kvselect/envoysim"
 	"github.com/kvselect/kvselect/internal/peerproc"
+	"github.com/kvselect/kvselect/internal/proctest"
 )
 
 // TestPickerRoutesToTheHolder runs the ext_proc picker as Envoy would, over
@@ -45,7 +46,7 @@ func TestPickerRoutesToTheHolder(t *testing.T) {
 			prefix := prompt(50+10*round+i, 6*blockSize)
 			complete(t, s, prefix)
 			id := uint64(i + 1)
-			eventually(t, fmt.Sprintf("worker %d's prefix indexed", id), settle, func() bool { return k.overlaps(prefix)[id] == 6 })
+			proctest.Eventually(t, fmt.Sprintf("worker %d's prefix indexed", id), settle, func() bool { return k.overlaps(prefix)[id] == 6 })
 
 			req := append(append([]int(nil), prefix...), prompt(900+i, 20)...)
 			body, _ := json.Marshal(map[string]any{"model": model, "prompt": req, "max_tokens": 8, "stream": true,
@@ -60,7 +61,7 @@ func TestPickerRoutesToTheHolder(t *testing.T) {
 			}
 		}
 	}
-	eventually(t, "every booking freed", 10*time.Second, func() bool { return activeRequests(t, k) == 0 })
+	proctest.Eventually(t, "every booking freed", 10*time.Second, func() bool { return activeRequests(t, k) == 0 })
 }
 
 // viaPicker sends one streamed completion through the picker, forwards it to

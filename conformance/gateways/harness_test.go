@@ -19,6 +19,7 @@ import (
 
 	"github.com/kvselect/kvselect/bench/ngf"
 	"github.com/kvselect/kvselect/internal/peerproc"
+	"github.com/kvselect/kvselect/internal/proctest"
 )
 
 const (
@@ -146,7 +147,7 @@ func startGatewayWith(t *testing.T, c ngf.Config) *gateway {
 	g := &gateway{url: ng.URL, ngf: ng}
 	t.Cleanup(func() {
 		if t.Failed() {
-			t.Logf("nginx error.log:\n%s", tail(g.errorLog(t), 4000))
+			t.Logf("nginx error.log:\n%s", proctest.Tail(g.errorLog(t), 4000))
 		}
 		ng.Stop()
 	})
@@ -180,8 +181,8 @@ type kvselect struct {
 // would.
 func newKvselect(t *testing.T, extra []string, env ...string) *kvselect {
 	t.Helper()
-	k := &kvselect{t: t, restPort: freePort(t), extprocPort: freePort(t),
-		collector:   "tcp://127.0.0.1:" + strconv.Itoa(freePort(t)),
+	k := &kvselect{t: t, restPort: proctest.FreePort(t), extprocPort: proctest.FreePort(t),
+		collector:   "tcp://127.0.0.1:" + strconv.Itoa(proctest.FreePort(t)),
 		workersFile: filepath.Join(t.TempDir(), "workers.json"), extra: extra, env: env}
 	k.writeWorkers(nil)
 	return k
@@ -216,10 +217,10 @@ func (k *kvselect) start() {
 	k.cmd.Env = append(os.Environ(), k.env...)
 	k.cmd.Stdout, k.cmd.Stderr = k.logs, k.logs
 	k.done = startProcess(t, "kvselect", k.cmd, k.logs)
-	eventually(t, "kvselect healthy", processStartLimit, func() bool {
+	proctest.Eventually(t, "kvselect healthy", processStartLimit, func() bool {
 		select {
 		case <-k.done:
-			t.Fatalf("kvselect exited:\n%s", tail(k.logs.String(), 4000))
+			t.Fatalf("kvselect exited:\n%s", proctest.Tail(k.logs.String(), 4000))
 		default:
 		}
 		resp, err := http.Get(k.rest() + "/health")
@@ -264,7 +265,7 @@ type decision struct {
 func (k *kvselect) decisionAfter(n int) decision {
 	k.t.Helper()
 	var d []decision
-	eventually(k.t, "kvselect's routing record", 5*time.Second, func() bool { d = k.decisions(); return len(d) > n })
+	proctest.Eventually(k.t, "kvselect's routing record", 5*time.Second, func() bool { d = k.decisions(); return len(d) > n })
 	if len(d) != n+1 {
 		k.t.Fatalf("%d routing decisions for one request: %v", len(d)-n, d[n:])
 	}
@@ -343,7 +344,7 @@ func (k *kvselect) activeRequests() uint64 {
 // schedulable waits until kvselect lists n schedulable workers.
 func (k *kvselect) schedulable(n int) {
 	k.t.Helper()
-	eventually(k.t, fmt.Sprintf("%d schedulable workers", n), processStartLimit, func() bool {
+	proctest.Eventually(k.t, fmt.Sprintf("%d schedulable workers", n), processStartLimit, func() bool {
 		var ws []struct {
 			Lifecycle string `json:"lifecycle"`
 		}
@@ -384,19 +385,19 @@ func startMockWorkers(t *testing.T, k *kvselect, n int, decode time.Duration) []
 	var records []map[string]any
 	for i := range n {
 		logs := &peerproc.LogBuffer{}
-		cfg := peerproc.MockWorker{Binary: built(t).mockWorker, Model: model, Port: freePort(t),
-			Collector: k.collector, ReplayPort: freePort(t), BlockSize: blockSize, DecodePerToken: decode,
+		cfg := peerproc.MockWorker{Binary: built(t).mockWorker, Model: model, Port: proctest.FreePort(t),
+			Collector: k.collector, ReplayPort: proctest.FreePort(t), BlockSize: blockSize, DecodePerToken: decode,
 			// The worker names itself in every response
 			// (x-kvselect-worker-id): the evidence of who served.
 			Extra: []string{"--worker-id", strconv.Itoa(i + 1)}, Log: logs}
 		w, err := peerproc.StartMockWorker(context.Background(), cfg)
 		if err != nil {
-			t.Fatalf("%v\n%s", err, tail(logs.String(), 3000))
+			t.Fatalf("%v\n%s", err, proctest.Tail(logs.String(), 3000))
 		}
 		t.Cleanup(func() {
 			w.Stop()
 			if t.Failed() {
-				t.Logf("mock worker %d log:\n%s", i+1, tail(logs.String(), 2000))
+				t.Logf("mock worker %d log:\n%s", i+1, proctest.Tail(logs.String(), 2000))
 			}
 		})
 		e := engine{id: uint64(i + 1), hostPort: w.HostPort(), replay: w.ReplayEndpoint()}
@@ -488,35 +489,8 @@ func startProcess(t *testing.T, name string, cmd *exec.Cmd, logs *peerproc.LogBu
 			}
 		}
 		if t.Failed() {
-			t.Logf("%s output:\n%s", name, tail(logs.String(), 4000))
+			t.Logf("%s output:\n%s", name, proctest.Tail(logs.String(), 4000))
 		}
 	})
 	return done
-}
-
-func freePort(t *testing.T) int {
-	t.Helper()
-	p, err := peerproc.FreePort()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return p
-}
-
-func eventually(t *testing.T, what string, limit time.Duration, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(limit)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", limit, what)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-}
-
-func tail(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	return "…" + s[len(s)-n:]
 }

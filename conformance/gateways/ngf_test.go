@@ -14,6 +14,7 @@ import (
 
 	"github.com/kvselect/kvselect/bench/ngf"
 	"github.com/kvselect/kvselect/internal/peerproc"
+	"github.com/kvselect/kvselect/internal/proctest"
 )
 
 // epp.js turns every answer of the shim that is not a 200 naming an endpoint
@@ -259,15 +260,15 @@ func TestNGFPrefixRoutesBack(t *testing.T) {
 		var records []map[string]any
 		for i := range 3 {
 			logs := &peerproc.LogBuffer{}
-			s, err := peerproc.StartSim(context.Background(), peerproc.Sim{Binary: bin, Model: model, Port: freePort(t),
-				ReplayPort: freePort(t), ZMQEndpoint: k.collector, BlockSize: blockSize, Log: logs})
+			s, err := peerproc.StartSim(context.Background(), peerproc.Sim{Binary: bin, Model: model, Port: proctest.FreePort(t),
+				ReplayPort: proctest.FreePort(t), ZMQEndpoint: k.collector, BlockSize: blockSize, Log: logs})
 			if err != nil {
-				t.Fatalf("%v\n%s", err, tail(logs.String(), 3000))
+				t.Fatalf("%v\n%s", err, proctest.Tail(logs.String(), 3000))
 			}
 			t.Cleanup(func() {
 				s.Stop()
 				if t.Failed() {
-					t.Logf("simulator %d log:\n%s", i+1, tail(logs.String(), 2000))
+					t.Logf("simulator %d log:\n%s", i+1, proctest.Tail(logs.String(), 2000))
 				}
 			})
 			e := engine{id: uint64(i + 1), hostPort: s.HostPort(), replay: s.ReplayEndpoint()}
@@ -291,7 +292,7 @@ func routesBack(t *testing.T, k *kvselect, g *gateway, engines []engine, namesIt
 			t.Fatalf("warming engine %d: %d %s", e.id, a.status, a.body)
 		}
 		// The simulators flush their event batches on a one-second timer.
-		eventually(t, fmt.Sprintf("engine %d's prefix indexed", e.id), 15*time.Second, func() bool { return k.overlaps(prefix)[e.id] == blocks })
+		proctest.Eventually(t, fmt.Sprintf("engine %d's prefix indexed", e.id), 15*time.Second, func() bool { return k.overlaps(prefix)[e.id] == blocks })
 
 		n := len(k.decisions())
 		a := post(t, g.url, completion(append(prefix, prompt(90+i, 20)...), 2, false))
@@ -378,7 +379,7 @@ func TestNGFInFlightBookings(t *testing.T) {
 			errs <- err
 		})
 	}
-	eventually(t, fmt.Sprintf("/loads counting %d requests in flight", inFlight), tokens*decode, func() bool { return k.activeRequests() == inFlight })
+	proctest.Eventually(t, fmt.Sprintf("/loads counting %d requests in flight", inFlight), tokens*decode, func() bool { return k.activeRequests() == inFlight })
 	wg.Wait()
 	close(errs)
 	for err := range errs {
@@ -386,7 +387,7 @@ func TestNGFInFlightBookings(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	eventually(t, "/loads counting no request in flight", 15*time.Second, func() bool { return k.activeRequests() == 0 })
+	proctest.Eventually(t, "/loads counting no request in flight", 15*time.Second, func() bool { return k.activeRequests() == 0 })
 }
 
 // TestNGFReadsTheDestinationFromTheHeadersResponse pins the shim's one place
@@ -410,6 +411,6 @@ func TestNGFReadsTheDestinationFromTheHeadersResponse(t *testing.T) {
 		t.Fatalf("client got %d (worker %q): %s; want NGINX's 500", a.status, a.header.Get("X-Kvselect-Worker-Id"), a.body)
 	}
 	if log := g.errorLog(t); !strings.Contains(log, ngfRefusal+"200; body: \n") {
-		t.Fatalf("NGINX's error log has no \"status: 200\" refusal with an empty body:\n%s", tail(log, 2000))
+		t.Fatalf("NGINX's error log has no \"status: 200\" refusal with an empty body:\n%s", proctest.Tail(log, 2000))
 	}
 }
