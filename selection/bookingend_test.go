@@ -44,7 +44,7 @@ func newEndService(t *testing.T) (*Service, *fakeClock, *endRecorder) {
 	rc.UseKVEvents = false
 	clock := &fakeClock{t: time.Unix(1_700_000_000, 0)}
 	rec := &endRecorder{}
-	s, err := New(Config{Router: rc, Clock: clock.Now, Rand: rand.New(rand.NewPCG(1, 2)), OnBookingEnd: rec.record})
+	s, err := New(Config{Router: rc, Clock: clock.Now, Rand: rand.New(rand.NewPCG(1, 2)), OnBookingEnd: rec.record, KeepsEstimatedEnds: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -468,5 +468,23 @@ func TestEngineCountsSeeABookingWhosePromptWasStored(t *testing.T) {
 		if _, err := s.resv.Booked(id); (err == nil) != want {
 			t.Errorf("%s booked = %v after the engine reported none running, want %v", id, err == nil, want)
 		}
+	}
+}
+
+// TestNoWatchesWithoutEstimatedEnds: a service whose fronts never keep a
+// booking to an estimated end gives no booking a watch.
+func TestNoWatchesWithoutEstimatedEnds(t *testing.T) {
+	rc := routerconfig.Default()
+	rc.UseKVEvents = false
+	s, err := New(Config{Router: rc, Rand: rand.New(rand.NewPCG(1, 2))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustUpsert(t, s, workerRec(1))
+	if _, err := s.SelectAndReserve(bg, selReq("n", 1, 2, 3, 4, 5, 6, 7, 8)); err != nil {
+		t.Fatal(err)
+	}
+	if s.resv.Watching() {
+		t.Fatal("a booking watches for a first token no front will use")
 	}
 }

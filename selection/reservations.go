@@ -74,7 +74,9 @@ func (s *Service) reserveExplicit(ctx context.Context, key index.Partition, req 
 	// Its last block is watched, but without a lookup whether the rank
 	// holds it, no first token is awaited (Row.StoreExpected).
 	row := &reservation.Row{Part: p, Worker: w, Expected: req.ExpectedOutputTokens}
-	row.LastBlock, row.LastBlockKnown = pr.lastBlock()
+	if s.watchFirstTokens {
+		row.LastBlock, row.LastBlockKnown = pr.lastBlock()
+	}
 	s.resv.Install(id, row)
 	s.repl.added(p, &b, pr.lora)
 	return &ReservationResponse{SelectionID: id, ModelName: key.Model, RoutingGroup: key.RoutingGroup,

@@ -149,7 +149,9 @@ func (s *Service) SelectAndReserve(ctx context.Context, req *SelectRequest) (*Se
 		prefillID = dis.prefillID
 	}
 	row := &reservation.Row{Part: p, Worker: d.worker, Lease: lease, Prefill: prefillID, Expected: booking.ExpectedOutputTokens}
-	row.LastBlock, row.LastBlockKnown = pr.lastBlock()
+	if s.watchFirstTokens {
+		row.LastBlock, row.LastBlockKnown = pr.lastBlock()
+	}
 	// Cached on the rank, the last block is not stored again: no first
 	// token will be reported.
 	row.StoreExpected = row.LastBlockKnown && d.scored.CachedTokens < len(pr.locals)*int(p.BlockSize())

@@ -108,6 +108,12 @@ type Config struct {
 	// seen (with the estimate it would have had), for metrics; called with
 	// no service lock held.
 	OnBookingEnd func(BookingEndEvent)
+	// KeepsEstimatedEnds says a front may keep bookings to an estimated
+	// end (EndByEstimate): every booking of a prompt hashed from its token
+	// ids then watches its engine's KV events for its first token
+	// (prefillseen.go). Off, EndByEstimate works on the estimate alone, and
+	// bookings pay nothing for a watch nobody reads.
+	KeepsEstimatedEnds bool
 }
 
 // Service is the embedded selection service. It is safe for concurrent use.
@@ -206,6 +212,8 @@ type Service struct {
 	// before that signals endsWake.
 	endsWake  chan struct{}
 	endsArmed atomic.Int64
+	// watchFirstTokens is Config.KeepsEstimatedEnds.
+	watchFirstTokens bool
 }
 
 // New validates cfg and returns the service.
@@ -269,7 +277,8 @@ func New(cfg Config) (*Service, error) {
 	}
 	s := &Service{
 		ends: ends, onBookingEnd: cfg.OnBookingEnd, endsWake: make(chan struct{}, 1),
-		flowCfg: flowCfg, onFlow: cfg.OnFlow,
+		watchFirstTokens: cfg.KeepsEstimatedEnds,
+		flowCfg:          flowCfg, onFlow: cfg.OnFlow,
 		disagg:    decisionlog.Disagg{OnPool: cfg.OnPrefillPool},
 		engineCfg: engineCfg,
 		set:       set, router: cfg.Router, clock: clock,

@@ -72,6 +72,7 @@ func (f *bookingEndFlags) validate() []error {
 func (f *bookingEndFlags) apply(cfg *selection.Config, m *bookingEndMetrics) {
 	cfg.BookingEnd = bookingend.Config{Max: f.max, OutputTokens: f.outputTokens}
 	cfg.OnBookingEnd = m.observe
+	cfg.KeepsEstimatedEnds = f.keepsEnds()
 }
 
 // bookingEndMetrics compare the estimated lifetimes of bookings with the
