@@ -86,11 +86,6 @@ func (s *Service) firstTokenSeen(ft reservation.FirstToken, now time.Time) {
 		_ = s.ResponseBegan(context.Background(), ft.ID, false) // not found: freed meanwhile
 	}
 	s.wakeEnds(ft.Due)
-	e, ok := s.resv.EndOf(ft.ID)
-	r, err := s.resv.Booked(ft.ID)
-	if !ok || err != nil {
-		return
-	}
-	s.onBookingEnd(BookingEndEvent{Kind: BookingFirstTokenSeen, Model: r.Part.Key().Model,
-		Estimated: e.TTFT.Seconds(), Actual: max(now.Sub(e.Start), 0).Seconds()})
+	s.onBookingEnd(BookingEndEvent{Kind: BookingFirstTokenSeen, Model: ft.Part.Key().Model,
+		Estimated: ft.TTFT.Seconds(), Actual: max(now.Sub(ft.Start), 0).Seconds()})
 }

@@ -368,11 +368,15 @@ func (t *Table) current(d dueEntry) bool {
 
 // FirstToken is a booking whose first token an engine reported (Stored):
 // Due is when its estimated end now comes; Began says the caller completes
-// its prefill, which the estimate had not done yet.
+// its prefill, which the estimate had not done yet. Part, Start and TTFT
+// are its row's and its estimate's, for the caller's metrics.
 type FirstToken struct {
 	ID    string
 	Due   time.Time
 	Began bool
+	Part  *partition.Partition
+	Start time.Time
+	TTFT  time.Duration
 }
 
 // Watching reports whether any row waits for its prompt's last block, so a
@@ -446,7 +450,7 @@ func (t *Table) stored(rank watchRank, blocks []index.Block, now time.Time, maxL
 			}
 			began := r.end.firstTokenSeen(now, r.end.Start.Add(maxLife))
 			t.schedule(id, r.end)
-			out = append(out, FirstToken{ID: id, Due: r.end.due(), Began: began})
+			out = append(out, FirstToken{ID: id, Due: r.end.due(), Began: began, Part: r.Part, Start: r.end.Start, TTFT: r.end.TTFT})
 		}
 	}
 	return out
