@@ -24,15 +24,16 @@ type requestBody struct {
 
 	// The other formats' fields, raw: what they may hold depends on the
 	// format, which they help detect.
-	System          json.RawMessage `json:"system"`            // Anthropic
-	MaxTokens       json.RawMessage `json:"max_tokens"`        // Anthropic
-	Input           json.RawMessage `json:"input"`             // Responses
-	Instructions    json.RawMessage `json:"instructions"`      // Responses
-	MaxOutputTokens json.RawMessage `json:"max_output_tokens"` // Responses
-	InputIDs        json.RawMessage `json:"input_ids"`         // SGLang
-	Text            json.RawMessage `json:"text"`              // SGLang
-	TokenIDs        json.RawMessage `json:"token_ids"`         // vLLM generate
-	SamplingParams  json.RawMessage `json:"sampling_params"`   // SGLang, vLLM generate
+	System          json.RawMessage `json:"system"`                // Anthropic
+	MaxTokens       json.RawMessage `json:"max_tokens"`            // Anthropic, OpenAI
+	MaxCompletion   json.RawMessage `json:"max_completion_tokens"` // OpenAI chat
+	Input           json.RawMessage `json:"input"`                 // Responses
+	Instructions    json.RawMessage `json:"instructions"`          // Responses
+	MaxOutputTokens json.RawMessage `json:"max_output_tokens"`     // Responses
+	InputIDs        json.RawMessage `json:"input_ids"`             // SGLang
+	Text            json.RawMessage `json:"text"`                  // SGLang
+	TokenIDs        json.RawMessage `json:"token_ids"`             // vLLM generate
+	SamplingParams  json.RawMessage `json:"sampling_params"`       // SGLang, vLLM generate
 
 	// lifted are the id arrays read in place (liftTokenIDs); their fields
 	// above hold "[]" then.
@@ -67,7 +68,8 @@ type parsedBody struct {
 	osl      *uint32
 	// maxOutput is the request's output limit (Anthropic max_tokens,
 	// Responses max_output_tokens, sampling_params' max_new_tokens or
-	// max_tokens); nil when not given, and never read from OpenAI bodies.
+	// max_tokens, OpenAI's max_completion_tokens or max_tokens); nil when
+	// not given.
 	maxOutput *uint32
 	session   string
 	hasField  bool // the body was a JSON object (possibly without a prompt)
@@ -124,6 +126,7 @@ func parseBodyLifting(b []byte, path string, liftFrom int) (parsedBody, error) {
 	if out.format = detectFormat(path, &rb); out.format != formatOpenAI {
 		return out, parseOtherFormat(&rb, &out)
 	}
+	out.maxOutput = openAILimit(rb.MaxCompletion, rb.MaxTokens)
 	tokens, text, err := parsePrompt(rb.Prompt)
 	if rb.lifted.prompt != nil {
 		tokens = rb.lifted.prompt

@@ -429,6 +429,21 @@ func optionalCount(name string, raw json.RawMessage) (*uint32, error) {
 	return &n, nil
 }
 
+// openAILimit is an OpenAI body's output limit: max_completion_tokens,
+// which supersedes max_tokens in chat completions as vLLM reads them
+// (vllm/entrypoints/openai/protocol.py, ChatCompletionRequest), else
+// max_tokens; nil when neither is a count. Unlike the other formats' limits
+// a malformed one is not the picker's 400: the limit only bounds an
+// estimated end, and the engine judges its own request fields.
+func openAILimit(maxCompletion, maxTokens json.RawMessage) *uint32 {
+	for _, raw := range []json.RawMessage{maxCompletion, maxTokens} {
+		if n, err := optionalCount("", raw); err == nil && n != nil {
+			return n
+		}
+	}
+	return nil
+}
+
 // samplingMax reads the output limit named name from sampling_params: an
 // object, or (SGLang's batch) an array of them whose first applies.
 func samplingMax(name string, raw json.RawMessage) (*uint32, error) {

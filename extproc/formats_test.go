@@ -159,6 +159,26 @@ func TestParseGenerate(t *testing.T) {
 	})
 }
 
+// OpenAI's output limits bound an estimated end; a malformed one is the
+// engine's to refuse, not the picker's.
+func TestParseOpenAILimits(t *testing.T) {
+	const c, chat = "/v1/completions", "/v1/chat/completions"
+	msgs := `"messages":[{"role":"user","content":"q"}]`
+	runFormatCases(t, []formatCase{
+		{name: "completions max_tokens", path: c, format: formatOpenAI, tokens: []uint32{1, 2}, maxOutput: 16,
+			body: `{"prompt":[1,2],"max_tokens":16}`},
+		{name: "chat max_completion_tokens wins", path: chat, format: formatOpenAI, text: "user\nq\n", textFrom: textChat, maxOutput: 7,
+			body: `{` + msgs + `,"max_tokens":100,"max_completion_tokens":7}`},
+		{name: "chat max_tokens", path: chat, format: formatOpenAI, text: "user\nq\n", textFrom: textChat, maxOutput: 100,
+			body: `{` + msgs + `,"max_tokens":100}`},
+		{name: "null", path: c, format: formatOpenAI, tokens: []uint32{1}, body: `{"prompt":[1],"max_tokens":null}`},
+		{name: "malformed: no limit, no error", path: c, format: formatOpenAI, tokens: []uint32{1}, body: `{"prompt":[1],"max_tokens":"many"}`},
+		{name: "negative: no limit", path: c, format: formatOpenAI, tokens: []uint32{1}, body: `{"prompt":[1],"max_tokens":-1}`},
+		{name: "malformed completion limit falls back", path: chat, format: formatOpenAI, text: "user\nq\n", textFrom: textChat, maxOutput: 3,
+			body: `{` + msgs + `,"max_completion_tokens":1.5,"max_tokens":3}`},
+	})
+}
+
 // The same conversation renders the same text in every format that can
 // carry it, so a conversation keeps its cached prefix whichever API its
 // client speaks, and each turn extends the text of the turn before.

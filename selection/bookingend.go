@@ -11,6 +11,7 @@ package selection
 // would have.
 
 import (
+	"cmp"
 	"context"
 	"math"
 	"time"
@@ -44,6 +45,11 @@ const (
 	// kept to an estimated end (prefillseen.go); Estimated is its
 	// estimated time to first token, Actual the one seen.
 	BookingFirstTokenSeen
+	// BookingDecodeSeen: the engine stored a block of a booking's output
+	// (reservation/decode.go) and its estimated end moved; Estimated is
+	// its new estimated lifetime, Actual the output tokens its stored
+	// blocks hold.
+	BookingDecodeSeen
 )
 
 // endBy says who ends a booking (free).
@@ -75,8 +81,9 @@ type BookingEndEvent struct {
 	Model             string
 	Estimated, Actual float64
 	// Unseen, on BookingEndedByEstimate: the booking waited for a first
-	// token its engine never reported, and was freed when it gave up.
-	Unseen bool
+	// token its engine never reported, and was freed when it gave up;
+	// UnseenBlock the same for a block of its output.
+	Unseen, UnseenBlock bool
 }
 
 // EndByEstimate keeps booking id until its estimated end instead of
@@ -94,7 +101,8 @@ func (s *Service) EndByEstimate(ctx context.Context, id string, limit int) (time
 	}
 	now := s.clock()
 	est, start := s.estimate(r, limit, now)
-	e := reservation.End{Start: start, PrefillAt: start.Add(est.TTFT), At: start.Add(est.Lifetime), Lifetime: est.Lifetime, TTFT: est.TTFT}
+	e := reservation.End{Start: start, PrefillAt: start.Add(est.TTFT), At: start.Add(est.Lifetime), Lifetime: est.Lifetime, TTFT: est.TTFT,
+		Tokens: est.Tokens, Limit: limit, ITL: est.ITL, MaxLife: s.ends.Config().Max}
 	e.Await = s.await(r, e)
 	if !s.resv.SetEnd(id, r, e) {
 		if _, err := s.resv.Booked(id); err != nil {
@@ -213,7 +221,7 @@ func (s *Service) endByEngineCounts(rec *catalog.Record, snap EngineSnapshot) {
 			}
 			ranks = rec.Ranks()
 		}
-		ids := s.resv.EndingOn(p, rec.WorkerID, ranks, snap.At.Add(-engineGrace))
+		ids := s.resv.EndingOn(p, rec.WorkerID, ranks, snap.At.Add(-engineGrace), cmp.Or(snap.Asked, snap.At))
 		for _, id := range ids[:max(len(ids)-int(math.Ceil(n)), 0)] {
 			_ = s.free(context.Background(), id, endByEngine) // not found: freed meanwhile
 		}

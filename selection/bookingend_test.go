@@ -443,9 +443,10 @@ func TestTextPromptsAreNotWatched(t *testing.T) {
 
 // TestEngineCountsSeeABookingWhosePromptWasStored: a booking younger than
 // the scrape's grace is compared with the engine's counts once the engine
-// stored its prompt, since it has reached the engine.
+// stored its prompt, since it has reached the engine: by counts asked for
+// after that, not by a scrape sent before it and answered after.
 func TestEngineCountsSeeABookingWhosePromptWasStored(t *testing.T) {
-	s, _, _ := newEndService(t)
+	s, clock, _ := newEndService(t)
 	for _, id := range []string{"stored", "unseen"} {
 		req := selReq(id, 1, 2, 3, 4, 5, 6, 7, 8)
 		if id == "unseen" {
@@ -459,8 +460,15 @@ func TestEngineCountsSeeABookingWhosePromptWasStored(t *testing.T) {
 		}
 	}
 	row, _ := s.resv.Booked("stored")
+	asked := s.clock()
+	clock.Add(time.Millisecond)
 	s.storedSeen(row.Part.Key(), []index.Event{{Worker: row.Worker, Kind: index.EventStored,
 		Blocks: []index.Block{{Ext: 1, Local: row.LastBlock}}}})
+	clock.Add(time.Millisecond)
+	s.ReportEngineMetrics(1, EngineSnapshot{At: s.clock(), Asked: asked, Ranks: map[uint32]EngineRank{AllRanks: {}}})
+	if _, err := s.resv.Booked("stored"); err != nil {
+		t.Fatal("counts asked for before the prompt was stored ended its booking")
+	}
 	if !s.ReportEngineMetrics(1, EngineSnapshot{At: s.clock(), Ranks: map[uint32]EngineRank{AllRanks: {}}}) {
 		t.Fatal("report dropped")
 	}
@@ -486,5 +494,76 @@ func TestNoWatchesWithoutEstimatedEnds(t *testing.T) {
 	}
 	if s.resv.Watching() {
 		t.Fatal("a booking watches for a first token no front will use")
+	}
+}
+
+// TestOutputBlocksMoveTheEstimatedEnd: after the first token, the blocks of
+// output its engine stores, each chained to the one before, give the
+// decode's pace; the end moves to the output left at that pace.
+func TestOutputBlocksMoveTheEstimatedEnd(t *testing.T) {
+	s, clock, rec := newEndService(t)
+	// 9 tokens in blocks of 4: two full blocks and 1 token past them, so
+	// 3 output tokens complete the first block of output.
+	req := selReq("w", 1, 2, 3, 4, 5, 6, 7, 8, 9)
+	req.ExpectedOutputTokens = ptr(uint32(100))
+	if _, err := s.SelectAndReserve(bg, req); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.EndByEstimate(bg, "w", 20); err != nil { // max_tokens 20
+		t.Fatal(err)
+	}
+	row, _ := s.resv.Booked("w")
+	if row.FirstDecodeBlock != 3 {
+		t.Fatalf("first output block completes after %d tokens, want 3", row.FirstDecodeBlock)
+	}
+	est, _ := s.resv.EndOf("w")
+	if est.Tokens != 20 || est.Limit != 20 {
+		t.Fatalf("estimate assumed %d tokens, limit %d; want 20 and 20 (the limit bounds the expectation)", est.Tokens, est.Limit)
+	}
+	part := row.Part.Key()
+	first := est.PrefillAt
+	clock.Add(first.Sub(clock.Now()))
+	s.storedSeen(part, storedEvent(1, row.LastBlock))
+	output := func(parent uint64, blocks ...uint64) []index.Event {
+		evs := storedEvent(1, blocks...)
+		evs[0].Parent, evs[0].HasParent = parent, true
+		return evs
+	}
+	// 3 tokens: too few to pace, the end stays.
+	clock.Add(30 * time.Millisecond)
+	before, _ := s.resv.EndOf("w")
+	s.storedSeen(part, output(row.LastBlock, 1000))
+	if got, _ := s.resv.EndOf("w"); !got.At.Equal(before.At) || rec.count(BookingDecodeSeen) != 1 {
+		t.Fatalf("end %v after 3 tokens (was %v), %d output blocks seen", got.At, before.At, rec.count(BookingDecodeSeen))
+	}
+	s.storedSeen(part, output(row.LastBlock^1, 2000)) // chained to another block
+	// 7 tokens 70 ms after the first: 10 ms each, 8 sampled, 12 left.
+	clock.Add(first.Add(70 * time.Millisecond).Sub(clock.Now()))
+	s.storedSeen(part, output(1000, 1001))
+	want := first.Add(190 * time.Millisecond)
+	if got, _ := s.resv.EndOf("w"); !got.At.Equal(want) || rec.count(BookingDecodeSeen) != 2 {
+		t.Fatalf("end at %v from the first token, want 190ms; %d output blocks seen", got.At.Sub(first), rec.count(BookingDecodeSeen))
+	}
+	// The next block should come before then: the booking waits for it.
+	clock.Add(want.Sub(clock.Now()))
+	s.MaintainEnds(bg)
+	if s.Inspect().EstimatedEnds() != 1 {
+		t.Fatal("freed at its paced end while its next output block was due")
+	}
+	// The blocks come at the same pace; the last one (19 computed, 20
+	// sampled: the limit) ends it now.
+	for i, ms := range []int{110, 150, 190} {
+		clock.Add(first.Add(time.Duration(ms) * time.Millisecond).Sub(clock.Now()))
+		s.storedSeen(part, output(uint64(1001+i), uint64(1002+i)))
+		if got, _ := s.resv.EndOf("w"); !got.At.Equal(want) {
+			t.Fatalf("end at %v after the block at %d ms, want 190ms", got.At.Sub(first), ms)
+		}
+	}
+	s.MaintainEnds(bg)
+	if s.Inspect().EstimatedEnds() != 0 || s.resv.Watching() {
+		t.Fatalf("at the paced end: %d ends left, watching %v", s.Inspect().EstimatedEnds(), s.resv.Watching())
+	}
+	if n := rec.count(BookingDecodeSeen); n != 5 {
+		t.Fatalf("%d output blocks seen, want 5", n)
 	}
 }

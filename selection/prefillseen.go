@@ -29,6 +29,7 @@ import (
 	"time"
 
 	"github.com/kvselect/kvselect/selection/index"
+	"github.com/kvselect/kvselect/selection/partition"
 	"github.com/kvselect/kvselect/selection/reservation"
 )
 
@@ -72,10 +73,21 @@ func (s *Service) storedSeen(key index.Partition, evs []index.Event) {
 		if ev.Kind != index.EventStored || ev.Tier != index.TierDevice || len(ev.Blocks) == 0 {
 			continue
 		}
+		if pr, ok := s.resv.Decoded(p, ev, p.BlockSize(), now, maxLife); ok {
+			s.decodeSeen(p, pr)
+		}
 		for _, ft := range s.resv.Stored(p, ev.Worker, ev.Blocks, now, maxLife) {
 			s.firstTokenSeen(ft, now)
 		}
 	}
+}
+
+// decodeSeen acts on a booking's decode progress an engine reported: the
+// ends loop wakes if the end came nearer.
+func (s *Service) decodeSeen(p *partition.Partition, pr reservation.Progress) {
+	s.wakeEnds(pr.Due)
+	s.onBookingEnd(BookingEndEvent{Kind: BookingDecodeSeen, Model: p.Key().Model,
+		Estimated: max(pr.Due.Sub(pr.Start), 0).Seconds(), Actual: float64(pr.Generated)})
 }
 
 // firstTokenSeen acts on a first token an engine reported: the prefill

@@ -242,6 +242,22 @@ func (pr *prompt) lastBlock() (hash uint64, ok bool) {
 	return pr.locals[len(pr.locals)-1], true
 }
 
+// firstDecodeBlock is how many output tokens complete the block after the
+// prompt's last full one: the block size less the prompt's tokens past
+// that block. 0 when the engine's events cannot name the prompt's blocks
+// (lastBlock) or the input length does not fit its block hashes (a client
+// that sent fewer hashes than full blocks).
+func (pr *prompt) firstDecodeBlock(blockSize uint32) uint32 {
+	if _, ok := pr.lastBlock(); !ok || blockSize == 0 {
+		return 0
+	}
+	past := pr.isl - len(pr.locals)*int(blockSize)
+	if past < 0 || past >= int(blockSize) {
+		return 0
+	}
+	return blockSize - uint32(past)
+}
+
 // promptUse selects the validation rules: selection-like calls need all three
 // hash-path fields, the explicit reservation only sequence hashes and length.
 type promptUse uint8

@@ -76,6 +76,7 @@ func (s *Service) reserveExplicit(ctx context.Context, key index.Partition, req 
 	row := &reservation.Row{Part: p, Worker: w, Expected: req.ExpectedOutputTokens}
 	if s.watchFirstTokens {
 		row.LastBlock, row.LastBlockKnown = pr.lastBlock()
+		row.FirstDecodeBlock = pr.firstDecodeBlock(p.BlockSize())
 	}
 	s.resv.Install(id, row)
 	s.repl.added(p, &b, pr.lora)
@@ -245,7 +246,7 @@ func (s *Service) free(ctx context.Context, id string, by endBy) error {
 	switch {
 	case by == endByEstimate:
 		s.onBookingEnd(BookingEndEvent{Kind: BookingEndedByEstimate, Model: r.Part.Key().Model, Estimated: end.Lifetime.Seconds(),
-			Unseen: end.Awaited()})
+			Unseen: end.Awaited(), UnseenBlock: end.BlockAwaited()})
 	case by == endByEngine:
 		s.onBookingEnd(BookingEndEvent{Kind: BookingEndedByEngine, Model: r.Part.Key().Model, Estimated: end.Lifetime.Seconds(),
 			Actual: max(now.Sub(end.Start), 0).Seconds()})

@@ -151,6 +151,7 @@ func (s *Service) SelectAndReserve(ctx context.Context, req *SelectRequest) (*Se
 	row := &reservation.Row{Part: p, Worker: d.worker, Lease: lease, Prefill: prefillID, Expected: booking.ExpectedOutputTokens}
 	if s.watchFirstTokens {
 		row.LastBlock, row.LastBlockKnown = pr.lastBlock()
+		row.FirstDecodeBlock = pr.firstDecodeBlock(p.BlockSize())
 	}
 	// Cached on the rank, the last block is not stored again: no first
 	// token will be reported.

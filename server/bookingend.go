@@ -85,6 +85,7 @@ type bookingEndMetrics struct {
 	relErr    *prometheus.HistogramVec // by model
 	ended     *prometheus.CounterVec   // by model and how
 	firstErr  *prometheus.HistogramVec // by model
+	decoded   *prometheus.CounterVec   // by model
 }
 
 func newBookingEndMetrics() *bookingEndMetrics {
@@ -110,9 +111,13 @@ func newBookingEndMetrics() *bookingEndMetrics {
 			Help:    "Estimated minus seen time to first token of each booking kept to an estimated end whose first token its engine's KV events showed (the prompt's last block stored), by model: negative when the estimate was early (the request waited in the engine's queue); its end moved by as much.",
 			Buckets: []float64{-5, -1, -0.5, -0.25, -0.1, -0.05, -0.01, 0, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 5},
 		}, []string{"model"}),
+		decoded: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvselect_booking_decode_blocks_seen_total",
+			Help: "Blocks of output its engine's KV events showed stored for a booking kept to an estimated end (its decode advancing a block), each moving the booking's end to the output left at the pace seen, by model.",
+		}, []string{"model"}),
 		ended: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvselect_bookings_ended_by_estimate_total",
-			Help: "Bookings kept to an estimated end (their end was never reported) and freed, by model and how: estimated_end (at the estimate), first_token_unseen (later: it waited for its engine to report beginning it, and gave up) or engine_counts (earlier: their engine reported fewer running and waiting requests than such bookings on the rank).",
+			Help: "Bookings kept to an estimated end (their end was never reported) and freed, by model and how: estimated_end (at the estimate, moved by the first token and the output blocks its engine's KV events showed), first_token_unseen (later: it waited for its engine to report beginning it, and gave up), output_block_unseen (later: it waited for a block of output its engine should have stored before the estimated end, and gave up) or engine_counts (earlier: their engine reported fewer running and waiting requests than such bookings on the rank).",
 		}, []string{"model", "how"}),
 	}
 }
@@ -123,14 +128,19 @@ func (m *bookingEndMetrics) observe(ev selection.BookingEndEvent) {
 		m.estimated.WithLabelValues(ev.Model, "estimate").Observe(ev.Estimated)
 	case selection.BookingEndedByEstimate:
 		how := "estimated_end"
-		if ev.Unseen {
+		switch {
+		case ev.Unseen:
 			how = "first_token_unseen"
+		case ev.UnseenBlock:
+			how = "output_block_unseen"
 		}
 		m.ended.WithLabelValues(ev.Model, how).Inc()
 	case selection.BookingEndedByEngine:
 		m.ended.WithLabelValues(ev.Model, "engine_counts").Inc()
 	case selection.BookingFirstTokenSeen:
 		m.firstErr.WithLabelValues(ev.Model).Observe(ev.Estimated - ev.Actual)
+	case selection.BookingDecodeSeen:
+		m.decoded.WithLabelValues(ev.Model).Inc()
 	case selection.BookingEndSeen:
 		m.estimated.WithLabelValues(ev.Model, "seen").Observe(ev.Estimated)
 		m.actual.WithLabelValues(ev.Model).Observe(ev.Actual)
@@ -145,6 +155,7 @@ func (m *bookingEndMetrics) Describe(ch chan<- *prometheus.Desc) {
 	m.relErr.Describe(ch)
 	m.ended.Describe(ch)
 	m.firstErr.Describe(ch)
+	m.decoded.Describe(ch)
 }
 
 // Collect implements prometheus.Collector.
@@ -154,4 +165,5 @@ func (m *bookingEndMetrics) Collect(ch chan<- prometheus.Metric) {
 	m.relErr.Collect(ch)
 	m.ended.Collect(ch)
 	m.firstErr.Collect(ch)
+	m.decoded.Collect(ch)
 }

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/kvselect/kvselect/bench/ngf"
+	"github.com/kvselect/kvselect/bench/promtext"
 	"github.com/kvselect/kvselect/internal/peerproc"
 	"github.com/kvselect/kvselect/internal/proctest"
 )
@@ -388,6 +389,23 @@ func TestNGFInFlightBookings(t *testing.T) {
 		}
 	}
 	proctest.Eventually(t, "/loads counting no request in flight", 15*time.Second, func() bool { return k.activeRequests() == 0 })
+
+	// What the engines' KV events told of requests NGF never showed: each
+	// one's first token (its prompt's last block stored), then its output
+	// a block at a time (40 prompt tokens: the first output block is full
+	// after 8 tokens, then every 16). Which of the later blocks arrive
+	// before the engine counts end a booking is timing; the first of each
+	// is not.
+	m, err := promtext.Scrape(t.Context(), http.DefaultClient, k.rest()+"/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := m.Sum("kvselect_booking_first_token_error_seconds_count"); n != inFlight {
+		t.Errorf("%v first tokens seen, want %d", n, inFlight)
+	}
+	if n := m.Sum("kvselect_booking_decode_blocks_seen_total"); n < inFlight {
+		t.Errorf("%v output blocks seen, want at least one per request (%d)", n, inFlight)
+	}
 }
 
 // TestNGFReadsTheDestinationFromTheHeadersResponse pins the shim's one place

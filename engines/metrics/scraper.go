@@ -209,10 +209,10 @@ func (s *Scraper) Run(ctx context.Context) {
 // ScrapeOnce scrapes one target and reports the result to the core; it
 // returns the snapshot reported.
 func (s *Scraper) ScrapeOnce(ctx context.Context, t selection.EngineTarget) selection.EngineSnapshot {
-	start := time.Now()
+	start, asked := time.Now(), s.opts.Clock()
 	ranks, reason, err := s.fetch(ctx, t)
 	s.m.observe(time.Since(start))
-	snap := selection.EngineSnapshot{At: s.opts.Clock(), Ranks: ranks}
+	snap := selection.EngineSnapshot{At: s.opts.Clock(), Asked: asked, Ranks: ranks}
 	if err != nil {
 		snap.Ranks, snap.Err = nil, err.Error()
 		s.opts.Logger.Debug("engine metrics: scrape failed", "worker_id", t.WorkerID, "url", t.URL, "reason", reason, "err", err)

@@ -87,10 +87,10 @@ type Request struct {
 
 // Estimate is an estimated course: the first token after TTFT, the end
 // after Lifetime, both from the booking's start; Tokens is the output length
-// it assumed.
+// it assumed, ITL the inter-token latency.
 type Estimate struct {
-	TTFT, Lifetime time.Duration
-	Tokens         int
+	TTFT, Lifetime, ITL time.Duration
+	Tokens              int
 }
 
 // Estimator learns each model's output lengths and estimates lifetimes.
@@ -170,7 +170,7 @@ func (e *Estimator) Estimate(model string, r Request) Estimate {
 	}
 	ttft, itl := finite(r.TTFT), finite(r.ITL)
 	life := min(seconds(ttft+tokens*itl), e.cfg.Max)
-	return Estimate{TTFT: min(seconds(ttft), life), Lifetime: life, Tokens: int(math.Round(tokens))}
+	return Estimate{TTFT: min(seconds(ttft), life), Lifetime: life, ITL: seconds(itl), Tokens: int(math.Round(tokens))}
 }
 
 // finite is a non-negative finite prediction, 0 for anything else.

@@ -134,8 +134,10 @@ func (c *Config) kvFull(r Rank) bool {
 
 // Snapshot is one scrape of a worker's engine.
 type Snapshot struct {
-	// At is when the scrape was taken, on the service's clock.
-	At time.Time
+	// At is when the scrape was taken, on the service's clock; Asked, when
+	// set, when it was sent: the figures are from between the two (zero:
+	// At).
+	At, Asked time.Time
 	// Err is non-empty when the scrape failed; the figures are then ignored
 	// and the last good ones age until they are stale.
 	Err string

@@ -48,15 +48,27 @@ type Row struct {
 	// the decision: its engine will store it (and say so) when it begins
 	// the request.
 	StoreExpected bool
-	booked        bool
+	// FirstDecodeBlock is how many output tokens complete the first block
+	// after the prompt's last full one (the block size less the prompt's
+	// tokens past that block), 0 when unknown: the engine stores that block,
+	// chained to the prompt's, once its decode has produced them
+	// (decode.go).
+	FirstDecodeBlock uint32
+	booked           bool
 	// stored is when the engine stored the prompt's last block before the
-	// row had an estimated end (Stored); guarded by the table's mutex.
-	stored time.Time
+	// row had an estimated end (Stored), storedExt that block's engine
+	// hash; guarded by the table's mutex.
+	stored    time.Time
+	storedExt uint64
 	// watchedOn is the block the row's watch waits for (Install) while
 	// watching: a moved row keeps its predecessor's. Guarded by the
 	// table's mutex.
 	watchedOn watchKey
 	watching  bool
+	// decodeOn is the block whose child the row's decode watch waits for
+	// (decode.go) while decoding.
+	decodeOn watchKey
+	decoding bool
 	// end is the booking's estimated end once its response path was lost
 	// (SetEnd); guarded by the table's mutex, the one field set after
 	// installation, so the row stays the same row for Move's comparison.
@@ -74,22 +86,38 @@ type Row struct {
 // the prompt's last block, PrefillSeen): until it does the booking is not
 // freed at At but at Await, when it gives up waiting. A request still in
 // its engine's queue at its estimated end is still in flight.
+//
+// Tokens is the output length the estimate assumed, Limit the request's
+// max_tokens (0: none) and ITL the predicted inter-token latency: the
+// decode's progress in the engine's KV events moves At by them (decode.go),
+// never past Start plus MaxLife.
 type End struct {
 	Start, PrefillAt, At time.Time
 	Lifetime, TTFT       time.Duration
 	Await                time.Time
+	Tokens, Limit        int
+	ITL, MaxLife         time.Duration
 	prefillDone          bool
 	seen                 bool // the engine reported the first token (PrefillSeen)
+	// firstAt is when the first token was seen, generated how many output
+	// tokens the blocks stored since then hold, blockDue until when the
+	// next block of output is awaited (zero: none is; decode.go).
+	firstAt   time.Time
+	generated int
+	blockDue  time.Time
 }
 
 // Awaited reports whether e waited for a first token that was not seen.
 func (e *End) Awaited() bool { return !e.Await.IsZero() && !e.seen }
 
 // due is when the end comes: At, or Await while the first token that is
-// awaited was not seen.
+// awaited was not seen, or blockDue while a block of output is awaited.
 func (e *End) due() time.Time {
 	if !e.Await.IsZero() && !e.seen && e.Await.After(e.At) {
 		return e.Await
+	}
+	if e.BlockAwaited() {
+		return e.blockDue
 	}
 	return e.At
 }
@@ -108,7 +136,7 @@ func (e *End) firstTokenSeen(now, latest time.Time) (began bool) {
 	if e.At.Before(now) {
 		e.At = now
 	}
-	e.PrefillAt = now
+	e.PrefillAt, e.firstAt = now, now
 	began = !e.prefillDone
 	e.prefillDone = true
 	return began
@@ -140,6 +168,11 @@ type Table struct {
 	watched   map[watchKey]watchIDs
 	watches   atomic.Int64
 	lastStore map[watchRank]time.Time
+	// decoding are the rows whose first token was seen, by the last block
+	// of theirs the engine stored: the next one it stores is chained to it
+	// (decode.go); decodes counts them, read without the lock.
+	decoding map[watchKey]watchIDs
+	decodes  atomic.Int64
 }
 
 // watchRank is one rank of one partition; watchKey a block on it.
@@ -200,26 +233,26 @@ func (t *Table) Install(id string, row *Row) {
 	}
 	t.rows[id] = row
 	if row.LastBlockKnown {
-		if t.watched == nil {
-			t.watched = make(map[watchKey]watchIDs)
-		}
 		k := watchKey{watchRank{row.Part, row.Worker}, row.LastBlock}
 		row.watchedOn, row.watching = k, true
-		if w, ok := t.watched[k]; ok {
-			w.more = append(w.more, id)
-			t.watched[k] = w
-		} else {
-			t.watched[k] = watchIDs{first: id}
-		}
+		add(&t.watched, id, k)
 		t.watches.Add(1)
 	}
 }
 
 // unwatch forgets id's watch on k. Called with t.mu held.
 func (t *Table) unwatch(id string, k watchKey) {
-	w, ok := t.watched[k]
+	if forget(t.watched, id, k) {
+		t.watches.Add(-1)
+	}
+}
+
+// forget takes id out of the ids watching k in m, reporting whether it was
+// there.
+func forget(m map[watchKey]watchIDs, id string, k watchKey) bool {
+	w, ok := m[k]
 	if !ok {
-		return
+		return false
 	}
 	switch i := slices.Index(w.more, id); {
 	case i >= 0:
@@ -227,14 +260,26 @@ func (t *Table) unwatch(id string, k watchKey) {
 	case w.first == id && len(w.more) > 0:
 		w.first, w.more = w.more[0], w.more[1:]
 	case w.first == id:
-		delete(t.watched, k)
-		t.watches.Add(-1)
-		return
+		delete(m, k)
+		return true
 	default:
-		return
+		return false
 	}
-	t.watched[k] = w
-	t.watches.Add(-1)
+	m[k] = w
+	return true
+}
+
+// add appends id to the ids watching k in m, allocating m when nil.
+func add(m *map[watchKey]watchIDs, id string, k watchKey) {
+	if *m == nil {
+		*m = make(map[watchKey]watchIDs)
+	}
+	if w, ok := (*m)[k]; ok {
+		w.more = append(w.more, id)
+		(*m)[k] = w
+	} else {
+		(*m)[k] = watchIDs{first: id}
+	}
 }
 
 // Booked returns id's booked row. An id that is only claimed (its booking
@@ -266,6 +311,9 @@ func (t *Table) Drop(id string) (lease *affinity.Lease, ok bool) {
 	if r.watching {
 		t.unwatch(id, r.watchedOn)
 	}
+	if r.decoding {
+		t.undecode(id, r.decodeOn)
+	}
 	return r.Lease, true
 }
 
@@ -295,8 +343,9 @@ func (t *Table) Move(id string, read *Row, w index.WorkerKey) bool {
 	// The watch stays on the rank the row left: its key is the
 	// predecessor's, dropped with the moved row.
 	moved := &Row{Part: cur.Part, Worker: w, Lease: cur.Lease, Prefill: cur.Prefill, Expected: cur.Expected,
-		LastBlock: cur.LastBlock, LastBlockKnown: cur.LastBlockKnown, booked: true, end: cur.end,
-		stored: cur.stored, watchedOn: cur.watchedOn, watching: cur.watching}
+		LastBlock: cur.LastBlock, LastBlockKnown: cur.LastBlockKnown, FirstDecodeBlock: cur.FirstDecodeBlock, booked: true, end: cur.end,
+		stored: cur.stored, storedExt: cur.storedExt, watchedOn: cur.watchedOn, watching: cur.watching,
+		decodeOn: cur.decodeOn, decoding: cur.decoding}
 	t.rows[id] = moved
 	if cur.end != nil {
 		t.ending[id] = moved
@@ -314,13 +363,15 @@ func (t *Table) SetEnd(id string, read *Row, e End) bool {
 	if !ok || cur != read || !cur.booked || cur.end != nil {
 		return false
 	}
-	e.prefillDone, e.seen = false, false
+	e.prefillDone, e.seen, e.firstAt, e.generated = false, false, time.Time{}, 0
+	cur.end = &e
 	if !cur.stored.IsZero() {
 		// Stored before its end was set: the gateway's hang-up came after
-		// the engine began. Nothing to wait for.
-		e.seen = true
+		// the engine began. Nothing to wait for; its decode is watched from
+		// that block on.
+		e.seen, e.firstAt = true, cur.stored
+		t.decodeFrom(id, cur, cur.storedExt, e.Start.Add(e.MaxLife))
 	}
-	cur.end = &e
 	if t.ending == nil {
 		t.ending = make(map[string]*Row)
 	}
@@ -379,9 +430,10 @@ type FirstToken struct {
 	TTFT  time.Duration
 }
 
-// Watching reports whether any row waits for its prompt's last block, so a
-// batch of KV events needs reading; it takes no lock.
-func (t *Table) Watching() bool { return t.watches.Load() > 0 }
+// Watching reports whether any row waits for its prompt's last block or
+// for its decode's next one, so a batch of KV events needs reading; it
+// takes no lock.
+func (t *Table) Watching() bool { return t.watches.Load() > 0 || t.decodes.Load() > 0 }
 
 // Watches counts the rows waiting for their prompt's last block.
 func (t *Table) Watches() int64 { return t.watches.Load() }
@@ -441,7 +493,7 @@ func (t *Table) stored(rank watchRank, blocks []index.Block, now time.Time, maxL
 			r.watching = false
 			if r.end == nil {
 				if r.stored.IsZero() {
-					r.stored = now
+					r.stored, r.storedExt = now, b.Ext
 				}
 				continue
 			}
@@ -449,6 +501,7 @@ func (t *Table) stored(rank watchRank, blocks []index.Block, now time.Time, maxL
 				continue
 			}
 			began := r.end.firstTokenSeen(now, r.end.Start.Add(maxLife))
+			t.decodeFrom(id, r, b.Ext, r.end.Start.Add(maxLife))
 			t.schedule(id, r.end)
 			out = append(out, FirstToken{ID: id, Due: r.end.due(), Began: began, Part: r.Part, Start: r.end.Start, TTFT: r.end.TTFT})
 		}
@@ -527,8 +580,9 @@ func (t *Table) Due(now time.Time) (prefill, ended []string) {
 
 // EndingOn returns the ids with an estimated end booked on worker's ranks
 // in part that started before startedBefore, or whose first token was seen
-// (PrefillSeen) whenever they started, oldest first.
-func (t *Table) EndingOn(part *partition.Partition, worker uint64, ranks []uint32, startedBefore time.Time) []string {
+// (Stored) by seenBefore whenever they started, oldest first: an engine's
+// counts asked for from then on include those.
+func (t *Table) EndingOn(part *partition.Partition, worker uint64, ranks []uint32, startedBefore, seenBefore time.Time) []string {
 	type aged struct {
 		id    string
 		start time.Time
@@ -536,7 +590,8 @@ func (t *Table) EndingOn(part *partition.Partition, worker uint64, ranks []uint3
 	var found []aged
 	t.mu.Lock()
 	for id, r := range t.ending {
-		if r.Part == part && r.Worker.WorkerID == worker && slices.Contains(ranks, r.Worker.DPRank) && (r.end.seen || r.end.Start.Before(startedBefore)) {
+		if r.Part == part && r.Worker.WorkerID == worker && slices.Contains(ranks, r.Worker.DPRank) &&
+			(r.end.seen && !r.end.firstAt.After(seenBefore) || r.end.Start.Before(startedBefore)) {
 			found = append(found, aged{id, r.end.Start})
 		}
 	}
