@@ -252,7 +252,20 @@ func scanIDArray(b []byte, i int) (tokens []uint32, end int, ok bool) {
 	if b[i] == ']' {
 		return tokens, i + 1, true
 	}
+	// wait counts the ids left to the loop below before scanPackedIDs is
+	// tried again: an array it cannot read (a space before each comma)
+	// would otherwise cost a refused 64-byte read per id.
+	wait := 0
 	for {
+		if wait == 0 {
+			var read int
+			tokens, i, read = scanPackedIDs(b, i, tokens)
+			if read == 0 {
+				wait = packedRetry
+			}
+		} else {
+			wait--
+		}
 		start := i
 		var v, w uint64
 		l := 8
