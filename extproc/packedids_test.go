@@ -259,7 +259,7 @@ func BenchmarkScanIDArray(b *testing.B) {
 			name string
 			scan func([]byte, int) ([]uint32, int, bool)
 		}{{"before", scanIDArrayBefore}, {"now", scanIDArray}} {
-			b.Run(form.name+"/"+impl.name, func(b *testing.B) {
+			b.Run("form="+form.name+"/scan="+impl.name, func(b *testing.B) {
 				b.SetBytes(int64(len(body)))
 				b.ReportAllocs()
 				for b.Loop() {
