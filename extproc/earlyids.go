@@ -80,18 +80,21 @@ func (e *earlyIDs) resumes(open int) ([]uint32, int, bool) {
 // estimate is how many ids the candidate will hold if the rest of a body
 // of total bytes is ids as dense as those read so far, and an eighth more;
 // 0 when there is nothing to go by. It is held to a quarter of total, so
-// that the ids' room (4 bytes an id) never takes more than the body's
-// buffer, which appendBody sizes from the same announced length: a body
-// that announces more than it sends costs no more than before. A prompt's
-// ids take 4 bytes or more each in the body (three digits and a comma,
-// for any vocabulary of 1,000 ids and more).
+// that the ids' room (4 bytes an id) is never larger than the body's
+// buffer, which appendBody has already sized from the same announced
+// length: a body that announces more than it sends makes the picker take
+// at most that much again. A prompt's ids take 4 bytes or more each in the
+// body (three digits and a comma, for any vocabulary of 1,000 ids and
+// more), so the bound does not bind on a real prompt.
 func (e *earlyIDs) estimate(total int) int {
 	read := e.next - e.open
 	if total <= e.next || len(e.tokens) == 0 || read <= 0 {
 		return 0
 	}
-	n := len(e.tokens) * (total - e.open) / read
-	return min(n+n/8, total/4)
+	// In floating point: total is the client's content-length, as large
+	// as --extproc-max-body-bytes lets it be, and must not overflow.
+	n := float64(len(e.tokens)) * float64(total-e.open) / float64(read) * 9 / 8
+	return int(min(n, float64(total/4)))
 }
 
 // growIDs returns ids with room for at least more ids after its length.

@@ -196,3 +196,25 @@ func FuzzEarlyIDs(f *testing.F) {
 		}
 	})
 }
+
+// TestEarlyIDsEstimate: the room taken for the ids follows their density,
+// and never passes a quarter of the announced length, however large.
+func TestEarlyIDsEstimate(t *testing.T) {
+	for _, c := range []struct {
+		name                    string
+		open, next, read, total int
+		want                    int
+	}{
+		{"nothing read", 10, 11, 0, 1000, 0},
+		{"unknown length", 10, 1010, 100, 0, 0},
+		{"length already reached", 10, 1010, 100, 1010, 0},
+		{"dense as read", 0, 1000, 100, 10_000, 1125},
+		{"a quarter at most", 0, 1000, 400, 10_000, 2500},
+		{"huge length", 0, 1000, 400, 1 << 62, 1 << 60},
+	} {
+		e := earlyIDs{open: c.open, next: c.next, tokens: make([]uint32, c.read), active: true}
+		if got := e.estimate(c.total); got != c.want {
+			t.Errorf("%s: estimate %d, want %d", c.name, got, c.want)
+		}
+	}
+}
