@@ -262,7 +262,7 @@ func scanIDArrayFrom(b []byte, i int, early *earlyIDs) (tokens []uint32, end int
 		from = i
 	}
 	// A plain array ends at its first ']': its commas size the slice
-	// exactly (both searches are vectorized; the scan below is not).
+	// exactly (both searches are vectorized).
 	close := bytes.IndexByte(b[from:], ']')
 	if close < 0 {
 		return nil, 0, false
