@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math/bits"
+	"slices"
 
 	json "github.com/goccy/go-json"
 
@@ -99,17 +100,23 @@ var errBadBody = errors.New("invalid request body")
 // string or the first of a list of strings); the other formats follow the
 // same order with their own fields. An empty body identifies nothing and is
 // fine.
-func parseBody(b []byte, path string) (parsedBody, error) { return parseBodyLifting(b, path, liftMin) }
+func parseBody(b []byte, path string) (parsedBody, error) { return parseBodyEarly(b, path, nil) }
 
-// parseBodyLifting is parseBody lifting id arrays out of bodies of at least
-// liftFrom bytes (never when negative); tests compare the two ways.
-func parseBodyLifting(b []byte, path string, liftFrom int) (parsedBody, error) {
+// parseBodyEarly is parseBody going on from the ids early read while the
+// body arrived (nil: none).
+func parseBodyEarly(b []byte, path string, early *earlyIDs) (parsedBody, error) {
+	return parseBodyLifting(b, path, liftMin, early)
+}
+
+// parseBodyLifting is parseBodyEarly lifting id arrays out of bodies of at
+// least liftFrom bytes (never when negative); tests compare the two ways.
+func parseBodyLifting(b []byte, path string, liftFrom int, early *earlyIDs) (parsedBody, error) {
 	var out parsedBody
 	if len(bytes.TrimSpace(b)) == 0 {
 		return out, nil
 	}
 	var rb requestBody
-	if err := decodeBody(b, &rb, liftFrom); err != nil {
+	if err := decodeBody(b, &rb, liftFrom, early); err != nil {
 		return out, err
 	}
 	out.hasField = true
@@ -154,10 +161,11 @@ func parseBodyLifting(b []byte, path string, liftFrom int) (parsedBody, error) {
 }
 
 // decodeBody decodes b into rb, its id arrays read in place
-// (liftTokenIDs) when it has any and is at least liftFrom bytes long.
-func decodeBody(b []byte, rb *requestBody, liftFrom int) error {
+// (liftTokenIDs, going on from early) when it has any and is at least
+// liftFrom bytes long.
+func decodeBody(b []byte, rb *requestBody, liftFrom int, early *earlyIDs) error {
 	if liftFrom >= 0 && len(b) >= liftFrom {
-		if reduced, ids, ok := liftTokenIDs(b); ok {
+		if reduced, ids, ok := liftTokenIDs(b, early); ok {
 			if json.Unmarshal(reduced, rb) == nil {
 				rb.lifted = ids
 				if ids.tokenData != nil && rb.Nvext != nil {
@@ -240,22 +248,55 @@ func scanTokenIDs(raw []byte) (tokens []uint32, ok bool) {
 // scanIDArray reads the plain id array that starts at b[i] (scanTokenIDs'
 // form) and returns its ids and the index after its ']'.
 func scanIDArray(b []byte, i int) (tokens []uint32, end int, ok bool) {
+	return scanIDArrayFrom(b, i, nil)
+}
+
+// scanIDArrayFrom is scanIDArray going on from what early read of the
+// array while the body arrived, when it read this one (earlyIDs).
+func scanIDArrayFrom(b []byte, i int, early *earlyIDs) (tokens []uint32, end int, ok bool) {
 	if i >= len(b) || b[i] != '[' {
 		return nil, 0, false
 	}
+	// From is where the reading starts: the array's start, or where the
+	// early read stopped (before it there are only ids, commas and
+	// whitespace: no ']').
+	read, from, resumed := early.resumes(i)
+	if !resumed {
+		from = i
+	}
 	// A plain array ends at its first ']': its commas size the slice
-	// exactly (both searches are vectorized; the scan below is not).
-	close := bytes.IndexByte(b[i:], ']')
+	// exactly (both searches are vectorized).
+	close := bytes.IndexByte(b[from:], ']')
 	if close < 0 {
 		return nil, 0, false
 	}
-	n := i + close + 1
-	tokens = make([]uint32, 0, bytes.Count(b[i:n], []byte{','})+1)
-	i = skipWS(b, i+1)
-	if b[i] == ']' {
-		return tokens, i + 1, true
+	n := from + close + 1
+	more := bytes.Count(b[from:n], []byte{','}) + 1
+	if resumed {
+		// The early read stopped at an id or in the whitespace after a
+		// comma, which may have gone on in the bytes that came after.
+		tokens, i = slices.Grow(read, more), skipWS(b, from)
+	} else {
+		tokens = make([]uint32, 0, more)
+		i = skipWS(b, i+1)
+		if b[i] == ']' {
+			return tokens, i + 1, true
+		}
 	}
+	// wait counts the ids left to the loop below before scanPackedIDs is
+	// tried again: an array it cannot read (a space before each comma)
+	// would otherwise cost a refused 64-byte read per id.
+	wait := 0
 	for {
+		if wait == 0 {
+			var read int
+			tokens, i, read = scanPackedIDs(b, i, tokens)
+			if read == 0 {
+				wait = packedRetry
+			}
+		} else {
+			wait--
+		}
 		start := i
 		var v, w uint64
 		l := 8

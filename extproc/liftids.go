@@ -48,8 +48,9 @@ const liftMin = 4 << 10
 
 // liftTokenIDs returns the body with its plain id arrays replaced by "[]"
 // and the ids, or ok false when it lifts nothing (then b is to be decoded
-// as it is).
-func liftTokenIDs(b []byte) (reduced []byte, ids liftedIDs, ok bool) {
+// as it is). The array early read while the body arrived (nil: none) is
+// read on from where it stopped.
+func liftTokenIDs(b []byte, early *earlyIDs) (reduced []byte, ids liftedIDs, ok bool) {
 	type span struct{ start, end int }
 	var (
 		// One per field at most (a field seen twice declines the body):
@@ -107,7 +108,7 @@ func liftTokenIDs(b []byte) (reduced []byte, ids liftedIDs, ok bool) {
 				}
 				ve = end
 			case f != liftNone && f != liftNvext && vs < len(b) && b[vs] == '[':
-				if v, end, ok := scanIDArray(b, vs); ok && len(v) > 0 {
+				if v, end, ok := scanIDArrayFrom(b, vs, early); ok && len(v) > 0 {
 					switch f {
 					case liftPrompt:
 						ids.prompt = v

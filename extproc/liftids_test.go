@@ -52,7 +52,7 @@ var liftCases = []struct {
 func TestLiftTokenIDs(t *testing.T) {
 	for _, c := range liftCases {
 		t.Run(c.name, func(t *testing.T) {
-			reduced, ids, ok := liftTokenIDs([]byte(c.body))
+			reduced, ids, ok := liftTokenIDs([]byte(c.body), nil)
 			if ok == c.none {
 				t.Fatalf("lifted %v (%+v), want %v", ok, ids, !c.none)
 			}
@@ -86,8 +86,8 @@ func nonNil(ids liftedIDs) int {
 func assertSameParse(t *testing.T, b []byte) {
 	t.Helper()
 	for _, path := range []string{"", "/v1/completions", "/generate", "/inference/v1/generate", "/v1/messages"} {
-		got, gotErr := parseBodyLifting(b, path, 0)
-		want, wantErr := parseBodyLifting(b, path, -1)
+		got, gotErr := parseBodyLifting(b, path, 0, nil)
+		want, wantErr := parseBodyLifting(b, path, -1, nil)
 		if (gotErr == nil) != (wantErr == nil) || (gotErr != nil && gotErr.Error() != wantErr.Error()) {
 			t.Fatalf("path %q: error %v lifting, %v without", path, gotErr, wantErr)
 		}

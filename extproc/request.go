@@ -63,6 +63,9 @@ func (st *stream) onRequestBody(b *extprocv3.HttpBody) error {
 			return err
 		}
 		if !b.GetEndOfStream() {
+			if len(st.body) >= earlyMin {
+				st.early.advance(st.body, int(min(st.id.contentLength, int64(st.s.opts.MaxBodyBytes))))
+			}
 			return nil
 		}
 		return st.pickAndRoute(true)
@@ -130,11 +133,16 @@ func (st *stream) pick(withBody bool) (*extprocv3.HeaderMutation, *structpb.Stru
 func (st *stream) readRequest(withBody bool) (selectInput, error) {
 	_, parse := st.startSpan(tracing.SpanParse)
 	defer parse.End()
-	var body []byte
+	var (
+		body  []byte
+		early *earlyIDs
+	)
 	if withBody {
-		body = st.body
+		body, early = st.body, &st.early
 	}
-	in, err := readSelectInput(&st.id, body, &st.s.opts)
+	in, err := readSelectInputEarly(&st.id, body, early, &st.s.opts)
+	// The ids now belong to the request (or were not the prompt's).
+	st.early = earlyIDs{}
 	if err != nil {
 		if errors.Is(err, errBadBody) {
 			parse.SetStatus(otelcodes.Error, err.Error())

@@ -46,7 +46,13 @@ type restriction struct {
 // picker"), by the hash headers, the token-ids header, the body's token ids,
 // the body's text, else the method and path. An error is the client's 400.
 func readSelectInput(id *identity, body []byte, opts *Options) (selectInput, error) {
-	pb, err := parseBody(body, id.path)
+	return readSelectInputEarly(id, body, nil, opts)
+}
+
+// readSelectInputEarly is readSelectInput going on from the ids early read
+// while the body arrived (nil: none).
+func readSelectInputEarly(id *identity, body []byte, early *earlyIDs, opts *Options) (selectInput, error) {
+	pb, err := parseBodyEarly(body, id.path, early)
 	if err != nil {
 		return selectInput{}, err
 	}

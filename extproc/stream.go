@@ -33,8 +33,9 @@ type stream struct {
 	// Request side.
 	id        identity
 	body      []byte
-	headersIn bool // request headers seen (once per stream)
-	picked    bool // routing decision sent
+	early     earlyIDs // the prompt's ids read as the body arrives (earlyids.go)
+	headersIn bool     // request headers seen (once per stream)
+	picked    bool     // routing decision sent
 
 	// The routing decision: where the booking is, and the fallbacks the
 	// gateway may try after it.
