@@ -31,6 +31,13 @@ type InFlight struct {
 	// Engines with the engines' (nil when they were not read).
 	Client  Tracking  `json:"client"`
 	Engines *Tracking `json:"engines,omitempty"`
+	// Span compares the bookings with the span from the engines' count to
+	// the client's (nil without the engines'): a request between the two
+	// is in the gateway, before the decision (the client counts it, the
+	// picker cannot) or after it (booked, not at its engine yet). Behind a
+	// gateway that queues, the two references part and the bookings sit
+	// between them.
+	Span *Tracking `json:"span,omitempty"`
 	// BookingsLeft is what kvselect still held settleLimit after the last
 	// response (or sooner, once none was left); DrainMs is how long it
 	// waited for that.
@@ -130,7 +137,7 @@ func (f *InFlight) lifetimes(delta promtext.Samples) {
 func sampleInFlight(ctx context.Context, kv *fleet.KVSelect, client *atomic.Int64, engines func(context.Context) (float64, error),
 	every time.Duration, stop <-chan struct{}) *InFlight {
 	out := &InFlight{}
-	var eng Tracking
+	var eng, span Tracking
 	tick := time.NewTicker(every)
 	defer tick.Stop()
 	for {
@@ -139,7 +146,8 @@ func sampleInFlight(ctx context.Context, kv *fleet.KVSelect, client *atomic.Int6
 			out.Client.finish(out.Samples)
 			if engines != nil {
 				eng.finish(out.Samples)
-				out.Engines = &eng
+				span.finish(out.Samples)
+				out.Engines, out.Span = &eng, &span
 			}
 			return out
 		case <-tick.C:
@@ -161,6 +169,7 @@ func sampleInFlight(ctx context.Context, kv *fleet.KVSelect, client *atomic.Int6
 					continue
 				}
 				eng.add(float64(booked), e0, e1)
+				span.add(float64(booked), min(e0, e1, float64(c0), float64(c1)), max(e0, e1, float64(c0), float64(c1)))
 			}
 			out.Samples++
 			out.Client.add(float64(booked), float64(c0), float64(c1))

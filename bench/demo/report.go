@@ -50,6 +50,12 @@ func (rep *Report) Table(w io.Writer) error {
 		}
 		return fmt.Sprintf("%.1f %% of %d", 100*p.InFlight.Client.Within1, p.InFlight.Samples)
 	})
+	row("bookings within ±1 of the span engines'–client's", func(p Phase) string {
+		if p.InFlight == nil || p.InFlight.Span == nil || p.InFlight.Samples == 0 {
+			return "-"
+		}
+		return fmt.Sprintf("%.1f %% of %d", 100*p.InFlight.Span.Within1, p.InFlight.Samples)
+	})
 	row("bookings left after the run", func(p Phase) string {
 		if p.InFlight == nil {
 			return "-"
