@@ -308,3 +308,43 @@ func FuzzDecodeOnePass(f *testing.F) {
 		}
 	})
 }
+
+// TestReadTokenRunMatchesReadUint32: the unrolled token loop reads what
+// msgp.ReadUint32Bytes reads, in every encoding and at every truncation, and
+// fails where it fails.
+func TestReadTokenRunMatchesReadUint32(t *testing.T) {
+	r := rand.New(rand.NewPCG(5, 9))
+	enc := []func() []byte{
+		func() []byte { return U(uint64(r.IntN(128))) },
+		func() []byte { return []byte{0xcc, byte(r.Uint32())} },
+		func() []byte { return []byte{0xcd, byte(r.Uint32()), byte(r.Uint32())} },
+		func() []byte { return msgp.AppendUint32([]byte{}, r.Uint32()) },
+		func() []byte { return I(int64(r.IntN(1 << 20))) },
+		func() []byte { return I(-1 - int64(r.IntN(100))) },
+		func() []byte { return U(1<<32 + uint64(r.IntN(10))) },
+		func() []byte { return S("x") },
+		func() []byte { return Nil() },
+	}
+	for range 3000 {
+		var b []byte
+		n := 1 + r.IntN(6)
+		for range n {
+			b = append(b, enc[r.IntN(len(enc))]()...)
+		}
+		b = b[:len(b)-r.IntN(min(3, len(b)))]
+		want := make([]uint32, 0, n)
+		rest, wantErr := b, error(nil)
+		for range n {
+			var v uint32
+			if v, rest, wantErr = msgp.ReadUint32Bytes(rest); wantErr != nil {
+				break
+			}
+			want = append(want, v)
+		}
+		got := make([]uint32, n)
+		gotRest, err := readTokenRun(b, got)
+		if (err == nil) != (wantErr == nil) || err == nil && (!slices.Equal(got, want) || len(gotRest) != len(rest)) {
+			t.Fatalf("% x: got %v %v, want %v %v", b, got, err, want, wantErr)
+		}
+	}
+}

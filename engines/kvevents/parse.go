@@ -3,6 +3,7 @@ package kvevents
 import (
 	"encoding/binary"
 	"errors"
+	"slices"
 
 	"github.com/tinylib/msgp/msgp"
 	"github.com/zeebo/xxh3"
@@ -414,14 +415,14 @@ func (r *rawEvent) readTokens(b []byte) ([]byte, error) {
 	start := len(a.tokens)
 	r.bigram = n > 0 && msgp.NextType(b) == msgp.ArrayType
 	if !r.bigram {
-		for range n {
-			var t uint32
-			if t, b, err = readToken(b); err != nil {
-				return b, err
-			}
-			a.tokens = append(a.tokens, t)
+		// n ≤ len(b): growing by n at once is bounded by the payload.
+		a.tokens = slices.Grow(a.tokens, int(n))[:start+int(n)]
+		toks := a.tokens[start:]
+		if b, err = readTokenRun(b, toks); err != nil {
+			a.tokens = a.tokens[:start]
+			return b, err
 		}
-		r.tokens = a.tokens[start:len(a.tokens):len(a.tokens)]
+		r.tokens = toks[:len(toks):len(toks)]
 		return b, nil
 	}
 	var second uint32
@@ -444,6 +445,34 @@ func (r *rawEvent) readTokens(b []byte) ([]byte, error) {
 	}
 	a.tokens = append(a.tokens, second)
 	r.tokens = a.tokens[start:len(a.tokens):len(a.tokens)]
+	return b, nil
+}
+
+// readTokenRun reads len(toks) token ids into toks. It is readToken
+// unrolled into one loop: a prompt's tokens are most of a batch's bytes.
+func readTokenRun(b []byte, toks []uint32) ([]byte, error) {
+	for i := range toks {
+		if len(b) >= 5 {
+			switch c := b[0]; {
+			case c < 0x80:
+				toks[i], b = uint32(c), b[1:]
+				continue
+			case c == 0xcc:
+				toks[i], b = uint32(b[1]), b[2:]
+				continue
+			case c == 0xcd:
+				toks[i], b = uint32(binary.BigEndian.Uint16(b[1:])), b[3:]
+				continue
+			case c == 0xce:
+				toks[i], b = binary.BigEndian.Uint32(b[1:]), b[5:]
+				continue
+			}
+		}
+		var err error
+		if toks[i], b, err = readToken(b); err != nil {
+			return b, err
+		}
+	}
 	return b, nil
 }
 

@@ -9,7 +9,7 @@ import "slices"
 //   - a node costs 4 bytes of ownership however many workers hold it,
 //   - a lookup only re-examines its candidates when the set id changes, and
 //   - a store or remove of a whole chain by one worker turns one set into another
-//     once and replays that transition from a one-entry memo.
+//     once and replays that transition from a cache of recent transitions.
 // Set 0 is the permanent empty set.
 
 type ownerElem = uint32
@@ -28,6 +28,7 @@ type ownerSet struct {
 	sum  uint64
 	next uint32 // next set with the same sum; 0 ends the chain
 	refs uint32 // nodes using this set
+	gen  uint32 // times the id was freed: transitions cached before are stale
 }
 
 type setTable struct {
@@ -36,12 +37,29 @@ type setTable struct {
 	free  []uint32
 	live  int
 
-	// One-entry transition memo: sets[from] with elem added (add) or removed.
-	memoOK   bool
-	memoFrom uint32
-	memoElem ownerElem
-	memoAdd  bool
-	memoTo   uint32
+	// Recent transitions: sets[from] with elem added or removed. A store or
+	// remove of a chain replays one transition block after block, and the
+	// single-block removals of one worker, interleaved with every other
+	// worker's, replay the same few transitions of widely held sets.
+	trans [transSlots]transition
+}
+
+const transSlots = 1024
+
+type transition struct {
+	from, to       uint32
+	fromGen, toGen uint32
+	elem           ownerElem
+	add            bool
+	ok             bool
+}
+
+func transSlot(from uint32, e ownerElem, add bool) int {
+	k := uint64(from)<<32 | uint64(e)
+	if add {
+		k = ^k
+	}
+	return int((k * 0x9e3779b97f4a7c15) >> (64 - 10))
 }
 
 // mix is a bijective 64-bit finaliser (splitmix64's), so that sums of
@@ -88,19 +106,20 @@ func (st *setTable) release(id uint32) {
 		}
 		st.sets[p].next = s.next
 	}
-	// The buffer stays for the set that reuses the id.
-	*s = ownerSet{elems: s.elems[:0]}
+	// The buffer stays for the set that reuses the id; the new generation
+	// voids the transitions cached to and from the freed contents.
+	*s = ownerSet{elems: s.elems[:0], gen: s.gen + 1}
 	st.free = append(st.free, id)
 	st.live--
-	// The freed id may be reused for other contents.
-	st.memoOK = false
 }
 
 // with returns the id of sets[id] ∪ {e} (adding) or sets[id] \ {e} (removing),
 // without changing reference counts.
 func (st *setTable) with(id uint32, e ownerElem, add bool) uint32 {
-	if st.memoOK && st.memoFrom == id && st.memoElem == e && st.memoAdd == add {
-		return st.memoTo
+	tr := &st.trans[transSlot(id, e, add)]
+	if tr.ok && tr.from == id && tr.elem == e && tr.add == add &&
+		tr.fromGen == st.sets[id].gen && tr.toGen == st.sets[tr.to].gen {
+		return tr.to
 	}
 	cur := st.sets[id].elems
 	if !add && len(cur) == 1 && cur[0] == e {
@@ -120,7 +139,7 @@ func (st *setTable) with(id uint32, e ownerElem, add bool) uint32 {
 	if to == 0 {
 		to = st.create(sum, cur, i, e, add)
 	}
-	st.memoOK, st.memoFrom, st.memoElem, st.memoAdd, st.memoTo = true, id, e, add, to
+	*tr = transition{from: id, to: to, fromGen: st.sets[id].gen, toGen: st.sets[to].gen, elem: e, add: add, ok: true}
 	return to
 }
 
@@ -171,7 +190,7 @@ func (st *setTable) create(sum uint64, cur []ownerElem, i int, e ownerElem, add 
 	} else {
 		buf = append(buf, cur[i+1:]...)
 	}
-	st.sets[id] = ownerSet{elems: buf, sum: sum, next: st.bySum[sum]}
+	st.sets[id] = ownerSet{elems: buf, sum: sum, next: st.bySum[sum], gen: st.sets[id].gen}
 	st.bySum[sum] = id
 	st.live++
 	return id
