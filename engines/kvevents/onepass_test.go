@@ -17,17 +17,17 @@ import (
 // envelope first walks every event with msgp.Skip to find its bounds, then
 // each event is parsed within them. It is the reference the one-pass decoder
 // must match byte for byte: same events, stats, errors and decoder state.
-// It also reports an event that parse accepted without consuming it whole.
-func refDecode(d *Decoder, payload []byte, dst []index.Event) ([]index.Event, Stats, error, string) {
+// It also reports (bad) an event that parse accepted without consuming it
+// whole.
+func refDecode(d *Decoder, payload []byte, dst []index.Event) (_ []index.Event, _ Stats, bad string, _ error) {
 	var st Stats
 	evs, bounds, rank, err := refEnvelope(d.cfg.DPRank, payload)
 	if err != nil {
-		return dst, st, err, ""
+		return dst, st, "", err
 	}
 	d.blocks = d.blocks[:0]
 	d.arena.hashes, d.arena.tokens = d.arena.hashes[:0], d.arena.tokens[:0]
 	r := rawEvent{arena: &d.arena}
-	var bad string
 	start := 0
 	for i, end := range bounds {
 		ev := evs[start:end]
@@ -42,7 +42,7 @@ func refDecode(d *Decoder, payload []byte, dst []index.Event) ([]index.Event, St
 		dst = d.event(&r, rank, dst, &st)
 		st.Emitted += len(dst) - before
 	}
-	return dst, st, nil, bad
+	return dst, st, bad, nil
 }
 
 func refEnvelope(rank uint32, p []byte) (events []byte, bounds []int, _ uint32, err error) {
@@ -158,7 +158,7 @@ func diffDecode(payload []byte) error {
 	a, b := dec(), dec()
 	sentinel := index.Event{ID: 1 << 62}
 	gotA, stA, errA := a.Decode(payload, []index.Event{sentinel})
-	gotB, stB, errB, bad := refDecode(b, payload, []index.Event{sentinel})
+	gotB, stB, bad, errB := refDecode(b, payload, []index.Event{sentinel})
 	if bad != "" {
 		return errors.New(bad)
 	}
@@ -172,7 +172,7 @@ func diffDecode(payload []byte) error {
 		return fmt.Errorf("events:\none pass  %+v\nreference %+v", gotA, gotB)
 	}
 	fa, sa, ea := a.Decode(followBatch, nil)
-	fb, sb, eb, _ := refDecode(b, followBatch, nil)
+	fb, sb, _, eb := refDecode(b, followBatch, nil)
 	if ea != nil || eb != nil || sa != sb || !reflect.DeepEqual(normal(fa), normal(fb)) || a.NextID() != b.NextID() {
 		return fmt.Errorf("state after the batch differs: %+v %v / %+v %v", sa, ea, sb, eb)
 	}
