@@ -240,6 +240,11 @@ func (d *Decoder) Decode(payload []byte, dst []index.Event) ([]index.Event, Stat
 // MiB per engine after the prompt is long gone.
 const keepScratch = 1 << 14
 
+// keepRaws bounds the parsed events a decoder keeps between batches: a
+// rawEvent is ~300 bytes, so this is ~150 KB, while an engine step's batch
+// holds a few dozen events.
+const keepRaws = 512
+
 // Trim drops the scratch buffers and arenas that grew beyond keepScratch
 // elements decoding a large batch, so that memory returns once long
 // prompts stop coming; ordinary batches keep theirs. Call it once the
@@ -261,7 +266,7 @@ func (d *Decoder) Trim() {
 	if cap(d.arena.hashes) > keepScratch {
 		d.arena.hashes = nil
 	}
-	if cap(d.raws) > keepScratch {
+	if cap(d.raws) > keepRaws {
 		d.raws = nil
 	}
 	if cap(d.sorted) > keepScratch {

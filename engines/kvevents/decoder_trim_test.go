@@ -38,6 +38,19 @@ func TestTrimDropsOnlyLargeScratch(t *testing.T) {
 	}
 	decode(8)
 	decode(big)
+
+	// A batch of many events: its parsed events are given back too.
+	var evs [][]byte
+	for i := range 2 * keepRaws {
+		evs = append(evs, A(S("BlockRemoved"), Hs(uint64(i+1))))
+	}
+	if _, _, err := d.Decode(batch(0, evs...), nil); err != nil || cap(d.raws) < 2*keepRaws {
+		t.Fatalf("decoding %d removals: %v, %d parsed events kept", 2*keepRaws, err, cap(d.raws))
+	}
+	d.Trim()
+	if cap(d.raws) != 0 {
+		t.Fatalf("kept %d parsed events after Trim", cap(d.raws))
+	}
 }
 
 // storedBatch is one batch of one BlockStored of n chained 4-token blocks.
