@@ -190,3 +190,27 @@ func checkSetTable(t *testing.T, st *setTable, nodes []uint32) {
 		t.Fatalf("%d live sets, counted %d", live, st.live)
 	}
 }
+
+// TestSlotCacheFollowsRankRemoval: the remembered slot of the last worker
+// never outlives the rank: after RemoveRank, its slot goes to another
+// worker, and the removed worker's events find nothing of it.
+func TestSlotCacheFollowsRankRemoval(t *testing.T) {
+	tr := NewTree()
+	a, b := WorkerKey{WorkerID: 1}, WorkerKey{WorkerID: 2}
+	store := func(w WorkerKey, ext uint64) {
+		t.Helper()
+		if err := tr.Apply(&Event{Worker: w, Kind: EventStored, Blocks: []Block{{Ext: ext, Local: 7}}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	store(a, 10)
+	tr.RemoveRank(a)
+	store(b, 20) // takes a's freed slot
+	if err := tr.Apply(&Event{Worker: a, Kind: EventRemoved, Hashes: []uint64{20}}); err == nil {
+		t.Fatal("a removed b's block through a stale slot")
+	}
+	got := tr.Match([]uint64{7}, false, nil)
+	if len(got) != 1 || got[0].Worker != b || got[0].Device != 1 {
+		t.Fatalf("after removing a: %+v", got)
+	}
+}
