@@ -4,31 +4,17 @@ package index
 // table with linear probing and backward-shift deletion, specialised for the
 // index's hottest write path. Compared with a Go map it answers "insert, and tell
 // me what was there" in one probe, and it stores 12 bytes per slot with no
-// per-group metadata. A slot holds its key and value side by side, so that a
-// probe of a table far larger than the caches (a thousand workers' tables are
-// tens of MB) misses once, not once for the key and once for the value.
+// per-group metadata.
 //
 // Node id 0 (the root) is never a value, so a zero value marks an empty slot and
 // any uint64 (zero included) can be a key. The zero handleMap is empty and ready.
 // Growth doubles the table and rehashes it, like Rust's hashbrown behind Dynamo's
 // maps; a worker's table is bounded by its engine's cache capacity.
 type handleMap struct {
-	slots []handleSlot
+	keys  []uint64
+	vals  []uint32
 	count int
-	shift uint8 // 64 - log2(len(slots))
-}
-
-// handleSlot is one entry: the key as two halves, so that a slot takes 12
-// bytes, not the 16 a uint64 field's alignment would round it to.
-type handleSlot struct {
-	lo, hi uint32
-	val    uint32 // 0 = empty
-}
-
-func (s *handleSlot) key() uint64 { return uint64(s.hi)<<32 | uint64(s.lo) }
-
-func (s *handleSlot) set(k uint64, v uint32) {
-	s.lo, s.hi, s.val = uint32(k), uint32(k>>32), v
+	shift uint8 // 64 - log2(len(keys))
 }
 
 const minHandleSlots = 16
@@ -44,34 +30,33 @@ func (m *handleMap) get(k uint64) (uint32, bool) {
 	if m.count == 0 {
 		return 0, false
 	}
-	mask := len(m.slots) - 1
+	mask := len(m.keys) - 1
 	for i := m.slot(k); ; i = (i + 1) & mask {
-		s := &m.slots[i]
-		if s.val == 0 {
+		v := m.vals[i]
+		if v == 0 {
 			return 0, false
 		}
-		if s.key() == k {
-			return s.val, true
+		if m.keys[i] == k {
+			return v, true
 		}
 	}
 }
 
 // put sets k to v (v != 0) and returns the previous value, if any.
 func (m *handleMap) put(k uint64, v uint32) (old uint32, existed bool) {
-	if (m.count+1)*4 > len(m.slots)*3 {
+	if (m.count+1)*4 > len(m.keys)*3 {
 		m.grow()
 	}
-	mask := len(m.slots) - 1
+	mask := len(m.keys) - 1
 	for i := m.slot(k); ; i = (i + 1) & mask {
-		s := &m.slots[i]
-		cur := s.val
+		cur := m.vals[i]
 		if cur == 0 {
-			s.set(k, v)
+			m.keys[i], m.vals[i] = k, v
 			m.count++
 			return 0, false
 		}
-		if s.key() == k {
-			s.val = v
+		if m.keys[i] == k {
+			m.vals[i] = v
 			return cur, true
 		}
 	}
@@ -82,30 +67,30 @@ func (m *handleMap) del(k uint64) (uint32, bool) {
 	if m.count == 0 {
 		return 0, false
 	}
-	mask := len(m.slots) - 1
+	mask := len(m.keys) - 1
 	i := m.slot(k)
 	for {
-		s := &m.slots[i]
-		if s.val == 0 {
+		v := m.vals[i]
+		if v == 0 {
 			return 0, false
 		}
-		if s.key() == k {
+		if m.keys[i] == k {
 			break
 		}
 		i = (i + 1) & mask
 	}
-	old := m.slots[i].val
+	old := m.vals[i]
 	// Backward-shift: pull later entries of the probe run into the hole so
 	// lookups never need tombstones.
-	for j := (i + 1) & mask; m.slots[j].val != 0; j = (j + 1) & mask {
-		home := m.slot(m.slots[j].key())
+	for j := (i + 1) & mask; m.vals[j] != 0; j = (j + 1) & mask {
+		home := m.slot(m.keys[j])
 		// Move j into the hole at i unless its home lies cyclically in (i, j].
 		if (j > i && (home <= i || home > j)) || (j < i && home <= i && home > j) {
-			m.slots[i] = m.slots[j]
+			m.keys[i], m.vals[i] = m.keys[j], m.vals[j]
 			i = j
 		}
 	}
-	m.slots[i] = handleSlot{}
+	m.keys[i], m.vals[i] = 0, 0
 	m.count--
 	if m.count == 0 {
 		*m = handleMap{} // give the memory back when a worker is cleared
@@ -113,7 +98,7 @@ func (m *handleMap) del(k uint64) (uint32, bool) {
 	return old, true
 }
 
-func (m *handleMap) grow() { m.resize(max(len(m.slots)*2, minHandleSlots)) }
+func (m *handleMap) grow() { m.resize(max(len(m.keys)*2, minHandleSlots)) }
 
 // reserve sizes the table for n entries without further growth.
 func (m *handleMap) reserve(n int) {
@@ -121,7 +106,7 @@ func (m *handleMap) reserve(n int) {
 	for slots*3 < n*4 {
 		slots *= 2
 	}
-	if slots > len(m.slots) {
+	if slots > len(m.keys) {
 		m.resize(slots)
 	}
 }
@@ -132,26 +117,27 @@ func (m *handleMap) resize(n int) {
 	for 1<<bits < n {
 		bits++
 	}
-	*m = handleMap{slots: make([]handleSlot, n), shift: 64 - bits}
+	*m = handleMap{keys: make([]uint64, n), vals: make([]uint32, n), shift: 64 - bits}
 	mask := n - 1
-	for _, s := range old.slots {
-		if s.val == 0 {
+	for i, v := range old.vals {
+		if v == 0 {
 			continue
 		}
-		j := m.slot(s.key())
-		for m.slots[j].val != 0 {
+		k := old.keys[i]
+		j := m.slot(k)
+		for m.vals[j] != 0 {
 			j = (j + 1) & mask
 		}
-		m.slots[j] = s
+		m.keys[j], m.vals[j] = k, v
 	}
 	m.count = old.count
 }
 
 // all calls fn for every entry. fn must not modify the map.
 func (m *handleMap) all(fn func(k uint64, v uint32)) {
-	for i := range m.slots {
-		if s := &m.slots[i]; s.val != 0 {
-			fn(s.key(), s.val)
+	for i, v := range m.vals {
+		if v != 0 {
+			fn(m.keys[i], v)
 		}
 	}
 }

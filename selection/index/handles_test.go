@@ -64,18 +64,18 @@ func TestHandleMapAgreesWithGoMap(t *testing.T) {
 func TestHandleMapReserve(t *testing.T) {
 	var m handleMap
 	m.reserve(1000)
-	slots := len(m.slots)
+	slots := len(m.keys)
 	if slots < 1000*4/3 {
 		t.Fatalf("reserve(1000) gave %d slots", slots)
 	}
 	for i := range uint64(1000) {
 		m.put(i*7919, uint32(i+1))
 	}
-	if len(m.slots) != slots {
-		t.Fatalf("table grew from %d to %d slots after reserving", slots, len(m.slots))
+	if len(m.keys) != slots {
+		t.Fatalf("table grew from %d to %d slots after reserving", slots, len(m.keys))
 	}
 	m.reserve(10) // never shrinks
-	if len(m.slots) != slots || m.len() != 1000 {
+	if len(m.keys) != slots || m.len() != 1000 {
 		t.Fatal("reserve shrank the table")
 	}
 	if v, ok := m.get(999 * 7919); !ok || v != 1000 {
