@@ -24,6 +24,7 @@ package kvevents
 import (
 	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/tinylib/msgp/msgp"
 
@@ -159,19 +160,25 @@ type Decoder struct {
 	nsNames [][]byte // nsNames[0] is unused so that id 0 means "none"
 
 	hasher kvhash.Hasher
-	raw    rawEvent
-	bounds []int // end offset of each event of the batch being decoded
+	// raws holds the batch's events, each parsed once, straight from the
+	// payload, their hashes and tokens in arena.
+	// They are all parsed before any is applied: a batch that turns out
+	// malformed at its end then leaves the decoder as it was, and the array
+	// batch's dp rank, which follows the events, is known before they are
+	// normalised.
+	raws  []rawEvent
+	arena parseArena
 
-	// Arenas the returned events point into; reset at every Decode.
+	// Arenas the returned events point into; reset at every Decode: blocks,
+	// and for removals the parse arena's hashes.
 	blocks []index.Block
-	hashes []uint64
 
 	// Per-event scratch.
 	locals  []uint64
 	mmFlat  []uint64
 	mmEnds  []int
 	mm      [][]uint64
-	seen    map[uint64]struct{}
+	sorted  []uint64 // hasDuplicate's copy of a long chain's hashes
 	saltOK  bool
 	saltL   string
 	saltN   string
@@ -195,7 +202,6 @@ func NewDecoder(cfg Config) (*Decoder, error) {
 		ns:      make(map[uint64]nsEntry),
 		nsIDs:   make(map[string]uint32),
 		nsNames: [][]byte{nil},
-		seen:    make(map[uint64]struct{}),
 	}, nil
 }
 
@@ -215,19 +221,15 @@ func (d *Decoder) NextID() uint64 { return d.nextID }
 // counted in Stats.
 func (d *Decoder) Decode(payload []byte, dst []index.Event) ([]index.Event, Stats, error) {
 	var st Stats
-	events, rank, err := d.envelope(payload)
+	rank, err := d.envelope(payload)
 	if err != nil {
 		return dst, st, err
 	}
 	d.blocks = d.blocks[:0]
-	d.hashes = d.hashes[:0]
-	start := 0
-	for _, end := range d.bounds {
-		ev := events[start:end]
-		start = end
+	for i := range d.raws {
 		st.Events++
 		before := len(dst)
-		dst = d.event(ev, rank, dst, &st)
+		dst = d.event(&d.raws[i], rank, dst, &st)
 		st.Emitted += len(dst) - before
 	}
 	return dst, st, nil
@@ -238,6 +240,11 @@ func (d *Decoder) Decode(payload []byte, dst []index.Event) ([]index.Event, Stat
 // MiB per engine after the prompt is long gone.
 const keepScratch = 1 << 14
 
+// keepRaws bounds the parsed events a decoder keeps between batches: a
+// rawEvent is ~300 bytes, so this is ~150 KB, while an engine step's batch
+// holds a few dozen events.
+const keepRaws = 512
+
 // Trim drops the scratch buffers and arenas that grew beyond keepScratch
 // elements decoding a large batch, so that memory returns once long
 // prompts stop coming; ordinary batches keep theirs. Call it once the
@@ -247,24 +254,23 @@ func (d *Decoder) Trim() {
 	if cap(d.blocks) > keepScratch {
 		d.blocks = nil
 	}
-	if cap(d.hashes) > keepScratch {
-		d.hashes = nil
-	}
 	if cap(d.locals) > keepScratch {
 		d.locals = nil
 	}
 	if cap(d.mmFlat) > keepScratch {
 		d.mmFlat, d.mmEnds, d.mm = nil, nil, nil
 	}
-	if cap(d.raw.tokens) > keepScratch {
-		d.raw.tokens = nil
+	if cap(d.arena.tokens) > keepScratch {
+		d.arena.tokens = nil
 	}
-	if cap(d.raw.hashes) > keepScratch {
-		d.raw.hashes = nil
+	if cap(d.arena.hashes) > keepScratch {
+		d.arena.hashes = nil
 	}
-	// A map keeps its buckets when cleared: only a new one gives them back.
-	if len(d.seen) > keepScratch {
-		d.seen = make(map[uint64]struct{})
+	if cap(d.raws) > keepRaws {
+		d.raws = nil
+	}
+	if cap(d.sorted) > keepScratch {
+		d.sorted = nil
 	}
 }
 
@@ -274,54 +280,52 @@ func (d *Decoder) Trim() {
 // (aliases dp_rank, attn_dp_rank). Dynamo's types.rs takes only the 3-array; the
 // others cost nothing to accept: the earliest vLLM and older SGLang batches had
 // two fields, and one revision of vLLM's kv_events.py declares EventBatch
-// without array_like. It returns the events elements, already validated as
-// msgpack and split at d.bounds (end offsets), and the rank the events belong
-// to. Validating the whole batch before touching any
-// state is what makes a failed Decode leave the decoder as it was.
-func (d *Decoder) envelope(p []byte) (events []byte, rank uint32, err error) {
+// without array_like. It parses the events into d.raws and returns the rank
+// they belong to. Reading the whole batch before touching any state is what
+// makes a failed Decode leave the decoder as it was.
+func (d *Decoder) envelope(p []byte) (rank uint32, err error) {
 	rank = d.cfg.DPRank
-	var evs []byte
 	haveEvents := false
 	switch msgp.NextType(p) {
 	case msgp.ArrayType:
 		sz, b, err := msgp.ReadArrayHeaderBytes(p)
 		if err != nil {
-			return nil, 0, batchErr("batch header", err)
+			return 0, batchErr("batch header", err)
 		}
 		if sz != 2 && sz != 3 {
-			return nil, 0, fmt.Errorf("%w: batch array of length %d, want 2 or 3", ErrBatch, sz)
+			return 0, fmt.Errorf("%w: batch array of length %d, want 2 or 3", ErrBatch, sz)
 		}
 		if b, err = skipTS(b); err != nil {
-			return nil, 0, err
+			return 0, err
 		}
-		evs, haveEvents = b, true
-		if b, err = d.splitEvents(b); err != nil {
-			return nil, 0, err
+		haveEvents = true
+		if b, err = d.parseEvents(b); err != nil {
+			return 0, err
 		}
 		if sz == 3 {
 			if rank, b, err = readRank(b, rank); err != nil {
-				return nil, 0, err
+				return 0, err
 			}
 		}
 		if len(b) != 0 {
-			return nil, 0, fmt.Errorf("%w: %d trailing bytes after the batch", ErrBatch, len(b))
+			return 0, fmt.Errorf("%w: %d trailing bytes after the batch", ErrBatch, len(b))
 		}
 	case msgp.MapType:
 		sz, b, err := msgp.ReadMapHeaderBytes(p)
 		if err != nil {
-			return nil, 0, batchErr("batch header", err)
+			return 0, batchErr("batch header", err)
 		}
 		for range sz {
 			var key []byte
 			if key, b, err = msgp.ReadMapKeyZC(b); err != nil {
-				return nil, 0, batchErr("batch key", err)
+				return 0, batchErr("batch key", err)
 			}
 			switch string(key) {
 			case "ts":
 				b, err = skipTS(b)
 			case "events":
-				evs, haveEvents = b, true
-				b, err = d.splitEvents(b)
+				haveEvents = true
+				b, err = d.parseEvents(b)
 			case "data_parallel_rank", "dp_rank", "attn_dp_rank":
 				rank, b, err = readRank(b, rank)
 			default:
@@ -330,25 +334,27 @@ func (d *Decoder) envelope(p []byte) (events []byte, rank uint32, err error) {
 				}
 			}
 			if err != nil {
-				return nil, 0, err
+				return 0, err
 			}
 		}
 		if len(b) != 0 {
-			return nil, 0, fmt.Errorf("%w: %d trailing bytes after the batch", ErrBatch, len(b))
+			return 0, fmt.Errorf("%w: %d trailing bytes after the batch", ErrBatch, len(b))
 		}
 	default:
-		return nil, 0, fmt.Errorf("%w: batch is neither an array nor a map", ErrBatch)
+		return 0, fmt.Errorf("%w: batch is neither an array nor a map", ErrBatch)
 	}
 	if !haveEvents {
-		return nil, 0, fmt.Errorf("%w: batch without events", ErrBatch)
+		return 0, fmt.Errorf("%w: batch without events", ErrBatch)
 	}
-	_, evs, _ = msgp.ReadArrayHeaderBytes(evs) // validated by splitEvents
-	return evs, rank, nil
+	return rank, nil
 }
 
-// splitEvents validates the events array and records where each event ends,
-// relative to the first one, in d.bounds.
-func (d *Decoder) splitEvents(b []byte) ([]byte, error) {
+// parseEvents reads the events array into d.raws, each event in one pass:
+// parse reads it and returns what follows it. An event parse rejects (wrong
+// field types, unknown tag) is still stepped over with msgp.Skip, which
+// fails the batch exactly where the msgpack itself is broken, as a bounds
+// walk before parsing would.
+func (d *Decoder) parseEvents(b []byte) ([]byte, error) {
 	n, b, err := msgp.ReadArrayHeaderBytes(b)
 	if err != nil {
 		return b, batchErr("events", err)
@@ -356,16 +362,33 @@ func (d *Decoder) splitEvents(b []byte) ([]byte, error) {
 	if int(n) > len(b) {
 		return b, batchErr("events", msgp.ErrShortBytes)
 	}
-	d.bounds = d.bounds[:0]
-	base := len(b)
+	d.raws = d.raws[:0]
+	d.arena.hashes, d.arena.tokens = d.arena.hashes[:0], d.arena.tokens[:0]
 	for range n {
-		if b, err = msgp.Skip(b); err != nil {
-			return b, batchErr("event", err)
+		d.raws = append(d.raws, rawEvent{arena: &d.arena})
+		r := &d.raws[len(d.raws)-1]
+		start := b
+		r.tag, b, r.err = parse(start, r)
+		if r.err == nil && len(start)-len(b) < skipDepthBytes {
+			continue
 		}
-		d.bounds = append(d.bounds, base-len(b))
+		// Skip counts nesting from the event, as it did before the single
+		// pass; parse's own Skips of nested fields start one level lower, so
+		// an event long enough to nest skipDepthBytes deep is also walked
+		// whole, to fail where it failed before.
+		o, err := msgp.Skip(start)
+		if err != nil {
+			return o, batchErr("event", err)
+		}
+		b = o
 	}
 	return b, nil
 }
+
+// skipDepthBytes is msgp's nesting limit for Skip (recursionLimit in
+// msgp/defs.go); every level takes at least one byte, so a shorter event
+// cannot reach it (TestSkipDepthLimit checks the limit).
+const skipDepthBytes = 100000
 
 func batchErr(what string, err error) error {
 	return fmt.Errorf("%w: %s: %w", ErrBatch, what, err)
@@ -399,9 +422,8 @@ func readRank(b []byte, def uint32) (uint32, []byte, error) {
 }
 
 // event normalises one raw event and appends what it yields to dst.
-func (d *Decoder) event(ev []byte, rank uint32, dst []index.Event, st *Stats) []index.Event {
-	r := &d.raw
-	tag, err := d.parse(ev, r)
+func (d *Decoder) event(r *rawEvent, rank uint32, dst []index.Event, st *Stats) []index.Event {
+	tag, err := r.tag, r.err
 	switch {
 	case errors.Is(err, errUnknownTag):
 		st.UnknownTag++
@@ -450,8 +472,6 @@ func (d *Decoder) event(ev []byte, rank uint32, dst []index.Event, st *Stats) []
 		st.Cleared++
 		return append(dst, index.Event{Worker: w, Tier: tier, ID: d.id(), Kind: index.EventCleared})
 	case tagRemovedKind:
-		start := len(d.hashes)
-		d.hashes = append(d.hashes, r.hashes...)
 		if len(d.ns) > 0 {
 			for _, h := range r.hashes {
 				d.forget(h, tier)
@@ -459,7 +479,7 @@ func (d *Decoder) event(ev []byte, rank uint32, dst []index.Event, st *Stats) []
 		}
 		st.Removed++
 		return append(dst, index.Event{Worker: w, Tier: tier, ID: d.id(), Kind: index.EventRemoved,
-			Hashes: d.hashes[start:len(d.hashes):len(d.hashes)]})
+			Hashes: r.hashes})
 	}
 	return d.stored(r, w, tier, dst, st)
 }
@@ -580,15 +600,18 @@ func (d *Decoder) hasDuplicate(r *rawEvent) bool {
 		}
 		return false
 	}
-	clear(d.seen)
+	// A prefill stores dozens of blocks: sorting a copy finds a repeat in
+	// O(n log n) without the hashing and clearing of a map.
+	s := append(d.sorted[:0], h...)
 	if r.hasParent {
-		d.seen[r.parent] = struct{}{}
+		s = append(s, r.parent)
 	}
-	for _, x := range h {
-		if _, dup := d.seen[x]; dup {
+	slices.Sort(s)
+	d.sorted = s
+	for i := 1; i < len(s); i++ {
+		if s[i] == s[i-1] {
 			return true
 		}
-		d.seen[x] = struct{}{}
 	}
 	return false
 }

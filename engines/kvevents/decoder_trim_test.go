@@ -24,20 +24,33 @@ func TestTrimDropsOnlyLargeScratch(t *testing.T) {
 	}
 	decode(8)
 	d.Trim()
-	if cap(d.blocks) == 0 || cap(d.raw.tokens) == 0 {
+	if cap(d.blocks) == 0 || cap(d.arena.tokens) == 0 {
 		t.Fatal("an ordinary batch's scratch was dropped")
 	}
 	big := 2 * keepScratch
 	decode(big)
-	if cap(d.blocks) < big || cap(d.raw.tokens) < 4*big {
-		t.Fatalf("scratch %d blocks, %d tokens after a %d-block batch", cap(d.blocks), cap(d.raw.tokens), big)
+	if cap(d.blocks) < big || cap(d.arena.tokens) < 4*big {
+		t.Fatalf("scratch %d blocks, %d tokens after a %d-block batch", cap(d.blocks), cap(d.arena.tokens), big)
 	}
 	d.Trim()
-	if cap(d.blocks) != 0 || cap(d.hashes) > keepScratch || cap(d.raw.tokens) != 0 || cap(d.raw.hashes) != 0 || len(d.seen) > keepScratch {
-		t.Fatalf("kept %d blocks, %d tokens, %d hashes, %d seen after Trim", cap(d.blocks), cap(d.raw.tokens), cap(d.raw.hashes), len(d.seen))
+	if cap(d.blocks) != 0 || cap(d.arena.tokens) != 0 || cap(d.arena.hashes) != 0 || cap(d.sorted) != 0 {
+		t.Fatalf("kept %d blocks, %d tokens, %d hashes, %d sorted after Trim", cap(d.blocks), cap(d.arena.tokens), cap(d.arena.hashes), cap(d.sorted))
 	}
 	decode(8)
 	decode(big)
+
+	// A batch of many events: its parsed events are given back too.
+	var evs [][]byte
+	for i := range 2 * keepRaws {
+		evs = append(evs, A(S("BlockRemoved"), Hs(uint64(i+1))))
+	}
+	if _, _, err := d.Decode(batch(0, evs...), nil); err != nil || cap(d.raws) < 2*keepRaws {
+		t.Fatalf("decoding %d removals: %v, %d parsed events kept", 2*keepRaws, err, cap(d.raws))
+	}
+	d.Trim()
+	if cap(d.raws) != 0 {
+		t.Fatalf("kept %d parsed events after Trim", cap(d.raws))
+	}
 }
 
 // storedBatch is one batch of one BlockStored of n chained 4-token blocks.

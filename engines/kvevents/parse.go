@@ -3,6 +3,7 @@ package kvevents
 import (
 	"encoding/binary"
 	"errors"
+	"slices"
 
 	"github.com/tinylib/msgp/msgp"
 	"github.com/zeebo/xxh3"
@@ -22,9 +23,18 @@ var (
 	errMissing    = errors.New("missing required field")
 )
 
+// parseArena holds the hashes and tokens of every event of a batch, one
+// buffer each for the whole batch rather than one per event, so that a
+// decoder's scratch grows once to its largest batch.
+type parseArena struct {
+	hashes []uint64
+	tokens []uint32
+}
+
 // rawEvent is one event as read from the wire. Byte slices alias the payload;
-// hashes and tokens are scratch reused for every event.
+// hashes and tokens alias the batch's parseArena.
 type rawEvent struct {
+	arena       *parseArena
 	hashes      []uint64
 	parent      uint64
 	hasParent   bool
@@ -42,14 +52,20 @@ type rawEvent struct {
 	hasKind     bool
 	locality    []byte
 	hasLocality bool
+
+	// What parse made of the event: its tag, or why it is skipped.
+	tag tagKind
+	err error
 }
 
 func (r *rawEvent) reset() {
-	*r = rawEvent{hashes: r.hashes[:0], tokens: r.tokens[:0]}
+	*r = rawEvent{arena: r.arena}
 }
 
-// parse reads one event in either shape into r.
-func (d *Decoder) parse(ev []byte, r *rawEvent) (tagKind, error) {
+// parse reads one event in either shape into r and returns the bytes after
+// it. On success it has consumed exactly the event's msgpack value; on error
+// the caller finds the event's end itself.
+func parse(ev []byte, r *rawEvent) (tagKind, []byte, error) {
 	r.reset()
 	switch msgp.NextType(ev) {
 	case msgp.ArrayType:
@@ -57,7 +73,18 @@ func (d *Decoder) parse(ev []byte, r *rawEvent) (tagKind, error) {
 	case msgp.MapType:
 		return parseMap(ev, r)
 	}
-	return 0, errType("event")
+	return 0, ev, errType("event")
+}
+
+// skipN skips n msgpack values.
+func skipN(b []byte, n int) ([]byte, error) {
+	var err error
+	for ; n > 0; n-- {
+		if b, err = msgp.Skip(b); err != nil {
+			return b, err
+		}
+	}
+	return b, nil
 }
 
 func classify(tag []byte) (tagKind, error) {
@@ -83,62 +110,67 @@ func classify(tag []byte) (tagKind, error) {
 // 8 extra_keys, then the append-only tail. BlockRemoved: 1 block_hashes,
 // 2 medium, then the tail. A missing trailing slot is the same as nil; slots past
 // the known ones are ignored.
-func parsePositional(ev []byte, r *rawEvent) (tagKind, error) {
+func parsePositional(ev []byte, r *rawEvent) (tagKind, []byte, error) {
 	n, b, err := msgp.ReadArrayHeaderBytes(ev)
 	if err != nil {
-		return 0, err
+		return 0, b, err
 	}
 	if n == 0 {
-		return 0, errMissing
+		return 0, b, errMissing
 	}
 	tag, b, err := msgp.ReadStringZC(b)
 	if err != nil {
-		return 0, err
+		return 0, b, err
 	}
 	kind, err := classify(tag)
-	if err != nil || kind == tagClearedKind || kind == tagIgnoredKind {
+	if err != nil {
+		return 0, b, err
+	}
+	if kind == tagClearedKind || kind == tagIgnoredKind {
 		// AllBlocksCleared may carry source_kind; nothing of it matters here.
-		return kind, err
+		b, err = skipN(b, int(n)-1)
+		return kind, b, err
 	}
 	left := int(n) - 1
 	if left < 1 {
-		return 0, errMissing
+		return 0, b, errMissing
 	}
 	if b, err = r.readHashes(b); err != nil {
-		return 0, err
+		return 0, b, err
 	}
 	left--
 	if kind == tagRemovedKind {
 		if left > 0 {
 			if r.medium, _, b, err = readOptStr(b); err != nil {
-				return 0, err
+				return 0, b, err
 			}
 			left--
 		}
-		return kind, r.readTail(b, left, false)
+		b, err = r.readTail(b, left, false)
+		return kind, b, err
 	}
 	if left < 3 {
-		return 0, errMissing
+		return 0, b, errMissing
 	}
 	if b, err = r.readParent(b); err != nil {
-		return 0, err
+		return 0, b, err
 	}
 	if b, err = r.readTokens(b); err != nil {
-		return 0, err
+		return 0, b, err
 	}
 	if r.blockSize, b, err = msgp.ReadUint64Bytes(b); err != nil {
-		return 0, err
+		return 0, b, err
 	}
 	left -= 3
 	if left > 0 { // 5: lora_id, deprecated and discarded by Dynamo
 		if b, err = msgp.Skip(b); err != nil {
-			return 0, err
+			return 0, b, err
 		}
 		left--
 	}
 	if left > 0 { // 6: medium
 		if r.medium, _, b, err = readOptStr(b); err != nil {
-			return 0, err
+			return 0, b, err
 		}
 		left--
 	}
@@ -150,17 +182,18 @@ func parsePositional(ev []byte, r *rawEvent) (tagKind, error) {
 			r.lora, _, b, err = readOptStr(b)
 		}
 		if err != nil {
-			return 0, err
+			return 0, b, err
 		}
 		left--
 	}
 	if left > 0 { // 8: extra_keys
 		if b, err = r.readRawArray(b, &r.extraKeys); err != nil {
-			return 0, err
+			return 0, b, err
 		}
 		left--
 	}
-	return kind, r.readTail(b, left, true)
+	b, err = r.readTail(b, left, true)
+	return kind, b, err
 }
 
 // tailField is one value of the positional tail, by msgpack type, as Dynamo's
@@ -188,7 +221,8 @@ const (
 // appended metadata opportunistically, parsed by type: the first uint is
 // group_idx, a later one the sliding window, a string the kind, and (Stored) an
 // array the legacy block_mm_infos. Locality is only read from the fixed layout.
-func (r *rawEvent) readTail(b []byte, left int, stored bool) error {
+// Slots past the fifth are skipped; it returns the bytes after the event.
+func (r *rawEvent) readTail(b []byte, left int, stored bool) ([]byte, error) {
 	var f [5]tailField
 	cnt := 0
 	var err error
@@ -218,8 +252,11 @@ func (r *rawEvent) readTail(b []byte, left int, stored bool) error {
 			b, err = msgp.Skip(b)
 		}
 		if err != nil {
-			return err
+			return b, err
 		}
+	}
+	if b, err = skipN(b, left-cnt); err != nil {
+		return b, err
 	}
 	fixed := cnt >= 4
 	want := [5]uint8{tailUint, tailText, tailUint, tailText, tailText}
@@ -238,7 +275,7 @@ func (r *rawEvent) readTail(b []byte, left int, stored bool) error {
 		if f[3].class == tailText {
 			r.locality, r.hasLocality = f[3].s, true
 		}
-		return nil
+		return b, nil
 	}
 	for i := range cnt {
 		switch f[i].class {
@@ -254,23 +291,23 @@ func (r *rawEvent) readTail(b []byte, left int, stored bool) error {
 			}
 		}
 	}
-	return nil
+	return b, nil
 }
 
 // parseMap reads the tagged-map shape (vLLM PR #42892): fields by name, unknown
 // keys ignored, omitted fields absent (msgspec omit_defaults drops trailing
 // None fields; Dynamo deserialize.rs visit_map).
-func parseMap(ev []byte, r *rawEvent) (tagKind, error) {
+func parseMap(ev []byte, r *rawEvent) (tagKind, []byte, error) {
 	n, b, err := msgp.ReadMapHeaderBytes(ev)
 	if err != nil {
-		return 0, err
+		return 0, b, err
 	}
 	var tag []byte
 	var haveHashes, haveTokens, haveBS bool
 	for range n {
 		var key []byte
 		if key, b, err = msgp.ReadMapKeyZC(b); err != nil {
-			return 0, err
+			return 0, b, err
 		}
 		switch string(key) {
 		case "type":
@@ -306,27 +343,27 @@ func parseMap(ev []byte, r *rawEvent) (tagKind, error) {
 			b, err = msgp.Skip(b)
 		}
 		if err != nil {
-			return 0, err
+			return 0, b, err
 		}
 	}
 	if tag == nil {
-		return 0, errMissing
+		return 0, b, errMissing
 	}
 	kind, err := classify(tag)
 	if err != nil {
-		return 0, err
+		return 0, b, err
 	}
 	switch kind {
 	case tagStoredKind:
 		if !haveHashes || !haveTokens || !haveBS {
-			return 0, errMissing
+			return 0, b, errMissing
 		}
 	case tagRemovedKind:
 		if !haveHashes {
-			return 0, errMissing
+			return 0, b, errMissing
 		}
 	}
-	return kind, nil
+	return kind, b, nil
 }
 
 func (r *rawEvent) readHashes(b []byte) ([]byte, error) {
@@ -337,14 +374,18 @@ func (r *rawEvent) readHashes(b []byte) ([]byte, error) {
 	if int(n) > len(b) { // every element takes at least one byte
 		return b, msgp.ErrShortBytes
 	}
-	r.hashes = r.hashes[:0]
+	a := r.arena
+	start := len(a.hashes)
 	for range n {
 		var h uint64
 		if h, b, err = readHash(b); err != nil {
 			return b, err
 		}
-		r.hashes = append(r.hashes, h)
+		a.hashes = append(a.hashes, h)
 	}
+	// Capacity clipped: nothing appended later can reach into another
+	// event's hashes.
+	r.hashes = a.hashes[start:len(a.hashes):len(a.hashes)]
 	return b, nil
 }
 
@@ -370,16 +411,18 @@ func (r *rawEvent) readTokens(b []byte) ([]byte, error) {
 	if int(n) > len(b) {
 		return b, msgp.ErrShortBytes
 	}
-	r.tokens = r.tokens[:0]
+	a := r.arena
+	start := len(a.tokens)
 	r.bigram = n > 0 && msgp.NextType(b) == msgp.ArrayType
 	if !r.bigram {
-		for range n {
-			var t uint32
-			if t, b, err = readToken(b); err != nil {
-				return b, err
-			}
-			r.tokens = append(r.tokens, t)
+		// n ≤ len(b): growing by n at once is bounded by the payload.
+		a.tokens = slices.Grow(a.tokens, int(n))[:start+int(n)]
+		toks := a.tokens[start:]
+		if b, err = readTokenRun(b, toks); err != nil {
+			a.tokens = a.tokens[:start]
+			return b, err
 		}
+		r.tokens = toks[:len(toks):len(toks)]
 		return b, nil
 	}
 	var second uint32
@@ -398,9 +441,38 @@ func (r *rawEvent) readTokens(b []byte) ([]byte, error) {
 		if second, b, err = msgp.ReadUint32Bytes(b); err != nil {
 			return b, err
 		}
-		r.tokens = append(r.tokens, first)
+		a.tokens = append(a.tokens, first)
 	}
-	r.tokens = append(r.tokens, second)
+	a.tokens = append(a.tokens, second)
+	r.tokens = a.tokens[start:len(a.tokens):len(a.tokens)]
+	return b, nil
+}
+
+// readTokenRun reads len(toks) token ids into toks. It is readToken
+// unrolled into one loop: a prompt's tokens are most of a batch's bytes.
+func readTokenRun(b []byte, toks []uint32) ([]byte, error) {
+	for i := range toks {
+		if len(b) >= 5 {
+			switch c := b[0]; {
+			case c < 0x80:
+				toks[i], b = uint32(c), b[1:]
+				continue
+			case c == 0xcc:
+				toks[i], b = uint32(b[1]), b[2:]
+				continue
+			case c == 0xcd:
+				toks[i], b = uint32(binary.BigEndian.Uint16(b[1:])), b[3:]
+				continue
+			case c == 0xce:
+				toks[i], b = binary.BigEndian.Uint32(b[1:]), b[5:]
+				continue
+			}
+		}
+		var err error
+		if toks[i], b, err = readToken(b); err != nil {
+			return b, err
+		}
+	}
 	return b, nil
 }
 

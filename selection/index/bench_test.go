@@ -206,3 +206,54 @@ func BenchmarkMatchLongPrompt(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkApplySharedChainEviction measures what an ownership change costs
+// on blocks that many workers hold, as a system prompt cached fleet-wide is:
+// 512 workers hold one 64-block chain, and each op has one of them evict a
+// block of it (a single-block Removed, as vLLM evicts) and store it again
+// (a single-block Stored), each turning a 512-owner set into another.
+// Reports block ops/s.
+func BenchmarkApplySharedChainEviction(b *testing.B) {
+	const workers, chain = 512, 64
+	ix, err := New(Config{BlockSize: 16})
+	if err != nil {
+		b.Fatal(err)
+	}
+	local := make([]uint64, chain)
+	for i := range local {
+		local[i] = xxh3.HashSeed([]byte{byte(i)}, 5)
+	}
+	ext := func(w, i int) uint64 { return uint64(w)<<32 | uint64(i) + 1 }
+	for w := range workers {
+		blocks := make([]Block, chain)
+		for i := range blocks {
+			blocks[i] = Block{Ext: ext(w, i), Local: local[i]}
+		}
+		if err := ix.Apply(&Event{Worker: WorkerKey{WorkerID: uint64(w)}, Kind: EventStored, Blocks: blocks}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	type job struct{ remove, store Event }
+	jobs := make([]job, 4096)
+	rng := rand.New(rand.NewPCG(3, 4))
+	for j := range jobs {
+		// Evict and re-store the leaf of a worker's chain, so that its
+		// parent stays held.
+		w := rng.IntN(workers)
+		wk := WorkerKey{WorkerID: uint64(w)}
+		jobs[j] = job{
+			remove: Event{Worker: wk, Kind: EventRemoved, Hashes: []uint64{ext(w, chain-1)}},
+			store: Event{Worker: wk, Kind: EventStored, Parent: ext(w, chain-2), HasParent: true,
+				Blocks: []Block{{Ext: ext(w, chain-1), Local: local[chain-1]}}},
+		}
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; b.Loop(); i++ {
+		jb := &jobs[i%len(jobs)]
+		if failed, err := ix.ApplyBatch([]Event{jb.remove, jb.store}); failed != 0 {
+			b.Fatal(err)
+		}
+	}
+	b.ReportMetric(float64(2*b.N)/b.Elapsed().Seconds(), "block-ops/s")
+}

@@ -1,9 +1,6 @@
 package index
 
-import (
-	"encoding/binary"
-	"slices"
-)
+import "slices"
 
 // An owner set is the set of (worker slot, tier) pairs that hold one tree node,
 // encoded as slot<<2 | tier and kept sorted. Sets are interned: every node refers
@@ -12,7 +9,7 @@ import (
 //   - a node costs 4 bytes of ownership however many workers hold it,
 //   - a lookup only re-examines its candidates when the set id changes, and
 //   - a store or remove of a whole chain by one worker turns one set into another
-//     once and replays that transition from a one-entry memo.
+//     once and replays that transition from a cache of recent transitions.
 // Set 0 is the permanent empty set.
 
 type ownerElem = uint32
@@ -23,28 +20,59 @@ func elemTier(e ownerElem) Tier            { return Tier(e & 3) }
 
 type ownerSet struct {
 	elems []ownerElem
-	key   string // elems as little-endian bytes: the intern table's key
-	refs  uint32 // nodes using this set
+	// sum is Σ mix(e) over elems: the intern table's key. Being a sum, the
+	// key of a set with one element added or removed is sum ± mix(e), found
+	// without reading the set; with a key made of the elements' bytes, every
+	// ownership change of a block that a thousand ranks hold built and
+	// hashed a 4 KB string.
+	sum  uint64
+	next uint32 // next set with the same sum; 0 ends the chain
+	refs uint32 // nodes using this set
+	gen  uint32 // times the id was freed: transitions cached before are stale
 }
 
 type setTable struct {
 	sets  []ownerSet
-	byKey map[string]uint32
+	bySum map[uint64]uint32 // first set of each sum's chain (set 0 is in none)
 	free  []uint32
+	live  int
 
-	scratch []ownerElem
-	keyBuf  []byte
+	// Recent transitions: sets[from] with elem added or removed. A store or
+	// remove of a chain replays one transition block after block, and the
+	// single-block removals of one worker, interleaved with every other
+	// worker's, replay the same few transitions of widely held sets.
+	trans [transSlots]transition
+}
 
-	// One-entry transition memo: sets[from] with elem added (add) or removed.
-	memoOK   bool
-	memoFrom uint32
-	memoElem ownerElem
-	memoAdd  bool
-	memoTo   uint32
+const transSlots = 1024
+
+type transition struct {
+	from, to       uint32
+	fromGen, toGen uint32
+	elem           ownerElem
+	add            bool
+	ok             bool
+}
+
+func transSlot(from uint32, e ownerElem, add bool) int {
+	k := uint64(from)<<32 | uint64(e)
+	if add {
+		k = ^k
+	}
+	return int((k * 0x9e3779b97f4a7c15) >> (64 - 10))
+}
+
+// mix is a bijective 64-bit finaliser (splitmix64's), so that sums of
+// different sets collide only by chance; chains resolve the collisions.
+func mix(e ownerElem) uint64 {
+	x := uint64(e) + 0x9e3779b97f4a7c15
+	x = (x ^ x>>30) * 0xbf58476d1ce4e5b9
+	x = (x ^ x>>27) * 0x94d049bb133111eb
+	return x ^ x>>31
 }
 
 func newSetTable() setTable {
-	return setTable{sets: []ownerSet{{refs: 1}}, byKey: map[string]uint32{"": 0}}
+	return setTable{sets: []ownerSet{{refs: 1}}, bySum: map[uint64]uint32{}}
 }
 
 func (st *setTable) elems(id uint32) []ownerElem { return st.sets[id].elems }
@@ -64,18 +92,34 @@ func (st *setTable) release(id uint32) {
 	if s.refs > 0 {
 		return
 	}
-	delete(st.byKey, s.key)
-	*s = ownerSet{}
+	// Unlink id from its chain.
+	if head := st.bySum[s.sum]; head == id {
+		if s.next == 0 {
+			delete(st.bySum, s.sum)
+		} else {
+			st.bySum[s.sum] = s.next
+		}
+	} else {
+		p := head
+		for st.sets[p].next != id {
+			p = st.sets[p].next
+		}
+		st.sets[p].next = s.next
+	}
+	// The buffer stays for the set that reuses the id; the new generation
+	// voids the transitions cached to and from the freed contents.
+	*s = ownerSet{elems: s.elems[:0], gen: s.gen + 1}
 	st.free = append(st.free, id)
-	// The freed id may be reused for other contents.
-	st.memoOK = false
+	st.live--
 }
 
 // with returns the id of sets[id] ∪ {e} (adding) or sets[id] \ {e} (removing),
 // without changing reference counts.
 func (st *setTable) with(id uint32, e ownerElem, add bool) uint32 {
-	if st.memoOK && st.memoFrom == id && st.memoElem == e && st.memoAdd == add {
-		return st.memoTo
+	tr := &st.trans[transSlot(id, e, add)]
+	if tr.ok && tr.from == id && tr.elem == e && tr.add == add &&
+		tr.fromGen == st.sets[id].gen && tr.toGen == st.sets[tr.to].gen {
+		return tr.to
 	}
 	cur := st.sets[id].elems
 	if !add && len(cur) == 1 && cur[0] == e {
@@ -85,42 +129,69 @@ func (st *setTable) with(id uint32, e ownerElem, add bool) uint32 {
 	if found == add {
 		return id
 	}
-	next := append(st.scratch[:0], cur[:i]...)
+	sum := st.sets[id].sum
 	if add {
-		next = append(next, e)
-		next = append(next, cur[i:]...)
+		sum += mix(e)
 	} else {
-		next = append(next, cur[i+1:]...)
+		sum -= mix(e)
 	}
-	st.scratch = next
-	to := st.intern(next)
-	st.memoOK, st.memoFrom, st.memoElem, st.memoAdd, st.memoTo = true, id, e, add, to
+	to := st.find(sum, cur, i, e, add)
+	if to == 0 {
+		to = st.create(sum, cur, i, e, add)
+	}
+	*tr = transition{from: id, to: to, fromGen: st.sets[id].gen, toGen: st.sets[to].gen, elem: e, add: add, ok: true}
 	return to
 }
 
-// intern returns the id of the set with exactly elems (sorted), creating it with
-// zero references if needed.
-func (st *setTable) intern(elems []ownerElem) uint32 {
-	b := st.keyBuf[:0]
-	for _, e := range elems {
-		b = binary.LittleEndian.AppendUint32(b, e)
+// find returns the set whose elements are cur with e inserted at i (add) or
+// cur without its element i, or 0 if there is none.
+func (st *setTable) find(sum uint64, cur []ownerElem, i int, e ownerElem, add bool) uint32 {
+	for c := st.bySum[sum]; c != 0; c = st.sets[c].next {
+		s := st.sets[c].elems
+		if add {
+			if len(s) == len(cur)+1 && s[i] == e && slices.Equal(s[:i], cur[:i]) && slices.Equal(s[i+1:], cur[i:]) {
+				return c
+			}
+		} else if len(s) == len(cur)-1 && slices.Equal(s[:i], cur[:i]) && slices.Equal(s[i:], cur[i+1:]) {
+			return c
+		}
 	}
-	st.keyBuf = b
-	if id, ok := st.byKey[string(b)]; ok { // no allocation for the lookup
-		return id
-	}
-	s := ownerSet{elems: slices.Clone(elems), key: string(b)}
-	var id uint32
-	if n := len(st.free); n > 0 {
-		id = st.free[n-1]
-		st.free = st.free[:n-1]
-		st.sets[id] = s
-	} else {
-		id = uint32(len(st.sets))
-		st.sets = append(st.sets, s)
-	}
-	st.byKey[s.key] = id
-	return id
+	return 0
 }
 
-func (st *setTable) live() int { return len(st.byKey) - 1 }
+// create interns the set find did not find, with zero references, under
+// the id intern would have given it: the last freed one, else a new one.
+func (st *setTable) create(sum uint64, cur []ownerElem, i int, e ownerElem, add bool) uint32 {
+	n := len(cur) + 1
+	if !add {
+		n = len(cur) - 1
+	}
+	var id uint32
+	var buf []ownerElem
+	if k := len(st.free); k > 0 {
+		id = st.free[k-1]
+		st.free = st.free[:k-1]
+		// Reuse the freed set's buffer unless it would waste more than it
+		// holds: a buffer once grown for a thousand owners is not kept for one.
+		if b := st.sets[id].elems; cap(b) >= n && cap(b) <= 2*n+4 {
+			buf = b[:0]
+		}
+	} else {
+		id = uint32(len(st.sets))
+		st.sets = append(st.sets, ownerSet{})
+	}
+	if buf == nil {
+		buf = make([]ownerElem, 0, n)
+	}
+	buf = append(buf, cur[:i]...)
+	if add {
+		buf = append(buf, e)
+		buf = append(buf, cur[i:]...)
+	} else {
+		buf = append(buf, cur[i+1:]...)
+	}
+	st.sets[id] = ownerSet{elems: buf, sum: sum, next: st.bySum[sum], gen: st.sets[id].gen}
+	st.bySum[sum] = id
+	st.live++
+	return id
+}

@@ -39,6 +39,13 @@ type Tree struct {
 	slots     map[WorkerKey]uint32
 	workers   []workerState // by slot
 	freeSlots []uint32
+
+	// The slot of the last worker looked up: a batch's events all come from
+	// one worker rank, and a map lookup per event costs as much as
+	// removing its block.
+	lastKey  WorkerKey
+	lastSlot uint32
+	lastOK   bool
 }
 
 // A node is split in two: the fields a lookup reads on every block (16 bytes,
@@ -165,8 +172,20 @@ func (t *Tree) setOwner(id uint32, e ownerElem, add bool) {
 	n.set = to
 }
 
+// slotOf returns the slot of w, if it has one.
+func (t *Tree) slotOf(w WorkerKey) (uint32, bool) {
+	if t.lastOK && t.lastKey == w {
+		return t.lastSlot, true
+	}
+	s, ok := t.slots[w]
+	if ok {
+		t.lastKey, t.lastSlot, t.lastOK = w, s, true
+	}
+	return s, ok
+}
+
 func (t *Tree) slotFor(w WorkerKey) uint32 {
-	if s, ok := t.slots[w]; ok {
+	if s, ok := t.slotOf(w); ok {
 		return s
 	}
 	var s uint32
@@ -235,7 +254,7 @@ func validChain(parent uint64, hasParent bool, blocks []Block) bool {
 }
 
 func (t *Tree) store(w WorkerKey, tier Tier, parent uint64, hasParent bool, blocks []Block) error {
-	slot, known := t.slots[w]
+	slot, known := t.slotOf(w)
 	if hasParent && parent == 0 && !t.holdsExt(slot, known, tier, 0) {
 		// Some publishers write 0 for "no parent" where vLLM writes nil: the
 		// array encoding of llm-d-inference-sim does. A parent of 0 is read as
@@ -316,7 +335,7 @@ func validChainLong(parent uint64, hasParent bool, blocks []Block) bool {
 }
 
 func (t *Tree) remove(w WorkerKey, tier Tier, hashes []uint64) error {
-	slot, known := t.slots[w]
+	slot, known := t.slotOf(w)
 	missing := 0
 	e := elemOf(slot, tier)
 	for i, h := range hashes {
@@ -379,6 +398,7 @@ func (t *Tree) RemoveRank(w WorkerKey) {
 		t.clearTier(w, tier)
 	}
 	delete(t.slots, w)
+	t.lastOK = false
 	t.workers[slot] = workerState{}
 	t.freeSlots = append(t.freeSlots, slot)
 }
@@ -415,7 +435,7 @@ type Stats struct {
 
 // Stats counts the tree's contents.
 func (t *Tree) Stats() Stats {
-	s := Stats{Nodes: int(t.used) - 1 - len(t.freeIDs), OwnerSets: t.sets.live(), Workers: len(t.slots)}
+	s := Stats{Nodes: int(t.used) - 1 - len(t.freeIDs), OwnerSets: t.sets.live, Workers: len(t.slots)}
 	for _, ws := range t.workers {
 		for i := range ws.lookup {
 			s.Entries += ws.lookup[i].len()
