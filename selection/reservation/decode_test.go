@@ -17,6 +17,21 @@ func stored(w index.WorkerKey, parent uint64, hashes ...uint64) *index.Event {
 	return ev
 }
 
+// begun books id on w with its prompt's last block 7 and firstDecode
+// output tokens to its first block of output, keeps it to e, and has its
+// engine store block 7 (its first token) at first.
+func begun(t *testing.T, tab *Table, id string, w index.WorkerKey, firstDecode uint32, e End, first time.Time) {
+	t.Helper()
+	row := &Row{Worker: w, LastBlock: 7, LastBlockKnown: true, FirstDecodeBlock: firstDecode}
+	tab.Install(id, row)
+	if !tab.SetEnd(id, row, e) {
+		t.Fatalf("SetEnd(%s) refused", id)
+	}
+	if got := tab.Stored(nil, w, stored(w, 6, 7).Blocks, first, time.Minute); len(got) != 1 {
+		t.Fatalf("Stored = %+v, want %s's first token", got, id)
+	}
+}
+
 func TestDecodeProgressMovesTheEnd(t *testing.T) {
 	const blockSize = 16
 	const itl = 20 * time.Millisecond
@@ -24,21 +39,12 @@ func TestDecodeProgressMovesTheEnd(t *testing.T) {
 	w := index.WorkerKey{WorkerID: 1}
 	// A 40-token prompt: 2 full blocks (the last is 7), 8 tokens past
 	// them, so 8 output tokens complete block 100.
-	install := func(tab *Table, id string, e End) *Row {
-		row := &Row{Worker: w, LastBlock: 7, LastBlockKnown: true, FirstDecodeBlock: 8}
-		tab.Install(id, row)
-		if !tab.SetEnd(id, row, e) {
-			t.Fatalf("SetEnd(%s) refused", id)
-		}
-		return row
-	}
 	first := now.Add(100 * time.Millisecond)
 	est := End{Start: now, PrefillAt: now.Add(50 * time.Millisecond), At: now.Add(3 * time.Second), Tokens: 10, Limit: 10, ITL: 300 * time.Millisecond}
 
 	t.Run("the pace replaces the prediction", func(t *testing.T) {
 		var tab Table
-		install(&tab, "a", est)
-		tab.Stored(nil, w, stored(w, 6, 7).Blocks, first, time.Minute)
+		begun(t, &tab, "a", w, 8, est, first)
 		if _, ok := tab.Decoded(nil, stored(w, 6, 99), blockSize, first, time.Minute); ok {
 			t.Fatal("a block chained to another parent counted as decode")
 		}
@@ -61,8 +67,7 @@ func TestDecodeProgressMovesTheEnd(t *testing.T) {
 		var tab Table
 		long := est
 		long.Tokens, long.Limit = 100, 0
-		install(&tab, "b", long)
-		tab.Stored(nil, w, stored(w, 6, 7).Blocks, first, time.Minute)
+		begun(t, &tab, "b", w, 8, long, first)
 		tab.Decoded(nil, stored(w, 7, 100), blockSize, first.Add(8*itl), time.Minute)
 		// The next block holds 16 more: 24 computed, 25 sampled, 75 left
 		// at the pace of 24 steps in 24×40 ms (the batch grew).
@@ -90,10 +95,7 @@ func TestDecodeProgressMovesTheEnd(t *testing.T) {
 
 	t.Run("too few tokens to pace", func(t *testing.T) {
 		var tab Table
-		row := &Row{Worker: w, LastBlock: 7, LastBlockKnown: true, FirstDecodeBlock: 2}
-		tab.Install("c", row)
-		tab.SetEnd("c", row, est)
-		tab.Stored(nil, w, stored(w, 6, 7).Blocks, first, time.Minute)
+		begun(t, &tab, "c", w, 2, est, first)
 		before, _ := tab.EndOf("c")
 		if p, ok := tab.Decoded(nil, stored(w, 7, 100), blockSize, first.Add(time.Millisecond), time.Minute); !ok || !p.Due.Equal(before.At) {
 			t.Fatalf("2 tokens moved the end: %+v (was %v)", p, before.At.Sub(now))
@@ -110,8 +112,7 @@ func TestDecodeProgressMovesTheEnd(t *testing.T) {
 		tab.Install("a", rowA)
 		tab.Stored(nil, w, stored(w, 6, 7).Blocks, first, time.Minute) // before SetEnd
 		tab.SetEnd("a", rowA, est)
-		install(&tab, "b", est)
-		tab.Stored(nil, w, stored(w, 6, 7).Blocks, first.Add(time.Second), time.Minute)
+		begun(t, &tab, "b", w, 8, est, first.Add(time.Second))
 		p, ok := tab.Decoded(nil, stored(w, 7, 200), blockSize, first.Add(8*itl), time.Minute)
 		if !ok || p.ID != "a" {
 			t.Fatalf("Decoded = %+v, %v; want the older booking a", p, ok)
@@ -139,10 +140,7 @@ func TestAwaitedOutputBlockKeepsTheBooking(t *testing.T) {
 	est := End{Start: now, PrefillAt: ms(50), At: ms(150), Tokens: 10, Limit: 10, ITL: 10 * time.Millisecond, MaxLife: time.Minute}
 	start := func(t *testing.T) *Table {
 		var tab Table
-		row := &Row{Worker: w, LastBlock: 7, LastBlockKnown: true, FirstDecodeBlock: 4}
-		tab.Install("a", row)
-		tab.SetEnd("a", row, est)
-		tab.Stored(nil, w, stored(w, 6, 7).Blocks, ms(100), time.Minute) // first token: end at +200 ms
+		begun(t, &tab, "a", w, 4, est, ms(100)) // first token: end at +200 ms
 		return &tab
 	}
 	t.Run("held until the block, then its pace", func(t *testing.T) {
@@ -176,10 +174,7 @@ func TestAwaitedOutputBlockKeepsTheBooking(t *testing.T) {
 	})
 	t.Run("no block before the end", func(t *testing.T) {
 		var tab Table
-		row := &Row{Worker: w, LastBlock: 7, LastBlockKnown: true, FirstDecodeBlock: 10}
-		tab.Install("a", row)
-		tab.SetEnd("a", row, est)
-		tab.Stored(nil, w, stored(w, 6, 7).Blocks, ms(100), time.Minute)
+		begun(t, &tab, "a", w, 10, est, ms(100))
 		if _, e := tab.Due(ms(200)); len(e) != 1 {
 			t.Fatal("held for a block that completes only with the last token")
 		}
