@@ -34,6 +34,13 @@ const (
 	// that step is most of the measurement. The prediction is no fallback:
 	// without a response path to fit it, it may be far off.
 	minPaceTokens = 4
+	// minPaceSpan is the least time a measured pace must span: an engine
+	// that publishes its events on a timer (llm-d-inference-sim flushes
+	// every second, pkg/kv-cache/kv_cache_sender.go) delivers a first
+	// token and the blocks after it together, microseconds apart, which
+	// would read as a decode that took no time. Any real engine's inter-
+	// token latency puts minPaceTokens well past it.
+	minPaceSpan = 10 * time.Millisecond
 	// blockAwaitFactor and blockAwaitFloor bound how long past its
 	// estimated end a booking waits for a block of output its engine
 	// should store before that end: blockAwaitFactor times the time the
@@ -176,10 +183,11 @@ func (e *End) decoded(now time.Time, generated, blockSize int, latest time.Time)
 }
 
 // pace is the decode's time per output token since the first token, at
-// now; ok is false until it spans minPaceTokens.
+// now; ok is false until it spans minPaceTokens and minPaceSpan.
 func (e *End) pace(now time.Time) (time.Duration, bool) {
-	if e.generated < minPaceTokens {
+	span := now.Sub(e.firstAt)
+	if e.generated < minPaceTokens || span < minPaceSpan {
 		return 0, false
 	}
-	return now.Sub(e.firstAt) / time.Duration(e.generated), true
+	return span / time.Duration(e.generated), true
 }

@@ -106,6 +106,17 @@ func TestDecodeProgressMovesTheEnd(t *testing.T) {
 		}
 	})
 
+	t.Run("delivered with the first token", func(t *testing.T) {
+		// An engine that flushes its events on a timer: the first token
+		// and a block of output 2 ms later say nothing of the pace.
+		var tab Table
+		begun(t, &tab, "d", w, 8, est, first)
+		before, _ := tab.EndOf("d")
+		if p, ok := tab.Decoded(nil, stored(w, 7, 100), blockSize, first.Add(2*time.Millisecond), time.Minute); !ok || !p.Due.Equal(before.At) {
+			t.Fatalf("Decoded = %+v, %v; want the end left at %v", p, ok, before.At.Sub(now))
+		}
+	})
+
 	t.Run("stored before the hang-up, two on one prompt", func(t *testing.T) {
 		var tab Table
 		rowA := &Row{Worker: w, LastBlock: 7, LastBlockKnown: true, FirstDecodeBlock: 8}
