@@ -46,9 +46,8 @@ const (
 	// estimated time to first token, Actual the one seen.
 	BookingFirstTokenSeen
 	// BookingDecodeSeen: the engine stored a block of a booking's output
-	// (reservation/decode.go) and its estimated end moved; Estimated is
-	// its new estimated lifetime, Actual the output tokens its stored
-	// blocks hold.
+	// (reservation/decode.go) and its estimated end moved; Actual is the
+	// output tokens its stored blocks hold.
 	BookingDecodeSeen
 )
 

@@ -67,16 +67,15 @@ func (s *Service) storedSeen(key index.Partition, evs []index.Event) {
 		return
 	}
 	now := s.clock()
-	maxLife := s.ends.Config().Max
 	for i := range evs {
 		ev := &evs[i]
 		if ev.Kind != index.EventStored || ev.Tier != index.TierDevice || len(ev.Blocks) == 0 {
 			continue
 		}
-		if pr, ok := s.resv.Decoded(p, ev, p.BlockSize(), now, maxLife); ok {
+		if pr, ok := s.resv.Decoded(p, ev, p.BlockSize(), now); ok {
 			s.decodeSeen(p, pr)
 		}
-		for _, ft := range s.resv.Stored(p, ev.Worker, ev.Blocks, now, maxLife) {
+		for _, ft := range s.resv.Stored(p, ev.Worker, ev.Blocks, now) {
 			s.firstTokenSeen(ft, now)
 		}
 	}
@@ -86,8 +85,7 @@ func (s *Service) storedSeen(key index.Partition, evs []index.Event) {
 // ends loop wakes if the end came nearer.
 func (s *Service) decodeSeen(p *partition.Partition, pr reservation.Progress) {
 	s.wakeEnds(pr.Due)
-	s.onBookingEnd(BookingEndEvent{Kind: BookingDecodeSeen, Model: p.Key().Model,
-		Estimated: max(pr.Due.Sub(pr.Start), 0).Seconds(), Actual: float64(pr.Generated)})
+	s.onBookingEnd(BookingEndEvent{Kind: BookingDecodeSeen, Model: p.Key().Model, Actual: float64(pr.Generated)})
 }
 
 // firstTokenSeen acts on a first token an engine reported: the prefill

@@ -55,22 +55,22 @@ const (
 // when its estimated end now comes, Generated the output tokens its stored
 // blocks hold.
 type Progress struct {
-	ID         string
-	Due, Start time.Time
-	Generated  int
+	ID        string
+	Due       time.Time
+	Generated int
 }
 
 // decodeFrom starts watching r's decode from its block whose engine hash is
 // ext, the prompt's last full block once its first token was seen, and
 // awaits the first block of output if it should come before the output's
 // estimated end. Called with t.mu held.
-func (t *Table) decodeFrom(id string, r *Row, ext uint64, latest time.Time) {
+func (t *Table) decodeFrom(id string, r *Row, ext uint64) {
 	e := r.end
 	if r.FirstDecodeBlock == 0 || e == nil {
 		return
 	}
 	t.moveDecode(id, r, watchKey{watchRank{r.Part, r.Worker}, ext})
-	e.awaitBlock(e.firstAt, 0, int(r.FirstDecodeBlock), e.ITL, latest)
+	e.awaitBlock(e.firstAt, 0, int(r.FirstDecodeBlock), e.ITL)
 }
 
 // BlockAwaited reports whether e waits past its estimated end for a block
@@ -80,18 +80,15 @@ func (e *End) BlockAwaited() bool { return !e.blockDue.IsZero() && e.blockDue.Af
 // awaitBlock awaits, from now, the next block of output, which completes
 // once tokens more output tokens exist beyond the generated ones, at itl
 // each: only when it should be stored before the assumed output ends (the
-// step that completes it samples one more token), and never past latest.
-// Otherwise none is.
-func (e *End) awaitBlock(now time.Time, generated, tokens int, itl time.Duration, latest time.Time) {
+// step that completes it samples one more token), within the cap. Otherwise
+// none is.
+func (e *End) awaitBlock(now time.Time, generated, tokens int, itl time.Duration) {
 	e.blockDue = time.Time{}
 	if generated+tokens+1 > e.Tokens || itl <= 0 {
 		return
 	}
 	expect := time.Duration(tokens) * itl
-	e.blockDue = now.Add(max(blockAwaitFactor*expect, expect+blockAwaitFloor))
-	if e.blockDue.After(latest) {
-		e.blockDue = latest
-	}
+	e.blockDue = e.capped(now.Add(max(blockAwaitFactor*expect, expect+blockAwaitFloor)))
 }
 
 // moveDecode points r's decode watch at k. Called with t.mu held.
@@ -114,11 +111,10 @@ func (t *Table) undecode(id string, k watchKey) {
 // Decoded records that ev's engine in part, whose blocks hold blockSize
 // tokens, stored ev's blocks at now (a BlockStored event with a parent):
 // the booking whose decode waits for a child of that parent advanced by
-// them, and its estimated end moves to its output left at its pace so far,
-// never past its start plus maxLife. Of two bookings waiting on the same
+// them, and its estimated end moves to its output left at its pace so far. Of two bookings waiting on the same
 // parent (the same prompt decoding twice on one rank), the older takes the
 // first child.
-func (t *Table) Decoded(part *partition.Partition, ev *index.Event, blockSize uint32, now time.Time, maxLife time.Duration) (Progress, bool) {
+func (t *Table) Decoded(part *partition.Partition, ev *index.Event, blockSize uint32, now time.Time) (Progress, bool) {
 	blocks := ev.Blocks
 	if t.decodes.Load() == 0 || !ev.HasParent || len(blocks) == 0 || len(blocks) > maxDecodeBlocks {
 		return Progress{}, false
@@ -143,16 +139,15 @@ func (t *Table) Decoded(part *partition.Partition, ev *index.Event, blockSize ui
 		tokens = e.generated + int(blockSize)
 	}
 	tokens += (len(blocks) - 1) * int(blockSize)
-	latest := e.Start.Add(maxLife)
-	e.decoded(now, tokens, int(blockSize), latest)
+	e.decoded(now, tokens, int(blockSize))
 	pace, ok := e.pace(now)
 	if !ok {
 		pace = e.ITL
 	}
-	e.awaitBlock(now, tokens, int(blockSize), pace, latest)
+	e.awaitBlock(now, tokens, int(blockSize), pace)
 	t.moveDecode(id, r, watchKey{rank, blocks[len(blocks)-1].Ext})
 	t.schedule(id, e)
-	return Progress{ID: id, Due: e.due(), Start: e.Start, Generated: tokens}, true
+	return Progress{ID: id, Due: e.due(), Generated: tokens}, true
 }
 
 // decoded moves e by its decode having computed the KV of generated output
@@ -161,8 +156,8 @@ func (t *Table) Decoded(part *partition.Partition, ev *index.Event, blockSize ui
 // minPaceTokens. The output left is the assumed length less what was
 // sampled; once the output outran that assumption, one more block (never
 // past Limit): the end comes unless another block is stored. Never before
-// now, never past latest.
-func (e *End) decoded(now time.Time, generated, blockSize int, latest time.Time) {
+// now, within the cap.
+func (e *End) decoded(now time.Time, generated, blockSize int) {
 	e.generated = generated
 	itl, ok := e.pace(now)
 	if !ok {
@@ -176,10 +171,7 @@ func (e *End) decoded(now time.Time, generated, blockSize int, latest time.Time)
 	if e.Limit > 0 {
 		left = min(left, max(e.Limit-sampled, 0))
 	}
-	e.At = now.Add(time.Duration(left) * itl)
-	if e.At.After(latest) {
-		e.At = latest
-	}
+	e.At = e.capped(now.Add(time.Duration(left) * itl))
 }
 
 // pace is the decode's time per output token since the first token, at

@@ -27,7 +27,7 @@ func begun(t *testing.T, tab *Table, id string, w index.WorkerKey, firstDecode u
 	if !tab.SetEnd(id, row, e) {
 		t.Fatalf("SetEnd(%s) refused", id)
 	}
-	if got := tab.Stored(nil, w, stored(w, 6, 7).Blocks, first, time.Minute); len(got) != 1 {
+	if got := tab.Stored(nil, w, stored(w, 6, 7).Blocks, first); len(got) != 1 {
 		t.Fatalf("Stored = %+v, want %s's first token", got, id)
 	}
 }
@@ -45,11 +45,11 @@ func TestDecodeProgressMovesTheEnd(t *testing.T) {
 	t.Run("the pace replaces the prediction", func(t *testing.T) {
 		var tab Table
 		begun(t, &tab, "a", w, 8, est, first)
-		if _, ok := tab.Decoded(nil, stored(w, 6, 99), blockSize, first, time.Minute); ok {
+		if _, ok := tab.Decoded(nil, stored(w, 6, 99), blockSize, first); ok {
 			t.Fatal("a block chained to another parent counted as decode")
 		}
 		at := first.Add(8 * itl) // the step that computed 8 output tokens' KV
-		p, ok := tab.Decoded(nil, stored(w, 7, 100), blockSize, at, time.Minute)
+		p, ok := tab.Decoded(nil, stored(w, 7, 100), blockSize, at)
 		// 9 tokens sampled of 10: one more step at 20 ms, not 300.
 		if want := at.Add(itl); !ok || p.ID != "a" || p.Generated != 8 || !p.Due.Equal(want) {
 			t.Fatalf("Decoded = %+v, %v; want a due at %v with 8 tokens", p, ok, want.Sub(now))
@@ -68,27 +68,27 @@ func TestDecodeProgressMovesTheEnd(t *testing.T) {
 		long := est
 		long.Tokens, long.Limit = 100, 0
 		begun(t, &tab, "b", w, 8, long, first)
-		tab.Decoded(nil, stored(w, 7, 100), blockSize, first.Add(8*itl), time.Minute)
+		tab.Decoded(nil, stored(w, 7, 100), blockSize, first.Add(8*itl))
 		// The next block holds 16 more: 24 computed, 25 sampled, 75 left
 		// at the pace of 24 steps in 24×40 ms (the batch grew).
 		at := first.Add(24 * 2 * itl)
-		p, ok := tab.Decoded(nil, stored(w, 100, 101), blockSize, at, time.Minute)
+		p, ok := tab.Decoded(nil, stored(w, 100, 101), blockSize, at)
 		if want := at.Add(75 * 2 * itl); !ok || p.Generated != 24 || !p.Due.Equal(want) {
 			t.Fatalf("Decoded = %+v, %v; want 24 tokens, due %v", p, ok, want.Sub(now))
 		}
 		// Four blocks in one step (speculative decoding): 88 computed.
 		at = first.Add(88 * 2 * itl)
-		p, _ = tab.Decoded(nil, stored(w, 101, 102, 103, 104, 105), blockSize, at, time.Minute)
+		p, _ = tab.Decoded(nil, stored(w, 101, 102, 103, 104, 105), blockSize, at)
 		if want := at.Add(11 * 2 * itl); p.Generated != 88 || !p.Due.Equal(want) {
 			t.Fatalf("Decoded = %+v; want 88 tokens, due %v", p, want.Sub(now))
 		}
 		// Past the assumed length: one block more each time.
 		at = first.Add(120 * 2 * itl)
-		p, _ = tab.Decoded(nil, stored(w, 105, 106, 107), blockSize, at, time.Minute)
+		p, _ = tab.Decoded(nil, stored(w, 105, 106, 107), blockSize, at)
 		if want := at.Add(16 * 2 * itl); p.Generated != 120 || !p.Due.Equal(want) {
 			t.Fatalf("Decoded = %+v; want 120 tokens, due one block on at %v", p, want.Sub(now))
 		}
-		if _, ok := tab.Decoded(nil, stored(w, 107, 108, 109, 110, 111, 112), blockSize, at, time.Minute); ok {
+		if _, ok := tab.Decoded(nil, stored(w, 107, 108, 109, 110, 111, 112), blockSize, at); ok {
 			t.Fatal("a chain of 5 blocks counted as one step's decode")
 		}
 	})
@@ -97,11 +97,11 @@ func TestDecodeProgressMovesTheEnd(t *testing.T) {
 		var tab Table
 		begun(t, &tab, "c", w, 2, est, first)
 		before, _ := tab.EndOf("c")
-		if p, ok := tab.Decoded(nil, stored(w, 7, 100), blockSize, first.Add(time.Millisecond), time.Minute); !ok || !p.Due.Equal(before.At) {
+		if p, ok := tab.Decoded(nil, stored(w, 7, 100), blockSize, first.Add(time.Millisecond)); !ok || !p.Due.Equal(before.At) {
 			t.Fatalf("2 tokens moved the end: %+v (was %v)", p, before.At.Sub(now))
 		}
 		// The watch follows the chain all the same.
-		if p, ok := tab.Decoded(nil, stored(w, 100, 101), blockSize, first.Add(18*itl), time.Minute); !ok || p.Generated != 18 {
+		if p, ok := tab.Decoded(nil, stored(w, 100, 101), blockSize, first.Add(18*itl)); !ok || p.Generated != 18 {
 			t.Fatalf("Decoded = %+v, %v; want 18 tokens", p, ok)
 		}
 	})
@@ -112,7 +112,7 @@ func TestDecodeProgressMovesTheEnd(t *testing.T) {
 		var tab Table
 		begun(t, &tab, "d", w, 8, est, first)
 		before, _ := tab.EndOf("d")
-		if p, ok := tab.Decoded(nil, stored(w, 7, 100), blockSize, first.Add(2*time.Millisecond), time.Minute); !ok || !p.Due.Equal(before.At) {
+		if p, ok := tab.Decoded(nil, stored(w, 7, 100), blockSize, first.Add(2*time.Millisecond)); !ok || !p.Due.Equal(before.At) {
 			t.Fatalf("Decoded = %+v, %v; want the end left at %v", p, ok, before.At.Sub(now))
 		}
 	})
@@ -121,14 +121,14 @@ func TestDecodeProgressMovesTheEnd(t *testing.T) {
 		var tab Table
 		rowA := &Row{Worker: w, LastBlock: 7, LastBlockKnown: true, FirstDecodeBlock: 8}
 		tab.Install("a", rowA)
-		tab.Stored(nil, w, stored(w, 6, 7).Blocks, first, time.Minute) // before SetEnd
+		tab.Stored(nil, w, stored(w, 6, 7).Blocks, first) // before SetEnd
 		tab.SetEnd("a", rowA, est)
 		begun(t, &tab, "b", w, 8, est, first.Add(time.Second))
-		p, ok := tab.Decoded(nil, stored(w, 7, 200), blockSize, first.Add(8*itl), time.Minute)
+		p, ok := tab.Decoded(nil, stored(w, 7, 200), blockSize, first.Add(8*itl))
 		if !ok || p.ID != "a" {
 			t.Fatalf("Decoded = %+v, %v; want the older booking a", p, ok)
 		}
-		p, ok = tab.Decoded(nil, stored(w, 7, 300), blockSize, first.Add(time.Second+8*itl), time.Minute)
+		p, ok = tab.Decoded(nil, stored(w, 7, 300), blockSize, first.Add(time.Second+8*itl))
 		if !ok || p.ID != "b" || !p.Due.Equal(first.Add(time.Second+9*itl)) {
 			t.Fatalf("Decoded = %+v, %v; want b at its own pace", p, ok)
 		}
@@ -160,7 +160,7 @@ func TestAwaitedOutputBlockKeepsTheBooking(t *testing.T) {
 			t.Fatalf("freed at %v before its first output block or the give-up (+390 ms)", e)
 		}
 		// The engine runs at 50 ms a token: the block comes at +300 ms.
-		p, ok := tab.Decoded(nil, stored(w, 7, 100), blockSize, ms(300), time.Minute)
+		p, ok := tab.Decoded(nil, stored(w, 7, 100), blockSize, ms(300))
 		if want := ms(300 + 5*50); !ok || !p.Due.Equal(want) {
 			t.Fatalf("Decoded = %+v, %v; want due at +550 ms (5 tokens left at 50 ms)", p, ok)
 		}

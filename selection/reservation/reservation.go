@@ -89,8 +89,8 @@ type Row struct {
 //
 // Tokens is the output length the estimate assumed, Limit the request's
 // max_tokens (0: none) and ITL the predicted inter-token latency: the
-// decode's progress in the engine's KV events moves At by them (decode.go),
-// never past Start plus MaxLife.
+// decode's progress in the engine's KV events moves At by them (decode.go).
+// No event moves At or the waits past Start plus MaxLife (zero: no bound).
 type End struct {
 	Start, PrefillAt, At time.Time
 	Lifetime, TTFT       time.Duration
@@ -122,17 +122,23 @@ func (e *End) due() time.Time {
 	return e.At
 }
 
+// capped is t, or Start plus MaxLife when t is later: the furthest an
+// event may move e's end.
+func (e *End) capped(t time.Time) time.Time {
+	if latest := e.Start.Add(e.MaxLife); e.MaxLife > 0 && t.After(latest) {
+		return latest
+	}
+	return t
+}
+
 // firstTokenSeen moves e by its first token, seen at now: the end comes
 // its estimated decode after it, however much later (the request waited in
-// its engine's queue) or earlier than estimated the first token came, never
-// past latest. It reports whether the prefill completes now (the estimate
+// its engine's queue) or earlier than estimated the first token came, within
+// the cap (capped). It reports whether the prefill completes now (the estimate
 // had not completed it).
-func (e *End) firstTokenSeen(now, latest time.Time) (began bool) {
+func (e *End) firstTokenSeen(now time.Time) (began bool) {
 	e.seen = true
-	e.At = now.Add(e.At.Sub(e.PrefillAt))
-	if e.At.After(latest) {
-		e.At = latest
-	}
+	e.At = e.capped(now.Add(e.At.Sub(e.PrefillAt)))
 	if e.At.Before(now) {
 		e.At = now
 	}
@@ -370,7 +376,7 @@ func (t *Table) SetEnd(id string, read *Row, e End) bool {
 		// the engine began. Nothing to wait for; its decode is watched from
 		// that block on.
 		e.seen, e.firstAt = true, cur.stored
-		t.decodeFrom(id, cur, cur.storedExt, e.Start.Add(e.MaxLife))
+		t.decodeFrom(id, cur, cur.storedExt)
 	}
 	if t.ending == nil {
 		t.ending = make(map[string]*Row)
@@ -441,13 +447,13 @@ func (t *Table) Watches() int64 { return t.watches.Load() }
 // Stored records that worker's engine in part stored blocks at now (a KV
 // events batch): a row waiting for one of them as its prompt's last block
 // has its first token now. Its estimated end moves (End.firstTokenSeen),
-// never past its start plus maxLife; a row without one yet keeps the time
+// within its cap (End.MaxLife); a row without one yet keeps the time
 // for SetEnd. It returns the moved ends; each row is seen once.
 //
 // The blocks are read storedChunk at a time, the lock let go in between: a
 // long prompt stores tens of thousands at once, and every booking waits
 // on this lock.
-func (t *Table) Stored(part *partition.Partition, worker index.WorkerKey, blocks []index.Block, now time.Time, maxLife time.Duration) []FirstToken {
+func (t *Table) Stored(part *partition.Partition, worker index.WorkerKey, blocks []index.Block, now time.Time) []FirstToken {
 	rank := watchRank{part, worker}
 	var out []FirstToken
 	for start := 0; ; start += storedChunk {
@@ -459,7 +465,7 @@ func (t *Table) Stored(part *partition.Partition, worker index.WorkerKey, blocks
 			}
 			t.lastStore[rank] = now
 		}
-		out = t.stored(rank, chunk, now, maxLife, out)
+		out = t.stored(rank, chunk, now, out)
 		t.mu.Unlock()
 		if start+len(chunk) >= len(blocks) || t.watches.Load() == 0 {
 			return out
@@ -472,7 +478,7 @@ func (t *Table) Stored(part *partition.Partition, worker index.WorkerKey, blocks
 const storedChunk = 256
 
 // stored is Stored's reading of blocks, with t.mu held: it appends to out.
-func (t *Table) stored(rank watchRank, blocks []index.Block, now time.Time, maxLife time.Duration, out []FirstToken) []FirstToken {
+func (t *Table) stored(rank watchRank, blocks []index.Block, now time.Time, out []FirstToken) []FirstToken {
 	if t.watches.Load() == 0 {
 		return out
 	}
@@ -500,8 +506,8 @@ func (t *Table) stored(rank watchRank, blocks []index.Block, now time.Time, maxL
 			if r.end.seen {
 				continue
 			}
-			began := r.end.firstTokenSeen(now, r.end.Start.Add(maxLife))
-			t.decodeFrom(id, r, b.Ext, r.end.Start.Add(maxLife))
+			began := r.end.firstTokenSeen(now)
+			t.decodeFrom(id, r, b.Ext)
 			t.schedule(id, r.end)
 			out = append(out, FirstToken{ID: id, Due: r.end.due(), Began: began, Part: r.Part, Start: r.end.Start, TTFT: r.end.TTFT})
 		}

@@ -273,12 +273,12 @@ func TestStoredMovesTheEnd(t *testing.T) {
 		t.Fatal("a row naming its last block is not watched")
 	}
 	tab.SetEnd("a", row, End{Start: now, PrefillAt: now.Add(100 * time.Millisecond), At: now.Add(300 * time.Millisecond)})
-	if got := tab.Stored(nil, w, blocks(1, 2), now, time.Second); len(got) != 0 {
+	if got := tab.Stored(nil, w, blocks(1, 2), now); len(got) != 0 {
 		t.Fatalf("other blocks began %v", got)
 	}
 	// Seen 400 ms late: the end moves 400 ms, the prefill is for the
 	// caller to complete (the estimate had not done it).
-	got := tab.Stored(nil, w, blocks(6, 7), now.Add(500*time.Millisecond), time.Second)
+	got := tab.Stored(nil, w, blocks(6, 7), now.Add(500*time.Millisecond))
 	if len(got) != 1 || got[0].ID != "a" || !got[0].Began || !got[0].Due.Equal(now.Add(700*time.Millisecond)) {
 		t.Fatalf("Stored = %+v; want a's end at +700ms, its prefill to complete", got)
 	}
@@ -295,8 +295,8 @@ func TestStoredMovesTheEnd(t *testing.T) {
 	// Never past start + the cap.
 	rowB := &Row{Worker: w, LastBlock: 8, LastBlockKnown: true}
 	tab.Install("b", rowB)
-	tab.SetEnd("b", rowB, End{Start: now, PrefillAt: now.Add(100 * time.Millisecond), At: now.Add(900 * time.Millisecond)})
-	if got := tab.Stored(nil, w, blocks(8), now.Add(800*time.Millisecond), time.Second); len(got) != 1 || !got[0].Due.Equal(now.Add(time.Second)) {
+	tab.SetEnd("b", rowB, End{Start: now, PrefillAt: now.Add(100 * time.Millisecond), At: now.Add(900 * time.Millisecond), MaxLife: time.Second})
+	if got := tab.Stored(nil, w, blocks(8), now.Add(800*time.Millisecond)); len(got) != 1 || !got[0].Due.Equal(now.Add(time.Second)) {
 		t.Fatalf("Stored = %+v, want the end at the 1 s cap", got)
 	}
 
@@ -307,7 +307,7 @@ func TestStoredMovesTheEnd(t *testing.T) {
 	if _, e := tab.Due(now.Add(4 * time.Second)); slices.Contains(e, "c") {
 		t.Fatal("an awaited end came due at its estimate")
 	}
-	if got := tab.Stored(nil, w, blocks(9), now.Add(4*time.Second), time.Minute); len(got) != 1 || !got[0].Due.Equal(now.Add(4100*time.Millisecond)) {
+	if got := tab.Stored(nil, w, blocks(9), now.Add(4*time.Second)); len(got) != 1 || !got[0].Due.Equal(now.Add(4100*time.Millisecond)) {
 		t.Fatalf("Stored = %+v, want the end 100 ms (its decode) after the first token", got)
 	}
 	// A long prompt's store is read a chunk at a time: a block past the
@@ -319,7 +319,7 @@ func TestStoredMovesTheEnd(t *testing.T) {
 	for i := range long {
 		long[i] = 1_000_000 + uint64(i)
 	}
-	if got := tab.Stored(nil, w, blocks(long...), now.Add(5*time.Second), time.Minute); len(got) != 1 || got[0].ID != "d" {
+	if got := tab.Stored(nil, w, blocks(long...), now.Add(5*time.Second)); len(got) != 1 || got[0].ID != "d" {
 		t.Fatalf("Stored = %+v over %d blocks, want d's first token", got, len(long))
 	}
 	if !tab.StoresWithin(nil, w, now.Add(4*time.Second)) || tab.StoresWithin(nil, index.WorkerKey{WorkerID: 2}, now) {
