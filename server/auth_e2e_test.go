@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvselect/kvselect/internal/proctest"
 	"github.com/kvselect/kvselect/internal/testpki"
 )
 
@@ -376,7 +377,7 @@ func TestRESTAuthorizationBlackBox(t *testing.T) {
 		if err := os.Rename(tmp, s.tokenFile); err != nil {
 			t.Fatal(err)
 		}
-		waitFor(t, "the rotated-out read token to be refused", 20*time.Second, func() bool {
+		proctest.Eventually(t, "the rotated-out read token to be refused", 20*time.Second, func() bool {
 			return s.do("", e2eRead, "GET", "/workers", nil).status == http.StatusUnauthorized
 		})
 		if a := s.do("", e2eAll, "GET", "/workers", nil); a.status != http.StatusOK {
@@ -537,14 +538,14 @@ func TestReplicaSyncKeyFile(t *testing.T) {
 	// Bookings made on A until B mirrors one: the subscriptions connect
 	// in the background.
 	n := 0
-	waitFor(t, "B to mirror A's booking", 20*time.Second, func() bool {
+	proctest.Eventually(t, "B to mirror A's booking", 20*time.Second, func() bool {
 		n++
 		post(t, a.rest()+"/select_and_reserve", fmt.Sprintf(`{"model_name":"m","token_ids":[1,2,3,4],"selection_id":"s%d"}`, n))
 		return activeRequests(t, b.rest()) > 0
 	})
 	// C subscribes to A too, with another key: it counted A's messages as
 	// unauthenticated and applied none.
-	waitFor(t, "C to reject A's messages", 20*time.Second, func() bool {
+	proctest.Eventually(t, "C to reject A's messages", 20*time.Second, func() bool {
 		return strings.Contains(get(t, c.rest()+"/metrics"), `kvselect_replica_sync_rejected_envelopes_total{reason="unauthenticated"}`) &&
 			!strings.Contains(get(t, c.rest()+"/metrics"), `kvselect_replica_sync_rejected_envelopes_total{reason="unauthenticated"} 0`)
 	})
@@ -644,13 +645,13 @@ func TestClientCertificateRulesReload(t *testing.T) {
 	}
 	write("auth:\n  client_certificates:\n    - ou: team-b\n      scopes: [read]\n")
 	reload <- struct{}{}
-	waitFor(t, "team-b's rule in force", 20*time.Second, func() bool { return status(bb) == http.StatusOK })
+	proctest.Eventually(t, "team-b's rule in force", 20*time.Second, func() bool { return status(bb) == http.StatusOK })
 	if sa := status(a); sa != http.StatusUnauthorized {
 		t.Fatalf("after the reload team-a's certificate still gets %d", sa)
 	}
 	write("auth:\n  client_certificates:\n    - ou: team-c\n      scopes: [superuser]\n")
 	reload <- struct{}{}
-	waitFor(t, "the broken file's reload failure logged", 20*time.Second, func() bool {
+	proctest.Eventually(t, "the broken file's reload failure logged", 20*time.Second, func() bool {
 		return strings.Contains(b.logs.String(), `unknown scope \"superuser\"`)
 	})
 	if sb := status(bb); sb != http.StatusOK {

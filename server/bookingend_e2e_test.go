@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvselect/kvselect/internal/proctest"
 	"github.com/kvselect/kvselect/mockworker"
 )
 
@@ -46,7 +47,7 @@ func TestRESTBookingsFollowTheirEnginesFirstToken(t *testing.T) {
 	}
 	// The listener connects asynchronously: warm it until a prompt's
 	// blocks show up in the index.
-	waitFor(t, "the engine's KV events in kvselect's index", 30*time.Second, func() bool {
+	proctest.Eventually(t, "the engine's KV events in kvselect's index", 30*time.Second, func() bool {
 		warm := tokens(9000, 8)
 		if _, err := w.Generate(ctx, mockworker.Request{Tokens: warm, MaxTokens: 1}); err != nil {
 			t.Fatal(err)
@@ -93,7 +94,7 @@ func TestRESTBookingsFollowTheirEnginesFirstToken(t *testing.T) {
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the first token seen in the engine's KV events", 30*time.Second, func() bool {
+	proctest.Eventually(t, "the first token seen in the engine's KV events", 30*time.Second, func() bool {
 		return metric(t, rest, `kvselect_booking_first_token_error_seconds_count{model="m"}`) == 1
 	})
 	// The queue (0.6 s behind the blocker, then 0.16 s of prefill) was far
@@ -101,7 +102,7 @@ func TestRESTBookingsFollowTheirEnginesFirstToken(t *testing.T) {
 	if sum := metric(t, rest, `kvselect_booking_first_token_error_seconds_sum{model="m"}`); sum > -0.3 {
 		t.Fatalf("first token error %v s, want the estimate early by more than 0.3 s", sum)
 	}
-	waitFor(t, "the booking freed at its moved end, without a free", 30*time.Second, func() bool {
+	proctest.Eventually(t, "the booking freed at its moved end, without a free", 30*time.Second, func() bool {
 		return metric(t, rest, `kvselect_bookings_ended_by_estimate_total{how="estimated_end",model="m"}`) == 1 &&
 			activeRequests(t, rest) == 0
 	})

@@ -15,6 +15,7 @@ import (
 	"github.com/kvselect/kvselect/bench/relay"
 	"github.com/kvselect/kvselect/envoysim"
 	"github.com/kvselect/kvselect/extproc"
+	"github.com/kvselect/kvselect/internal/proctest"
 	"github.com/kvselect/kvselect/mockworker"
 )
 
@@ -66,7 +67,7 @@ func TestDisaggregationEndToEnd(t *testing.T) {
 			t.Errorf("/metrics lacks %q", want)
 		}
 	}
-	waitFor(t, "the pool transition in the log", 5*time.Second, func() bool {
+	proctest.Eventually(t, "the pool transition in the log", 5*time.Second, func() bool {
 		return strings.Count(logs.String(), "prefill pool cannot take requests") == 1
 	})
 }
@@ -197,7 +198,7 @@ func TestDisaggregationFaultsWithMockWorkers(t *testing.T) {
 			DecodeBlocks   uint64 `json:"potential_decode_blocks"`
 		} `json:"loads"`
 	}
-	waitFor(t, "every booking freed", 5*time.Second, func() bool {
+	proctest.Eventually(t, "every booking freed", 5*time.Second, func() bool {
 		res, err := http.Get(rest + "/loads")
 		if err != nil {
 			return false

@@ -17,6 +17,7 @@ import (
 	giev1 "sigs.k8s.io/gateway-api-inference-extension/api/v1"
 
 	"github.com/kvselect/kvselect/discovery/kubetest"
+	"github.com/kvselect/kvselect/internal/proctest"
 )
 
 // TestPoolFlagsAgainstARealAPIServer runs the whole program as a cluster
@@ -43,7 +44,7 @@ func TestPoolFlagsAgainstARealAPIServer(t *testing.T) {
 		_, _ = b.ReadFrom(resp.Body)
 		return resp.StatusCode, b.String()
 	}
-	waitFor(t, "the pool-not-found condition", 60*time.Second, func() bool {
+	proctest.Eventually(t, "the pool-not-found condition", 60*time.Second, func() bool {
 		code, body := ready()
 		return code == http.StatusServiceUnavailable && strings.Contains(body, `"reason":"InferencePoolNotFound"`)
 	})
@@ -74,7 +75,7 @@ func TestPoolFlagsAgainstARealAPIServer(t *testing.T) {
 	if err := c.Create(ctx, pool); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the pod's worker and readiness", 60*time.Second, func() bool {
+	proctest.Eventually(t, "the pod's worker and readiness", 60*time.Second, func() bool {
 		code, body := ready()
 		var b struct {
 			Workers []struct {

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kvselect/kvselect/internal/proctest"
 )
 
 func TestDiscoveryFlagsRejected(t *testing.T) {
@@ -42,7 +44,7 @@ func TestWorkersFileThroughTheServer(t *testing.T) {
 	}
 	srv := runInBackground(t, withoutKVEvents, []string{"--extproc-port", "0", "--workers-file", path})
 	addr, logs := srv.addrs.REST.String(), srv.logs
-	waitFor(t, "the file's worker to be ready", 30*time.Second, func() bool {
+	proctest.Eventually(t, "the file's worker to be ready", 30*time.Second, func() bool {
 		resp, err := http.Get("http://" + addr + "/ready")
 		if err != nil {
 			return false

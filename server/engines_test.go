@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvselect/kvselect/internal/proctest"
 	"github.com/kvselect/kvselect/mockworker"
 )
 
@@ -61,7 +62,7 @@ func TestEngineMetricsAndHealthProbesEndToEnd(t *testing.T) {
 		} `json:"health"`
 	}
 	var ws []worker
-	waitFor(t, "worker 1 scraped and worker 2 ejected", 20*time.Second, func() bool {
+	proctest.Eventually(t, "worker 1 scraped and worker 2 ejected", 20*time.Second, func() bool {
 		if err := json.Unmarshal([]byte(get("/workers")), &ws); err != nil || len(ws) != 2 {
 			return false
 		}
@@ -187,7 +188,7 @@ func TestEngineHistogramsCalibrateWithoutResponsePath(t *testing.T) {
 	}
 	var p policy
 	sent := 0
-	waitFor(t, "TTFT intervals fitted from the engine's histogram", 60*time.Second, func() bool {
+	proctest.Eventually(t, "TTFT intervals fitted from the engine's histogram", 60*time.Second, func() bool {
 		// One request: booked, sent to the engine, freed without a word
 		// about its first token. Prompts of several lengths, so the fit
 		// sees its uncached-token feature move.

@@ -22,6 +22,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/kvselect/kvselect/envoysim"
+	"github.com/kvselect/kvselect/internal/proctest"
 	"github.com/kvselect/kvselect/internal/servingtls"
 	"github.com/kvselect/kvselect/internal/testpki"
 )
@@ -170,7 +171,7 @@ func TestExtProcServesTheMountedCertificateAndReloadsIt(t *testing.T) {
 
 	second := writeCertDir(t, dir)
 	// The files are checked at most once a second, at a new handshake.
-	waitFor(t, "the new certificate on a new connection", 10*time.Second, func() bool {
+	proctest.Eventually(t, "the new certificate on a new connection", 10*time.Second, func() bool {
 		c, err := grpc.NewClient(addr, append(envoysim.DialOptions(), grpc.WithTransportCredentials(credentials.NewTLS(&tls.Config{RootCAs: second})))...)
 		if err != nil {
 			t.Fatal(err)

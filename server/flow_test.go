@@ -12,6 +12,7 @@ import (
 
 	"github.com/kvselect/kvselect/envoysim"
 	"github.com/kvselect/kvselect/extproc"
+	"github.com/kvselect/kvselect/internal/proctest"
 )
 
 func queueingEnv(k string) (string, bool) {
@@ -47,7 +48,7 @@ func TestFlowControlEndToEnd(t *testing.T) {
 		}
 		routed <- x
 	}()
-	waitFor(t, "the waiter in GET /flow", 5*time.Second, func() bool {
+	proctest.Eventually(t, "the waiter in GET /flow", 5*time.Second, func() bool {
 		return strings.Contains(get(t, rest+"/flow"), `"tenant":"acme","queued":1`)
 	})
 	if m := get(t, rest+"/metrics"); !strings.Contains(m, `kvselect_flow_queued_requests{model="m",priority="2",routing_group="default",tenant_bucket="`+tenantBucket("acme")+`"} 1`) {
@@ -160,7 +161,7 @@ func TestFlowObjectivesFromTheConfigFile(t *testing.T) {
 		}
 		routed <- x
 	}()
-	waitFor(t, "premium waiting at priority 7", 5*time.Second, func() bool {
+	proctest.Eventually(t, "premium waiting at priority 7", 5*time.Second, func() bool {
 		return strings.Contains(get(t, rest+"/flow"), `"priority":7`)
 	})
 	blocker.Close()
@@ -168,12 +169,12 @@ func TestFlowObjectivesFromTheConfigFile(t *testing.T) {
 
 	write("objectives:\n  premium: 2\n")
 	reload <- struct{}{}
-	waitFor(t, "the reloaded objectives", 10*time.Second, func() bool {
+	proctest.Eventually(t, "the reloaded objectives", 10*time.Second, func() bool {
 		return strings.Contains(get(t, rest+"/flow"), `"objectives":{"premium":2}`)
 	})
 	write("objectives:\n  premium: 2000000\n")
 	reload <- struct{}{}
-	waitFor(t, "the bad file's reload failure logged", 10*time.Second, func() bool {
+	proctest.Eventually(t, "the bad file's reload failure logged", 10*time.Second, func() bool {
 		return strings.Contains(srv.logs.String(), "objectives.premium: priority 2000000 is out of range")
 	})
 	if got := get(t, rest+"/flow"); !strings.Contains(got, `"objectives":{"premium":2}`) {

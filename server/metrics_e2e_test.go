@@ -11,6 +11,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/kvselect/kvselect/envoysim"
+	"github.com/kvselect/kvselect/internal/proctest"
 )
 
 // GET /metrics carries the picker's series (kvselect_extproc_*) next to the
@@ -42,7 +43,7 @@ func TestMetricsAndPprofEndToEnd(t *testing.T) {
 		}
 		return string(b)
 	}
-	waitFor(t, "the booking freed at the stream's end in /metrics", 10*time.Second, func() bool {
+	proctest.Eventually(t, "the booking freed at the stream's end in /metrics", 10*time.Second, func() bool {
 		return strings.Contains(get("/metrics"), `kvselect_extproc_bookings_freed_total{at="stream_end"} 1`)
 	})
 	m := get("/metrics")

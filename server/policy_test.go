@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvselect/kvselect/internal/proctest"
 	"github.com/kvselect/kvselect/selection/scheduler"
 )
 
@@ -240,7 +241,7 @@ func TestReloadAppliesPolicyParametersAndKeepsTheLastGoodFile(t *testing.T) {
 	reloaded := func(msg string, n int) {
 		t.Helper()
 		reload <- struct{}{}
-		waitFor(t, fmt.Sprintf("%d %q log lines", n, msg), 30*time.Second, func() bool {
+		proctest.Eventually(t, fmt.Sprintf("%d %q log lines", n, msg), 30*time.Second, func() bool {
 			return strings.Count(logs.String(), `"msg":"`+msg) >= n
 		})
 	}

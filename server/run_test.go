@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/kvselect/kvselect/internal/logwatch"
+	"github.com/kvselect/kvselect/internal/proctest"
 )
 
 // logBuffer collects the JSON log lines a running server writes from several
@@ -107,17 +108,6 @@ func (b *background) stop(timeout time.Duration) error {
 	}
 }
 
-func waitFor(t *testing.T, what string, timeout time.Duration, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", timeout, what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
 func TestRunServesUntilCancelledThenStopsCleanly(t *testing.T) {
 	srv := runInBackground(t, noEnv, nil)
 	addr, logs := srv.addrs.REST.String(), srv.logs
@@ -163,7 +153,7 @@ func TestShutdownStopsTheServiceBeforeDraining(t *testing.T) {
 	time.Sleep(200 * time.Millisecond) // let the server read the headers and start the handler
 
 	srv.cancel()
-	waitFor(t, "the service to stop", 10*time.Second, func() bool {
+	proctest.Eventually(t, "the service to stop", 10*time.Second, func() bool {
 		return strings.Contains(logs.String(), `"msg":"selection service stopped admitting selections"`)
 	})
 	if code, resp := finish(t, upsert, body[10:]); code != http.StatusServiceUnavailable || !strings.Contains(resp, "selection service is shutting down") {

@@ -17,6 +17,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/kvselect/kvselect/internal/proctest"
 )
 
 // The replica-set tests run real kvselect processes on loopback, talking ZMQ
@@ -185,17 +187,6 @@ func (p *proc) load(t *testing.T) total {
 	return s
 }
 
-func waitUntil(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	end := time.Now().Add(replicaDeadline)
-	for !cond() {
-		if time.Now().After(end) {
-			t.Fatalf("not within %v: %s", replicaDeadline, what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
 const workerJSON = `{"worker_id":%d,"model_name":"llama","endpoint":"http://10.0.0.%d:8000","block_size":4}`
 
 func registerWorkers(t *testing.T, ps ...*proc) {
@@ -229,7 +220,7 @@ func meshed(t *testing.T, from *proc, to ...*proc) {
 		}
 		from.must(t, "DELETE", "/reservations/"+id, "", http.StatusOK)
 		for _, p := range to {
-			waitUntil(t, p.name+" drops the probe", func() bool { return p.load(t).requests == 0 })
+			proctest.Eventually(t, p.name+" drops the probe", replicaDeadline, func() bool { return p.load(t).requests == 0 })
 		}
 		if seen {
 			return
@@ -324,13 +315,13 @@ func TestReplicaSetOverLoopback(t *testing.T) {
 	t.Run("booking on A shows on B and C, prefill complete and free follow", func(t *testing.T) {
 		a.must(t, "POST", "/select_and_reserve", `{"model_name":"llama","selection_id":"req-1","token_ids":`+tokens(1, 16)+`}`, http.StatusOK)
 		for _, p := range []*proc{b, c} {
-			waitUntil(t, p.name+" mirrors req-1", func() bool { return p.load(t) == total{1, 16, 4} })
+			proctest.Eventually(t, p.name+" mirrors req-1", replicaDeadline, func() bool { return p.load(t) == total{1, 16, 4} })
 		}
 		// The id is taken everywhere now.
 		b.must(t, "POST", "/select_and_reserve", `{"model_name":"llama","selection_id":"req-1","token_ids":[1,2,3,4]}`, http.StatusConflict)
 		a.must(t, "POST", "/reservations/req-1/prefill_complete", "", http.StatusOK)
 		for _, p := range []*proc{b, c} {
-			waitUntil(t, p.name+" sees prefill complete", func() bool { return p.load(t) == total{1, 0, 4} })
+			proctest.Eventually(t, p.name+" sees prefill complete", replicaDeadline, func() bool { return p.load(t) == total{1, 0, 4} })
 		}
 		a.must(t, "POST", "/reservations/req-1/output_block", `{}`, http.StatusOK) // local only
 		time.Sleep(100 * time.Millisecond)                                         // a negative: let a stray event arrive
@@ -339,7 +330,7 @@ func TestReplicaSetOverLoopback(t *testing.T) {
 		}
 		a.must(t, "DELETE", "/reservations/req-1", "", http.StatusOK)
 		for _, p := range []*proc{b, c} {
-			waitUntil(t, p.name+" frees req-1", func() bool { return p.load(t) == total{} })
+			proctest.Eventually(t, p.name+" frees req-1", replicaDeadline, func() bool { return p.load(t) == total{} })
 		}
 	})
 
@@ -351,7 +342,7 @@ func TestReplicaSetOverLoopback(t *testing.T) {
 		if err := json.Unmarshal([]byte(body), &booked); err != nil {
 			t.Fatal(err)
 		}
-		waitUntil(t, "C steers the session to A's worker", func() bool {
+		proctest.Eventually(t, "C steers the session to A's worker", replicaDeadline, func() bool {
 			var got struct {
 				WorkerID uint64 `json:"worker_id"`
 			}
@@ -374,7 +365,7 @@ func TestReplicaSetOverLoopback(t *testing.T) {
 		b.kill()
 		b2 := start("B", "--indexer-peers", a.base)
 		registerWorkers(t, b2)
-		waitUntil(t, "B ready after recovery", func() bool {
+		proctest.Eventually(t, "B ready after recovery", replicaDeadline, func() bool {
 			status, body := b2.call(t, "GET", "/ready", "")
 			return status == http.StatusOK && strings.Contains(body, `"index_recovery":"recovered"`)
 		})
@@ -408,7 +399,7 @@ func TestReplicaSetOverLoopback(t *testing.T) {
 		aEP := fmt.Sprintf(`{"endpoint":"tcp://127.0.0.1:%d"}`, ports["A"])
 		c.must(t, "POST", "/replica_sync/deregister_peer", aEP, http.StatusOK)
 		a.must(t, "POST", "/reservations", `{"model_name":"llama","selection_id":"cut","worker_id":2,"sequence_hashes":[9],"isl_tokens":4}`, http.StatusCreated)
-		waitUntil(t, "B mirrors the booking", func() bool { return b.load(t).requests == 1 })
+		proctest.Eventually(t, "B mirrors the booking", replicaDeadline, func() bool { return b.load(t).requests == 1 })
 		time.Sleep(200 * time.Millisecond) // a negative: C, which heard it no later than B would, must not
 		if got := c.load(t); got != (total{}) {
 			t.Fatalf("C applied A's event after deregistering A: %+v", got)
@@ -436,9 +427,9 @@ func TestReplicaDeadPeerExpiresAndDisabledSync(t *testing.T) {
 	for i := range 3 {
 		d.must(t, "POST", "/select_and_reserve", fmt.Sprintf(`{"model_name":"llama","selection_id":"doomed-%d","token_ids":%s}`, i, tokens(10*i, 8)), http.StatusOK)
 	}
-	waitUntil(t, "E mirrors D's bookings", func() bool { return e.load(t).requests == 3 })
+	proctest.Eventually(t, "E mirrors D's bookings", replicaDeadline, func() bool { return e.load(t).requests == 3 })
 	d.kill() // SIGKILL: no frees will ever come
-	waitUntil(t, "E reclaims the dead peer's load", func() bool { return e.load(t) == total{} })
+	proctest.Eventually(t, "E reclaims the dead peer's load", replicaDeadline, func() bool { return e.load(t) == total{} })
 
 	off.must(t, "GET", "/replica_sync/peers", "", http.StatusOK)
 	if body := off.must(t, "GET", "/replica_sync/peers", "", http.StatusOK); strings.TrimSpace(body) != "[]" {

@@ -21,7 +21,7 @@ func FreePort(t testing.TB) int {
 	return p
 }
 
-// Eventually polls cond every 50 ms until it holds, failing the test after
+// Eventually polls cond every 10 ms until it holds, failing the test after
 // limit with what it waited for.
 func Eventually(t testing.TB, what string, limit time.Duration, cond func() bool) {
 	t.Helper()
@@ -30,7 +30,7 @@ func Eventually(t testing.TB, what string, limit time.Duration, cond func() bool
 		if time.Now().After(deadline) {
 			t.Fatalf("timed out after %v waiting for %s", limit, what)
 		}
-		time.Sleep(50 * time.Millisecond)
+		time.Sleep(10 * time.Millisecond)
 	}
 }
 
