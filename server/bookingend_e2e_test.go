@@ -2,7 +2,6 @@ package server
 
 import (
 	"encoding/json"
-	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -10,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvselect/kvselect/bench/promtext"
 	"github.com/kvselect/kvselect/internal/proctest"
 	"github.com/kvselect/kvselect/mockworker"
 )
@@ -80,7 +80,7 @@ func TestRESTBookingsFollowTheirEnginesFirstToken(t *testing.T) {
 		done <- err
 	}()
 	// Well past the estimate, still queued: the booking is still held.
-	estimated := metric(t, rest, `kvselect_booking_estimated_lifetime_seconds_sum{end="estimate",model="m"}`)
+	estimated := metric(t, rest, "kvselect_booking_estimated_lifetime_seconds_sum", "end", "estimate", "model", "m")
 	if estimated <= 0 || estimated > 0.2 {
 		t.Fatalf("estimated lifetime %v s: want a short one (an idle prior), under the 0.4 s this test checks at", estimated)
 	}
@@ -95,18 +95,18 @@ func TestRESTBookingsFollowTheirEnginesFirstToken(t *testing.T) {
 		t.Fatal(err)
 	}
 	proctest.Eventually(t, "the first token seen in the engine's KV events", 30*time.Second, func() bool {
-		return metric(t, rest, `kvselect_booking_first_token_error_seconds_count{model="m"}`) == 1
+		return metric(t, rest, "kvselect_booking_first_token_error_seconds_count", "model", "m") == 1
 	})
 	// The queue (0.6 s behind the blocker, then 0.16 s of prefill) was far
 	// beyond the idle prior's estimate, so the estimate was early.
-	if sum := metric(t, rest, `kvselect_booking_first_token_error_seconds_sum{model="m"}`); sum > -0.3 {
+	if sum := metric(t, rest, "kvselect_booking_first_token_error_seconds_sum", "model", "m"); sum > -0.3 {
 		t.Fatalf("first token error %v s, want the estimate early by more than 0.3 s", sum)
 	}
 	proctest.Eventually(t, "the booking freed at its moved end, without a free", 30*time.Second, func() bool {
-		return metric(t, rest, `kvselect_bookings_ended_by_estimate_total{how="estimated_end",model="m"}`) == 1 &&
+		return metric(t, rest, "kvselect_bookings_ended_by_estimate_total", "how", "estimated_end", "model", "m") == 1 &&
 			activeRequests(t, rest) == 0
 	})
-	if n := metric(t, rest, `kvselect_bookings_ended_by_estimate_total{how="first_token_unseen",model="m"}`); n != 0 {
+	if n := metric(t, rest, "kvselect_bookings_ended_by_estimate_total", "how", "first_token_unseen", "model", "m"); n != 0 {
 		t.Fatalf("%v bookings gave up waiting for a first token the engine reported", n)
 	}
 }
@@ -140,22 +140,16 @@ func postJSON(t *testing.T, url, body string, out any) {
 	}
 }
 
-// metric is the value of one series of kvselect's /metrics (0 when absent),
-// named with its labels as the exposition writes them.
-func metric(t *testing.T, rest, series string) float64 {
+// metric sums the series of kvselect's /metrics named name whose labels
+// have the given values (label, value, label, value, ...).
+func metric(t *testing.T, rest, name string, labels ...string) float64 {
 	t.Helper()
-	res, err := http.Get(rest + "/metrics")
+	m, err := promtext.Scrape(t.Context(), http.DefaultClient, rest+"/metrics")
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer res.Body.Close()
-	b, _ := io.ReadAll(res.Body)
-	for _, line := range strings.Split(string(b), "\n") {
-		if name, value, ok := strings.Cut(line, " "); ok && name == series {
-			var v float64
-			fmt.Sscan(value, &v)
-			return v
-		}
+	for i := 0; i+1 < len(labels); i += 2 {
+		m = m.Where(labels[i], labels[i+1])
 	}
-	return 0
+	return m.Sum(name)
 }
