@@ -54,7 +54,7 @@ func (in *Inspector) PotentialLoads(ctx context.Context, q *PromptQuery) ([]Pote
 		return nil, err
 	}
 	p, eff, pr := rq.part, rq.eff, rq.prompt
-	overlaps := p.Match(pr.locals, pr.text)
+	overlaps := p.Match(pr.locals, pr.text, nil)
 	ws := p.Workers()
 	out := []PotentialLoad{}
 	for _, pj := range p.Loads().Project(pr.tracking, nil) {
@@ -82,7 +82,7 @@ func (in *Inspector) OverlapScores(ctx context.Context, q *PromptQuery) (*Overla
 		return nil, err
 	}
 	p, eff, pr := rq.part, rq.eff, rq.prompt
-	overlaps := p.Match(pr.locals, pr.text)
+	overlaps := p.Match(pr.locals, pr.text, nil)
 	rows := map[index.WorkerKey]index.Overlap{}
 	for _, w := range p.Workers().Ranks {
 		rows[w] = index.Overlap{Worker: w}

@@ -55,7 +55,7 @@ type LatencyEvent struct {
 
 // fillLatency gives every candidate its model's fitted latency model and
 // its engine's estimated concurrency.
-func (s *Service) fillLatency(p *partition.Partition, cands []scheduler.Candidate) {
+func (s *Service) fillLatency(p *partition.Partition, cands []scheduler.Scored) {
 	model := p.Key().Model
 	c := s.latency.Pooled(model)
 	s.latency.Concurrency(model, len(cands), func(i int) (uint64, uint32) { return cands[i].Worker.WorkerID, cands[i].Worker.DPRank },
@@ -63,7 +63,7 @@ func (s *Service) fillLatency(p *partition.Partition, cands []scheduler.Candidat
 }
 
 // meanRequests is the mean active requests per candidate rank.
-func meanRequests(cands []scheduler.Candidate) float64 {
+func meanRequests(cands []scheduler.Scored) float64 {
 	if len(cands) == 0 {
 		return 0
 	}

@@ -70,6 +70,7 @@ func (s *Service) Select(ctx context.Context, req *SelectRequest) (*SelectRespon
 		e.SessionFinal = ss.final
 		s.pending.Put(s.clock(), pending.Key{Partition: key, SelectionID: *req.SelectionID}, e)
 	}
+	s.release(d)
 	return resp, nil
 }
 
@@ -170,6 +171,7 @@ func (s *Service) SelectAndReserve(ctx context.Context, req *SelectRequest) (*Se
 		s.disaggView(dis, resp, pid)
 	}
 	s.noteDecision(p, "select_and_reserve", resp)
+	s.release(d)
 	return resp, nil
 }
 

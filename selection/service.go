@@ -167,6 +167,7 @@ type Service struct {
 	prompts normalizer // request prompts to hashes (prepare.go)
 	pending *pending.Cache
 	indexes *index.Partitions
+	rows    overlapRows // recycled overlap rows of decisions (choose.go)
 
 	// policy is the selection policy in force, replaced whole by SetPolicy. A
 	// request loads it once (prepare) and uses that value throughout.

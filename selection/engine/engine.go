@@ -339,7 +339,7 @@ func (t *Table) rankLocked(workerID uint64, rank uint32, rankCount int, now time
 // whose queue is at the threshold is saturated; when every rank is saturated
 // by one threshold or the other, the partition is, and every rank counts as
 // saturated. Without any scrape it leaves cands alone.
-func (t *Table) Annotate(cands []scheduler.Candidate, rankCount func(i int) int, lora string, now time.Time, cfg *Config) {
+func (t *Table) Annotate(cands []scheduler.Scored, rankCount func(i int) int, lora string, now time.Time, cfg *Config) {
 	t.mu.RLock()
 	if len(t.by) == 0 {
 		t.mu.RUnlock()
@@ -347,7 +347,7 @@ func (t *Table) Annotate(cands []scheduler.Candidate, rankCount func(i int) int,
 	}
 	poolSat := true // every rank so far saturated by one threshold or the other
 	for i := range cands {
-		c := &cands[i]
+		c := &cands[i].Candidate
 		er, ok := t.rankLocked(c.Worker.WorkerID, c.Worker.DPRank, rankCount(i), now, cfg.StaleAfter)
 		if !ok {
 			poolSat = false

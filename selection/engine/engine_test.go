@@ -9,8 +9,8 @@ import (
 	"github.com/kvselect/kvselect/selection/scheduler"
 )
 
-func cands(ranks ...index.WorkerKey) []scheduler.Candidate {
-	out := make([]scheduler.Candidate, len(ranks))
+func cands(ranks ...index.WorkerKey) []scheduler.Scored {
+	out := make([]scheduler.Scored, len(ranks))
 	for i, w := range ranks {
 		out[i].Worker = w
 	}

@@ -180,8 +180,10 @@ func (ix *Index) Expire(now time.Time) int {
 	})
 }
 
-// Match appends the overlap of every worker rank that holds a prefix of locals.
-// With a side index, a worker's device count is the max of the two trees.
+// Match appends the overlap of every worker rank that holds a prefix of locals,
+// in (worker id, dp rank) order. With a side index, a worker's device count is
+// the max of the two trees, and the workers only the side tree matched follow
+// the primary's rows, in their own order.
 func (ix *Index) Match(locals []uint64, earlyExit bool, dst []Overlap) []Overlap {
 	ix.mu.RLock()
 	defer ix.mu.RUnlock()

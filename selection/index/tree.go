@@ -39,6 +39,11 @@ type Tree struct {
 	slots     map[WorkerKey]uint32
 	workers   []workerState // by slot
 	freeSlots []uint32
+	// byKey lists the live slots in (worker id, dp rank) order. A lookup
+	// that matches thousands of ranks (a prompt the whole fleet caches)
+	// puts its rows in that order with one pass over it; sorting them cost
+	// more than the rest of a 4,096-rank selection (kvbench scale).
+	byKey []uint32
 
 	// The slot of the last worker looked up: a batch's events all come from
 	// one worker rank, and a map lookup per event costs as much as
@@ -198,7 +203,16 @@ func (t *Tree) slotFor(w WorkerKey) uint32 {
 		t.workers = append(t.workers, workerState{key: w})
 	}
 	t.slots[w] = s
+	i, _ := t.keyPos(w)
+	t.byKey = slices.Insert(t.byKey, i, s)
 	return s
+}
+
+// keyPos is where w's slot is, or would be, in byKey.
+func (t *Tree) keyPos(w WorkerKey) (int, bool) {
+	return slices.BinarySearchFunc(t.byKey, w, func(s uint32, w WorkerKey) int {
+		return CompareWorkerKeys(t.workers[s].key, w)
+	})
 }
 
 // findExt resolves a worker's engine hash to a node, preferring tier first: a
@@ -397,6 +411,9 @@ func (t *Tree) RemoveRank(w WorkerKey) {
 	for tier := range numTiers {
 		t.clearTier(w, tier)
 	}
+	if i, ok := t.keyPos(w); ok {
+		t.byKey = slices.Delete(t.byKey, i, i+1)
+	}
 	delete(t.slots, w)
 	t.lastOK = false
 	t.workers[slot] = workerState{}
@@ -444,8 +461,7 @@ func (t *Tree) Stats() Stats {
 	return s
 }
 
-// matchScratch is the per-lookup candidate list, pooled so lookups do not
-// allocate. Candidates are kept sorted by slot, like owner sets.
+// candidate is one worker rank still on the walk of a lookup.
 type candidate struct {
 	slot  uint32
 	phase Tier   // tier whose run the worker is in
@@ -453,15 +469,27 @@ type candidate struct {
 	runs  [numTiers]uint32
 }
 
-var scratchPool = sync.Pool{New: func() any { s := make([]candidate, 0, 64); return &s }}
+// matchScratch is one lookup's working memory, pooled so lookups do not
+// allocate: the candidates, kept sorted by slot like owner sets; the slot of
+// each row emitted; and what putting the rows in key order takes.
+type matchScratch struct {
+	cands []candidate
+	slots []uint32  // slots[i] is the slot of the lookup's i-th row
+	at    []int32   // by slot: 1 + the index of its row; all zero between uses
+	rows  []Overlap // the rows, copied out while they are reordered
+}
+
+var scratchPool = sync.Pool{New: func() any { return &matchScratch{cands: make([]candidate, 0, 64)} }}
 
 // Match walks the query's local block hashes from the root and appends one
-// Overlap per worker rank that holds at least the first block in some tier.
-// With earlyExit the walk stops once a single candidate remains, so that
-// candidate's counts are lower bounds (Dynamo's early_exit).
+// Overlap per worker rank that holds at least the first block in some tier,
+// in (worker id, dp rank) order. With earlyExit the walk stops once a single
+// candidate remains, so that candidate's counts are lower bounds (Dynamo's
+// early_exit).
 func (t *Tree) Match(locals []uint64, earlyExit bool, dst []Overlap) []Overlap {
-	sp := scratchPool.Get().(*[]candidate)
-	cands := (*sp)[:0]
+	sc := scratchPool.Get().(*matchScratch)
+	cands, start := sc.cands[:0], len(dst)
+	sc.slots = sc.slots[:0]
 	// The walk inlines child(): along a cached chain the next node is the
 	// current one's inline child, usually on the same page, so each block costs
 	// one load and one compare.
@@ -500,7 +528,7 @@ func (t *Tree) Match(locals []uint64, earlyExit bool, dst []Overlap) []Overlap {
 				// (kvbench scale).
 				dst = slices.Grow(dst, len(cands))
 			} else {
-				cands, dst = t.advance(cands, elems, depth, dst)
+				cands, dst = t.advance(cands, elems, depth, dst, sc)
 			}
 			prevSet = set
 			if len(cands) == 0 {
@@ -514,11 +542,51 @@ func (t *Tree) Match(locals []uint64, earlyExit bool, dst []Overlap) []Overlap {
 		}
 	}
 	for i := range cands {
-		dst = t.emit(&cands[i], depth, dst)
+		dst = t.emit(&cands[i], depth, dst, sc)
 	}
-	*sp = cands
-	scratchPool.Put(sp)
+	sc.cands = cands
+	t.orderRows(dst[start:], sc)
+	scratchPool.Put(sc)
 	return dst
+}
+
+// orderRows puts a lookup's rows (sc.slots names their slots) in key order.
+// Candidates leave the walk as their runs end, so rows come out in no
+// useful order. Few rows are sorted; many are placed by one pass over
+// byKey, O(slots) rather than O(rows log rows).
+func (t *Tree) orderRows(rows []Overlap, sc *matchScratch) {
+	if len(rows) < 2 {
+		return
+	}
+	if len(rows)*16 < len(t.byKey) {
+		slices.SortFunc(rows, func(a, b Overlap) int { return CompareWorkerKeys(a.Worker, b.Worker) })
+		return
+	}
+	if len(sc.at) < len(t.workers) {
+		sc.at = make([]int32, len(t.workers))
+	}
+	at := sc.at
+	for i, s := range sc.slots {
+		at[s] = int32(i + 1)
+	}
+	sc.rows = append(sc.rows[:0], rows...)
+	k := 0
+	for _, s := range t.byKey {
+		if i := at[s]; i != 0 {
+			rows[k] = sc.rows[i-1]
+			at[s] = 0
+			k++
+		}
+	}
+	if k != len(rows) {
+		// A row of a slot byKey does not list: byKey is out of step with
+		// the slots, a bug, but the rows are still the answer.
+		for _, s := range sc.slots {
+			at[s] = 0
+		}
+		copy(rows, sc.rows)
+		slices.SortFunc(rows, func(a, b Overlap) int { return CompareWorkerKeys(a.Worker, b.Worker) })
+	}
 }
 
 // seed starts a candidate for every slot in the first node's owner set, in the
@@ -537,7 +605,7 @@ func seed(cands []candidate, elems []ownerElem) []candidate {
 // advance updates the candidates at a node whose owner set differs from the
 // previous node's: a candidate whose current tier is missing moves on to the next
 // tier it holds this block in (Device → Host → Disk → External) or drops out.
-func (t *Tree) advance(cands []candidate, elems []ownerElem, depth uint32, dst []Overlap) ([]candidate, []Overlap) {
+func (t *Tree) advance(cands []candidate, elems []ownerElem, depth uint32, dst []Overlap, sc *matchScratch) ([]candidate, []Overlap) {
 	j, kept := 0, 0
 	for i := range cands {
 		c := cands[i]
@@ -556,7 +624,7 @@ func (t *Tree) advance(cands []candidate, elems []ownerElem, depth uint32, dst [
 			}
 			if p == numTiers {
 				c.phase = numTiers
-				dst = t.emit(&c, depth, dst)
+				dst = t.emit(&c, depth, dst, sc)
 				continue
 			}
 			c.phase, c.start = p, depth
@@ -567,7 +635,8 @@ func (t *Tree) advance(cands []candidate, elems []ownerElem, depth uint32, dst [
 	return cands[:kept], dst
 }
 
-func (t *Tree) emit(c *candidate, depth uint32, dst []Overlap) []Overlap {
+func (t *Tree) emit(c *candidate, depth uint32, dst []Overlap, sc *matchScratch) []Overlap {
+	sc.slots = append(sc.slots, c.slot)
 	if c.phase < numTiers {
 		c.runs[c.phase] = depth - c.start
 		c.phase = numTiers

@@ -333,6 +333,9 @@ func TestInvalidEvents(t *testing.T) {
 }
 
 func TestMatchDoesNotAllocate(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector drops pooled scratch on purpose")
+	}
 	tr := NewTree()
 	for i := range 8 {
 		mustApply(t, tr, stored(w(uint64(i)), 0, seqLocals(1, uint64(2+i*10))...))
@@ -386,6 +389,66 @@ func TestParentZeroReadAsRoot(t *testing.T) {
 			}
 			if got != tc.want {
 				t.Fatalf("matched %d blocks, want %d", got, tc.want)
+			}
+		})
+	}
+}
+
+// TestMatchRowsComeInKeyOrder: rows come in (worker id, dp rank) order
+// whatever order the ranks first appeared in, when they leave the walk, and
+// whether few rows are sorted or many are placed along byKey; a rank removed
+// and another stored after it (a reused slot) take their key's place.
+func TestMatchRowsComeInKeyOrder(t *testing.T) {
+	tests := []struct {
+		name    string
+		ranks   int
+		holders int // ranks holding a prefix of the query, the rest another chain
+		remove  []int
+	}{
+		{name: "every rank matches", ranks: 300, holders: 300},
+		{name: "a few of many ranks match", ranks: 300, holders: 5},
+		{name: "half match", ranks: 64, holders: 32},
+		{name: "slots reused after removals", ranks: 200, holders: 150, remove: []int{0, 7, 99, 150, 199}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			tr := NewTree()
+			// Keys in a shuffled order, so slots are not in key order: the
+			// worker id descends while the dp rank cycles.
+			key := func(i int) WorkerKey {
+				return WorkerKey{WorkerID: uint64(1000 - i/4), DPRank: uint32((i * 3) % 4)}
+			}
+			want := map[WorkerKey]uint32{}
+			for i := range tc.ranks {
+				if i < tc.holders {
+					depth := uint64(1 + i%9) // each leaves the walk at its own depth
+					mustApply(t, tr, stored(key(i), 0, seqLocals(1, 1+depth)...))
+					want[key(i)] = uint32(depth)
+				} else {
+					mustApply(t, tr, stored(key(i), 0, seqLocals(500, 502)...))
+				}
+			}
+			for _, i := range tc.remove {
+				tr.RemoveRank(key(i))
+				delete(want, key(i))
+				fresh := WorkerKey{WorkerID: uint64(5000 + i)}
+				mustApply(t, tr, stored(fresh, 0, 1, 2))
+				want[fresh] = 2
+			}
+			for range 2 { // the second lookup reuses the pooled scratch
+				rows := tr.Match(seqLocals(1, 20), false, []Overlap{{Worker: w(1)}})
+				if rows[0].Worker != w(1) {
+					t.Fatalf("the row already in dst moved: %v", rows[0])
+				}
+				rows = rows[1:]
+				if !slices.IsSortedFunc(rows, func(a, b Overlap) int { return CompareWorkerKeys(a.Worker, b.Worker) }) {
+					t.Fatalf("rows not in key order: %v", rows)
+				}
+				got := map[WorkerKey]uint32{}
+				for _, o := range rows {
+					got[o.Worker] = o.Device
+				}
+				eq(t, got, want)
 			}
 		})
 	}

@@ -108,10 +108,14 @@ type rank struct {
 func newRank(w index.WorkerKey) *rank { return &rank{key: w} }
 
 func (r *rank) load() WorkerLoad {
+	blocks := r.unit
+	if r.fracSum != 0 {
+		blocks = roundHalfAway(float64(r.unit) + r.fracSum)
+	}
 	return WorkerLoad{
 		Worker:              r.key,
 		ActivePrefillTokens: r.prefill,
-		ActiveDecodeBlocks:  roundHalfAway(float64(r.unit) + r.fracSum),
+		ActiveDecodeBlocks:  blocks,
 		ActiveRequests:      r.requests,
 		PrefillingRequests:  r.prefilling,
 	}

@@ -34,12 +34,13 @@ type Judge struct {
 // Candidates joins the schedulable ranks with their load projection, overlap
 // and engine figures, leaves out ejected workers, and marks busy workers: as
 // in Dynamo's busy rejection, a worker is overloaded only when all its ranks
-// are over a configured threshold. It appends to out, for the request's LoRA
-// adapter lora, at now. ejected is the number of ranks left out by health
-// ejection, or -1 when no worker has ever been ejected (the check was
-// skipped).
-func (ws *Workers) Candidates(out []scheduler.Candidate, projs []loads.Projection, overlaps []index.Overlap,
-	j *Judge, lora string, now time.Time) ([]scheduler.Candidate, int) {
+// are over a configured threshold. It appends to out one row per candidate,
+// only its Candidate set (the rows scheduler.Policy.SelectRows ranks), for
+// the request's LoRA adapter lora, at now. ejected is the number of ranks
+// left out by health ejection, or -1 when no worker has ever been ejected
+// (the check was skipped).
+func (ws *Workers) Candidates(out []scheduler.Scored, projs []loads.Projection, overlaps []index.Overlap,
+	j *Judge, lora string, now time.Time) ([]scheduler.Scored, int) {
 	ejected := -1
 	excluded, anyEjected := j.Health.Excluded(now, j.Engine.Health.Base)
 	if anyEjected {
@@ -52,6 +53,8 @@ func (ws *Workers) Candidates(out []scheduler.Candidate, projs []loads.Projectio
 	// fall back to the binary search: the cursor would have passed rows
 	// they need.
 	next, sorted := 0, true
+	joinRecs := len(ws.recs) == len(ws.Ranks)
+	nextRank := 0
 	for i, pj := range projs {
 		var ov index.Overlap
 		if sorted && i > 0 && index.CompareWorkerKeys(projs[i-1].Worker, pj.Worker) >= 0 {
@@ -67,19 +70,32 @@ func (ws *Workers) Candidates(out []scheduler.Candidate, projs []loads.Projectio
 				ov = overlaps[next]
 			}
 		}
-		rec, ok := ws.Rank(pj.Worker)
-		if !ok {
-			continue
+		var rec *catalog.Record
+		if sorted && joinRecs {
+			// The same cursor join for the records: the schedulable
+			// ranks are sorted too.
+			for nextRank < len(ws.Ranks) && index.CompareWorkerKeys(ws.Ranks[nextRank], pj.Worker) < 0 {
+				nextRank++
+			}
+			if nextRank == len(ws.Ranks) || ws.Ranks[nextRank] != pj.Worker {
+				continue
+			}
+			rec = ws.recs[nextRank]
+		} else {
+			var ok bool
+			if rec, ok = ws.Rank(pj.Worker); !ok {
+				continue
+			}
 		}
 		if excluded[pj.Worker.WorkerID] {
 			ejected++
 			continue
 		}
-		out = append(out, scheduler.Candidate{
+		out = append(out, scheduler.Scored{Candidate: scheduler.Candidate{
 			Worker: pj.Worker, ActivePrefillTokens: pj.ActivePrefillTokens, ActiveDecodeBlocks: pj.ActiveDecodeBlocks,
 			ActiveRequests: pj.ActiveRequests, PrefillingRequests: pj.PrefillingRequests, AdditionalBlocks: pj.AdditionalBlocks, Taints: rec.Taints,
 			MaxNumBatchedTokens: rec.MaxNumBatchedTokens, Overlap: ov,
-		})
+		}})
 	}
 	j.Engines.Annotate(out, func(i int) int { return int(ws.ByID[out[i].Worker.WorkerID].DPSize()) }, lora, now, j.Engine)
 	if busyRejection(j.Router) {
@@ -93,12 +109,12 @@ func busyRejection(r *routerconfig.Config) bool {
 }
 
 // markOverloaded marks the candidates of workers whose every rank is busy.
-func (ws *Workers) markOverloaded(cands []scheduler.Candidate, r *routerconfig.Config) {
+func (ws *Workers) markOverloaded(cands []scheduler.Scored, r *routerconfig.Config) {
 	busyRanks, ranks := map[uint64]int{}, map[uint64]int{}
 	for i := range cands {
 		id := cands[i].Worker.WorkerID
 		ranks[id]++
-		if rankBusy(&cands[i], ws.ByID[id], r) {
+		if rankBusy(&cands[i].Candidate, ws.ByID[id], r) {
 			busyRanks[id]++
 		}
 	}

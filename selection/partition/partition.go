@@ -74,9 +74,9 @@ type Sched struct {
 	Rand *rand.Rand
 	// Scratch is the picker's working set.
 	Scratch scheduler.Scratch
-	// Projections and Candidates are buffers a decision reuses.
+	// Projections is a buffer a decision reuses; its candidates go in
+	// Scratch.Rows.
 	Projections []loads.Projection
-	Candidates  []scheduler.Candidate
 }
 
 // New assembles a partition with no schedulable worker.
@@ -189,6 +189,10 @@ func (p *Partition) ReplaceWorkers(edit func(map[uint64]*catalog.Record)) (dropp
 		}
 	}
 	slices.SortFunc(next.Ranks, index.CompareWorkerKeys)
+	next.recs = make([]*catalog.Record, len(next.Ranks))
+	for i, w := range next.Ranks {
+		next.recs[i] = next.ByID[w.WorkerID]
+	}
 	dropped = p.swapWorkers(next)
 	for _, w := range cur.Ranks {
 		if _, ok := slices.BinarySearchFunc(next.Ranks, w, index.CompareWorkerKeys); !ok {
@@ -210,16 +214,22 @@ func (p *Partition) swapWorkers(next *Workers) (dropped []string) {
 // text index for a text prompt) and returns the rows sorted by (worker_id,
 // dp_rank), so OverlapOf can find a rank by binary search: joining them with
 // a thousand ranks by scanning would cost more than the selection itself.
-func (p *Partition) Match(locals []uint64, text bool) []index.Overlap {
+// The rows are appended to dst[:0], whose array the caller may recycle.
+func (p *Partition) Match(locals []uint64, text bool, dst []index.Overlap) []index.Overlap {
 	if len(locals) == 0 {
-		return nil
+		return dst[:0]
 	}
 	ix := p.ix
 	if text {
 		ix = p.text.Index()
 	}
-	rows := ix.Match(locals, false, nil)
-	slices.SortFunc(rows, func(a, b index.Overlap) int { return index.CompareWorkerKeys(a.Worker, b.Worker) })
+	rows := ix.Match(locals, false, dst[:0])
+	// A tree's rows come in key order; only a side tree's merged rows
+	// (Index.Match) can leave them out of it.
+	byKey := func(a, b index.Overlap) int { return index.CompareWorkerKeys(a.Worker, b.Worker) }
+	if !slices.IsSortedFunc(rows, byKey) {
+		slices.SortFunc(rows, byKey)
+	}
 	return rows
 }
 
@@ -238,6 +248,11 @@ func OverlapOf(overlaps []index.Overlap, w index.WorkerKey) index.Overlap {
 type Workers struct {
 	ByID  map[uint64]*catalog.Record
 	Ranks []index.WorkerKey // sorted (worker_id, dp_rank)
+	// recs[i] is Ranks[i]'s record, so that Candidates joins ranks with
+	// their records by walking both lists rather than by a map lookup per
+	// rank. ReplaceWorkers fills it; a Workers built without it is joined
+	// through ByID.
+	recs []*catalog.Record
 }
 
 // Rank returns the record of rank w's worker, if w is schedulable.

@@ -36,6 +36,11 @@ func EffectiveOverlapBlocks(o index.Overlap, hostW, diskW float64) float64 {
 // Worked example (scheduling/overlap.rs test): device 2, host 3, disk 4,
 // external 5 with weights 0.5 / 0.25 give 5.75 blocks, 92 tokens at bs 16.
 func CachedTokens(o index.Overlap, blockSize uint32, hostW, diskW float64) int {
+	if o.Device|o.Host|o.Disk|o.External == 0 {
+		// Most ranks of a large fleet hold none of a given prompt: the
+		// float arithmetic below cost a fifth of scoring them.
+		return 0
+	}
 	t := math.Round(EffectiveOverlapBlocks(o, hostW, diskW) * float64(blockSize))
 	if t <= 0 {
 		return 0
@@ -128,6 +133,13 @@ type CostScorer struct {
 
 // Score implements Scorer.
 func (s CostScorer) Score(ctx *Context, c *Candidate) (float64, error) {
+	w := &ctx.Request.Weights
+	return s.cost(ctx, c, CachedTokens(c.Overlap, ctx.Request.BlockSize, w.HostCacheHitWeight, w.DiskCacheHitWeight)), nil
+}
+
+// cost is Score with the rank's cached tokens (CachedTokens) given: Select
+// computes them once per row for the response as well.
+func (s CostScorer) cost(ctx *Context, c *Candidate, cached int) float64 {
 	req := ctx.Request
 	w := &req.Weights
 	bs := float64(req.BlockSize)
@@ -139,7 +151,6 @@ func (s CostScorer) Score(ctx *Context, c *Candidate) (float64, error) {
 		} else {
 			// Dynamo's operation order: active + uncached + cached, which is
 			// active + max(isl, cached).
-			cached := CachedTokens(c.Overlap, req.BlockSize, w.HostCacheHitWeight, w.DiskCacheHitWeight)
 			rawPrefillTokens = c.ActivePrefillTokens + EffectivePrefillTokens(req.ISL, cached) + cached
 		}
 	}
@@ -173,7 +184,7 @@ func (s CostScorer) Score(ctx *Context, c *Candidate) (float64, error) {
 			logit *= m
 		}
 	}
-	return logit, nil
+	return logit
 }
 
 // EngineCost is the cost, in blocks, of what the rank's engine reports

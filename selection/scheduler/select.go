@@ -71,9 +71,9 @@ func matchesTarget(t *Target, c *Candidate) bool {
 // affinityEligible: the target names a candidate rank that is eligible and
 // not overloaded (filter.rs affinity_target_is_eligible; overload is per
 // worker, so any matching rank answers for the worker).
-func affinityEligible(req *Request, cands []Candidate) bool {
-	for i := range cands {
-		c := &cands[i]
+func affinityEligible(req *Request, rows []Scored) bool {
+	for i := range rows {
+		c := &rows[i].Candidate
 		if matchesTarget(req.AffinityTarget, c) && !c.Overloaded && !c.Saturated && Eligible(req, c) {
 			return true
 		}
@@ -93,17 +93,41 @@ func affinityEligible(req *Request, cands []Candidate) bool {
 // ErrAllFiltered; *CostError (ErrNonFiniteCost); *PickerRowError
 // (ErrInvalidPickerRow); and whatever the scorer or picker return.
 func (p Policy) Select(rnd *rand.Rand, req *Request, cands []Candidate, s *Scratch) (Scored, error) {
-	if err := checkRequest(rnd, req); err != nil {
-		return Scored{}, err
-	}
 	if s == nil {
 		s = new(Scratch)
 	}
-	s.start(rnd, req, len(cands))
-	if req.Pinned != nil {
-		return p.selectPinned(req, cands, s)
+	rows := s.Rows(len(cands))
+	for i := range cands {
+		rows = append(rows, Scored{Candidate: cands[i]})
 	}
-	if err := p.collect(req, cands, s); err != nil {
+	return p.SelectRows(rnd, req, rows, s)
+}
+
+// Rows returns s's row buffer, empty, with room for n rows. A caller that
+// builds its candidates there, each a row with only its Candidate set, and
+// hands them to SelectRows spares Select's copy of every candidate: on a
+// fleet of thousands of ranks that copy, and the memory it streams
+// through, cost as much as scoring them.
+func (s *Scratch) Rows(n int) []Scored {
+	if cap(s.rows) < n {
+		s.rows = make([]Scored, 0, n) // grow once, not by doubling
+	}
+	return s.rows[:0]
+}
+
+// SelectRows is Select over candidates built as rows in s.Rows' buffer. It
+// filters and scores them in place: afterwards they belong to s, and only
+// the rows Select ranked are left, in (worker id, dp rank) order.
+func (p Policy) SelectRows(rnd *rand.Rand, req *Request, rows []Scored, s *Scratch) (Scored, error) {
+	if err := checkRequest(rnd, req); err != nil {
+		return Scored{}, err
+	}
+	s.start(rnd, req)
+	s.rows = rows[:0] // keep the buffer, even if the caller's appends moved it
+	if req.Pinned != nil {
+		return p.selectPinned(req, rows, s)
+	}
+	if err := p.collect(req, rows, s); err != nil {
 		return Scored{}, err
 	}
 	sortByWorker(s.scored)
@@ -125,31 +149,29 @@ func checkRequest(rnd *rand.Rand, req *Request) error {
 	return nil
 }
 
-// start readies s for one selection of req among n candidates.
-func (s *Scratch) start(rnd *rand.Rand, req *Request, n int) {
+// start readies s for one selection of req.
+func (s *Scratch) start(rnd *rand.Rand, req *Request) {
 	s.ctx = Context{Request: req, RequestBlocks: RequestBlocks(req.ISL, req.BlockSize), Rand: rnd}
 	if s.hasLast {
 		s.ctx.Last = &s.last
 	}
-	if cap(s.scored) < n {
-		s.scored = make([]Scored, 0, n) // grow once, not by doubling
-	}
-	s.scored = s.scored[:0]
+	s.scored = nil
 }
 
-// collect puts the candidates to rank into s.scored: the host-eligible ones
-// (only the affinity target's, when it is eligible and affinity is
-// exclusive) that are not overloaded and that the policy's filters keep;
-// saturated ones only when no rank has room and req serves saturated ranks.
-// With none left it says why.
-func (p Policy) collect(req *Request, cands []Candidate, s *Scratch) error {
-	affinity := p.ExclusiveAffinity && req.AffinityTarget != nil && affinityEligible(req, cands)
+// collect keeps, at the front of rows, the candidates to rank and makes them
+// s.scored: the host-eligible ones (only the affinity target's, when it is
+// eligible and affinity is exclusive) that are not overloaded and that the
+// policy's filters keep; saturated ones only when no rank has room and req
+// serves saturated ranks. With none left it says why.
+func (p Policy) collect(req *Request, rows []Scored, s *Scratch) error {
+	affinity := p.ExclusiveAffinity && req.AffinityTarget != nil && affinityEligible(req, rows)
 	inScope := func(c *Candidate) bool {
 		return Eligible(req, c) && (!affinity || matchesTarget(req.AffinityTarget, c))
 	}
 	eligible, filtered, saturated := false, false, false
-	for i := range cands {
-		c := &cands[i]
+	kept := 0
+	for i := range rows {
+		c := &rows[i].Candidate
 		if !inScope(c) {
 			continue
 		}
@@ -165,22 +187,30 @@ func (p Policy) collect(req *Request, cands []Candidate, s *Scratch) error {
 			filtered = true
 			continue
 		}
-		s.scored = append(s.scored, Scored{Candidate: *c})
+		if kept != i {
+			rows[kept] = rows[i]
+		}
+		kept++
 	}
-	if len(s.scored) == 0 && saturated && req.ServeSaturated {
-		// No rank has room: rank the saturated ones.
-		for i := range cands {
-			c := &cands[i]
+	if kept == 0 && saturated && req.ServeSaturated {
+		// No rank has room: rank the saturated ones. Nothing was moved
+		// above, so every row is still in place.
+		for i := range rows {
+			c := &rows[i].Candidate
 			if inScope(c) && c.Saturated && !c.Overloaded {
 				if !p.keep(req, c) {
 					filtered = true
 					continue
 				}
-				s.scored = append(s.scored, Scored{Candidate: *c})
+				if kept != i {
+					rows[kept] = rows[i]
+				}
+				kept++
 			}
 		}
 	}
-	if len(s.scored) == 0 {
+	s.scored = rows[:kept]
+	if kept == 0 {
 		switch {
 		case filtered:
 			return ErrAllFiltered
@@ -220,15 +250,16 @@ func (p Policy) rank(rnd *rand.Rand, req *Request, s *Scratch) (Scored, error) {
 // selectPinned short-circuits ranking (filter.rs validate_worker_rank and
 // selector/mod.rs): outside the allow list is a bad request, a missing or
 // taint-incompatible rank is "no endpoints", a busy one is overloaded.
-func (p Policy) selectPinned(req *Request, cands []Candidate, s *Scratch) (Scored, error) {
+func (p Policy) selectPinned(req *Request, rows []Scored, s *Scratch) (Scored, error) {
 	pin := *req.Pinned
 	if !allowed(req, pin.WorkerID) {
 		return Scored{}, &PinnedError{WorkerID: pin.WorkerID, Err: ErrPinnedNotAllowed}
 	}
 	var c *Candidate
-	for i := range cands {
-		if cands[i].Worker == pin {
-			c = &cands[i]
+	row := 0
+	for i := range rows {
+		if rows[i].Worker == pin {
+			c, row = &rows[i].Candidate, i
 			break
 		}
 	}
@@ -243,7 +274,7 @@ func (p Policy) selectPinned(req *Request, cands []Candidate, s *Scratch) (Score
 	}
 	s.ctx.Pinned = true
 	s.ctx.MinActivePrefillTokens = c.ActivePrefillTokens
-	s.scored = append(s.scored, Scored{Candidate: *c})
+	s.scored = rows[row : row+1]
 	if err := p.score(&s.ctx, &s.scored[0], 0); err != nil {
 		return Scored{}, err
 	}
@@ -262,17 +293,26 @@ func (p Policy) keep(req *Request, c *Candidate) bool {
 // score fills one row: its cost and the values the selection response
 // reports for the rank.
 func (p Policy) score(ctx *Context, sc *Scored, row int) error {
-	cost, err := p.Scorer.Score(ctx, &sc.Candidate)
-	if err != nil {
-		return err
+	req := ctx.Request
+	w := &req.Weights
+	cached := CachedTokens(sc.Overlap, req.BlockSize, w.HostCacheHitWeight, w.DiskCacheHitWeight)
+	var cost float64
+	if cs, ok := p.Scorer.(CostScorer); ok {
+		// The default scorer, called directly: on a fleet of thousands of
+		// ranks the interface call and a second CachedTokens per row showed
+		// in the selection's profile.
+		cost = cs.cost(ctx, &sc.Candidate, cached)
+	} else {
+		var err error
+		if cost, err = p.Scorer.Score(ctx, &sc.Candidate); err != nil {
+			return err
+		}
 	}
 	if math.IsNaN(cost) || math.IsInf(cost, 0) {
 		return &CostError{Row: row, Cost: cost}
 	}
-	req := ctx.Request
-	w := &req.Weights
 	sc.Cost = cost
-	sc.CachedTokens = CachedTokens(sc.Overlap, req.BlockSize, w.HostCacheHitWeight, w.DiskCacheHitWeight)
+	sc.CachedTokens = cached
 	sc.EffectivePrefillTokens = EffectivePrefillTokens(req.ISL, sc.CachedTokens)
 	if w.TrackActiveBlocks {
 		sc.PotentialDecodeBlocks = PotentialDecodeBlocks(sc.ActiveDecodeBlocks, sc.AdditionalBlocks, req.ISL, req.BlockSize, req.TrackedBlocks)

@@ -490,3 +490,71 @@ func TestSelectWithScratchDoesNotAllocate(t *testing.T) {
 		}
 	}
 }
+
+// TestSelectRowsRanksTheEligibleRowsInPlace: SelectRows keeps, in place and
+// in (worker id, dp rank) order, exactly the rows Select ranks — moving rows
+// past the ones it drops, and falling back to the saturated rows, unmoved,
+// when no rank has room — and leaves the choice to the same rows.
+func TestSelectRowsRanksTheEligibleRowsInPlace(t *testing.T) {
+	row := func(id uint64, mut func(*Candidate)) Scored {
+		c := Candidate{Worker: index.WorkerKey{WorkerID: id}, ActiveDecodeBlocks: int(id)}
+		if mut != nil {
+			mut(&c)
+		}
+		return Scored{Candidate: c}
+	}
+	overloaded := func(c *Candidate) { c.Overloaded = true }
+	saturated := func(c *Candidate) { c.Saturated = true }
+	tainted := func(c *Candidate) { c.Taints = []string{"gpu"} }
+	for _, tc := range []struct {
+		name       string
+		rows       []Scored
+		req        Request
+		wantRanked []uint64 // ranked rows' workers, in order
+		wantChosen uint64
+		wantErr    error
+	}{
+		{name: "all kept", rows: []Scored{row(3, nil), row(1, nil), row(2, nil)},
+			wantRanked: []uint64{1, 2, 3}, wantChosen: 1},
+		{name: "dropped rows are passed over", rows: []Scored{row(1, overloaded), row(2, saturated), row(3, nil), row(4, overloaded), row(5, nil)},
+			wantRanked: []uint64{3, 5}, wantChosen: 3},
+		{name: "no room: the saturated rows, none moved before", rows: []Scored{row(1, overloaded), row(4, saturated), row(2, saturated)},
+			req: Request{ServeSaturated: true}, wantRanked: []uint64{2, 4}, wantChosen: 2},
+		{name: "no room and saturated not served", rows: []Scored{row(1, saturated), row(2, overloaded)},
+			wantErr: ErrAllOverloaded},
+		{name: "required taints", rows: []Scored{row(1, nil), row(2, tainted), row(3, tainted)},
+			req: Request{RequiredTaints: []string{"gpu"}}, wantRanked: []uint64{2, 3}, wantChosen: 2},
+		{name: "pinned", rows: []Scored{row(1, nil), row(2, nil), row(3, nil)},
+			req: Request{Pinned: &index.WorkerKey{WorkerID: 3}}, wantRanked: []uint64{3}, wantChosen: 3},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			req := tc.req
+			req.ISL, req.BlockSize = 16, 16
+			req.Weights.PrefillLoadScale, req.Weights.TrackActiveBlocks = 1, true
+			var s Scratch
+			rows := append(s.Rows(len(tc.rows)), tc.rows...)
+			got, err := DefaultPolicy().SelectRows(seeded(1), &req, rows, &s)
+			if !errors.Is(err, tc.wantErr) {
+				t.Fatalf("err = %v, want %v", err, tc.wantErr)
+			}
+			if err != nil {
+				return
+			}
+			var ranked []uint64
+			for _, r := range s.scored {
+				ranked = append(ranked, r.Worker.WorkerID)
+			}
+			if !slices.Equal(ranked, tc.wantRanked) || got.Worker.WorkerID != tc.wantChosen {
+				t.Fatalf("ranked %v chose %d, want %v and %d", ranked, got.Worker.WorkerID, tc.wantRanked, tc.wantChosen)
+			}
+			// Select over the same candidates agrees.
+			var cands []Candidate
+			for _, r := range tc.rows {
+				cands = append(cands, r.Candidate)
+			}
+			if again, err := DefaultPolicy().Select(seeded(1), &req, cands, nil); err != nil || again.Worker != got.Worker {
+				t.Fatalf("Select chose %v (%v), SelectRows %v", again.Worker, err, got.Worker)
+			}
+		})
+	}
+}

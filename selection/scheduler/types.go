@@ -243,7 +243,8 @@ type Picker interface {
 // also remembers the rank the last ranked pick chose (Context.Last), so a
 // caller that serves several partitions keeps one Scratch for each.
 type Scratch struct {
-	scored  []Scored
+	rows    []Scored // the row buffer (Rows)
+	scored  []Scored // the rows the last Select ranked, within rows
 	ctx     Context
 	last    index.WorkerKey
 	hasLast bool
