@@ -150,8 +150,8 @@ func (w *workload) check(ix *index.Index, wk index.WorkerKey) error {
 			return fmt.Errorf("block %#x (%s, path %d): %d leading blocks indexed, want %d (overlap %+v)",
 				h, b.medium, len(b.path), gotTier, want, got)
 		}
-		if got.Device != 0 && got.TreeSize != heldGPU {
-			return fmt.Errorf("worker holds %d device blocks in the index, want %d", got.TreeSize, heldGPU)
+		if held := ix.Held(wk, index.TierDevice); got.Device != 0 && held != int(heldGPU) {
+			return fmt.Errorf("worker holds %d device blocks in the index, want %d", held, heldGPU)
 		}
 	}
 	return nil

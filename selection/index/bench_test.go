@@ -257,3 +257,39 @@ func BenchmarkApplySharedChainEviction(b *testing.B) {
 	}
 	b.ReportMetric(float64(2*b.N)/b.Elapsed().Seconds(), "block-ops/s")
 }
+
+// BenchmarkMatchFleetWidePrefix looks up a 128-block prompt whose prefix
+// every rank of a large fleet holds, each to its own depth (a product's
+// common system prompt): a row per rank, rows leaving the walk at every
+// depth, to be put in key order.
+func BenchmarkMatchFleetWidePrefix(b *testing.B) {
+	for _, ranks := range []int{4096, 16384} {
+		b.Run(fmt.Sprintf("ranks=%d", ranks), func(b *testing.B) {
+			tr := NewTree()
+			locals := make([]uint64, 128)
+			for i := range locals {
+				locals[i] = uint64(i + 1)
+			}
+			perm := rand.New(rand.NewPCG(1, 2)).Perm(ranks) // slots not in key order
+			for _, r := range perm {
+				w := WorkerKey{WorkerID: uint64(r / 8), DPRank: uint32(r % 8)}
+				n := 64 + r%64
+				blocks := make([]Block, n)
+				for i := range blocks {
+					blocks[i] = Block{Ext: uint64(i+1) * 7, Local: locals[i]}
+				}
+				if err := tr.Apply(&Event{Worker: w, Kind: EventStored, Blocks: blocks}); err != nil {
+					b.Fatal(err)
+				}
+			}
+			dst := make([]Overlap, 0, ranks)
+			b.ReportAllocs()
+			for b.Loop() {
+				dst = tr.Match(locals, false, dst[:0])
+			}
+			if len(dst) != ranks {
+				b.Fatalf("%d rows, want %d", len(dst), ranks)
+			}
+		})
+	}
+}

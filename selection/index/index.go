@@ -214,6 +214,14 @@ func (ix *Index) Match(locals []uint64, earlyExit bool, dst []Overlap) []Overlap
 	return dst[:out]
 }
 
+// Held is how many blocks worker rank w holds in tier of the primary tree
+// (Dynamo's tree size, for the device tier).
+func (ix *Index) Held(w WorkerKey, tier Tier) int {
+	ix.mu.RLock()
+	defer ix.mu.RUnlock()
+	return ix.primary.Held(w, tier)
+}
+
 // Reserve pre-sizes a worker rank's engine-hash table in the primary tree for
 // blocks entries of a tier (for instance the worker's total_kv_blocks on the
 // device), so filling the cache never rehashes it under the write lock.

@@ -38,6 +38,7 @@ type Tree struct {
 
 	slots     map[WorkerKey]uint32
 	workers   []workerState // by slot
+	keys      []WorkerKey   // by slot: workers[slot].key, packed for lookups
 	freeSlots []uint32
 	// byKey lists the live slots in (worker id, dp rank) order. A lookup
 	// that matches thousands of ranks (a prompt the whole fleet caches)
@@ -198,9 +199,11 @@ func (t *Tree) slotFor(w WorkerKey) uint32 {
 		s = t.freeSlots[k-1]
 		t.freeSlots = t.freeSlots[:k-1]
 		t.workers[s] = workerState{key: w}
+		t.keys[s] = w
 	} else {
 		s = uint32(len(t.workers))
 		t.workers = append(t.workers, workerState{key: w})
+		t.keys = append(t.keys, w)
 	}
 	t.slots[w] = s
 	i, _ := t.keyPos(w)
@@ -211,7 +214,7 @@ func (t *Tree) slotFor(w WorkerKey) uint32 {
 // keyPos is where w's slot is, or would be, in byKey.
 func (t *Tree) keyPos(w WorkerKey) (int, bool) {
 	return slices.BinarySearchFunc(t.byKey, w, func(s uint32, w WorkerKey) int {
-		return CompareWorkerKeys(t.workers[s].key, w)
+		return CompareWorkerKeys(t.keys[s], w)
 	})
 }
 
@@ -416,7 +419,7 @@ func (t *Tree) RemoveRank(w WorkerKey) {
 	}
 	delete(t.slots, w)
 	t.lastOK = false
-	t.workers[slot] = workerState{}
+	t.workers[slot], t.keys[slot] = workerState{}, WorkerKey{}
 	t.freeSlots = append(t.freeSlots, slot)
 }
 
@@ -431,6 +434,15 @@ func (t *Tree) RemoveWorker(workerID uint64) {
 	for _, w := range ranks {
 		t.RemoveRank(w)
 	}
+}
+
+// Held is how many blocks worker rank w holds in tier.
+func (t *Tree) Held(w WorkerKey, tier Tier) int {
+	s, ok := t.slots[w]
+	if !ok {
+		return 0
+	}
+	return t.workers[s].lookup[tier].len()
 }
 
 // Workers lists the worker ranks that have sent events to this tree.
@@ -641,13 +653,13 @@ func (t *Tree) emit(c *candidate, depth uint32, dst []Overlap, sc *matchScratch)
 		c.runs[c.phase] = depth - c.start
 		c.phase = numTiers
 	}
-	ws := &t.workers[c.slot]
+	// The key comes from the packed keys, not the worker's state: a lookup
+	// that matches thousands of ranks would miss the cache on each.
 	return append(dst, Overlap{
-		Worker:   ws.key,
+		Worker:   t.keys[c.slot],
 		Device:   c.runs[TierDevice],
 		Host:     c.runs[TierHostPinned],
 		Disk:     c.runs[TierDisk],
 		External: c.runs[TierExternal],
-		TreeSize: uint32(ws.lookup[TierDevice].len()),
 	})
 }

@@ -79,7 +79,7 @@ func TestStoreWithParentExtendsChain(t *testing.T) {
 	tr := NewTree()
 	mustApply(t, tr, stored(w(1), 0, 1, 2), stored(w(1), 2, 3, 4))
 	eq(t, scores(tr, false, 1, 2, 3, 4, 5), map[WorkerKey]uint32{w(1): 4})
-	if got := tr.Match([]uint64{1}, false, nil)[0].TreeSize; got != 4 {
+	if got := tr.Held(w(1), TierDevice); got != 4 {
 		t.Fatalf("tree size = %d, want 4", got)
 	}
 }
@@ -269,7 +269,6 @@ func TestTieredOverlap(t *testing.T) {
 	)
 	got := map[WorkerKey]Overlap{}
 	for _, o := range tr.Match([]uint64{1, 2, 3, 4, 5, 6, 7}, false, nil) {
-		o.TreeSize = 0
 		got[o.Worker] = o
 	}
 	want := map[WorkerKey]Overlap{

@@ -154,8 +154,6 @@ type Overlap struct {
 	Host     uint32
 	Disk     uint32
 	External uint32
-	// TreeSize is the number of device blocks the worker holds in this index.
-	TreeSize uint32
 }
 
 // Total is the number of leading query blocks the worker holds in any tier.
