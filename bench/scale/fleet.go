@@ -30,19 +30,46 @@ type inproc struct {
 // rankFeed is one attached rank.
 type rankFeed struct {
 	dec *kvevents.Decoder
+	cfg kvevents.Config
 	ix  *index.Index
 	evs []index.Event
 	buf []byte
 }
 
 func (l *inproc) Attach(a selection.RankAttachment) error {
-	dec, err := kvevents.NewDecoder(kvevents.Config{WorkerID: a.Worker.WorkerID, DPRank: a.Worker.DPRank, BlockSize: int(a.BlockSize), Eagle: a.Eagle})
+	cfg := kvevents.Config{WorkerID: a.Worker.WorkerID, DPRank: a.Worker.DPRank, BlockSize: int(a.BlockSize), Eagle: a.Eagle}
+	dec, err := kvevents.NewDecoder(cfg)
 	if err != nil {
 		return fmt.Errorf("attach %v: %w", a.Worker, err)
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.ranks[a.Worker] = &rankFeed{dec: dec, ix: a.Index}
+	l.ranks[a.Worker] = &rankFeed{dec: dec, cfg: cfg, ix: a.Index}
+	return nil
+}
+
+// dropScratch lets go of the harness's own per-rank buffers, which a
+// listener does not have, before memory is measured.
+func (l *inproc) dropScratch() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, rf := range l.ranks {
+		rf.evs, rf.buf = nil, nil
+	}
+}
+
+// resetDecoders gives every rank a fresh decoder, letting go of the batch
+// buffers the old one kept: the heap before and after is their size.
+func (l *inproc) resetDecoders() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for w, rf := range l.ranks {
+		dec, err := kvevents.NewDecoder(rf.cfg)
+		if err != nil {
+			return fmt.Errorf("reset decoder of %v: %w", w, err)
+		}
+		rf.dec = dec
+	}
 	return nil
 }
 

@@ -20,11 +20,11 @@ func (r *Report) Table(w io.Writer) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	if len(r.Selection) > 0 {
 		fmt.Fprintln(tw, "Selection on one core (GOMAXPROCS=1)")
-		fmt.Fprintln(tw, "ranks\tworkers\tindexed blocks\tp50 µs\tp90 µs\tp99 µs\tmax µs\tCPU µs/request\thit share\tfleet MiB\tindex MiB\tB/rank\tB/block\tpopulate s\t")
+		fmt.Fprintln(tw, "ranks\tworkers\tindexed blocks\tp50 µs\tp90 µs\tp99 µs\tmax µs\tCPU µs/request\thit share\tfleet MiB\tindex MiB\tdecoders MiB\tB/rank\tB/block\tdecoder B/rank\tpopulate s\t")
 		for _, p := range r.Selection {
-			fmt.Fprintf(tw, "%d\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%.3f\t%s\t%s\t%.0f\t%.1f\t%.1f\t\n", p.Ranks, p.Workers, p.IndexedBlocks,
+			fmt.Fprintf(tw, "%d\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%.3f\t%s\t%s\t%s\t%.0f\t%.1f\t%.0f\t%.1f\t\n", p.Ranks, p.Workers, p.IndexedBlocks,
 				us(p.P50), us(p.P90), us(p.P99), us(p.Max), us(p.CPUPerRequest), p.HitShare, mib(p.FleetHeapBytes), mib(p.IndexHeapBytes),
-				p.BytesPerRank, p.BytesPerBlock, p.PopulateTime.Seconds())
+				mib(p.DecoderHeapBytes), p.BytesPerRank, p.BytesPerBlock, p.DecoderPerRank, p.PopulateTime.Seconds())
 		}
 		fmt.Fprintln(tw)
 	}
@@ -73,13 +73,14 @@ func (r *Report) Charts() map[string]svgFile {
 	out := map[string]svgFile{}
 	if len(r.Selection) > 0 {
 		x := make([]float64, len(r.Selection))
-		var p50, p99, cpu, perRank, perBlock []float64
+		var p50, p99, cpu, perRank, perBlock, decoders []float64
 		ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1e3 }
 		for i, p := range r.Selection {
 			x[i] = float64(p.Ranks)
 			p50, p99 = append(p50, ms(p.P50)), append(p99, ms(p.P99))
 			cpu = append(cpu, ms(p.CPUPerRequest))
 			perRank, perBlock = append(perRank, p.BytesPerRank/1024), append(perBlock, p.BytesPerBlock)
+			decoders = append(decoders, p.DecoderPerRank/1024)
 		}
 		// The goals: p99 within 1 ms at 4,096 ranks and 5 ms at 16,384.
 		goal := report.Line{Name: "p99 goal", X: []float64{4096, 16384}, Y: []float64{1, 5}}
@@ -90,8 +91,9 @@ func (r *Report) Charts() map[string]svgFile {
 				Lines: []report.Line{{Name: "p99", X: x, Y: p99}, goal}},
 		}}
 		out["scale-memory"] = svgFile{"kvselect memory vs fleet size", []report.Chart{
-			{Title: "Heap per rank before any block", Unit: "KiB", XLabel: "engine ranks (log scale)", LogX: true,
-				Lines: []report.Line{{Name: "KiB per rank", X: x, Y: perRank}}},
+			{Title: "Heap per rank", Unit: "KiB", XLabel: "engine ranks (log scale)", LogX: true,
+				Lines: []report.Line{{Name: "registered, before any block", X: x, Y: perRank},
+					{Name: "decoder batch buffers kept", X: x, Y: decoders}}},
 			{Title: "Heap per indexed (rank, block)", Unit: "bytes", XLabel: "engine ranks (log scale)", LogX: true,
 				Lines: []report.Line{{Name: "bytes per indexed block", X: x, Y: perBlock}}},
 		}}

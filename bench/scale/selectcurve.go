@@ -39,12 +39,16 @@ type SelectionPoint struct {
 	// HitShare is the chosen ranks' cached share of the prompts' blocks.
 	HitShare float64 `json:"hit_share"`
 	// Memory (runtime.MemStats.HeapAlloc after a GC): the registered fleet
-	// before any block (catalog, partition, loads, a decoder per rank), and
-	// what populating the index added.
-	FleetHeapBytes uint64  `json:"fleet_heap_bytes"`
-	IndexHeapBytes uint64  `json:"index_heap_bytes"`
-	BytesPerRank   float64 `json:"bytes_per_rank"`  // fleet heap / ranks
-	BytesPerBlock  float64 `json:"bytes_per_block"` // index heap / indexed blocks
+	// before any block (catalog, partition, loads, a decoder per rank),
+	// what populating the index added to the index, and what it left in the
+	// ranks' decoders (the batch buffers each keeps for the next batch, as a
+	// listener's does). The harness's own per-rank buffers are left out.
+	FleetHeapBytes   uint64  `json:"fleet_heap_bytes"`
+	IndexHeapBytes   uint64  `json:"index_heap_bytes"`
+	DecoderHeapBytes uint64  `json:"decoder_heap_bytes"`
+	BytesPerRank     float64 `json:"bytes_per_rank"`         // fleet heap / ranks
+	BytesPerBlock    float64 `json:"bytes_per_block"`        // index heap / indexed blocks
+	DecoderPerRank   float64 `json:"decoder_bytes_per_rank"` // decoder heap / ranks
 }
 
 // heapAfterGC is the live heap once garbage is collected.
@@ -114,9 +118,16 @@ func selectionPoint(ctx context.Context, c Config, ranks int) (SelectionPoint, e
 	if _, err := populate(f, c, p, &pt, false); err != nil {
 		return pt, err
 	}
+	f.l.dropScratch()
 	all := heapAfterGC()
-	pt.FleetHeapBytes, pt.IndexHeapBytes = fleetHeap-min(base, fleetHeap), all-min(fleetHeap, all)
+	if err := f.l.resetDecoders(); err != nil {
+		return pt, err
+	}
+	indexed := heapAfterGC()
+	pt.FleetHeapBytes, pt.IndexHeapBytes = fleetHeap-min(base, fleetHeap), indexed-min(fleetHeap, indexed)
+	pt.DecoderHeapBytes = all - min(indexed, all)
 	pt.BytesPerRank = float64(pt.FleetHeapBytes) / float64(ranks)
+	pt.DecoderPerRank = float64(pt.DecoderHeapBytes) / float64(ranks)
 	if pt.IndexedBlocks > 0 {
 		pt.BytesPerBlock = float64(pt.IndexHeapBytes) / float64(pt.IndexedBlocks)
 	}
