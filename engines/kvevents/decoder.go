@@ -24,7 +24,6 @@ package kvevents
 import (
 	"errors"
 	"fmt"
-	"slices"
 
 	"github.com/tinylib/msgp/msgp"
 
@@ -614,33 +613,7 @@ func (d *Decoder) stored(r *rawEvent, w index.WorkerKey, tier index.Tier, dst []
 // included (Dynamo convert.rs, "self-referencing block").
 func (d *Decoder) hasDuplicate(r *rawEvent) bool {
 	h := r.hashes
-	if len(h) <= 32 {
-		for i, x := range h {
-			if r.hasParent && x == r.parent {
-				return true
-			}
-			for _, y := range h[:i] {
-				if x == y {
-					return true
-				}
-			}
-		}
-		return false
-	}
-	// A prefill stores dozens of blocks: sorting a copy finds a repeat in
-	// O(n log n) without the hashing and clearing of a map.
-	s := append(d.sorted[:0], h...)
-	if r.hasParent {
-		s = append(s, r.parent)
-	}
-	slices.Sort(s)
-	d.sorted = s
-	for i := 1; i < len(s); i++ {
-		if s[i] == s[i-1] {
-			return true
-		}
-	}
-	return false
+	return index.RepeatsExt(len(h), r.parent, r.hasParent, func(i int) uint64 { return h[i] }, &d.sorted)
 }
 
 // namespace resolves the cache namespace of a Stored event: its own (map
