@@ -51,7 +51,8 @@ scan:
 	}
 	// The slots are in the caches now: find the nodes the removals and the
 	// parents name and read those, and then their parents, which a removal
-	// may reclaim or a store descend from.
+	// may reclaim or a store descend from, and their owner sets, which
+	// change.
 	var ids [warmMax]uint32
 	for i := range n {
 		if named[i] {
@@ -64,7 +65,8 @@ scan:
 	for i := range n {
 		if id := ids[i]; id != 0 {
 			p := t.meta(id).parent
-			sink += t.node(p).child + t.meta(p).kids
+			s := &t.sets.sets[t.node(id).set]
+			sink += t.node(p).child + t.meta(p).kids + s.gen + uint32(len(s.elems))
 		}
 	}
 	return sink
