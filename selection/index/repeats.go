@@ -42,12 +42,15 @@ func RepeatsExt(n int, parent uint64, hasParent bool, ext func(i int) uint64, sc
 		bits[w] |= m
 		return old
 	}
-	if hasParent {
+	// A decode step's one block, or a handful, is compared pair by pair:
+	// that costs less than the filter.
+	filter := n > repeatsPairwiseMax
+	if filter && hasParent {
 		seen(parent)
 	}
 	for i := range n {
 		h := ext(i)
-		if !seen(h) {
+		if filter && !seen(h) {
 			continue
 		}
 		// The bit was set: by an equal hash, or by chance (~n/2,048).
@@ -64,7 +67,8 @@ func RepeatsExt(n int, parent uint64, hasParent bool, ext func(i int) uint64, sc
 }
 
 const (
-	repeatsFilterLog  = 11
-	repeatsFilterBits = 1 << repeatsFilterLog
-	repeatsFilterMax  = 256
+	repeatsFilterLog   = 11
+	repeatsFilterBits  = 1 << repeatsFilterLog
+	repeatsFilterMax   = 256
+	repeatsPairwiseMax = 8
 )

@@ -116,15 +116,19 @@ func (st *setTable) release(id uint32) {
 // with returns the id of sets[id] ∪ {e} (adding) or sets[id] \ {e} (removing),
 // without changing reference counts.
 func (st *setTable) with(id uint32, e ownerElem, add bool) uint32 {
+	from := &st.sets[id]
+	if !add && len(from.elems) == 1 && from.sum == mix(e) {
+		// The common eviction: a block's only owner lets go. mix being a
+		// bijection, a one-element set's sum is mix(e) only for {e}; the
+		// elements, elsewhere in memory, need not be read.
+		return 0
+	}
 	tr := &st.trans[transSlot(id, e, add)]
 	if tr.ok && tr.from == id && tr.elem == e && tr.add == add &&
-		tr.fromGen == st.sets[id].gen && tr.toGen == st.sets[tr.to].gen {
+		tr.fromGen == from.gen && tr.toGen == st.sets[tr.to].gen {
 		return tr.to
 	}
-	cur := st.sets[id].elems
-	if !add && len(cur) == 1 && cur[0] == e {
-		return 0 // the common eviction: a block's only owner lets go
-	}
+	cur := from.elems
 	i, found := slices.BinarySearch(cur, e)
 	if found == add {
 		return id
