@@ -24,11 +24,17 @@ func (t *Tree) warm(evs []Event) uint32 {
 		n++
 		return n < warmMax
 	}
+	// A batch's events are one rank's: its table is found once.
+	var m *handleMap
+	var mw WorkerKey
+	var mt Tier
 scan:
 	for i := range evs {
 		ev := &evs[i]
-		m := t.warmTable(ev)
-		if m == nil {
+		if m == nil || ev.Worker != mw || ev.Tier != mt {
+			m, mw, mt = t.warmTable(ev), ev.Worker, ev.Tier
+		}
+		if m == nil || ev.Kind == EventCleared {
 			continue
 		}
 		switch ev.Kind {
@@ -76,9 +82,10 @@ scan:
 // hold comfortably beside the rest of the batch's work.
 const warmMax = 64
 
-// warmTable is the table an event probes, or nil when it probes none.
+// warmTable is the table of an event's rank and tier, or nil when it has
+// none.
 func (t *Tree) warmTable(ev *Event) *handleMap {
-	if ev.Tier >= numTiers || ev.Kind == EventCleared {
+	if ev.Tier >= numTiers {
 		return nil
 	}
 	slot, ok := t.slotOf(ev.Worker)
