@@ -153,19 +153,23 @@ type nsEntry struct {
 // Decoder decodes the batches of one publisher (one worker rank). It is not safe
 // for concurrent use; a listener owns one per socket.
 type Decoder struct {
-	cfg    Config
-	nextID uint64
-
-	// kind learned per (dp_rank, group_idx): true = main attention group.
-	groups map[groupKey]bool
-
-	ns      map[uint64]nsEntry
-	nsIDs   map[string]uint32
-	nsNames [][]byte // nsNames[0] is unused so that id 0 means "none"
+	// What every batch reads comes first, to share cache lines: a
+	// decoder's next batch comes after a thousand other publishers'.
 
 	// The buffers a batch is decoded into: the decoder's own, or shared
 	// with the other decoders of one goroutine (Config.Scratch).
 	*scratch
+	cfg    Config
+	nextID uint64
+	// ns stays nil until a block is stored under a namespace: the length
+	// of a nil map is read without touching the map.
+	ns map[uint64]nsEntry
+
+	// kind learned per (dp_rank, group_idx): true = main attention group.
+	groups map[groupKey]bool
+
+	nsIDs   map[string]uint32
+	nsNames [][]byte // nsNames[0] is unused so that id 0 means "none"
 
 	saltOK  bool
 	saltL   string
@@ -223,7 +227,6 @@ func NewDecoder(cfg Config) (*Decoder, error) {
 		scratch: &sc.s,
 		cfg:     cfg,
 		groups:  make(map[groupKey]bool),
-		ns:      make(map[uint64]nsEntry),
 		nsIDs:   make(map[string]uint32),
 		nsNames: [][]byte{nil},
 	}, nil
@@ -391,8 +394,14 @@ func (d *Decoder) parseEvents(b []byte) ([]byte, error) {
 	d.raws = d.raws[:0]
 	d.arena.hashes, d.arena.tokens = d.arena.hashes[:0], d.arena.tokens[:0]
 	for range n {
-		d.raws = append(d.raws, rawEvent{arena: &d.arena})
+		// parse clears the event; growing raws need not clear it too.
+		if len(d.raws) < cap(d.raws) {
+			d.raws = d.raws[:len(d.raws)+1]
+		} else {
+			d.raws = append(d.raws, rawEvent{})
+		}
 		r := &d.raws[len(d.raws)-1]
+		r.arena = &d.arena
 		start := b
 		r.tag, b, r.err = parse(start, r)
 		if r.err == nil && len(start)-len(b) < skipDepthBytes {
@@ -656,6 +665,9 @@ func (d *Decoder) remember(blocks []index.Block, ns []byte, tier index.Tier, st 
 		d.nsIDs[name] = id
 	}
 	bit := uint8(1) << tier
+	if d.ns == nil {
+		d.ns = make(map[uint64]nsEntry)
+	}
 	for _, b := range blocks {
 		e, found := d.ns[b.Ext]
 		switch {
