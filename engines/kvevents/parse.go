@@ -70,6 +70,11 @@ func parse(ev []byte, r *rawEvent) (tagKind, []byte, error) {
 	if b, ok := parseRemovedOne(ev, r); ok {
 		return tagRemovedKind, b, nil
 	}
+	return parseShape(ev, r)
+}
+
+// parseShape reads an event, r cleared, by its shape: field by field.
+func parseShape(ev []byte, r *rawEvent) (tagKind, []byte, error) {
 	switch msgp.NextType(ev) {
 	case msgp.ArrayType:
 		return parsePositional(ev, r)

@@ -5,20 +5,12 @@ import (
 	"fmt"
 	"reflect"
 	"testing"
-
-	"github.com/tinylib/msgp/msgp"
 )
 
 // parseGeneral is parse without the one-block removal path.
 func parseGeneral(ev []byte, r *rawEvent) (tagKind, []byte, error) {
 	r.reset()
-	switch msgp.NextType(ev) {
-	case msgp.ArrayType:
-		return parsePositional(ev, r)
-	case msgp.MapType:
-		return parseMap(ev, r)
-	}
-	return 0, ev, errType("event")
+	return parseShape(ev, r)
 }
 
 // sameAsGeneral reports how parseRemovedOne's reading of ev differs from
