@@ -34,7 +34,7 @@ scan:
 		if m == nil || ev.Worker != mw || ev.Tier != mt {
 			m, mw, mt = t.warmTable(ev), ev.Worker, ev.Tier
 		}
-		if m == nil || ev.Kind == EventCleared {
+		if m == nil {
 			continue
 		}
 		switch ev.Kind {
