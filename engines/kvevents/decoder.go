@@ -12,7 +12,8 @@
 // rank). The Decoder keeps the little state normalisation needs: the next event
 // id, the kv_cache_spec_kind learned per (dp_rank, group_idx), the cache
 // namespace of stored blocks (so children inherit it), and scratch buffers, so
-// that decoding a batch allocates nothing in steady state.
+// that decoding a batch allocates nothing in steady state; the decoders one
+// goroutine serves can share those buffers (Config.Scratch).
 //
 // Both shapes msgspec has shipped are accepted, per event: positional arrays
 // (tag in slot 0; SGLang, vLLM before PR #42892) and tagged maps (first key
@@ -238,7 +239,8 @@ func (d *Decoder) NextID() uint64 { return d.nextID }
 // Decode decodes one msgpack batch and appends its normalised events to dst.
 //
 // The returned events' Blocks and Hashes point into buffers the Decoder reuses:
-// they are valid until the next Decode call. A caller that keeps them longer
+// they are valid until the next Decode call (of any decoder sharing its
+// Config.Scratch). A caller that keeps them longer
 // copies them. With dst of enough capacity, decoding allocates nothing once the
 // buffers have grown to the batch size.
 //
