@@ -21,30 +21,40 @@ const model = "model"
 // would own and the index the rank feeds. What a listener does with a batch
 // it has read from its socket — kvevents' Decode, then Index.ApplyBatch — is
 // what ingest does here, byte for byte; the sockets, the sequence cursor and
-// the writer lanes' channels are left out.
+// the writer lanes' channels are left out. Batches are ingested one at a
+// time, as by one writer lane, so the ranks share the lane's buffers.
 type inproc struct {
 	mu    sync.Mutex
 	ranks map[index.WorkerKey]*rankFeed
+	lane  *laneBuffers
+}
+
+// laneBuffers are what a writer lane's ranks share: the decoders' scratch
+// and the decoded events.
+type laneBuffers struct {
+	scratch kvevents.Scratch
+	evs     []index.Event
 }
 
 // rankFeed is one attached rank.
 type rankFeed struct {
-	dec *kvevents.Decoder
-	cfg kvevents.Config
-	ix  *index.Index
-	evs []index.Event
-	buf []byte
+	dec  *kvevents.Decoder
+	cfg  kvevents.Config
+	ix   *index.Index
+	lane *laneBuffers
+	buf  []byte
 }
 
 func (l *inproc) Attach(a selection.RankAttachment) error {
-	cfg := kvevents.Config{WorkerID: a.Worker.WorkerID, DPRank: a.Worker.DPRank, BlockSize: int(a.BlockSize), Eagle: a.Eagle}
+	cfg := kvevents.Config{WorkerID: a.Worker.WorkerID, DPRank: a.Worker.DPRank,
+		BlockSize: int(a.BlockSize), Eagle: a.Eagle, Scratch: &l.lane.scratch}
 	dec, err := kvevents.NewDecoder(cfg)
 	if err != nil {
 		return fmt.Errorf("attach %v: %w", a.Worker, err)
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.ranks[a.Worker] = &rankFeed{dec: dec, cfg: cfg, ix: a.Index}
+	l.ranks[a.Worker] = &rankFeed{dec: dec, cfg: cfg, ix: a.Index, lane: l.lane}
 	return nil
 }
 
@@ -54,12 +64,12 @@ func (l *inproc) dropScratch() {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	for _, rf := range l.ranks {
-		rf.evs, rf.buf = nil, nil
+		rf.buf = nil
 	}
 }
 
-// resetDecoders gives every rank a fresh decoder, letting go of the batch
-// buffers the old one kept: the heap before and after is their size.
+// resetDecoders gives every rank a fresh decoder, letting go of what the
+// old one kept between batches: the heap before and after is its size.
 func (l *inproc) resetDecoders() error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -88,14 +98,14 @@ func (l *inproc) feed(w index.WorkerKey) *rankFeed {
 // ingest decodes one encoded KVEventBatch and applies it to the rank's index,
 // as a writer lane does, and returns the events applied.
 func (f *rankFeed) ingest(payload []byte) (int, error) {
-	evs, _, err := f.dec.Decode(payload, f.evs[:0])
+	evs, _, err := f.dec.Decode(payload, f.lane.evs[:0])
 	if err != nil {
 		return 0, fmt.Errorf("decode kv events: %w", err)
 	}
 	failed, first := f.ix.ApplyBatch(evs)
 	n := len(evs)
 	clear(evs) // they point into the decoder's buffers
-	f.evs = evs[:0]
+	f.lane.evs = evs[:0]
 	if failed > 0 {
 		return n, fmt.Errorf("index rejected %d events: %w", failed, first)
 	}
@@ -121,7 +131,7 @@ type fleet struct {
 // with its own KV events endpoint) on a service with the default router
 // configuration: KV events drive the index.
 func newFleet(ctx context.Context, ranks, perWorker, bs, cacheBlocks int, seed uint64) (*fleet, error) {
-	l := &inproc{ranks: map[index.WorkerKey]*rankFeed{}}
+	l := &inproc{ranks: map[index.WorkerKey]*rankFeed{}, lane: new(laneBuffers)}
 	svc, err := selection.New(selection.Config{Router: routerconfig.Default(), Listeners: l,
 		Rand: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))})
 	if err != nil {

@@ -12,7 +12,8 @@
 // rank). The Decoder keeps the little state normalisation needs: the next event
 // id, the kv_cache_spec_kind learned per (dp_rank, group_idx), the cache
 // namespace of stored blocks (so children inherit it), and scratch buffers, so
-// that decoding a batch allocates nothing in steady state.
+// that decoding a batch allocates nothing in steady state; the decoders one
+// goroutine serves can share those buffers (Config.Scratch).
 //
 // Both shapes msgspec has shipped are accepted, per event: positional arrays
 // (tag in slot 0; SGLang, vLLM before PR #42892) and tagged maps (first key
@@ -24,7 +25,6 @@ package kvevents
 import (
 	"errors"
 	"fmt"
-	"slices"
 
 	"github.com/tinylib/msgp/msgp"
 
@@ -57,6 +57,11 @@ type Config struct {
 	// (counted in Stats.NamespaceOverflow) and their children hash without salt,
 	// which can only cost cache hits, never route wrongly.
 	MaxNamespaceEntries int
+	// Scratch, if not nil, is shared with other decoders that are never
+	// used at the same time as this one; nil gives the decoder its own.
+	// The events a Decode returns are then valid until the next Decode of
+	// any of them.
+	Scratch *Scratch
 }
 
 // Stats counts what one Decode call did with the events of a batch, so that
@@ -149,16 +154,39 @@ type nsEntry struct {
 // Decoder decodes the batches of one publisher (one worker rank). It is not safe
 // for concurrent use; a listener owns one per socket.
 type Decoder struct {
+	// What every batch reads comes first, to share cache lines: a
+	// decoder's next batch comes after a thousand other publishers'.
+
+	// The buffers a batch is decoded into: the decoder's own, or shared
+	// with the other decoders of one goroutine (Config.Scratch).
+	*scratch
 	cfg    Config
 	nextID uint64
+	// ns stays nil until a block is stored under a namespace: the length
+	// of a nil map is read without touching the map.
+	ns map[uint64]nsEntry
 
 	// kind learned per (dp_rank, group_idx): true = main attention group.
 	groups map[groupKey]bool
 
-	ns      map[uint64]nsEntry
 	nsIDs   map[string]uint32
 	nsNames [][]byte // nsNames[0] is unused so that id 0 means "none"
 
+	saltOK  bool
+	saltL   string
+	saltN   string
+	saltVal uint64
+}
+
+// Scratch holds the buffers Decode parses and normalises a batch into.
+// Decoders that never decode at the same time (the publishers one writer
+// goroutine serves) can share one through Config.Scratch: their batches then
+// reuse one set of buffers that stays in the CPU caches, where a buffer per
+// publisher was cold again by the time its next batch came, a thousand other
+// publishers' batches later. The zero Scratch is ready to use.
+type Scratch struct{ s scratch }
+
+type scratch struct {
 	hasher kvhash.Hasher
 	// raws holds the batch's events, each parsed once, straight from the
 	// payload, their hashes and tokens in arena.
@@ -174,15 +202,11 @@ type Decoder struct {
 	blocks []index.Block
 
 	// Per-event scratch.
-	locals  []uint64
-	mmFlat  []uint64
-	mmEnds  []int
-	mm      [][]uint64
-	sorted  []uint64 // hasDuplicate's copy of a long chain's hashes
-	saltOK  bool
-	saltL   string
-	saltN   string
-	saltVal uint64
+	locals []uint64
+	mmFlat []uint64
+	mmEnds []int
+	mm     [][]uint64
+	sorted []uint64 // hasDuplicate's copy of a long chain's hashes
 }
 
 // NewDecoder returns a decoder for one publisher.
@@ -196,10 +220,14 @@ func NewDecoder(cfg Config) (*Decoder, error) {
 	if cfg.MaxNamespaceEntries == 0 {
 		cfg.MaxNamespaceEntries = DefaultMaxNamespaceEntries
 	}
+	sc := cfg.Scratch
+	if sc == nil {
+		sc = new(Scratch)
+	}
 	return &Decoder{
+		scratch: &sc.s,
 		cfg:     cfg,
 		groups:  make(map[groupKey]bool),
-		ns:      make(map[uint64]nsEntry),
 		nsIDs:   make(map[string]uint32),
 		nsNames: [][]byte{nil},
 	}, nil
@@ -211,7 +239,8 @@ func (d *Decoder) NextID() uint64 { return d.nextID }
 // Decode decodes one msgpack batch and appends its normalised events to dst.
 //
 // The returned events' Blocks and Hashes point into buffers the Decoder reuses:
-// they are valid until the next Decode call. A caller that keeps them longer
+// they are valid until the next Decode call (of any decoder sharing its
+// Config.Scratch). A caller that keeps them longer
 // copies them. With dst of enough capacity, decoding allocates nothing once the
 // buffers have grown to the batch size.
 //
@@ -249,28 +278,30 @@ const keepRaws = 512
 // elements decoding a large batch, so that memory returns once long
 // prompts stop coming; ordinary batches keep theirs. Call it once the
 // events of the last Decode are no longer read: they point into the
-// arenas it may drop.
-func (d *Decoder) Trim() {
-	if cap(d.blocks) > keepScratch {
-		d.blocks = nil
+// arenas it may drop. With a shared Config.Scratch it trims that.
+func (d *Decoder) Trim() { d.scratch.trim() }
+
+func (s *scratch) trim() {
+	if cap(s.blocks) > keepScratch {
+		s.blocks = nil
 	}
-	if cap(d.locals) > keepScratch {
-		d.locals = nil
+	if cap(s.locals) > keepScratch {
+		s.locals = nil
 	}
-	if cap(d.mmFlat) > keepScratch {
-		d.mmFlat, d.mmEnds, d.mm = nil, nil, nil
+	if cap(s.mmFlat) > keepScratch {
+		s.mmFlat, s.mmEnds, s.mm = nil, nil, nil
 	}
-	if cap(d.arena.tokens) > keepScratch {
-		d.arena.tokens = nil
+	if cap(s.arena.tokens) > keepScratch {
+		s.arena.tokens = nil
 	}
-	if cap(d.arena.hashes) > keepScratch {
-		d.arena.hashes = nil
+	if cap(s.arena.hashes) > keepScratch {
+		s.arena.hashes = nil
 	}
-	if cap(d.raws) > keepRaws {
-		d.raws = nil
+	if cap(s.raws) > keepRaws {
+		s.raws = nil
 	}
-	if cap(d.sorted) > keepScratch {
-		d.sorted = nil
+	if cap(s.sorted) > keepScratch {
+		s.sorted = nil
 	}
 }
 
@@ -365,8 +396,14 @@ func (d *Decoder) parseEvents(b []byte) ([]byte, error) {
 	d.raws = d.raws[:0]
 	d.arena.hashes, d.arena.tokens = d.arena.hashes[:0], d.arena.tokens[:0]
 	for range n {
-		d.raws = append(d.raws, rawEvent{arena: &d.arena})
+		// parse clears the event; growing raws need not clear it too.
+		if len(d.raws) < cap(d.raws) {
+			d.raws = d.raws[:len(d.raws)+1]
+		} else {
+			d.raws = append(d.raws, rawEvent{})
+		}
 		r := &d.raws[len(d.raws)-1]
+		r.arena = &d.arena
 		start := b
 		r.tag, b, r.err = parse(start, r)
 		if r.err == nil && len(start)-len(b) < skipDepthBytes {
@@ -587,33 +624,7 @@ func (d *Decoder) stored(r *rawEvent, w index.WorkerKey, tier index.Tier, dst []
 // included (Dynamo convert.rs, "self-referencing block").
 func (d *Decoder) hasDuplicate(r *rawEvent) bool {
 	h := r.hashes
-	if len(h) <= 32 {
-		for i, x := range h {
-			if r.hasParent && x == r.parent {
-				return true
-			}
-			for _, y := range h[:i] {
-				if x == y {
-					return true
-				}
-			}
-		}
-		return false
-	}
-	// A prefill stores dozens of blocks: sorting a copy finds a repeat in
-	// O(n log n) without the hashing and clearing of a map.
-	s := append(d.sorted[:0], h...)
-	if r.hasParent {
-		s = append(s, r.parent)
-	}
-	slices.Sort(s)
-	d.sorted = s
-	for i := 1; i < len(s); i++ {
-		if s[i] == s[i-1] {
-			return true
-		}
-	}
-	return false
+	return index.RepeatsExt(len(h), r.parent, r.hasParent, func(i int) uint64 { return h[i] }, &d.sorted)
 }
 
 // namespace resolves the cache namespace of a Stored event: its own (map
@@ -656,6 +667,9 @@ func (d *Decoder) remember(blocks []index.Block, ns []byte, tier index.Tier, st 
 		d.nsIDs[name] = id
 	}
 	bit := uint8(1) << tier
+	if d.ns == nil {
+		d.ns = make(map[uint64]nsEntry)
+	}
 	for _, b := range blocks {
 		e, found := d.ns[b.Ext]
 		switch {

@@ -67,6 +67,14 @@ func (r *rawEvent) reset() {
 // the caller finds the event's end itself.
 func parse(ev []byte, r *rawEvent) (tagKind, []byte, error) {
 	r.reset()
+	if b, ok := parseRemovedOne(ev, r); ok {
+		return tagRemovedKind, b, nil
+	}
+	return parseShape(ev, r)
+}
+
+// parseShape reads an event, r cleared, by its shape: field by field.
+func parseShape(ev []byte, r *rawEvent) (tagKind, []byte, error) {
 	switch msgp.NextType(ev) {
 	case msgp.ArrayType:
 		return parsePositional(ev, r)
@@ -74,6 +82,62 @@ func parse(ev []byte, r *rawEvent) (tagKind, []byte, error) {
 		return parseMap(ev, r)
 	}
 	return 0, ev, errType("event")
+}
+
+// The encodings of a one-block BlockRemoved up to its hash: vLLM's map
+// (msgspec writes its fields in declaration order and omits a None medium)
+// and the positional array of older vLLM and SGLang, with a medium or without.
+const (
+	removedMap     = "\x83\xa4type\xacBlockRemoved\xacblock_hashes\x91"
+	removedMapBare = "\x82\xa4type\xacBlockRemoved\xacblock_hashes\x91"
+	removedPos     = "\x93\xacBlockRemoved\x91"
+	removedPosBare = "\x92\xacBlockRemoved\x91"
+	mediumKey      = "\xa6medium"
+)
+
+// parseRemovedOne reads a one-block BlockRemoved written exactly as engines
+// write it: three events in four, each a fraction of a batch's bytes, and
+// through parseMap's key-by-key reading cost more than the table probe that
+// applies it. It reports false, having changed nothing, for anything else,
+// which parse reads the general way; what it accepts it reads into r as
+// parse would (TestParseRemovedOneMatchesParse, FuzzParseRemovedOne).
+func parseRemovedOne(ev []byte, r *rawEvent) ([]byte, bool) {
+	var b []byte
+	isMap, hasMedium := false, false
+	switch {
+	case len(ev) > len(removedMap) && string(ev[:len(removedMap)]) == removedMap:
+		b, isMap, hasMedium = ev[len(removedMap):], true, true
+	case len(ev) > len(removedPos) && string(ev[:len(removedPos)]) == removedPos:
+		b, hasMedium = ev[len(removedPos):], true
+	case len(ev) > len(removedMapBare) && string(ev[:len(removedMapBare)]) == removedMapBare:
+		b = ev[len(removedMapBare):]
+	case len(ev) > len(removedPosBare) && string(ev[:len(removedPosBare)]) == removedPosBare:
+		b = ev[len(removedPosBare):]
+	default:
+		return nil, false
+	}
+	h, b, err := readHash(b)
+	if err != nil {
+		return nil, false
+	}
+	var medium []byte
+	if hasMedium {
+		if isMap {
+			if len(b) < len(mediumKey) || string(b[:len(mediumKey)]) != mediumKey {
+				return nil, false
+			}
+			b = b[len(mediumKey):]
+		}
+		if medium, _, b, err = readOptStr(b); err != nil {
+			return nil, false
+		}
+	}
+	a := r.arena
+	start := len(a.hashes)
+	a.hashes = append(a.hashes, h)
+	r.hashes = a.hashes[start:len(a.hashes):len(a.hashes)]
+	r.medium = medium
+	return b, true
 }
 
 // skipN skips n msgpack values.

@@ -27,14 +27,14 @@ func FuzzLiveMessage(f *testing.F) {
 		defer l.Close()
 		ix := newIndex(t)
 		w := index.WorkerKey{WorkerID: 1}
-		dec, err := kvevents.NewDecoder(kvevents.Config{WorkerID: 1, BlockSize: blockSize})
+		dec, err := kvevents.NewDecoder(kvevents.Config{WorkerID: 1, BlockSize: blockSize, Scratch: &l.laneBufs[0].scratch})
 		if err != nil {
 			t.Fatal(err)
 		}
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
 		r := &rank{l: l, a: attachment(ix, w, "tcp://127.0.0.1:1", ""), ctx: ctx, cancel: cancel,
-			done: make(chan struct{}), lane: l.lanes[0], dec: dec, log: quietLogger()}
+			done: make(chan struct{}), lane: l.lanes[0], dec: dec, buf: &l.laneBufs[0], log: quietLogger()}
 		frames := [][]byte{topic, seq, payload, payload}[:min(int(nframes)%5, 4)]
 		// The same message twice: the second is stale or, if the first was
 		// malformed, malformed again.

@@ -140,6 +140,7 @@ type Listeners struct {
 	zlog   *log.Logger
 
 	lanes    []chan job
+	laneBufs []laneBuffers // by lane
 	lanesWG  sync.WaitGroup
 	nextLane int // guarded by mu
 	// laneMu orders barrier sends against Close closing the lanes.
@@ -154,6 +155,16 @@ type Listeners struct {
 	guarded    string // the zmqguard scheme tcp endpoints are dialed through (set once by guardOnce); "" = plain tcp
 	coll       collector
 	wg         sync.WaitGroup
+}
+
+// laneBuffers are what the ranks of one writer lane share, as the lane
+// decodes and applies their batches one at a time: the decoders' scratch
+// and the decoded events. One set per lane stays in the CPU caches; one per
+// rank was cold again by the next batch of the rank once a thousand ranks
+// took turns.
+type laneBuffers struct {
+	scratch kvevents.Scratch
+	evs     []index.Event
 }
 
 // job is one unit of a writer lane: a batch of a rank to decode and apply, or
@@ -206,6 +217,7 @@ func New(ctx context.Context, opts Options) *Listeners {
 		ranks:  make(map[rankKey]*rank),
 		lanes:  make([]chan job, opts.Lanes),
 	}
+	l.laneBufs = make([]laneBuffers, len(l.lanes))
 	l.coll.routes = make(map[string]*route)
 	for i := range l.lanes {
 		l.lanes[i] = make(chan job, opts.LaneQueue)
@@ -236,7 +248,7 @@ func (l *Listeners) write(lane chan job) {
 // apply decodes one batch and applies it to the index. It runs on the rank's
 // writer lane.
 func (r *rank) apply(s uint64, payload []byte, replayed bool) {
-	evs, _, err := r.dec.Decode(payload, r.evs[:0])
+	evs, _, err := r.dec.Decode(payload, r.buf.evs[:0])
 	if err != nil {
 		r.update(func(st *RankStatus) { st.DecodeErrors++ })
 		r.log.Warn("dropping undecodable kv events batch", "seq", s, "err", err)
@@ -253,7 +265,7 @@ func (r *rank) apply(s uint64, payload []byte, replayed bool) {
 	// The events point into the decoder's buffers; keep only the slice
 	// capacity, and not the decoder's buffers past a long prompt's batch.
 	clear(evs)
-	r.evs = evs[:0]
+	r.buf.evs = evs[:0]
 	r.dec.Trim()
 	if failed > 0 {
 		r.log.Debug("index rejected kv events", "seq", s, "failed", failed, "first", first)
@@ -274,18 +286,20 @@ func (l *Listeners) Attach(a selection.RankAttachment) error {
 	if a.Index == nil {
 		return errors.New("kvlisten: attachment without index")
 	}
+	k := rankKey{a.Partition, a.Worker}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	buf := &l.laneBufs[l.nextLane]
 	dec, err := kvevents.NewDecoder(kvevents.Config{
 		WorkerID:  a.Worker.WorkerID,
 		DPRank:    a.Worker.DPRank,
 		BlockSize: int(a.BlockSize),
 		Eagle:     a.Eagle,
+		Scratch:   &buf.scratch,
 	})
 	if err != nil {
 		return fmt.Errorf("kvlisten: %w", err)
 	}
-	k := rankKey{a.Partition, a.Worker}
-	l.mu.Lock()
-	defer l.mu.Unlock()
 	if l.closed || l.ctx.Err() != nil {
 		return ErrClosed
 	}
@@ -305,6 +319,7 @@ func (l *Listeners) Attach(a selection.RankAttachment) error {
 		done:   make(chan struct{}),
 		lane:   l.lanes[l.nextLane],
 		dec:    dec,
+		buf:    buf,
 		log: l.opts.Logger.With("worker_id", a.Worker.WorkerID, "dp_rank", a.Worker.DPRank,
 			"endpoint", cmp.Or(a.Endpoints.KVEvents, "collector")),
 	}

@@ -12,7 +12,6 @@ import (
 	"github.com/kvselect/kvselect/engines/kvevents"
 	"github.com/kvselect/kvselect/internal/zmqdial"
 	"github.com/kvselect/kvselect/selection"
-	"github.com/kvselect/kvselect/selection/index"
 )
 
 // rank is one rank's listener. Everything but st is owned by its goroutine.
@@ -40,7 +39,7 @@ type rank struct {
 
 	// Owned by the rank's writer lane.
 	dec *kvevents.Decoder
-	evs []index.Event
+	buf *laneBuffers // shared with the lane's other ranks
 
 	mu sync.Mutex
 	st RankStatus

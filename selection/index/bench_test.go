@@ -293,3 +293,70 @@ func BenchmarkMatchFleetWidePrefix(b *testing.B) {
 		})
 	}
 }
+
+// fleetStep is one engine step of an engine whose cache holds fleetRequests
+// requests of fleetBlocks blocks: step k stores block k%fleetBlocks of
+// request k/fleetBlocks (chained to the block before it) and removes, last
+// block first, one block of the request fleetRequests before it.
+const (
+	fleetBlocks   = 16
+	fleetRequests = 64
+)
+
+func fleetHash(w, req, blk int, salt uint64) uint64 {
+	return xxh3.HashSeed([]byte{byte(blk), byte(req), byte(req >> 8), byte(req >> 16), byte(req >> 24)}, uint64(w)<<8|salt)
+}
+
+func fleetStep(evs []Event, blocks []Block, hashes []uint64, w, k int) []Event {
+	wk := WorkerKey{WorkerID: uint64(w / 8), DPRank: uint32(w % 8)}
+	req, blk := k/fleetBlocks, k%fleetBlocks
+	blocks[0] = Block{Ext: fleetHash(w, req, blk, 1), Local: fleetHash(w, req, blk, 2)}
+	st := Event{Worker: wk, Kind: EventStored, Blocks: blocks[:1]}
+	if blk > 0 {
+		st.Parent, st.HasParent = fleetHash(w, req, blk-1, 1), true
+	}
+	evs = append(evs, st)
+	if old := req - fleetRequests; old >= 0 {
+		hashes[0] = fleetHash(w, old, fleetBlocks-1-blk, 1)
+		evs = append(evs, Event{Worker: wk, Kind: EventRemoved, Hashes: hashes[:1]})
+	}
+	return evs
+}
+
+// BenchmarkApplyBatch1024Engines applies engine steps of 1,024 engine ranks
+// in turn, each holding 1,024 blocks, through ApplyBatch, as a writer lane
+// does at the fleet size docs/scale.md's ingest measures: each batch stores
+// one decoded block and evicts one, and finds the engine's table and nodes
+// evicted from the CPU caches by the other engines' batches. Reports ns per
+// event.
+func BenchmarkApplyBatch1024Engines(b *testing.B) {
+	const engines = 1024
+	ix, err := New(Config{BlockSize: 16})
+	if err != nil {
+		b.Fatal(err)
+	}
+	var evs []Event
+	blocks, hashes := make([]Block, 1), make([]uint64, 1)
+	k := 0
+	step := func() int {
+		n := 0
+		for w := range engines {
+			evs = fleetStep(evs[:0], blocks, hashes, w, k)
+			if failed, first := ix.ApplyBatch(evs); failed > 0 {
+				b.Fatal(first)
+			}
+			n += len(evs)
+		}
+		k++
+		return n
+	}
+	for range (fleetRequests + 4) * fleetBlocks {
+		step()
+	}
+	b.ResetTimer()
+	events := 0
+	for b.Loop() {
+		events += step()
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(events), "ns/event")
+}

@@ -81,11 +81,12 @@ func (m *handleMap) del(k uint64) (uint32, bool) {
 	}
 	old := m.vals[i]
 	// Backward-shift: pull later entries of the probe run into the hole so
-	// lookups never need tombstones.
+	// lookups never need tombstones. The entry at j moves into the hole at i
+	// unless its home lies cyclically in (i, j], that is unless it is
+	// nearer to its home than the hole is; one comparison of distances,
+	// where comparing positions took four hard-to-predict branches.
 	for j := (i + 1) & mask; m.vals[j] != 0; j = (j + 1) & mask {
-		home := m.slot(m.keys[j])
-		// Move j into the hole at i unless its home lies cyclically in (i, j].
-		if (j > i && (home <= i || home > j)) || (j < i && home <= i && home > j) {
+		if (j-m.slot(m.keys[j]))&mask >= (j-i)&mask {
 			m.keys[i], m.vals[i] = m.keys[j], m.vals[j]
 			i = j
 		}

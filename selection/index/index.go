@@ -84,6 +84,7 @@ type Index struct {
 	primary *Tree
 	side    *Tree       // nil unless PredictedTTL > 0
 	ttl     *ttlTracker // expiry of recorded routing decisions: primary (approximate) or side
+	sink    uint32      // what Tree.warm read, kept so that its reads are not dropped
 }
 
 // New builds an empty index.
@@ -121,6 +122,7 @@ func (ix *Index) Apply(ev *Event) error {
 func (ix *Index) ApplyBatch(evs []Event) (failed int, first error) {
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
+	ix.sink += ix.primary.warm(evs)
 	for i := range evs {
 		if err := ix.primary.Apply(&evs[i]); err != nil {
 			failed++

@@ -42,6 +42,12 @@ type setTable struct {
 	// single-block removals of one worker, interleaved with every other
 	// worker's, replay the same few transitions of widely held sets.
 	trans [transSlots]transition
+
+	// singles[e] is the id {e} had when last looked up, checked before
+	// use: a block that only one rank holds (every decoded block) starts
+	// as {e}, and at a thousand ranks their transitions from the empty set
+	// crowd the transition cache.
+	singles []uint32
 }
 
 const transSlots = 1024
@@ -116,15 +122,25 @@ func (st *setTable) release(id uint32) {
 // with returns the id of sets[id] ∪ {e} (adding) or sets[id] \ {e} (removing),
 // without changing reference counts.
 func (st *setTable) with(id uint32, e ownerElem, add bool) uint32 {
+	from := &st.sets[id]
+	if !add && len(from.elems) == 1 && from.sum == mix(e) {
+		// The common eviction: a block's only owner lets go. mix being a
+		// bijection, a one-element set's sum is mix(e) only for {e}; the
+		// elements, elsewhere in memory, need not be read.
+		return 0
+	}
+	if add && id == 0 && int(e) < len(st.singles) {
+		// A one-element set with mix(e) as its sum is {e}, as above.
+		if s := st.singles[e]; s != 0 && len(st.sets[s].elems) == 1 && st.sets[s].sum == mix(e) {
+			return s
+		}
+	}
 	tr := &st.trans[transSlot(id, e, add)]
 	if tr.ok && tr.from == id && tr.elem == e && tr.add == add &&
-		tr.fromGen == st.sets[id].gen && tr.toGen == st.sets[tr.to].gen {
+		tr.fromGen == from.gen && tr.toGen == st.sets[tr.to].gen {
 		return tr.to
 	}
-	cur := st.sets[id].elems
-	if !add && len(cur) == 1 && cur[0] == e {
-		return 0 // the common eviction: a block's only owner lets go
-	}
+	cur := from.elems
 	i, found := slices.BinarySearch(cur, e)
 	if found == add {
 		return id
@@ -140,6 +156,12 @@ func (st *setTable) with(id uint32, e ownerElem, add bool) uint32 {
 		to = st.create(sum, cur, i, e, add)
 	}
 	*tr = transition{from: id, to: to, fromGen: st.sets[id].gen, toGen: st.sets[to].gen, elem: e, add: add, ok: true}
+	if add && id == 0 {
+		if int(e) >= len(st.singles) {
+			st.singles = append(st.singles, make([]uint32, int(e)+1-len(st.singles))...)
+		}
+		st.singles[e] = to
+	}
 	return to
 }
 

@@ -254,22 +254,6 @@ func (t *Tree) Apply(ev *Event) error {
 	return fmt.Errorf("%w: kind %d", ErrInvalidEvent, ev.Kind)
 }
 
-func validChain(parent uint64, hasParent bool, blocks []Block) bool {
-	// Chains are short (≤ a few hundred blocks per event); a quadratic scan beats
-	// allocating a set for the common handful.
-	for i, b := range blocks {
-		if hasParent && b.Ext == parent {
-			return false
-		}
-		for _, prev := range blocks[:i] {
-			if prev.Ext == b.Ext {
-				return false
-			}
-		}
-	}
-	return true
-}
-
 func (t *Tree) store(w WorkerKey, tier Tier, parent uint64, hasParent bool, blocks []Block) error {
 	slot, known := t.slotOf(w)
 	if hasParent && parent == 0 && !t.holdsExt(slot, known, tier, 0) {
@@ -279,11 +263,7 @@ func (t *Tree) store(w WorkerKey, tier Tier, parent uint64, hasParent bool, bloc
 		// a 64-bit hash makes a 2^-64 event.
 		hasParent = false
 	}
-	if len(blocks) > 64 {
-		if !validChainLong(parent, hasParent, blocks) {
-			return fmt.Errorf("%w: repeated engine hash in a stored chain of worker %v", ErrInvalidBlockSequence, w)
-		}
-	} else if !validChain(parent, hasParent, blocks) {
+	if RepeatsExt(len(blocks), parent, hasParent, func(i int) uint64 { return blocks[i].Ext }, nil) {
 		return fmt.Errorf("%w: repeated engine hash in a stored chain of worker %v", ErrInvalidBlockSequence, w)
 	}
 	cur := uint32(root)
@@ -335,20 +315,6 @@ func (t *Tree) holdsExt(slot uint32, known bool, tier Tier, ext uint64) bool {
 	}
 	_, ok := t.findExt(&t.workers[slot], tier, ext)
 	return ok
-}
-
-func validChainLong(parent uint64, hasParent bool, blocks []Block) bool {
-	seen := make(map[uint64]struct{}, len(blocks)+1)
-	if hasParent {
-		seen[parent] = struct{}{}
-	}
-	for _, b := range blocks {
-		if _, dup := seen[b.Ext]; dup {
-			return false
-		}
-		seen[b.Ext] = struct{}{}
-	}
-	return true
 }
 
 func (t *Tree) remove(w WorkerKey, tier Tier, hashes []uint64) error {

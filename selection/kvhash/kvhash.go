@@ -87,9 +87,11 @@ func (h *Hasher) AppendBlockHashes(dst []uint64, tokens []uint32, seed uint64, o
 	}
 	for i := 0; i < n; i++ {
 		start := i * o.BlockSize
-		b := h.buf[:0]
-		for _, t := range tokens[start : start+window] {
-			b = binary.LittleEndian.AppendUint32(b, t)
+		// Sized once, then filled in place: appending token by token
+		// checked the capacity for every token.
+		b := slices.Grow(h.buf[:0], 4*window)[:4*window]
+		for j, t := range tokens[start : start+window] {
+			binary.LittleEndian.PutUint32(b[4*j:4*j+4], t)
 		}
 		if i < len(o.MM) && len(o.MM[i]) > 0 {
 			mm := append(h.mm[:0], o.MM[i]...)
