@@ -487,6 +487,47 @@ func TestSetWorkersDropsBookingsOfDepartedRanks(t *testing.T) {
 	}
 }
 
+// TestBookingsFollowTheirRanksWhenPacked: a change of the rank set moves
+// every rank into one array; live bookings keep counting on, and leave
+// from, their own rank, and the ranks stay sorted.
+func TestBookingsFollowTheirRanksWhenPacked(t *testing.T) {
+	tr := newTracker(t, DefaultConfig(4), w1, w3)
+	mustAdd(t, tr, t0, Booking{RequestID: "a", Worker: w3, TrackingHashes: []uint64{1, 2}, PrefillTokens: 8, TrackPrefill: true})
+	mustAdd(t, tr, t0, Booking{RequestID: "b", Worker: w1, TrackingHashes: []uint64{1}})
+	before := tr.Loads()
+	w0 := index.WorkerKey{WorkerID: 0}
+	tr.SetWorkers([]index.WorkerKey{w3, w0, w2, w1}) // two ranks join: the set is packed
+	got := tr.Loads()
+	if len(got) != 4 || got[0].Worker != w0 || got[1] != before[0] || got[2] != (WorkerLoad{Worker: w2}) || got[3] != before[1] {
+		t.Fatalf("loads after packing %+v, before %+v", got, before)
+	}
+	for i, r := range tr.sorted {
+		if tr.ranks[r.key] != r || (i > 0 && compareKeys(tr.sorted[i-1].key, r.key) >= 0) {
+			t.Fatalf("rank %v: map and sorted list disagree", r.key)
+		}
+	}
+	if err := tr.PrefillComplete("a"); err != nil {
+		t.Fatal(err)
+	}
+	if err := tr.Free("b"); err != nil {
+		t.Fatal(err)
+	}
+	if l := load1(t, tr, w3); l.ActivePrefillTokens != 0 || l.ActiveDecodeBlocks != 2 || l.ActiveRequests != 1 {
+		t.Fatalf("w3 after its booking's prefill completed: %+v", l)
+	}
+	if l := load1(t, tr, w1); l != (WorkerLoad{Worker: w1}) {
+		t.Fatalf("w1 after its booking left: %+v", l)
+	}
+	if err := tr.Free("a"); err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range tr.Loads() {
+		if l != (WorkerLoad{Worker: l.Worker}) {
+			t.Fatalf("load left after every booking left: %+v", l)
+		}
+	}
+}
+
 func TestProjectionCountsBlocksNotYetActive(t *testing.T) {
 	tr := newTracker(t, DefaultConfig(16), w1, w2)
 	// Standalone slot-tracker case: [1,2,3] active, prompt [1,2,4] adds one block.
