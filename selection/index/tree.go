@@ -537,7 +537,7 @@ func (t *Tree) orderRows(rows []Overlap, sc *matchScratch) {
 		return
 	}
 	if len(rows)*16 < len(t.byKey) {
-		slices.SortFunc(rows, func(a, b Overlap) int { return CompareWorkerKeys(a.Worker, b.Worker) })
+		slices.SortFunc(rows, CompareOverlaps)
 		return
 	}
 	if len(sc.at) < len(t.workers) {
@@ -563,7 +563,7 @@ func (t *Tree) orderRows(rows []Overlap, sc *matchScratch) {
 			at[s] = 0
 		}
 		copy(rows, sc.rows)
-		slices.SortFunc(rows, func(a, b Overlap) int { return CompareWorkerKeys(a.Worker, b.Worker) })
+		slices.SortFunc(rows, CompareOverlaps)
 	}
 }
 

@@ -440,7 +440,7 @@ func TestMatchRowsComeInKeyOrder(t *testing.T) {
 					t.Fatalf("the row already in dst moved: %v", rows[0])
 				}
 				rows = rows[1:]
-				if !slices.IsSortedFunc(rows, func(a, b Overlap) int { return CompareWorkerKeys(a.Worker, b.Worker) }) {
+				if !slices.IsSortedFunc(rows, CompareOverlaps) {
 					t.Fatalf("rows not in key order: %v", rows)
 				}
 				got := map[WorkerKey]uint32{}

@@ -226,9 +226,8 @@ func (p *Partition) Match(locals []uint64, text bool, dst []index.Overlap) []ind
 	rows := ix.Match(locals, false, dst[:0])
 	// A tree's rows come in key order; only a side tree's merged rows
 	// (Index.Match) can leave them out of it.
-	byKey := func(a, b index.Overlap) int { return index.CompareWorkerKeys(a.Worker, b.Worker) }
-	if !slices.IsSortedFunc(rows, byKey) {
-		slices.SortFunc(rows, byKey)
+	if !slices.IsSortedFunc(rows, index.CompareOverlaps) {
+		slices.SortFunc(rows, index.CompareOverlaps)
 	}
 	return rows
 }
