@@ -4,12 +4,15 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"net/http"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
 	"github.com/kvselect/kvselect/bench/fleet"
+	"github.com/kvselect/kvselect/bench/promtext"
 	"github.com/kvselect/kvselect/mockworker"
 	"github.com/kvselect/kvselect/selection/index"
 )
@@ -24,11 +27,41 @@ type Mismatch struct {
 	Extra   []uint64 `json:"extra,omitempty"`   // in the index, not in the pool (first few)
 	NMiss   int      `json:"n_missing"`
 	NExtra  int      `json:"n_extra"`
+	// Listener is the replica's KV event counters for the worker's ranks
+	// (kvselect_kv_events_*, without the prefix), read when the mismatch is
+	// reported: whether it knew of gaps, losses, rejected events or restarts.
+	Listener map[string]float64 `json:"listener,omitempty"`
 }
 
 func (m Mismatch) String() string {
-	return fmt.Sprintf("replica %s, worker %d: pool %d blocks, index %d; %d missing %x, %d extra %x",
+	s := fmt.Sprintf("replica %s, worker %d: pool %d blocks, index %d; %d missing %x, %d extra %x",
 		m.Replica, m.Worker, m.Pool, m.Indexed, m.NMiss, m.Missing, m.NExtra, m.Extra)
+	if len(m.Listener) > 0 {
+		var kv []string
+		for _, k := range slices.Sorted(maps.Keys(m.Listener)) {
+			kv = append(kv, fmt.Sprintf("%s=%g", k, m.Listener[k]))
+		}
+		s += "; its listener: " + strings.Join(kv, " ")
+	}
+	return s
+}
+
+// listenerCounters reads the replica's KV event listener series for worker
+// id, summed over its ranks. Nonzero counters only: a mismatch with none
+// (no gap, loss, rejection or restart known) is one the listener did not see.
+func (fl *cluster) listenerCounters(ctx context.Context, rest string, id int) map[string]float64 {
+	s, err := promtext.Scrape(ctx, fl.hc, rest+"/metrics")
+	if err != nil {
+		return map[string]float64{"scrape_failed": 1}
+	}
+	out := map[string]float64{}
+	for _, x := range s.Where("worker_id", strconv.Itoa(id)) {
+		name, ok := strings.CutPrefix(x.Name, "kvselect_kv_events_")
+		if ok && x.Value != 0 {
+			out[name] += x.Value
+		}
+	}
+	return out
 }
 
 // IndexTruth is the end-of-run comparison of every replica's index with every
@@ -60,8 +93,13 @@ func (p *phaseRun) checkIndexTruth(ctx context.Context) IndexTruth {
 			if err != nil {
 				p.violate("index truth", err.Error())
 			}
-			for _, m := range ms {
-				p.violate("index truth", m.String())
+			for i := range ms {
+				for _, r := range p.fl.replicas {
+					if r.name == ms[i].Replica {
+						ms[i].Listener = p.fl.listenerCounters(ctx, r.kv.REST, ms[i].Worker)
+					}
+				}
+				p.violate("index truth", ms[i].String())
 			}
 			return it
 		}
@@ -108,19 +146,7 @@ func (fl *cluster) compareIndexes(ctx context.Context) ([]Mismatch, int, error) 
 		}
 		indexed := map[int]map[uint64]bool{}
 		for _, part := range d {
-			for _, ev := range part.Events {
-				if ev.Event.Data.Stored == nil {
-					continue
-				}
-				set := indexed[int(ev.WorkerID)]
-				if set == nil {
-					set = map[uint64]bool{}
-					indexed[int(ev.WorkerID)] = set
-				}
-				for _, blk := range ev.Event.Data.Stored.Blocks {
-					set[uint64(blk.BlockHash)] = true
-				}
-			}
+			indexedBlocks(part, indexed)
 		}
 		for _, w := range fl.workers {
 			if w.sim {
@@ -152,6 +178,26 @@ func (fl *cluster) compareIndexes(ctx context.Context) ([]Mismatch, int, error) 
 		}
 	}
 	return ms, total, nil
+}
+
+// indexedBlocks adds the engine block hashes a partition's dump holds to
+// indexed, by worker id. A dump has the blocks reachable from the root, as
+// the index matches prompts; a block the index holds under a hole is left
+// out, and counts as missing.
+func indexedBlocks(part index.PartitionDump, indexed map[int]map[uint64]bool) {
+	for _, ev := range part.Events {
+		if ev.Event.Data.Stored == nil {
+			continue
+		}
+		set := indexed[int(ev.WorkerID)]
+		if set == nil {
+			set = map[uint64]bool{}
+			indexed[int(ev.WorkerID)] = set
+		}
+		for _, blk := range ev.Event.Data.Stored.Blocks {
+			set[uint64(blk.BlockHash)] = true
+		}
+	}
 }
 
 // nudge sends worker id one small request of its own, straight to it.

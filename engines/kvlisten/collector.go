@@ -400,11 +400,12 @@ func (r *rank) catchUp() {
 	}
 	r.update(func(st *RankStatus) { st.Replays++ })
 	rg := newReplayRange(0, math.MaxUint64)
-	requested, err := r.l.requestReplay(r.ctx, ep, 0, func(s uint64, payload []byte) {
+	requested, err := r.l.requestReplay(r.ctx, ep, 0, func(s uint64, payload []byte) bool {
 		if rg.take(s) {
 			r.accept(s, payload, true)
 			r.caughtUpTo = s + 1
 		}
+		return true // open-ended: everything the ring holds
 	})
 	if !requested {
 		r.log.Debug("kv events catch-up replay not possible yet", "replay_endpoint", ep, "err", err)

@@ -38,29 +38,34 @@ type observation struct {
 type cursor struct {
 	synced bool
 	last   uint64 // the watermark; meaningful only when synced
-	// The run of stale batches seen in a row: how many, and the last one.
+	// The run of stale batches seen since the last accepted one: how many
+	// different ones, and the last one.
 	staleRun  int
 	staleLast uint64
 }
 
-// restartRun is how many live batches in a row, all at or below the
-// watermark and each one above the one before, show that the publisher
-// restarted with a fresh sequence. A duplicate or a reordered batch is one
-// stale batch between accepted ones and never makes such a run; a new
-// publisher counting up from 0 under the old watermark makes one at once.
+// restartRun is how many different live batches in a row, all at or below
+// the watermark with none accepted between them, show that the publisher
+// restarted with a fresh sequence. A duplicate or a batch a relay held back
+// is one stale batch between accepted ones (a duplicate of a held-back one,
+// two) and never makes such a run; a new publisher counting up from 0 under
+// the old watermark makes one within three batches, in whatever order a
+// relay passes them on. (Counting only batches each one above the one
+// before, as this once did, missed a restart behind a reordering relay for
+// as long as it reordered: by then the new sequence could pass the old
+// watermark and be taken for the old one.)
 const restartRun = 3
 
 // restarted records the stale live batch seq and reports whether the
 // publisher has restarted: the batch is the first of a new subscriber
 // session (an old publisher, reconnected, never sends below its watermark),
-// or it completes a run of restartRun consecutive stale batches (the only
-// sign when a proxy or a collector socket keeps the connection up while the
-// engine behind it restarts).
+// or it completes a run of restartRun stale batches (the only sign when a
+// proxy or a collector socket keeps the connection up while the engine
+// behind it restarts). A batch equal to the one before it is a duplicate and
+// does not lengthen the run.
 func (c *cursor) restarted(seq uint64, firstOfSession bool) bool {
-	if c.staleRun > 0 && seq == c.staleLast+1 {
+	if c.staleRun == 0 || seq != c.staleLast {
 		c.staleRun++
-	} else {
-		c.staleRun = 1
 	}
 	c.staleLast = seq
 	return firstOfSession || c.staleRun >= restartRun
@@ -155,6 +160,13 @@ func (r *replayRange) take(seq uint64) bool {
 	r.got++
 	r.next = seq + 1
 	return true
+}
+
+// past reports whether the replayed batch seq, just given to take, ends the
+// range: an engine answers oldest first, so once seq reaches the last
+// number of the range (or passes it), no batch of the range can follow.
+func (r *replayRange) past(seq uint64) bool {
+	return r.next >= r.target || seq >= r.target-1
 }
 
 // missing returns how many sequence numbers the answer passed over, for an

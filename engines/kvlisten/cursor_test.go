@@ -156,7 +156,7 @@ func TestReplayRangeClassifiesAnswer(t *testing.T) {
 // A restarted publisher is told from duplicates and reordered batches: the
 // live stream (accepted batches as 'a', stale ones as their sequence number)
 // ends in a restart only for a new session below the watermark or a run of
-// consecutive stale batches.
+// different stale batches with none accepted between them.
 func TestCursorRestarted(t *testing.T) {
 	cases := []struct {
 		name      string
@@ -172,6 +172,10 @@ func TestCursorRestarted(t *testing.T) {
 		{"reordered pairs", []uint64{102, 101, 104, 103, 106, 105}, -1, -1},
 		{"a late batch, then another one", []uint64{50, 101, 60}, -1, -1},
 		{"two in a row, then accepted: not yet", []uint64{3, 4, 101, 5}, -1, -1},
+		{"same session, restarted publisher behind a reordering relay", []uint64{1, 0, 3, 2, 5}, -1, 2},
+		{"same session, restarted publisher behind a duplicating relay", []uint64{0, 0, 1, 1, 2}, -1, 4},
+		{"one batch duplicated over and over", []uint64{100, 100, 100, 100}, -1, -1},
+		{"a held-back batch, then its duplicate and the batch after it", []uint64{102, 101, 102, 103, 105, 104, 105}, -1, -1},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

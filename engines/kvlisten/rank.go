@@ -223,10 +223,11 @@ func (r *rank) replay(start, target uint64) {
 		return
 	}
 	r.update(func(st *RankStatus) { st.Replays++ })
-	requested, err := r.l.requestReplay(r.ctx, ep, start, func(s uint64, payload []byte) {
+	requested, err := r.l.requestReplay(r.ctx, ep, start, func(s uint64, payload []byte) bool {
 		if rg.take(s) {
 			r.accept(s, payload, true)
 		}
+		return !rg.past(s)
 	})
 	got, lost, reason := rg.result()
 	if !requested && lost > 0 {

@@ -23,11 +23,18 @@ import (
 // what came back with what it asked for (replayRange).
 
 // requestReplay asks the replay endpoint ep for every batch from start on and
-// hands each reply to batch in arrival order, until the END marker, a reply
-// it cannot read, ReplayTimeout without a reply, or the end of ctx.
-// requested reports whether the request went out; err is what ended the
-// exchange, nil when a marker or an unreadable reply did.
-func (l *Listeners) requestReplay(ctx context.Context, ep string, start uint64, batch func(seq uint64, payload []byte)) (requested bool, err error) {
+// hands each reply to batch in arrival order, until batch wants no more, the
+// END marker, a reply it cannot read, ReplayTimeout without a reply, or the
+// end of ctx. requested reports whether the request went out; err is what
+// ended the exchange, nil when batch, a marker or an unreadable reply did.
+//
+// The engine sends its whole ring from start on, whatever the caller needs:
+// a listener that missed one batch of an engine whose ring holds 10,000
+// (vLLM's default) would read 10,000 replies for it, and one running behind
+// would pay that for every gap. Closing the socket once the range is in
+// leaves the rest unread; the engine's ROUTER drops what it can no longer
+// deliver.
+func (l *Listeners) requestReplay(ctx context.Context, ep string, start uint64, batch func(seq uint64, payload []byte) (more bool)) (requested bool, err error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	// zmq4 applies no deadline to the handshake or to a Recv on a live
@@ -59,7 +66,9 @@ func (l *Listeners) requestReplay(ctx context.Context, ep string, start uint64, 
 		if !ok {
 			return true, nil
 		}
-		batch(seq, payload)
+		if !batch(seq, payload) {
+			return true, nil
+		}
 	}
 }
 
