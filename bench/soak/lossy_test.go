@@ -218,4 +218,3 @@ func compareWithPool(w *mockworker.Worker, ix *index.Index) (missing, extra []ui
 	}
 	return missing, extra
 }
-
