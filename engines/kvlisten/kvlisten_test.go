@@ -3,6 +3,7 @@ package kvlisten
 import (
 	"context"
 	"encoding/binary"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -14,6 +15,7 @@ import (
 	"github.com/go-zeromq/zmq4"
 	"github.com/tinylib/msgp/msgp"
 
+	"github.com/kvselect/kvselect/internal/peerproc"
 	"github.com/kvselect/kvselect/selection"
 	"github.com/kvselect/kvselect/selection/catalog"
 	"github.com/kvselect/kvselect/selection/index"
@@ -675,5 +677,50 @@ func TestParentZeroAndNumberingFromOne(t *testing.T) {
 	e.stopHeartbeat()
 	if st := status(t, l, w); st.Lost != 0 || st.Failed != 0 || st.IncompleteReplays != 0 {
 		t.Fatalf("%+v: want nothing lost or rejected", st)
+	}
+}
+
+// A vLLM engine numbers its batches from 0. A listener whose first live batch
+// is 1 asks for batch 0; when that replay fails, batch 0 is unaccounted for
+// and counted lost, not taken for the batch 0 that llm-d-inference-sim (which
+// numbers from 1) never publishes: only an answer can tell the two apart.
+// (A drained worker re-registered while its replay endpoint was down lost its
+// first batch this way without a warning.)
+func TestFailedCatchUpCountsBatchZero(t *testing.T) {
+	e := newEngine(t, false)
+	ix := newIndex(t)
+	l := newListeners(t)
+	w := index.WorkerKey{WorkerID: 15, DPRank: 0}
+	c := newChain(w.DPRank, 700, 2)
+	e.history(c.batches[0]) // seq 0, published before anyone subscribed
+	port, err := peerproc.FreePort()
+	if err != nil {
+		t.Fatal(err)
+	}
+	down := fmt.Sprintf("tcp://127.0.0.1:%d", port) // nothing listens
+	if err := l.Attach(attachment(ix, w, e.pubEP, down)); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "subscribed", func() bool { return status(t, l, w).Connected })
+	// zmq4 may not deliver a batch sent the instant the subscription is up:
+	// send batch 1 until the listener has it.
+	eventually(t, "batch 1 applied", func() bool {
+		if st := status(t, l, w); st.Synced {
+			return true
+		}
+		e.mu.Lock()
+		if len(e.ring) == 1 {
+			e.ring = append(e.ring, c.batches[1])
+		}
+		e.mu.Unlock()
+		if err := e.pub.Send(zmq4.NewMsgFrom(e.topic, be64(1), c.batches[1])); err != nil {
+			t.Fatal(err)
+		}
+		return false
+	})
+	st := status(t, l, w)
+	if st.LastSeq != 1 || st.Lost != 1 || st.LastIncompleteReason != ReasonFailed {
+		t.Fatalf("after a failed catch-up of [0, 1): last %d, lost %d, reason %q; want 1, 1, %q",
+			st.LastSeq, st.Lost, st.LastIncompleteReason, ReasonFailed)
 	}
 }

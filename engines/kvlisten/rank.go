@@ -230,8 +230,20 @@ func (r *rank) replay(start, target uint64) {
 		return !rg.past(s)
 	})
 	got, lost, reason := rg.result()
-	if !requested && lost > 0 {
-		reason = ReasonFailed
+	if got == 0 && (!requested || err != nil) {
+		// No answer ended with the END marker, so nothing shows that the
+		// publisher numbers from 1: all of the range is unaccounted for.
+		// (result takes an empty but complete answer to [0, 1) as a
+		// publisher numbering from 1; a vLLM engine whose batch 0 a new
+		// subscriber missed while its replay endpoint was down looks the same
+		// without the answer, and its batch 0 is lost.)
+		lost = rg.target - rg.start
+		if lost > 0 {
+			reason = ReasonEmpty
+			if !requested {
+				reason = ReasonFailed
+			}
+		}
 	}
 	if reason == "" {
 		return
