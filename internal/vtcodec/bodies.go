@@ -96,7 +96,12 @@ type bodyRequest struct {
 	body extprocv3.HttpBody
 }
 
-// decodeBodyRequest decodes a body-chunk ProcessingRequest into m.
+// decodeBodyRequest decodes a body-chunk ProcessingRequest into m. A body
+// chunk m already holds lends its array to the new one: a processor decodes
+// a stream's messages into one value over and over (extproc's Process loop),
+// and reading a 1M-token prompt's 350 chunks of 16 KiB then allocates one
+// array, not 350. Nothing may keep a decoded body past the next decode into
+// the same message.
 func decodeBodyRequest(b []byte, m *extprocv3.ProcessingRequest) bool {
 	num, inner, ok := only(b, reqRequestBody, reqResponseBody)
 	if !ok {
@@ -106,8 +111,18 @@ func decodeBodyRequest(b []byte, m *extprocv3.ProcessingRequest) bool {
 	if !ok {
 		return false
 	}
+	var spare []byte
+	switch r := m.Request.(type) {
+	case *extprocv3.ProcessingRequest_RequestBody:
+		spare = r.RequestBody.GetBody()
+	case *extprocv3.ProcessingRequest_ResponseBody:
+		spare = r.ResponseBody.GetBody()
+	}
+	if spare == nil {
+		spare = []byte{} // a present body field decodes non-nil, as protobuf-go's does
+	}
 	w := &bodyRequest{}
-	w.body.Body, w.body.EndOfStream = append([]byte{}, body...), eos
+	w.body.Body, w.body.EndOfStream = append(spare[:0], body...), eos
 	proto.Reset(m)
 	if num == reqRequestBody {
 		w.req.RequestBody = &w.body

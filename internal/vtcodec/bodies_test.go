@@ -3,6 +3,7 @@ package vtcodec
 import (
 	"bytes"
 	"testing"
+	"unsafe"
 
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"google.golang.org/grpc/mem"
@@ -117,5 +118,48 @@ func BenchmarkUnmarshalEcho(b *testing.B) {
 		if err := (Codec{}).Unmarshal(mem.BufferSlice{mem.SliceBuffer(data)}, &extprocv3.ProcessingResponse{}); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+// A stream's one message decoded into over and over reuses its body's array
+// for the next chunk, request or response, and each decode still equals
+// protobuf-go's.
+func TestBodyDecodeReusesTheMessagesArray(t *testing.T) {
+	big := bytes.Repeat([]byte("a"), 16<<10)
+	chunks := []*extprocv3.ProcessingRequest{
+		requestBody(false, big, false),
+		requestBody(false, []byte("tail of the request"), true),
+		requestBody(true, []byte("data: {}\n\n"), false),
+		requestBody(true, nil, true),
+		requestBody(true, []byte("data: [DONE]\n\n"), true),
+	}
+	m := &extprocv3.ProcessingRequest{}
+	var first *byte
+	for i, want := range chunks {
+		b, err := proto.Marshal(want)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !decodeBodyRequest(b, m) {
+			t.Fatalf("chunk %d not taken by the fast path", i)
+		}
+		if !proto.Equal(m, want) {
+			t.Fatalf("chunk %d: decoded %v, want %v", i, m, want)
+		}
+		body := m.GetRequestBody().GetBody()
+		if body == nil {
+			body = m.GetResponseBody().GetBody()
+		}
+		if i == 0 {
+			first = unsafe.SliceData(body)
+		} else if len(body) > 0 && unsafe.SliceData(body) != first {
+			t.Fatalf("chunk %d got a new array", i)
+		}
+	}
+	if testing.AllocsPerRun(100, func() {
+		b, _ := proto.Marshal(chunks[2])
+		decodeBodyRequest(b, m)
+	}) > 2 { // the wire bytes and the message's one allocation
+		t.Fatal("decoding a chunk into a message that held a larger one allocated its body")
 	}
 }
