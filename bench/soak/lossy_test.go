@@ -111,6 +111,11 @@ func runLossyStream(t *testing.T, seed uint64) {
 			t.Fatal(err)
 		}
 	}
+	// detach is what the service does when a worker leaves the catalog.
+	detach := func() {
+		l.Detach(part, wk)
+		ix.RemoveRank(wk)
+	}
 	attach()
 
 	// Load: prompts over a few shared documents, so that blocks are shared,
@@ -156,8 +161,7 @@ func runLossyStream(t *testing.T, seed uint64) {
 			current().Close()
 			start()
 		case 1:
-			l.Detach(part, wk)
-			ix.RemoveRank(wk)
+			detach()
 			current().Close()
 			start()
 			attach()
@@ -169,13 +173,14 @@ func runLossyStream(t *testing.T, seed uint64) {
 	stopLoad()
 	wg.Wait()
 
-	// Every rank the test knows lost something is attached again, as the
-	// soak does; then a nudge (one more request) until the index agrees, or
+	// A rank that knows it lost something leaves the catalog and comes back,
+	// as the soak's driver makes it do; then a nudge (one more request) until the index agrees, or
 	// ten seconds.
 	deadline := time.Now().Add(10 * time.Second)
 	for round := 0; ; round++ {
 		st, _ := l.Status(part, wk)
 		if st.Lost > 0 {
+			detach()
 			attach()
 		}
 		missing, extra := compareWithPool(current(), ix)
