@@ -158,6 +158,7 @@ func (s *Service) decideDisagg(ctx context.Context, rq *prepared, req *SelectReq
 			prq = &p
 			if pd, err := s.choose(ctx, prq, preq, nil, nil, false); err == nil {
 				in.PrefillBusy = scheduler.PrefillBusy(pd.load.ActivePrefillTokens, pd.rec.MaxNumBatchedTokens, prefillBusyThreshold(rq.eff))
+				s.release(pd)
 			}
 		}
 	}
@@ -202,6 +203,10 @@ func (s *Service) chooseDisaggregated(ctx context.Context, rq *prepared, req *Se
 	if err != nil {
 		return nil, nil, err
 	}
+	// The decode pass reuses peek's overlap rows; the decision it returns
+	// takes them over (and gives them back when released). Whatever it
+	// does not take goes back here.
+	defer s.release(peek)
 	remote, reason, prq := s.decideDisagg(ctx, rq, req, peek)
 	out.reason = reason
 	if remote {
@@ -224,6 +229,11 @@ func (s *Service) chooseDisaggregated(ctx context.Context, rq *prepared, req *Se
 		return nil, nil, err
 	}
 	d.alts = peek.alts
+	if d.rows == nil {
+		// The decode pass read peek's rows (it matched anew only when peek
+		// had none at all, and then owns its own).
+		d.rows, peek.rows = peek.rows, nil
+	}
 	return d, out, nil
 }
 
@@ -293,6 +303,9 @@ func (s *Service) selectDisaggregated(ctx context.Context, req *SelectRequest) (
 	}
 	out.note(&s.disagg)
 	s.disaggView(out, resp, prefillID)
+	if out.prefill != nil {
+		s.release(out.prefill)
+	}
 	return resp, nil
 }
 
@@ -312,6 +325,11 @@ func (s *Service) peekPrefill(ctx context.Context, req *SelectRequest, resp *Sel
 	in := scheduler.DisaggInput{PromptTokens: prq.prompt.isl,
 		CachedTokens: prq.prompt.isl - int(resp.EffectivePrefillTokens), DecodeBusy: resp.DecodeBusy}
 	var pd *decision
+	defer func() {
+		if pd != nil && out.prefill != pd {
+			s.release(pd) // a probe only; the caller releases out.prefill
+		}
+	}()
 	if pd, err = s.choose(ctx, &prq, preq, nil, nil, false); err != nil && ctx.Err() != nil {
 		return "", nil, err
 	}

@@ -492,3 +492,55 @@ func TestDisaggregatedEjectedPrefillPoolFallsBack(t *testing.T) {
 		t.Fatalf("transitions = %q", got)
 	}
 }
+
+// Every decision gives its overlap rows back once its caller has answered,
+// on every path: plain and disaggregated selections, booked or not,
+// unconditional and conditional (the prefill-load policy probes the prefill
+// pool with a decision of its own), with and without a selection id.
+func TestDecisionsGiveTheirOverlapRowsBack(t *testing.T) {
+	cases := []struct {
+		name string
+		edit func(*routerconfig.Config)
+	}{
+		{"unconditional", nil},
+		{"conditional", func(c *routerconfig.Config) { c.ConditionalDisagg = true }},
+		{"conditional on prefill load", func(c *routerconfig.Config) {
+			c.ConditionalDisagg, c.ConditionalDisaggPolicy = true, routerconfig.DisaggPrefillLoad
+			c.ConditionalDisaggPrefillBusyThreshold = routerconfig.Some(0.5)
+		}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			s, _ := pdService(t, tc.edit)
+			for i := range 40 {
+				id := fmt.Sprint(tc.name, i)
+				n := 4 + (i%5)*16
+				if _, err := s.SelectAndReserve(bg, pdReq(id, n)); err != nil {
+					t.Fatal(err)
+				}
+				if err := s.Free(bg, id); err != nil {
+					t.Fatal(err)
+				}
+				sel := pdReq("", n)
+				if i%2 == 0 {
+					sid := id + "-select"
+					sel.SelectionID = &sid
+				}
+				if _, err := s.Select(bg, sel); err != nil {
+					t.Fatal(err)
+				}
+				plain := pdReq(id+"-plain", n)
+				plain.Disaggregated = false
+				if _, err := s.SelectAndReserve(bg, plain); err != nil {
+					t.Fatal(err)
+				}
+				if err := s.Free(bg, id+"-plain"); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if out := s.rows.out.Load(); out != 0 {
+				t.Fatalf("%d overlap arrays never given back", out)
+			}
+		})
+	}
+}

@@ -169,6 +169,9 @@ func (s *Service) SelectAndReserve(ctx context.Context, req *SelectRequest) (*Se
 			pid = &prefillID
 		}
 		s.disaggView(dis, resp, pid)
+		if dis.prefill != nil {
+			s.release(dis.prefill)
+		}
 	}
 	s.noteDecision(p, "select_and_reserve", resp)
 	s.release(d)
