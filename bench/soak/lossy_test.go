@@ -210,18 +210,9 @@ func runLossyStream(t *testing.T, seed uint64) {
 func compareWithPool(w *mockworker.Worker, ix *index.Index) (missing, extra []uint64) {
 	indexed := map[int]map[uint64]bool{}
 	indexedBlocks(ix.Snapshot(), indexed)
-	set := indexed[int(w.Config().WorkerID)]
-	inPool := map[uint64]bool{}
+	var pool []uint64
 	for _, b := range w.CachedBlocks(0) {
-		inPool[b.Hash] = true
-		if !set[b.Hash] {
-			missing = append(missing, b.Hash)
-		}
+		pool = append(pool, b.Hash)
 	}
-	for h := range set {
-		if !inPool[h] {
-			extra = append(extra, h)
-		}
-	}
-	return missing, extra
+	return diffBlocks(pool, indexed[int(w.Config().WorkerID)])
 }

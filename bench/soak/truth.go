@@ -153,25 +153,10 @@ func (fl *cluster) compareIndexes(ctx context.Context) ([]Mismatch, int, error) 
 				continue
 			}
 			pool, set := pools[w.id], indexed[w.id]
-			m := Mismatch{Replica: r.name, Worker: w.id, Pool: len(pool), Indexed: len(set)}
-			inPool := map[uint64]bool{}
-			for _, h := range pool {
-				inPool[h] = true
-				if !set[h] {
-					m.NMiss++
-					if len(m.Missing) < 4 {
-						m.Missing = append(m.Missing, h)
-					}
-				}
-			}
-			for h := range set {
-				if !inPool[h] {
-					m.NExtra++
-					if len(m.Extra) < 4 {
-						m.Extra = append(m.Extra, h)
-					}
-				}
-			}
+			missing, extra := diffBlocks(pool, set)
+			m := Mismatch{Replica: r.name, Worker: w.id, Pool: len(pool), Indexed: len(set),
+				Missing: missing[:min(len(missing), 4)], Extra: extra[:min(len(extra), 4)],
+				NMiss: len(missing), NExtra: len(extra)}
 			if m.NMiss+m.NExtra > 0 {
 				ms = append(ms, m)
 			}
@@ -198,6 +183,24 @@ func indexedBlocks(part index.PartitionDump, indexed map[int]map[uint64]bool) {
 			set[uint64(blk.BlockHash)] = true
 		}
 	}
+}
+
+// diffBlocks returns the blocks of a worker's pool the index does not hold
+// (missing, in pool order) and those it holds that the pool does not (extra).
+func diffBlocks(pool []uint64, indexed map[uint64]bool) (missing, extra []uint64) {
+	inPool := make(map[uint64]bool, len(pool))
+	for _, h := range pool {
+		inPool[h] = true
+		if !indexed[h] {
+			missing = append(missing, h)
+		}
+	}
+	for h := range indexed {
+		if !inPool[h] {
+			extra = append(extra, h)
+		}
+	}
+	return missing, extra
 }
 
 // nudge sends worker id one small request of its own, straight to it.

@@ -163,10 +163,10 @@ func (r *replayRange) take(seq uint64) bool {
 }
 
 // past reports whether the replayed batch seq, just given to take, ends the
-// range: an engine answers oldest first, so once seq reaches the last
-// number of the range (or passes it), no batch of the range can follow.
+// range: the range is in, or, an engine answering oldest first, seq is
+// beyond it and no batch of the range can follow.
 func (r *replayRange) past(seq uint64) bool {
-	return r.next >= r.target || seq >= r.target-1
+	return r.next >= r.target || seq >= r.target
 }
 
 // missing returns how many sequence numbers the answer passed over, for an

@@ -15,12 +15,12 @@ type WorkerKey struct {
 
 func (w WorkerKey) String() string { return fmt.Sprintf("%d/%d", w.WorkerID, w.DPRank) }
 
-// CompareWorkerKeys orders worker ranks by (worker_id, dp_rank), the order of
-// every listing the service returns.
 // CompareOverlaps orders overlap rows by their ranks (CompareWorkerKeys), the
 // order Match returns them in.
 func CompareOverlaps(a, b Overlap) int { return CompareWorkerKeys(a.Worker, b.Worker) }
 
+// CompareWorkerKeys orders worker ranks by (worker_id, dp_rank), the order of
+// every listing the service returns.
 func CompareWorkerKeys(a, b WorkerKey) int {
 	// Written out rather than cmp.Or(cmp.Compare, cmp.Compare), which
 	// evaluates both comparisons: selection sorts a row per matched rank by
