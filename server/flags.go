@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kvselect/kvselect/engines/tokenize"
+	"github.com/kvselect/kvselect/internal/memrelease"
 	"github.com/kvselect/kvselect/selection"
 	"github.com/kvselect/kvselect/selection/catalog"
 	"github.com/kvselect/kvselect/selection/kvhash"
@@ -71,6 +72,9 @@ type options struct {
 
 	enablePprof bool
 
+	memoryReleaseInterval time.Duration // --memory-release-interval
+	memoryReleaseMinBytes uint64        // --memory-release-min-bytes
+
 	policy     string // --policy
 	configFile string // --config
 
@@ -98,6 +102,8 @@ func newFlagSet(o *options) *flag.FlagSet {
 	fs.StringVar(&o.host, "host", "0.0.0.0", "`address` the REST API and the picker bind to; 0.0.0.0 (Dynamo's) is IPv4 only, \"::\" listens on IPv6 and IPv4. When the REST API authenticates nobody (no --auth-token-file, --auth-kubernetes or --tls-client-ca) and --host is not given, the REST API binds 127.0.0.1 only")
 	fs.Uint64Var(&o.port, "port", 8092, "HTTP server `port` (0 picks a free port; the startup log names it)")
 	fs.DurationVar(&o.shutdownTimeout, "shutdown-timeout", 10*time.Second, "how long SIGINT/SIGTERM waits for in-flight requests before closing them (`duration`, > 0)")
+	fs.DurationVar(&o.memoryReleaseInterval, "memory-release-interval", memrelease.DefaultInterval, "how often the heap is looked at for memory a finished burst left behind (long prompts' bodies, KV event batches): when it allocated less than --memory-release-min-bytes since the last look and holds at least that much reclaimable, it is collected and its free pages go back to the system (`duration`; 0 leaves it to the Go runtime)")
+	fs.Uint64Var(&o.memoryReleaseMinBytes, "memory-release-min-bytes", memrelease.DefaultMinBytes, "the least reclaimable heap memory worth a collection and a release, and the allocation between two looks under which the heap counts as quiet, in `bytes`")
 	fs.StringVar(&o.logFormat, "log-format", "text", "log `format`: text or json (log/slog, on stderr)")
 	fs.TextVar(&o.logLevel, "log-level", slog.LevelInfo, "minimum log `level`: debug, info, warn or error")
 
@@ -205,6 +211,9 @@ func (o *options) validate() error {
 	}
 	if o.shutdownTimeout <= 0 {
 		add("--shutdown-timeout %v: must be greater than zero", o.shutdownTimeout)
+	}
+	if o.memoryReleaseInterval < 0 {
+		add("--memory-release-interval %v: must be 0 (off) or positive", o.memoryReleaseInterval)
 	}
 	if o.logFormat != "text" && o.logFormat != "json" {
 		add("--log-format %q: want text or json", o.logFormat)

@@ -35,7 +35,7 @@ var helpSections = []struct {
 	title string
 	flags []string
 }{
-	{"Server", []string{"host", "port", "shutdown-timeout", "log-format", "log-level", "enable-pprof"}},
+	{"Server", []string{"host", "port", "shutdown-timeout", "log-format", "log-level", "enable-pprof", "memory-release-interval", "memory-release-min-bytes"}},
 	{"Selection", []string{"policy", "config", "threads", "kv-events-bind", "kv-events-max-frame-bytes", "session-affinity-ttl-secs", "selection-cache-ttl-secs", "selection-cache-max-entries", "selection-cache-max-bytes"}},
 	{"Tracking hashes", []string{"router-tracking-hash", "router-tracking-key-file", "router-tracking-key-id", "router-assume-kv-reuse", "no-router-assume-kv-reuse"}},
 	{"Peers (index recovery over HTTP, replica sync over ZMQ)", []string{"indexer-peers", "indexer-peers-token-file", "replica-sync-port", "replica-sync-peers", "replica-sync-resolve-peers", "replica-sync-key-file"}},

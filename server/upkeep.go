@@ -8,6 +8,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/kvselect/kvselect/internal/memrelease"
 	"github.com/kvselect/kvselect/replicas/recovery"
 	"github.com/kvselect/kvselect/selection"
 )
@@ -105,6 +106,10 @@ func startUpkeep(ctx context.Context, o *options, svc *selection.Service, startD
 	}
 	if r != nil {
 		wg.Go(func() { r.run(upkeep) })
+	}
+	if o.memoryReleaseInterval > 0 {
+		rel := memrelease.New(memrelease.Config{Interval: o.memoryReleaseInterval, MinBytes: o.memoryReleaseMinBytes}, reg, log)
+		wg.Go(func() { rel.Run(upkeep) })
 	}
 	return func() {
 		cancel()
