@@ -249,6 +249,7 @@ func (st *stream) end() {
 	st.bk.streamEnd(st.ctx)
 	st.finishRequest()
 	st.ex.span.End()
+	st.releaseBody() // a stream that ended before its decision
 }
 
 // statusSeen notes the worker's response status for the metrics and span.

@@ -101,11 +101,23 @@ func (st *stream) appendBody(b []byte) error {
 	if st.body == nil && st.id.contentLength > 0 {
 		// One buffer of the announced size instead of append's doublings,
 		// each a copy of everything so far: at long context (megabytes in
-		// Envoy's 16 KiB chunks) they cost more than the parse.
-		st.body = make([]byte, 0, min(st.id.contentLength, int64(st.s.opts.MaxBodyBytes)))
+		// Envoy's 16 KiB chunks) they cost more than the parse. A long
+		// body's buffer is an earlier request's, its pages still mapped.
+		st.body = st.s.bodies.Get(int(min(st.id.contentLength, int64(st.s.opts.MaxBodyBytes))))
 	}
 	st.body = append(st.body, b...)
 	return nil
+}
+
+// releaseBody gives the body buffer back for the next request once the
+// request phase is over: every message that carried it (the echoed chunks,
+// a rewritten body) was encoded into gRPC's own buffers when sent, and
+// nothing parsed from it refers to its bytes (parsing copies what it keeps).
+func (st *stream) releaseBody() {
+	if st.body != nil {
+		st.s.bodies.Put(st.body)
+		st.body = nil
+	}
 }
 
 // pick chooses and books the request's worker, and returns the decision as

@@ -17,6 +17,7 @@ import (
 // the request mode needs. withBody: the body is complete (or as complete as
 // the mode allows) and identifies the request.
 func (st *stream) pickAndRoute(withBody bool) error {
+	defer st.releaseBody()
 	mut, md, err := st.pick(withBody)
 	if err != nil {
 		return err
@@ -41,6 +42,7 @@ func (st *stream) pickAndRoute(withBody bool) error {
 // pickAndRouteTrailers is FULL_DUPLEX_STREAMED with request trailers: the
 // body ends without end_of_stream, the trailers response follows.
 func (st *stream) pickAndRouteTrailers() error {
+	defer st.releaseBody()
 	mut, md, err := st.pick(true)
 	if err != nil {
 		return err

@@ -48,6 +48,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 
+	"github.com/kvselect/kvselect/internal/sizepool"
 	"github.com/kvselect/kvselect/internal/tracing"
 	"github.com/kvselect/kvselect/selection"
 	"github.com/kvselect/kvselect/selection/flow"
@@ -181,7 +182,15 @@ type Server struct {
 
 	// rewriteRand draws rewrite targets without a session (rewrite.go).
 	rewriteRand *randsrc.Source
+
+	// bodies keeps request body buffers of long prompts for the next
+	// request (appendBody, releaseBody).
+	bodies *sizepool.Pool[byte]
 }
+
+// pooledBodyBytes is the smallest body buffer kept for reuse: a 16k-token
+// prompt's body as ids, below which the allocator's own reuse does as well.
+const pooledBodyBytes = 64 << 10
 
 var (
 	_ extprocv3.ExternalProcessorServer = (*Server)(nil)
@@ -207,7 +216,7 @@ func New(svc *selection.Service, opts Options) *Server {
 		// would index out of identity.sessions.
 		opts.SessionHeaders = opts.SessionHeaders[:MaxSessionHeaders]
 	}
-	s := &Server{svc: svc, opts: opts, log: opts.Logger, health: health.NewServer(), metrics: newMetrics(),
+	s := &Server{svc: svc, opts: opts, log: opts.Logger, health: health.NewServer(), metrics: newMetrics(), bodies: sizepool.New[byte](pooledBodyBytes),
 		requests: newRequestMetrics(), rewriteRand: newRewriteSource(opts.Rand)}
 	if s.log == nil {
 		s.log = slog.Default()

@@ -1,0 +1,5 @@
+//go:build !race
+
+package sizepool
+
+const raceEnabled = false
