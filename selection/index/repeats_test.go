@@ -58,6 +58,9 @@ func TestRepeatsExtMatchesPairwise(t *testing.T) {
 	var scratch []uint64
 	for range 5000 {
 		n := r.IntN(2 * repeatsFilterMax)
+		if r.IntN(50) == 0 {
+			n = 1000 + r.IntN(10000) // long prompts' chains
+		}
 		hs := make([]uint64, n)
 		seqBase := r.Uint64N(1 << 20)
 		for i := range hs {
@@ -76,6 +79,18 @@ func TestRepeatsExtMatchesPairwise(t *testing.T) {
 		case 1:
 			if n > 0 {
 				parent = hs[r.IntN(n)]
+			}
+		case 2:
+			// A hash of 0, once or twice (the long chains' set marks an
+			// empty slot with 0).
+			if n > 0 {
+				hs[r.IntN(n)] = 0
+				if r.IntN(2) == 0 {
+					hs[r.IntN(n)] = 0
+				}
+			}
+			if r.IntN(4) == 0 {
+				parent = 0
 			}
 		}
 		want := repeatsNaive(hs, parent, hasParent)
@@ -99,6 +114,21 @@ func BenchmarkRepeatsExt33(b *testing.B) {
 	}
 	for b.Loop() {
 		if RepeatsExt(len(hs), 1, true, func(i int) uint64 { return hs[i] }, nil) {
+			b.Fatal("repeat")
+		}
+	}
+}
+
+// BenchmarkRepeatsExtLongPrompt checks a 1M-token prompt's chain of 62,500
+// blocks, with the scratch a decoder keeps.
+func BenchmarkRepeatsExtLongPrompt(b *testing.B) {
+	hs := make([]uint64, 62_500)
+	for i := range hs {
+		hs[i] = rand.Uint64()
+	}
+	var scratch []uint64
+	for b.Loop() {
+		if RepeatsExt(len(hs), 1, true, func(i int) uint64 { return hs[i] }, &scratch) {
 			b.Fatal("repeat")
 		}
 	}
