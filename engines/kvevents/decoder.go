@@ -28,6 +28,7 @@ import (
 
 	"github.com/tinylib/msgp/msgp"
 
+	"github.com/kvselect/kvselect/internal/sizepool"
 	"github.com/kvselect/kvselect/selection/index"
 	"github.com/kvselect/kvselect/selection/kvhash"
 )
@@ -206,7 +207,10 @@ type scratch struct {
 	mmFlat []uint64
 	mmEnds []int
 	mm     [][]uint64
-	sorted []uint64 // hasDuplicate's copy of a long chain's hashes
+	sorted []uint64 // hasDuplicate's set of a long chain's hashes
+	// bigSets keeps sets over keepScratch between the batches that need
+	// them, as bigTokens does token arenas.
+	bigSets sizepool.Pool[uint64]
 }
 
 // NewDecoder returns a decoder for one publisher.
@@ -292,6 +296,7 @@ func (s *scratch) trim() {
 		s.mmFlat, s.mmEnds, s.mm = nil, nil, nil
 	}
 	if cap(s.arena.tokens) > keepScratch {
+		s.arena.bigTokens.Put(s.arena.tokens)
 		s.arena.tokens = nil
 	}
 	if cap(s.arena.hashes) > keepScratch {
@@ -301,6 +306,7 @@ func (s *scratch) trim() {
 		s.raws = nil
 	}
 	if cap(s.sorted) > keepScratch {
+		s.bigSets.Put(s.sorted)
 		s.sorted = nil
 	}
 }
@@ -624,6 +630,9 @@ func (d *Decoder) stored(r *rawEvent, w index.WorkerKey, tier index.Tier, dst []
 // included (Dynamo convert.rs, "self-referencing block").
 func (d *Decoder) hasDuplicate(r *rawEvent) bool {
 	h := r.hashes
+	if need := index.RepeatsScratch(len(h)); need > cap(d.sorted) && need > keepScratch {
+		d.sorted = d.bigSets.Get(need)
+	}
 	return index.RepeatsExt(len(h), r.parent, r.hasParent, func(i int) uint64 { return h[i] }, &d.sorted)
 }
 

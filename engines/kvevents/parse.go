@@ -7,6 +7,8 @@ import (
 
 	"github.com/tinylib/msgp/msgp"
 	"github.com/zeebo/xxh3"
+
+	"github.com/kvselect/kvselect/internal/sizepool"
 )
 
 type tagKind uint8
@@ -29,6 +31,10 @@ var (
 type parseArena struct {
 	hashes []uint64
 	tokens []uint32
+	// bigTokens keeps token arenas over keepScratch between the batches
+	// that need them (a 1M-token prompt's BlockStored: 4 MB), so that each
+	// such batch does not fault a new one in; Trim hands them over.
+	bigTokens sizepool.Pool[uint32]
 }
 
 // rawEvent is one event as read from the wire. Byte slices alias the payload;
@@ -480,6 +486,11 @@ func (r *rawEvent) readTokens(b []byte) ([]byte, error) {
 	r.bigram = n > 0 && msgp.NextType(b) == msgp.ArrayType
 	if !r.bigram {
 		// n ≤ len(b): growing by n at once is bounded by the payload.
+		if need := start + int(n); need > cap(a.tokens) && need > keepScratch {
+			// A long prompt's ids. The old arena is not given back: the
+			// batch's earlier events point into it.
+			a.tokens = append(a.bigTokens.Get(need), a.tokens...)
+		}
 		a.tokens = slices.Grow(a.tokens, int(n))[:start+int(n)]
 		toks := a.tokens[start:]
 		if b, err = readTokenRun(b, toks); err != nil {
