@@ -1,6 +1,10 @@
 package extproc
 
-import "bytes"
+import (
+	"bytes"
+
+	"github.com/kvselect/kvselect/internal/sizepool"
+)
 
 // In FULL_DUPLEX_STREAMED a long body reaches the picker in Envoy's 16 KiB
 // chunks, and the pick can only start at its end: a 100k-token prompt's
@@ -26,6 +30,9 @@ const earlyMin = 32 << 10
 
 // earlyIDs is the state of the early read of one request body.
 type earlyIDs struct {
+	// pool lends long prompts' id arrays (nil: allocate); the stream
+	// gives the request's back once it is booked (pick).
+	pool   *sizepool.Pool[uint32]
 	open   int      // the candidate array's '[' (when active)
 	next   int      // the first byte of the candidate not read yet
 	tokens []uint32 // the candidate's ids read so far
@@ -58,7 +65,7 @@ func (e *earlyIDs) advance(b []byte, total int) {
 			// Every id read takes at least two bytes (a digit and a
 			// comma): room for that many never runs out in
 			// scanPackedIDs.
-			e.tokens = growIDs(e.tokens, (len(b)-e.next)/2+1, e.estimate(total))
+			e.tokens = growIDs(e.pool, e.tokens, (len(b)-e.next)/2+1, e.estimate(total))
 			e.tokens, e.next, _ = scanPackedIDs(b, e.next, e.tokens)
 		}
 		if e.next+72 > len(b) {
@@ -100,12 +107,20 @@ func (e *earlyIDs) estimate(total int) int {
 // growIDs returns ids with room for at least more ids after its length.
 // When it grows it takes room for estimate ids, and at least half again
 // its capacity: the body arrives in many chunks, and each growth copies
-// the ids read so far.
-func growIDs(ids []uint32, more, estimate int) []uint32 {
-	if need := len(ids) + more; need > cap(ids) {
-		grown := make([]uint32, len(ids), max(need, estimate, cap(ids)+cap(ids)/2))
+// the ids read so far. The new array comes from pool when it is not nil,
+// and the old one goes back to it: only the early read refers to it.
+func growIDs(pool *sizepool.Pool[uint32], ids []uint32, more, estimate int) []uint32 {
+	need := len(ids) + more
+	if need <= cap(ids) {
+		return ids
+	}
+	size := max(need, estimate, cap(ids)+cap(ids)/2)
+	if pool == nil {
+		grown := make([]uint32, len(ids), size)
 		copy(grown, ids)
 		return grown
 	}
-	return ids
+	grown := append(pool.Get(size), ids...)
+	pool.Put(ids)
+	return grown
 }

@@ -122,7 +122,7 @@ func TestGrowIDs(t *testing.T) {
 		for k := range ids {
 			ids[k] = uint32(k + 1)
 		}
-		got := growIDs(ids, c.more, c.estimate)
+		got := growIDs(nil, ids, c.more, c.estimate)
 		if cap(got) != c.wantCap || !slices.Equal(got, ids) {
 			t.Errorf("growIDs(len %d cap %d, %d, %d): cap %d, want %d", c.len, c.cap, c.more, c.estimate, cap(got), c.wantCap)
 		}

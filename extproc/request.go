@@ -131,6 +131,9 @@ func (st *stream) pick(withBody bool) (*extprocv3.HeaderMutation, *structpb.Stru
 		return nil, nil, err
 	}
 	resp, err := st.reserve(&in)
+	// The ids read from the body were hashed when the request was booked
+	// (or refused) and nothing keeps them: the next request may take them.
+	st.s.ids.Put(in.body.tokens)
 	if err != nil {
 		return nil, nil, err
 	}

@@ -184,13 +184,19 @@ type Server struct {
 	rewriteRand *randsrc.Source
 
 	// bodies keeps request body buffers of long prompts for the next
-	// request (appendBody, releaseBody).
+	// request (appendBody, releaseBody), ids their token id arrays
+	// (earlyIDs, pick).
 	bodies *sizepool.Pool[byte]
+	ids    *sizepool.Pool[uint32]
 }
 
 // pooledBodyBytes is the smallest body buffer kept for reuse: a 16k-token
 // prompt's body as ids, below which the allocator's own reuse does as well.
 const pooledBodyBytes = 64 << 10
+
+// pooledIDs is the smallest token id array kept for reuse: the ids of a
+// body of pooledBodyBytes.
+const pooledIDs = 16 << 10
 
 var (
 	_ extprocv3.ExternalProcessorServer = (*Server)(nil)
@@ -216,7 +222,7 @@ func New(svc *selection.Service, opts Options) *Server {
 		// would index out of identity.sessions.
 		opts.SessionHeaders = opts.SessionHeaders[:MaxSessionHeaders]
 	}
-	s := &Server{svc: svc, opts: opts, log: opts.Logger, health: health.NewServer(), metrics: newMetrics(), bodies: sizepool.New[byte](pooledBodyBytes),
+	s := &Server{svc: svc, opts: opts, log: opts.Logger, health: health.NewServer(), metrics: newMetrics(), bodies: sizepool.New[byte](pooledBodyBytes), ids: sizepool.New[uint32](pooledIDs),
 		requests: newRequestMetrics(), rewriteRand: newRewriteSource(opts.Rand)}
 	if s.log == nil {
 		s.log = slog.Default()

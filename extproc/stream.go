@@ -63,6 +63,7 @@ type stream struct {
 
 func newStream(s *Server, srv extprocv3.ExternalProcessor_ProcessServer) *stream {
 	st := &stream{s: s, srv: srv, ctx: srv.Context(), bk: booking{core: s.svc, m: s.metrics, log: s.log}}
+	st.early.pool = s.ids
 	// A no-op span until the request headers start the real one.
 	st.ex.ctx, st.ex.span = st.ctx, trace.SpanFromContext(context.Background())
 	return st
