@@ -785,3 +785,52 @@ func TestDrainedRankGivesLongTablesBack(t *testing.T) {
 		t.Fatal("a short prompt's table was freed on drain; the next booking would allocate it again")
 	}
 }
+
+// TestLongTablesAreLentAgain: the long table a drained rank gives back at an
+// upkeep, and the smaller ones a growing table leaves behind, are lent to
+// the next long prompts, on this rank or another, cleared: the loads come
+// out as a fresh tracker's.
+func TestLongTablesAreLentAgain(t *testing.T) {
+	a, b, c := index.WorkerKey{WorkerID: 1}, index.WorkerKey{WorkerID: 2}, index.WorkerKey{WorkerID: 3}
+	tr := newTracker(t, DefaultConfig(16), a, b, c)
+	fresh := newTracker(t, DefaultConfig(16), a, b, c)
+	long := benchHashes(20_000, 1)
+	mustAdd(t, tr, t0, Booking{RequestID: "long", Worker: a, TrackingHashes: long, ISL: 16 * len(long)})
+	table := &tr.ranks[a].held[:1][0]
+	if err := tr.Free("long"); err != nil {
+		t.Fatal(err)
+	}
+	tr.Expire(t0)
+
+	// A long prompt on an empty rank takes the table whole; one on a rank
+	// that holds a short prompt grows into tables of the sizes between,
+	// lent and given back on the way.
+	other, third := benchHashes(18_000, 2), benchHashes(30_000, 3)
+	for _, x := range []*Tracker{tr, fresh} {
+		mustAdd(t, x, t0, Booking{RequestID: "other", Worker: b, TrackingHashes: other, ISL: 16 * len(other)})
+		if x == tr && !raceEnabled && &tr.ranks[b].held[:1][0] != table {
+			t.Errorf("a long prompt on an empty rank did not get the table the drained rank gave back")
+		}
+		mustAdd(t, x, t0, Booking{RequestID: "short", Worker: c, TrackingHashes: third[:100], ISL: 1600})
+		mustAdd(t, x, t0, Booking{RequestID: "third", Worker: c, TrackingHashes: third, ISL: 16 * len(third)})
+	}
+	// The tables the growth left behind still hold the paths they held:
+	// the next prompt to take one must find it empty.
+	fourth := benchHashes(10_000, 4)
+	for _, x := range []*Tracker{tr, fresh} {
+		mustAdd(t, x, t0, Booking{RequestID: "fourth", Worker: a, TrackingHashes: fourth, ISL: 16 * len(fourth)})
+	}
+	if got, want := tr.Loads(), fresh.Loads(); !slices.Equal(got, want) {
+		t.Fatalf("loads with lent tables %+v, a fresh tracker's %+v", got, want)
+	}
+	for _, id := range []string{"other", "short", "third", "fourth"} {
+		if err := tr.Free(id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, w := range []index.WorkerKey{a, b, c} {
+		if r := tr.ranks[w]; len(r.held) != 0 || r.unit != 0 || r.requests != 0 {
+			t.Fatalf("rank %v after freeing: %d held, unit %d, %d requests", w, len(r.held), r.unit, r.requests)
+		}
+	}
+}

@@ -1,0 +1,5 @@
+//go:build !race
+
+package loads
+
+const raceEnabled = false
