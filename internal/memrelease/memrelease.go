@@ -12,9 +12,9 @@
 //
 // A Releaser looks at the heap at a fixed interval and collects it (twice, so
 // that sync.Pool caches go too) and returns every free page
-// (debug.FreeOSMemory) when the
-// heap allocated less than a threshold since the last look and holds at least
-// that much reclaimable: the burst is over. While requests keep coming it
+// (debug.FreeOSMemory) when the heap holds at least a threshold reclaimable
+// and allocated, since the last look, less than that threshold and less than
+// a quarter of what it holds reclaimable: the burst is over (Idle). While requests keep coming it
 // does not release, since what it gave back would only be faulted in again
 // (a page fault costs microseconds, ~10 µs a page on some virtual machines:
 // tens of milliseconds for one 1M-token request body). After a release the
@@ -78,24 +78,33 @@ func (h Heap) Reclaimable() uint64 {
 }
 
 // Idle reports whether the heap is quiet and holds enough to give back, given
-// the look before: it allocated less than minBytes since that look, and at
-// least minBytes are reclaimable now.
+// the look before: at least minBytes are reclaimable now, and since that look
+// it allocated less than minBytes and less than a quietShare of what is
+// reclaimable.
 //
-// Quiet is measured in absolute bytes, not against what is reclaimable: a
-// trickle of 1M-token requests (one every few seconds, each allocating some
-// 15 MiB and leaving 100 MiB or more of heap behind) allocates far less than
-// it holds, yet every one of them needs that memory again, and giving it back
-// between them makes each request fault its pages in anew.
+// Both bounds matter. A trickle of 1M-token requests (one every few
+// seconds, each allocating some 15 MiB and leaving 100 MiB or more of heap
+// behind) allocates far less than it holds, yet every request needs that
+// memory again: the absolute bound keeps it. Steady traffic of short
+// requests allocates little in absolute terms, but the heap grows back to
+// its collection goal within a few intervals, faulting in again whatever
+// was given back: the relative bound keeps it.
 func Idle(before, now Heap, minBytes uint64) bool {
-	if now.Reclaimable() < minBytes {
+	r := now.Reclaimable()
+	if r < minBytes {
 		return false
 	}
 	var allocated uint64
 	if now.Allocated > before.Allocated {
 		allocated = now.Allocated - before.Allocated
 	}
-	return allocated < minBytes
+	return allocated < minBytes && allocated < r/quietShare
 }
+
+// quietShare: a heap is quiet when an interval allocates less than
+// 1/quietShare of what it holds reclaimable, i.e. the memory would sit
+// unused for several intervals more.
+const quietShare = 4
 
 // Releaser decides and releases; see the package comment.
 type Releaser struct {

@@ -28,6 +28,8 @@ func TestIdle(t *testing.T) {
 		{"nothing free", Heap{}, Heap{Objects: 40 * mib, Live: 40 * mib}, 16 * mib, false},
 		{"allocated the minimum since", Heap{Allocated: 0}, Heap{Allocated: 16 * mib, Free: 300 * mib}, 16 * mib, false},
 		{"a trickle of long requests holds more than it allocates", Heap{Allocated: 900 * mib}, Heap{Allocated: 940 * mib, Objects: 150 * mib, Live: 50 * mib, Free: 60 * mib}, 16 * mib, false},
+		{"steady short requests will grow the heap back soon", Heap{Allocated: 900 * mib}, Heap{Allocated: 910 * mib, Objects: 70 * mib, Live: 40 * mib, Free: 2 * mib}, 16 * mib, false},
+		{"idle garbage well over what the interval allocated", Heap{Allocated: 900 * mib}, Heap{Allocated: 901 * mib, Objects: 58 * mib, Live: 40 * mib}, 16 * mib, true},
 		{"a counter that went back (never) reads as nothing allocated", Heap{Allocated: 50 * mib}, Heap{Allocated: 10 * mib, Free: 30 * mib}, 16 * mib, true},
 	}
 	for _, tt := range tests {
