@@ -9,25 +9,37 @@
 // body, more than parsing it. A Pool hands the last request's buffer to the
 // next one instead, its pages still mapped.
 //
-// Buffers live in sync.Pools, one per power-of-two class, so what a burst
-// leaves behind is dropped by the garbage collector after two collections
-// without use, as sync.Pool does: the pool never holds memory for traffic
-// that stopped.
+// Each class keeps the last buffer put back in a slot of its own, which
+// survives garbage collections: long prompts that come seconds apart, with
+// collections in between, still find it. The slots are emptied once the
+// pool has gone unused for a while (HoldFor), so a pool never holds memory
+// for traffic that stopped. Further buffers of a class wait in a sync.Pool,
+// which the collector empties after two collections without use.
 package sizepool
 
 import (
 	"math/bits"
 	"sync"
+	"time"
 )
 
 // classes covers buffers of up to 2^maxClass elements; larger ones are
 // neither kept nor looked for.
 const maxClass = 40
 
-// Pool keeps []T buffers of at least Min elements. The zero value is not
-// usable: New sets the threshold.
+// HoldFor is how long a pool keeps its last buffer of each class without
+// being used.
+const HoldFor = 30 * time.Second
+
+// Pool keeps []T buffers of at least a threshold's elements (New); the zero
+// value keeps buffers of every size.
 type Pool[T any] struct {
-	min     int
+	min int
+
+	mu      sync.Mutex
+	last    [maxClass + 1][]T       // the last buffer put back in each class
+	idle    *time.Timer             // empties last once the pool goes unused
+	holdFor time.Duration           // HoldFor; tests shorten it
 	classes [maxClass + 1]sync.Pool // class k: 2^k <= cap < 2^(k+1)
 }
 
@@ -43,17 +55,34 @@ func (p *Pool[T]) Get(n int) []T {
 	}
 	k := class(n)
 	// The class of n first: its buffers are the closest fit, though some
-	// are smaller than n. A too-small one is dropped, not put back: it
-	// would be met again by the next request of this size.
+	// are smaller than n. A too-small last buffer stays; a too-small one
+	// from the sync.Pool is dropped, not put back: it would be met again
+	// by the next request of this size.
 	for _, c := range [2]int{k, k + 1} {
 		if c > maxClass {
 			break
+		}
+		if b := p.takeLast(c, n); b != nil {
+			return b
 		}
 		if b, ok := p.classes[c].Get().(*[]T); ok && cap(*b) >= n {
 			return (*b)[:0]
 		}
 	}
 	return make([]T, 0, n)
+}
+
+// takeLast takes class c's last buffer if it holds at least n.
+func (p *Pool[T]) takeLast(c, n int) []T {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.touch()
+	b := p.last[c]
+	if cap(b) < n {
+		return nil
+	}
+	p.last[c] = nil
+	return b[:0]
 }
 
 // Put keeps b for a later Get. The caller must not use b afterwards.
@@ -67,7 +96,39 @@ func (p *Pool[T]) Put(b []T) {
 		return
 	}
 	b = b[:0]
+	p.mu.Lock()
+	p.touch()
+	if p.last[k] == nil {
+		p.last[k] = b
+		p.mu.Unlock()
+		return
+	}
+	p.mu.Unlock()
 	p.classes[k].Put(&b)
+}
+
+// touch restarts the idle timer, under mu.
+func (p *Pool[T]) touch() {
+	if p.idle != nil {
+		p.idle.Reset(p.hold())
+		return
+	}
+	p.idle = time.AfterFunc(p.hold(), p.dropLast)
+}
+
+func (p *Pool[T]) hold() time.Duration {
+	if p.holdFor > 0 {
+		return p.holdFor
+	}
+	return HoldFor
+}
+
+// dropLast empties the classes' last buffers: the pool went unused for
+// HoldFor.
+func (p *Pool[T]) dropLast() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	clear(p.last[:])
 }
 
 // class is floor(log2(n)) for n >= 1.

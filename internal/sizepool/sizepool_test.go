@@ -3,10 +3,10 @@ package sizepool
 import (
 	"runtime"
 	"testing"
+	"time"
 )
 
 func TestGetFitsAndReuses(t *testing.T) {
-	p := New[byte](64 << 10)
 	tests := []struct {
 		name      string
 		put       int // capacity put back first; 0: nothing
@@ -23,44 +23,64 @@ func TestGetFitsAndReuses(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
+			p := New[byte](64 << 10)
 			var kept []byte
 			if tt.put > 0 {
 				kept = make([]byte, 10, tt.put)
-				kept[0] = 7
 				p.Put(kept)
 			}
 			b := p.Get(tt.get)
 			if len(b) != 0 || cap(b) < tt.wantCapGE {
 				t.Fatalf("Get(%d): len %d cap %d, want len 0 and cap >= %d", tt.get, len(b), cap(b), tt.wantCapGE)
 			}
-			reused := kept != nil && cap(b) == cap(kept) && &b[:1][0] == &kept[:1][0]
-			// sync.Pool may drop what it holds at any collection, and
-			// the race detector makes it drop at random: a reuse that
-			// did not happen is only an error when it would be wrong.
-			if reused && !tt.reuses {
-				t.Errorf("Get(%d) returned the buffer of capacity %d that should not fit", tt.get, tt.put)
-			}
-			if !reused && tt.reuses && !raceEnabled {
-				t.Errorf("Get(%d) allocated instead of reusing the kept buffer of capacity %d", tt.get, tt.put)
-			}
-			// Drain what is left so the cases do not see each other.
-			for k := range p.classes {
-				for p.classes[k].Get() != nil {
-				}
+			if reused := kept != nil && &b[:1][0] == &kept[:1][0]; reused != tt.reuses {
+				t.Errorf("Get(%d) after Put of capacity %d: reused %v, want %v", tt.get, tt.put, reused, tt.reuses)
 			}
 		})
 	}
 }
 
-func TestPoolLetsGoAfterCollections(t *testing.T) {
+// A class's last buffer waits through collections (long prompts seconds
+// apart); a second one goes to the sync.Pool, which the collector empties.
+func TestLastBufferSurvivesCollections(t *testing.T) {
 	p := New[uint32](1 << 10)
-	p.Put(make([]uint32, 0, 1<<20))
+	first, second := make([]uint32, 0, 1<<20), make([]uint32, 0, 1<<20)
+	p.Put(first)
+	p.Put(second)
 	runtime.GC()
 	runtime.GC() // sync.Pool keeps a victim cache through one collection
-	for k := range p.classes {
-		if v := p.classes[k].Get(); v != nil {
-			t.Errorf("class %d still holds a buffer after two collections", k)
+	if b := p.Get(1 << 20); &b[:1][0] != &first[:1][0] {
+		t.Fatal("the class's last buffer did not survive two collections")
+	}
+	if v := p.classes[class(1<<20)].Get(); v != nil {
+		t.Error("the class's second buffer is still held after two collections")
+	}
+}
+
+// A pool unused for its hold time lets its last buffers go.
+func TestLastBuffersDroppedWhenUnused(t *testing.T) {
+	p := New[byte](1 << 10)
+	p.holdFor = 20 * time.Millisecond
+	p.Put(make([]byte, 0, 1<<16))
+	p.Put(make([]byte, 0, 1<<20))
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		p.mu.Lock()
+		held := p.last[class(1<<16)] != nil || p.last[class(1<<20)] != nil
+		p.mu.Unlock()
+		if !held {
+			break
 		}
+		if time.Now().After(deadline) {
+			t.Fatal("the last buffers were still held 10 s after the pool went unused")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	// And it keeps working afterwards.
+	b := make([]byte, 0, 1<<16)
+	p.Put(b)
+	if got := p.Get(1 << 16); &got[:1][0] != &b[:1][0] {
+		t.Error("a buffer put after the drop was not reused")
 	}
 }
 

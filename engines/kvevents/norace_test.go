@@ -1,5 +1,0 @@
-//go:build !race
-
-package kvevents
-
-const raceEnabled = false

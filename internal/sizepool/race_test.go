@@ -1,5 +1,0 @@
-//go:build race
-
-package sizepool
-
-const raceEnabled = true

@@ -1,5 +1,0 @@
-//go:build race
-
-package loads
-
-const raceEnabled = true
