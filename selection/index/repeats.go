@@ -101,7 +101,15 @@ func repeatsSet(n int, parent uint64, hasParent bool, ext func(i int) uint64, sc
 	return false
 }
 
-// repeatsSetSize is the slots of the set a chain of n hashes (and a parent)
-// is checked in: a power of two over twice their number, so that probe runs
-// stay short.
+// RepeatsScratch is the scratch length RepeatsExt uses for a chain of n
+// hashes: 0 up to its filter's reach, else the slots of the set the chain
+// (and a parent) is checked in, a power of two over twice their number so
+// that probe runs stay short.
+func RepeatsScratch(n int) int {
+	if n <= repeatsFilterMax {
+		return 0
+	}
+	return repeatsSetSize(n)
+}
+
 func repeatsSetSize(n int) int { return 1 << bits.Len(uint(2*(n+1))) }
