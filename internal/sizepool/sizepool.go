@@ -9,12 +9,15 @@
 // body, more than parsing it. A Pool hands the last request's buffer to the
 // next one instead, its pages still mapped.
 //
-// Each class keeps the last buffer put back in a slot of its own, which
-// survives garbage collections: long prompts that come seconds apart, with
-// collections in between, still find it. The slots are emptied once the
-// pool has gone unused for a while (HoldFor), so a pool never holds memory
-// for traffic that stopped. Further buffers of a class wait in a sync.Pool,
-// which the collector empties after two collections without use.
+// Each class keeps the last few buffers put back (keepPerClass) in slots of
+// its own, which survive garbage collections: long prompts that come seconds
+// apart, with collections in between, still find them. The slots are
+// emptied once the pool has gone unused for a while (HoldFor), so a pool
+// never holds memory for traffic that stopped. Further buffers of a class
+// wait in a sync.Pool, which the collector empties after two collections
+// without use. New buffers are rounded up to an eighth of their class, so
+// that the next request of nearly the same size (a body a few bytes longer)
+// fits the buffer the last one gave back.
 package sizepool
 
 import (
@@ -27,9 +30,14 @@ import (
 // neither kept nor looked for.
 const maxClass = 40
 
-// HoldFor is how long a pool keeps its last buffer of each class without
+// HoldFor is how long a pool keeps its last buffers of each class without
 // being used.
 const HoldFor = 30 * time.Second
+
+// keepPerClass is how many buffers of a class are kept through collections:
+// as many long prompts as are commonly in flight at once, or ranks holding
+// one.
+const keepPerClass = 4
 
 // Pool keeps []T buffers of at least a threshold's elements (New); the zero
 // value keeps buffers of every size.
@@ -37,10 +45,10 @@ type Pool[T any] struct {
 	min int
 
 	mu      sync.Mutex
-	last    [maxClass + 1][]T       // the last buffer put back in each class
-	idle    *time.Timer             // empties last once the pool goes unused
-	holdFor time.Duration           // HoldFor; tests shorten it
-	classes [maxClass + 1]sync.Pool // class k: 2^k <= cap < 2^(k+1)
+	last    [maxClass + 1][keepPerClass][]T // the last buffers put back in each class
+	idle    *time.Timer                     // empties last once the pool goes unused
+	holdFor time.Duration                   // HoldFor; tests shorten it
+	classes [maxClass + 1]sync.Pool         // class k: 2^k <= cap < 2^(k+1)
 }
 
 // New returns a pool for buffers of at least minLen elements; smaller ones
@@ -48,7 +56,8 @@ type Pool[T any] struct {
 func New[T any](minLen int) *Pool[T] { return &Pool[T]{min: max(minLen, 1)} }
 
 // Get returns a buffer of length 0 and capacity at least n: a kept one when
-// one fits, else a new one of capacity n.
+// one fits, else a new one of capacity n rounded up to an eighth of its
+// class.
 func (p *Pool[T]) Get(n int) []T {
 	if n < p.min {
 		return make([]T, 0, n)
@@ -69,20 +78,27 @@ func (p *Pool[T]) Get(n int) []T {
 			return (*b)[:0]
 		}
 	}
-	return make([]T, 0, n)
+	return make([]T, 0, roundUp(n))
 }
 
-// takeLast takes class c's last buffer if it holds at least n.
+// roundUp is n rounded up to an eighth of its class.
+func roundUp(n int) int {
+	step := max(1<<class(n)/8, 1)
+	return (n + step - 1) / step * step
+}
+
+// takeLast takes one of class c's kept buffers that holds at least n.
 func (p *Pool[T]) takeLast(c, n int) []T {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.touch()
-	b := p.last[c]
-	if cap(b) < n {
-		return nil
+	for i, b := range p.last[c] {
+		if cap(b) >= n {
+			p.last[c][i] = nil
+			return b[:0]
+		}
 	}
-	p.last[c] = nil
-	return b[:0]
+	return nil
 }
 
 // Put keeps b for a later Get. The caller must not use b afterwards.
@@ -98,10 +114,12 @@ func (p *Pool[T]) Put(b []T) {
 	b = b[:0]
 	p.mu.Lock()
 	p.touch()
-	if p.last[k] == nil {
-		p.last[k] = b
-		p.mu.Unlock()
-		return
+	for i := range p.last[k] {
+		if p.last[k][i] == nil {
+			p.last[k][i] = b
+			p.mu.Unlock()
+			return
+		}
 	}
 	p.mu.Unlock()
 	p.classes[k].Put(&b)
@@ -123,7 +141,7 @@ func (p *Pool[T]) hold() time.Duration {
 	return HoldFor
 }
 
-// dropLast empties the classes' last buffers: the pool went unused for
+// dropLast empties the classes' kept buffers: the pool went unused for
 // HoldFor.
 func (p *Pool[T]) dropLast() {
 	p.mu.Lock()

@@ -40,20 +40,39 @@ func TestGetFitsAndReuses(t *testing.T) {
 	}
 }
 
-// A class's last buffer waits through collections (long prompts seconds
-// apart); a second one goes to the sync.Pool, which the collector empties.
-func TestLastBufferSurvivesCollections(t *testing.T) {
+// A class's last keepPerClass buffers wait through collections (long
+// prompts seconds apart); one more goes to the sync.Pool, which the
+// collector empties.
+func TestLastBuffersSurviveCollections(t *testing.T) {
 	p := New[uint32](1 << 10)
-	first, second := make([]uint32, 0, 1<<20), make([]uint32, 0, 1<<20)
-	p.Put(first)
-	p.Put(second)
+	var kept [keepPerClass + 1][]uint32
+	for i := range kept {
+		kept[i] = make([]uint32, 0, 1<<20)
+		p.Put(kept[i])
+	}
 	runtime.GC()
 	runtime.GC() // sync.Pool keeps a victim cache through one collection
-	if b := p.Get(1 << 20); &b[:1][0] != &first[:1][0] {
-		t.Fatal("the class's last buffer did not survive two collections")
+	for i := range keepPerClass {
+		if b := p.Get(1 << 20); &b[:1][0] != &kept[i][:1][0] {
+			t.Fatalf("kept buffer %d did not survive two collections", i)
+		}
 	}
 	if v := p.classes[class(1<<20)].Get(); v != nil {
-		t.Error("the class's second buffer is still held after two collections")
+		t.Error("the class's buffer beyond keepPerClass is still held after two collections")
+	}
+}
+
+// A new buffer is rounded up to an eighth of its class, so a request a
+// little larger than the last fits the buffer it gave back.
+func TestSlightlyLargerRequestsFit(t *testing.T) {
+	p := New[byte](1 << 10)
+	b := p.Get(5_700_000)
+	if cap(b) < 5_700_000 || cap(b) > 5_700_000+(1<<22)/8 {
+		t.Fatalf("Get(5,700,000): cap %d, want at most an eighth of the class more", cap(b))
+	}
+	p.Put(b)
+	if got := p.Get(5_700_100); &got[:1][0] != &b[:1][0] {
+		t.Error("a request 100 bytes larger did not get the buffer back")
 	}
 }
 
@@ -66,7 +85,7 @@ func TestLastBuffersDroppedWhenUnused(t *testing.T) {
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		p.mu.Lock()
-		held := p.last[class(1<<16)] != nil || p.last[class(1<<20)] != nil
+		held := p.last[class(1<<16)][0] != nil || p.last[class(1<<20)][0] != nil
 		p.mu.Unlock()
 		if !held {
 			break
