@@ -4,8 +4,6 @@ import (
 	"fmt"
 	"slices"
 	"sync"
-
-	"github.com/kvselect/kvselect/internal/sizepool"
 )
 
 // Tree is the KV radix index of one partition: a prefix tree keyed by
@@ -54,16 +52,7 @@ type Tree struct {
 	lastKey  WorkerKey
 	lastSlot uint32
 	lastOK   bool
-
-	// repeatTables holds the sets RepeatsExt checks long stored chains
-	// with (a 1M-token prompt's is 1 MiB), kept while long prompts keep
-	// coming and dropped by the collector when they stop.
-	repeatTables *sizepool.Pool[uint64]
 }
-
-// repeatTableMin is the smallest repeat-check set worth keeping: the set of
-// a chain just over RepeatsExt's filter.
-const repeatTableMin = 4 * repeatsFilterMax
 
 // A node is split in two: the fields a lookup reads on every block (16 bytes,
 // four nodes per cache line) and the bookkeeping only writers and branch points
@@ -117,8 +106,6 @@ func NewTree() *Tree {
 		children: make(map[childKey]uint32),
 		sets:     newSetTable(),
 		slots:    make(map[WorkerKey]uint32),
-
-		repeatTables: sizepool.New[uint64](repeatTableMin),
 	}
 }
 
@@ -267,19 +254,6 @@ func (t *Tree) Apply(ev *Event) error {
 	return fmt.Errorf("%w: kind %d", ErrInvalidEvent, ev.Kind)
 }
 
-// repeats is RepeatsExt over a stored chain, a long one's set taken from and
-// given back to repeatTables.
-func (t *Tree) repeats(parent uint64, hasParent bool, blocks []Block) bool {
-	ext := func(i int) uint64 { return blocks[i].Ext }
-	if len(blocks) <= repeatsFilterMax {
-		return RepeatsExt(len(blocks), parent, hasParent, ext, nil)
-	}
-	table := t.repeatTables.Get(repeatsSetSize(len(blocks)))
-	repeated := RepeatsExt(len(blocks), parent, hasParent, ext, &table)
-	t.repeatTables.Put(table)
-	return repeated
-}
-
 func (t *Tree) store(w WorkerKey, tier Tier, parent uint64, hasParent bool, blocks []Block) error {
 	slot, known := t.slotOf(w)
 	if hasParent && parent == 0 && !t.holdsExt(slot, known, tier, 0) {
@@ -289,7 +263,7 @@ func (t *Tree) store(w WorkerKey, tier Tier, parent uint64, hasParent bool, bloc
 		// a 64-bit hash makes a 2^-64 event.
 		hasParent = false
 	}
-	if t.repeats(parent, hasParent, blocks) {
+	if RepeatsExt(len(blocks), parent, hasParent, func(i int) uint64 { return blocks[i].Ext }, nil) {
 		return fmt.Errorf("%w: repeated engine hash in a stored chain of worker %v", ErrInvalidBlockSequence, w)
 	}
 	cur := uint32(root)

@@ -37,7 +37,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/kvselect/kvselect/internal/sizepool"
 	"github.com/kvselect/kvselect/selection/index"
 )
 
@@ -167,8 +166,6 @@ type Tracker struct {
 	// steady-state Add does not allocate.
 	spare []*request
 	keys  []uint64 // Project scratch: the prompt's path keys
-	// tables keeps long prompts' path tables for the ranks' next ones.
-	tables *sizepool.Pool[slot]
 }
 
 // request is one live booking.
@@ -213,10 +210,9 @@ func New(cfg Config) (*Tracker, error) {
 		cfg.Expiry = DefaultExpiry
 	}
 	return &Tracker{
-		cfg:    cfg,
-		ranks:  make(map[index.WorkerKey]*rank),
-		reqs:   make(map[string]*request),
-		tables: sizepool.New[slot](pooledSlots),
+		cfg:   cfg,
+		ranks: make(map[index.WorkerKey]*rank),
+		reqs:  make(map[string]*request),
 	}, nil
 }
 
@@ -255,7 +251,7 @@ func (t *Tracker) SetWorkers(ws []index.WorkerKey) (dropped []string) {
 	}
 	for w := range keep {
 		if _, ok := t.ranks[w]; !ok {
-			r := newRank(w, t.tables)
+			r := newRank(w)
 			t.ranks[w] = r
 			sorted = append(sorted, r)
 			changed = true
@@ -476,7 +472,6 @@ func (t *Tracker) Expire(now time.Time) (reclaimed []string) {
 			// Not at the drain itself: at a low rate every request
 			// drains its rank, and the next long prompt would allocate
 			// (and fault in) the table again.
-			r.dropTable(r.held[:cap(r.held)])
 			r.held, r.shift = nil, 0
 		}
 	}

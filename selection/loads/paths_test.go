@@ -16,7 +16,7 @@ import (
 func TestPathTableMatchesMap(t *testing.T) {
 	for seed := range uint64(20) {
 		rnd := rand.New(rand.NewPCG(seed, 7))
-		r := newRank(index.WorkerKey{}, nil)
+		r := newRank(index.WorkerKey{})
 		want := map[uint64]int32{}
 		// A handful of keys per home bucket of a 16-slot table, plus key 0.
 		var universe []uint64

@@ -3,7 +3,6 @@ package loads
 import (
 	"math/bits"
 
-	"github.com/kvselect/kvselect/internal/sizepool"
 	"github.com/kvselect/kvselect/selection/index"
 )
 
@@ -104,20 +103,9 @@ type rank struct {
 	prefill    int
 	prefilling int // requests without prefill completion
 	requests   int
-
-	// tables lends and takes back path tables of long prompts (nil:
-	// allocate): a 1M-token prompt's is 3 MiB, and one made anew for each
-	// such prompt is faulted in anew.
-	tables *sizepool.Pool[slot]
 }
 
-// pooledSlots is the smallest path table a rank lends from its tables:
-// smaller ones are what shrinkSlots lets a drained rank keep anyway.
-const pooledSlots = 2 * shrinkSlots
-
-func newRank(w index.WorkerKey, tables *sizepool.Pool[slot]) *rank {
-	return &rank{key: w, tables: tables}
-}
+func newRank(w index.WorkerKey) *rank { return &rank{key: w} }
 
 func (r *rank) load() WorkerLoad {
 	blocks := r.unit
@@ -268,7 +256,7 @@ func (r *rank) growTo(entries int) {
 // resize moves the held paths into a table of size slots (a power of two).
 func (r *rank) resize(size int) {
 	old := r.held[:cap(r.held)]
-	tab := r.newTable(size)
+	tab := make([]slot, size)
 	r.shift = uint8(64 - bits.TrailingZeros(uint(size)))
 	mask := size - 1
 	for _, s := range old {
@@ -282,25 +270,6 @@ func (r *rank) resize(size int) {
 		tab[i] = s
 	}
 	r.held = tab[:len(r.held)]
-	r.dropTable(old)
-}
-
-// newTable is an empty table of size slots, whose capacity is its size: a
-// long prompt's from the rank's tables.
-func (r *rank) newTable(size int) []slot {
-	if r.tables == nil || size < pooledSlots {
-		return make([]slot, size)
-	}
-	tab := r.tables.Get(size)[:size:size]
-	clear(tab)
-	return tab
-}
-
-// dropTable gives a table no longer in use back to the rank's tables.
-func (r *rank) dropTable(tab []slot) {
-	if r.tables != nil && cap(tab) >= pooledSlots {
-		r.tables.Put(tab)
-	}
 }
 
 // setExclusiveFraction re-weights the suffix of the path (given as its path
