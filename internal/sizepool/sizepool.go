@@ -35,8 +35,7 @@ const maxClass = 40
 const HoldFor = 30 * time.Second
 
 // keepPerClass is how many buffers of a class are kept through collections:
-// as many long prompts as are commonly in flight at once, or ranks holding
-// one.
+// as many long prompts as are commonly in flight at once.
 const keepPerClass = 4
 
 // Pool keeps []T buffers of at least a threshold's elements (New); the zero
