@@ -10,16 +10,16 @@
 // in a container with a memory limit that is memory the limit must allow
 // for, all the time.
 //
-// A Releaser looks at the heap at a fixed interval and collects it (twice, so
-// that sync.Pool caches go too) and returns every free page
-// (debug.FreeOSMemory) when the heap holds at least a threshold reclaimable
-// and allocated, since the last look, less than that threshold and less than
-// a quarter of what it holds reclaimable: the burst is over (Idle). While requests keep coming it
-// does not release, since what it gave back would only be faulted in again
-// (a page fault costs microseconds, ~10 µs a page on some virtual machines:
-// tens of milliseconds for one 1M-token request body). After a release the
-// reclaimable memory is near zero, so an idle process releases once, not at
-// every look.
+// A Releaser looks at the heap at a fixed interval. When the heap holds at
+// least a threshold reclaimable and allocated, since the last look, less than
+// that threshold and less than a quarter of what it holds reclaimable (Idle),
+// the burst is over: it collects twice (sync.Pool caches survive one
+// collection) and returns every free page (debug.FreeOSMemory). While
+// requests keep coming it does not release, since what it gave back would
+// only be faulted in again (a page fault costs microseconds, 10–25 µs a page
+// on some virtual machines: tens of milliseconds for one 1M-token request
+// body). After a release the reclaimable memory is near zero, so an idle
+// process releases once, not at every look.
 package memrelease
 
 import (
@@ -39,7 +39,8 @@ const DefaultInterval = 10 * time.Second
 // DefaultMinBytes is the smallest reclaimable memory worth a release (a
 // collection, and page faults when the memory is needed again), and the
 // allocation between looks under which the heap counts as quiet. kvselect
-// with nothing to do allocates ~1.5 MiB in 10 s (engine metrics scrapes).
+// with nothing to do allocates a few MiB in 10 s (~4 MiB scraping four
+// engines' metrics every 200 ms).
 const DefaultMinBytes = 16 << 20
 
 // Config says how often to look and what is worth giving back.
@@ -182,7 +183,7 @@ func (r *Releaser) Step(before Heap) Heap {
 }
 
 // collectAndFree collects twice and returns every free page: sync.Pool
-// caches (the picker keeps long bodies' buffers in them) survive one
+// caches (internal/sizepool's overflow of long prompts' buffers) survive one
 // collection as victims and go at the second, and a burst's buffers are
 // exactly what an idle process should not keep.
 func collectAndFree() {

@@ -58,7 +58,7 @@ func New[T any](minLen int) *Pool[T] { return &Pool[T]{min: max(minLen, 1)} }
 // one fits, else a new one of capacity n rounded up to an eighth of its
 // class.
 func (p *Pool[T]) Get(n int) []T {
-	if n < p.min {
+	if n < max(p.min, 1) {
 		return make([]T, 0, n)
 	}
 	k := class(n)
@@ -103,7 +103,7 @@ func (p *Pool[T]) takeLast(c, n int) []T {
 // Put keeps b for a later Get. The caller must not use b afterwards.
 func (p *Pool[T]) Put(b []T) {
 	c := cap(b)
-	if c < p.min {
+	if c < max(p.min, 1) {
 		return
 	}
 	k := class(c)

@@ -103,6 +103,22 @@ func TestLastBuffersDroppedWhenUnused(t *testing.T) {
 	}
 }
 
+// The zero value pools every size, and takes empty buffers without
+// trouble.
+func TestZeroValue(t *testing.T) {
+	var p Pool[uint64]
+	if b := p.Get(0); cap(b) != 0 {
+		t.Errorf("Get(0): cap %d", cap(b))
+	}
+	p.Put(nil)
+	p.Put(make([]uint64, 0))
+	b := p.Get(3)
+	p.Put(b)
+	if got := p.Get(3); &got[:1][0] != &b[:1][0] {
+		t.Error("the zero value did not keep a small buffer")
+	}
+}
+
 func TestClass(t *testing.T) {
 	for _, tt := range []struct{ n, want int }{{1, 0}, {2, 1}, {3, 1}, {4, 2}, {65535, 15}, {65536, 16}, {5_700_000, 22}} {
 		if got := class(tt.n); got != tt.want {
