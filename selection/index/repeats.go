@@ -19,12 +19,12 @@ func RepeatsExt(n int, parent uint64, hasParent bool, ext func(i int) uint64, sc
 	if n > repeatsFilterMax {
 		return repeatsSet(n, parent, hasParent, ext, scratch)
 	}
-	var bits [repeatsFilterBits / 64]uint64
+	var seenBits [repeatsFilterBits / 64]uint64
 	seen := func(h uint64) bool {
 		b := (h * 0x9e3779b97f4a7c15) >> (64 - repeatsFilterLog)
 		w, m := b>>6, uint64(1)<<(b&63)
-		old := bits[w]&m != 0
-		bits[w] |= m
+		old := seenBits[w]&m != 0
+		seenBits[w] |= m
 		return old
 	}
 	// A decode step's one block, or a handful, is compared pair by pair:
