@@ -186,7 +186,7 @@ func DialOptions() []grpc.DialOption {
 	return []grpc.DialOption{
 		grpc.WithInitialWindowSize(envoyWindow),
 		grpc.WithInitialConnWindowSize(envoyWindow),
-		grpc.WithDefaultCallOptions(grpc.ForceCodecV2(vtcodec.Codec{})),
+		grpc.WithDefaultCallOptions(grpc.ForceCodecV2(vtcodec.NewCodec())),
 	}
 }
 

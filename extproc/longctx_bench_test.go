@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
@@ -63,7 +64,8 @@ var longCases = []longCase{
 func BenchmarkRequestLong(b *testing.B) {
 	for _, c := range longCases {
 		b.Run(c.name, func(b *testing.B) {
-			h, bodies := longPicker(b, c)
+			clock := &testClock{t: time.Now()}
+			h, bodies := longPicker(b, c, clock.now)
 			runtime.GC()
 			var before runtime.MemStats
 			runtime.ReadMemStats(&before)
@@ -81,8 +83,10 @@ func BenchmarkRequestLong(b *testing.B) {
 			b.ReportMetric(pickMedian(buckets0, buckets)*1e9, "pick-p50-ns")
 			b.ReportMetric(float64(processCPU()-cpu0)/float64(b.N), "cpu-ns/op")
 			h.idle(b)
-			// One upkeep, as the server runs every 5 s: drained ranks
-			// give long prompts' tables back.
+			// The upkeeps the server runs every 5 s: drained ranks
+			// give long prompts' tables back once none came for 30 s.
+			h.svc.Maintain(context.Background())
+			clock.add(time.Minute)
 			h.svc.Maintain(context.Background())
 			runtime.GC()
 			runtime.GC() // pooled buffers go at the second
@@ -151,7 +155,7 @@ func pickMedian(before, after []*dto.Bucket) float64 {
 // longPicker is a picker over 16 workers of 16-token blocks with KV events
 // on, the bodies of c, and (token prompts) each group's system prompt cached
 // on worker group%16.
-func longPicker(b *testing.B, c longCase) (*harness, [][]byte) {
+func longPicker(b *testing.B, c longCase, clock func() time.Time) (*harness, [][]byte) {
 	b.Helper()
 	ls := &captureListeners{ix: map[index.WorkerKey]*index.Index{}}
 	ws := make([]catalog.Record, 16)
@@ -159,7 +163,7 @@ func longPicker(b *testing.B, c longCase) (*harness, [][]byte) {
 		ws[i] = catalog.Record{WorkerID: uint64(i + 1), ModelName: model, Endpoint: ptr(fmt.Sprintf("http://10.2.0.%d:8000", i+1)),
 			BlockSize: ptr(uint32(longBlockSize))}
 	}
-	h := start(b, setup{workers: ws, kvEvents: true, listeners: ls})
+	h := start(b, setup{workers: ws, kvEvents: true, listeners: ls, clock: clock})
 	rng := rand.New(rand.NewPCG(uint64(c.system), 36))
 	var bodies [][]byte
 	for g := range c.groups {

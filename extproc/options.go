@@ -24,6 +24,6 @@ const StreamWorkers = 256
 func ServerOptions() []grpc.ServerOption {
 	return []grpc.ServerOption{
 		grpc.NumStreamWorkers(uint32(max(StreamWorkers, runtime.GOMAXPROCS(0)))),
-		grpc.ForceServerCodecV2(vtcodec.Codec{}),
+		grpc.ForceServerCodecV2(vtcodec.NewCodec()),
 	}
 }

@@ -82,6 +82,7 @@ type prepared struct {
 // picker is set and it has its own), the effective router configuration and
 // the normalized prompt.
 func (s *Service) prepare(key index.Partition, o *routerconfig.Override, req *PromptRequest, use promptUse, picker bool) (prepared, error) {
+	s.prepared.Add(1)
 	p, err := s.readyPartition(key)
 	if err != nil {
 		return prepared{}, err

@@ -161,7 +161,7 @@ func (s *Service) SelectAndReserve(ctx context.Context, req *SelectRequest) (*Se
 	s.resv.Install(id, row)
 	s.repl.added(p, booking, pr.lora)
 	ok = true
-	resp := s.bookedResponse(d, id, booking)
+	resp := s.bookedResponse(d, id, booking, !req.FromPicker)
 	if dis != nil {
 		dis.note(&s.disagg)
 		var pid *string
@@ -179,10 +179,14 @@ func (s *Service) SelectAndReserve(ctx context.Context, req *SelectRequest) (*Se
 }
 
 // bookedResponse is select_and_reserve's answer: the selection, what its
-// booking holds, and the KV transfer hint.
-func (s *Service) bookedResponse(d *decision, id string, b *loads.Booking) *SelectResponse {
+// booking holds, and the KV transfer hint. The sequence hashes are for a
+// caller that reads the JSON answer (withHashes); the picker never does, and
+// at 1M tokens they are half a megabyte per request.
+func (s *Service) bookedResponse(d *decision, id string, b *loads.Booking, withHashes bool) *SelectResponse {
 	resp := s.response(d, &id)
-	resp.SequenceHashes = toI64(d.prompt.tracking)
+	if withHashes {
+		resp.SequenceHashes = toI64(d.prompt.tracking)
+	}
 	isl := uint64(d.prompt.isl)
 	resp.ISLTokens = &isl
 	track := b.TrackPrefill

@@ -176,6 +176,9 @@ type Service struct {
 	// nil when it runs policy.
 	pickerPolicy atomic.Pointer[scheduler.Policy]
 
+	// prepared counts the prompts prepare has begun on (Prepared).
+	prepared atomic.Uint64
+
 	// rnd is the one random source: partitions' streams, generated ids,
 	// the replica id.
 	rnd *randsrc.Source
@@ -418,6 +421,12 @@ func (s *Service) Shutdown() {
 	s.gate.ShutDown()
 	s.parts.WakeAll()
 }
+
+// Prepared counts the prompts the service has begun to select, score or book
+// for since it started, failed ones included: the host's measure of whether
+// requests are coming (its idle memory release waits for an interval
+// without any).
+func (s *Service) Prepared() uint64 { return s.prepared.Load() }
 
 // Maintain runs periodic upkeep at the current time: reclaims bookings older
 // than the active-request expiry (without publishing frees), sweeps reservation

@@ -174,6 +174,50 @@ func TestSelectAndReserveBooksAndDuplicateConflicts(t *testing.T) {
 	}
 }
 
+// TestPickerBookingsSkipSequenceHashes: the picker front reads nothing of the
+// JSON answer's sequence hashes, so its bookings do not copy them (half a
+// megabyte at 1M tokens); the booking itself is the same.
+func TestPickerBookingsSkipSequenceHashes(t *testing.T) {
+	s, _ := newService(t, nil)
+	mustUpsert(t, s, workerRec(1))
+	req := selReq("pick", 1, 2, 3, 4, 5, 6, 7, 8)
+	req.FromPicker = true
+	resp, err := s.SelectAndReserve(bg, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.SequenceHashes != nil || *resp.ISLTokens != 8 {
+		t.Fatalf("picker response = %+v, want no sequence hashes and isl 8", resp)
+	}
+	if l := loadOf(t, s); l.ActiveRequests != 1 || l.PotentialDecodeBlocks != 2 {
+		t.Fatalf("loads = %+v, want the booking's 2 blocks", l)
+	}
+}
+
+// TestPreparedCountsEveryPrompt: Prepared, the host's sign that requests are
+// coming, counts selections and bookings, refused ones too.
+func TestPreparedCountsEveryPrompt(t *testing.T) {
+	s, _ := newService(t, nil)
+	mustUpsert(t, s, workerRec(1))
+	if n := s.Prepared(); n != 0 {
+		t.Fatalf("Prepared before any request = %d", n)
+	}
+	if _, err := s.SelectAndReserve(bg, selReq("p1", 1, 2, 3, 4)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Select(bg, selReq("", 1, 2, 3, 4)); err != nil {
+		t.Fatal(err)
+	}
+	bad := selReq("p2", 1, 2, 3, 4)
+	bad.ModelName = "no-such-model"
+	if _, err := s.SelectAndReserve(bg, bad); err == nil {
+		t.Fatal("a request for an unknown model was booked")
+	}
+	if n := s.Prepared(); n != 3 {
+		t.Fatalf("Prepared = %d, want 3", n)
+	}
+}
+
 func TestGeneratedSelectionIDIsUUIDv4(t *testing.T) {
 	s, _ := newService(t, nil)
 	mustUpsert(t, s, workerRec(1))

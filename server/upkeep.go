@@ -108,7 +108,8 @@ func startUpkeep(ctx context.Context, o *options, svc *selection.Service, startD
 		wg.Go(func() { r.run(upkeep) })
 	}
 	if o.memoryReleaseInterval > 0 {
-		rel := memrelease.New(memrelease.Config{Interval: o.memoryReleaseInterval, MinBytes: o.memoryReleaseMinBytes}, reg, log)
+		rel := memrelease.New(memrelease.Config{Interval: o.memoryReleaseInterval, MinBytes: o.memoryReleaseMinBytes,
+			Activity: svc.Prepared}, reg, log)
 		wg.Go(func() { rel.Run(upkeep) })
 	}
 	return func() {

@@ -208,9 +208,12 @@ type scratch struct {
 	mmEnds []int
 	mm     [][]uint64
 	sorted []uint64 // hasDuplicate's set of a long chain's hashes
-	// bigSets keeps sets over keepScratch between the batches that need
-	// them, as bigTokens does token arenas.
-	bigSets sizepool.Pool[uint64]
+	// bigSets, bigLocals and bigBlocks keep the buffers above over
+	// keepScratch between the batches that need them, as bigTokens does
+	// token arenas.
+	bigSets   sizepool.Pool[uint64]
+	bigLocals sizepool.Pool[uint64]
+	bigBlocks sizepool.Pool[index.Block]
 }
 
 // NewDecoder returns a decoder for one publisher.
@@ -287,9 +290,11 @@ func (d *Decoder) Trim() { d.scratch.trim() }
 
 func (s *scratch) trim() {
 	if cap(s.blocks) > keepScratch {
+		s.bigBlocks.Put(s.blocks)
 		s.blocks = nil
 	}
 	if cap(s.locals) > keepScratch {
+		s.bigLocals.Put(s.locals)
 		s.locals = nil
 	}
 	if cap(s.mmFlat) > keepScratch {
@@ -300,6 +305,7 @@ func (s *scratch) trim() {
 		s.arena.tokens = nil
 	}
 	if cap(s.arena.hashes) > keepScratch {
+		s.arena.bigHashes.Put(s.arena.hashes)
 		s.arena.hashes = nil
 	}
 	if cap(s.raws) > keepRaws {
@@ -611,9 +617,19 @@ func (d *Decoder) stored(r *rawEvent, w index.WorkerKey, tier index.Tier, dst []
 	if opts.Eagle {
 		window++
 	}
+	if n > cap(d.locals) && n > keepScratch {
+		// Sized at once from a kept buffer: append's doublings would
+		// each be a new allocation, faulted in page by page.
+		d.locals = d.bigLocals.Get(n)
+	}
 	d.locals = d.hasher.AppendBlockHashes(d.locals[:0], r.tokens[:window], d.salt(r.lora, ns), opts)
 
 	start := len(d.blocks)
+	if need := start + n; need > cap(d.blocks) && need > keepScratch {
+		// The batch's earlier events point into the old arena: it is
+		// copied, not given back.
+		d.blocks = append(d.bigBlocks.Get(need), d.blocks...)
+	}
 	for i := range n {
 		d.blocks = append(d.blocks, index.Block{Ext: r.hashes[i], Local: d.locals[i]})
 	}

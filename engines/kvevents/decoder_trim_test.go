@@ -60,10 +60,11 @@ func storedBatch(t *testing.T, n int) []byte {
 	return batch(0, storedPos(Hs(seq64(1, n)...), Nil(), Toks(seq(0, uint32(4*n))...), 4))
 }
 
-// TestLongBatchesReuseTheirArenas: after Trim a long prompt's token arena and
-// repeat-check set wait for the next long batch instead of being dropped
-// for the collector, and a batch decoded into reused arenas gives exactly
-// what a fresh decoder gives.
+// TestLongBatchesReuseTheirArenas: after Trim a long prompt's arenas (tokens,
+// engine hashes, blocks), its block-hash scratch and its repeat-check set
+// wait for the next long batch instead of being dropped for the collector,
+// and a batch decoded into reused arenas gives exactly what a fresh decoder
+// gives.
 func TestLongBatchesReuseTheirArenas(t *testing.T) {
 	const blocks = 2 * keepScratch
 	long := func(first uint32) []byte {
@@ -77,6 +78,7 @@ func TestLongBatchesReuseTheirArenas(t *testing.T) {
 		t.Fatal(err)
 	}
 	tokens, set := &d.arena.tokens[:1][0], &d.sorted[:1][0]
+	hashes, blks, locals := &d.arena.hashes[:1][0], &d.blocks[:1][0], &d.locals[:1][0]
 	d.Trim()
 	got, _, err := d.Decode(long(1_000_000), nil)
 	if err != nil {
@@ -93,7 +95,18 @@ func TestLongBatchesReuseTheirArenas(t *testing.T) {
 	if len(got) != 1 || len(want) != 1 || !slices.Equal(got[0].Blocks, want[0].Blocks) {
 		t.Fatalf("a long batch decoded into reused arenas differs from a fresh decoder's")
 	}
-	if &d.arena.tokens[:1][0] != tokens || &d.sorted[:1][0] != set {
-		t.Errorf("the second long batch did not reuse the first one's token arena and set")
+	for _, c := range []struct {
+		name string
+		same bool
+	}{
+		{"token arena", &d.arena.tokens[:1][0] == tokens},
+		{"repeat-check set", &d.sorted[:1][0] == set},
+		{"hash arena", &d.arena.hashes[:1][0] == hashes},
+		{"block arena", &d.blocks[:1][0] == blks},
+		{"block-hash scratch", &d.locals[:1][0] == locals},
+	} {
+		if !c.same {
+			t.Errorf("the second long batch did not reuse the first one's %s", c.name)
+		}
 	}
 }

@@ -35,6 +35,7 @@ type parseArena struct {
 	// that need them (a 1M-token prompt's BlockStored: 4 MB), so that each
 	// such batch does not fault a new one in; Trim hands them over.
 	bigTokens sizepool.Pool[uint32]
+	bigHashes sizepool.Pool[uint64] // the same for the engine hashes
 }
 
 // rawEvent is one event as read from the wire. Byte slices alias the payload;
@@ -446,6 +447,11 @@ func (r *rawEvent) readHashes(b []byte) ([]byte, error) {
 	}
 	a := r.arena
 	start := len(a.hashes)
+	if need := start + int(n); need > cap(a.hashes) && need > keepScratch {
+		// A long prompt's hashes, in a kept arena; as with tokens, the
+		// old one stays with the batch's earlier events.
+		a.hashes = append(a.bigHashes.Get(need), a.hashes...)
+	}
 	for range n {
 		var h uint64
 		if h, b, err = readHash(b); err != nil {

@@ -12,8 +12,9 @@
 //
 // A Releaser looks at the heap at a fixed interval. When the heap holds at
 // least a threshold reclaimable and allocated, since the last look, less than
-// that threshold and less than a quarter of what it holds reclaimable (Idle),
-// the burst is over: it collects twice (sync.Pool caches survive one
+// that threshold and less than a quarter of what it holds reclaimable, and
+// the host did no work since that look (Config.Activity) (Idle), the burst
+// is over: it collects twice (sync.Pool caches survive one
 // collection) and returns every free page (debug.FreeOSMemory). While
 // requests keep coming it does not release, since what it gave back would
 // only be faulted in again (a page fault costs microseconds, 10–25 µs a page
@@ -49,6 +50,12 @@ type Config struct {
 	Interval time.Duration
 	// MinBytes is the reclaimable memory below which nothing is released.
 	MinBytes uint64
+	// Activity, when set, counts the work the host has begun (kvselect:
+	// the prompts its selection core has prepared). An interval in which
+	// it moved is never idle, however little it allocated: a process that
+	// keeps its buffers for the next request allocates little per request,
+	// and a release between requests would only have them faulted in again.
+	Activity func() uint64
 }
 
 // Heap is what a decision reads from the runtime, in bytes.
@@ -65,6 +72,8 @@ type Heap struct {
 	// Free is free memory the runtime holds and has not returned
 	// (/memory/classes/heap/free:bytes).
 	Free uint64
+	// Work is Config.Activity at the look, 0 without one.
+	Work uint64
 }
 
 // Reclaimable is the memory a collection and a release would give back: the
@@ -80,8 +89,8 @@ func (h Heap) Reclaimable() uint64 {
 
 // Idle reports whether the heap is quiet and holds enough to give back, given
 // the look before: at least minBytes are reclaimable now, and since that look
-// it allocated less than minBytes and less than a quietShare of what is
-// reclaimable.
+// no work began and the heap allocated less than minBytes and less than a
+// quietShare of what is reclaimable.
 //
 // Both bounds matter. A trickle of 1M-token requests (one every few
 // seconds, each allocating some 15 MiB and leaving 100 MiB or more of heap
@@ -89,10 +98,14 @@ func (h Heap) Reclaimable() uint64 {
 // memory again: the absolute bound keeps it. Steady traffic of short
 // requests allocates little in absolute terms, but the heap grows back to
 // its collection goal within a few intervals, faulting in again whatever
-// was given back: the relative bound keeps it.
+// was given back: the relative bound keeps it. Neither bound holds once the
+// requests' buffers are kept from one request to the next: 1M-token requests
+// every two seconds then allocated under 16 MiB in 10 s, and were released
+// between (40–95 MiB each time, faulted in again by the requests after). The
+// work count keeps that memory too.
 func Idle(before, now Heap, minBytes uint64) bool {
 	r := now.Reclaimable()
-	if r < minBytes {
+	if r < minBytes || now.Work != before.Work {
 		return false
 	}
 	var allocated uint64
@@ -122,9 +135,17 @@ func New(cfg Config, reg prometheus.Registerer, log *slog.Logger) *Releaser {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
+	read := ReadHeap
+	if cfg.Activity != nil {
+		read = func() Heap {
+			h := ReadHeap()
+			h.Work = cfg.Activity()
+			return h
+		}
+	}
 	r := &Releaser{
 		cfg:     cfg,
-		read:    ReadHeap,
+		read:    read,
 		release: collectAndFree,
 		log:     log,
 		releases: prometheus.NewCounter(prometheus.CounterOpts{

@@ -28,6 +28,8 @@ func TestIdle(t *testing.T) {
 		{"steady short requests will grow the heap back soon", Heap{Allocated: 900 * mib}, Heap{Allocated: 910 * mib, Objects: 70 * mib, Live: 40 * mib, Free: 2 * mib}, 16 * mib, false},
 		{"idle garbage well over what the interval allocated", Heap{Allocated: 900 * mib}, Heap{Allocated: 901 * mib, Objects: 58 * mib, Live: 40 * mib}, 16 * mib, true},
 		{"a counter that went back (never) reads as nothing allocated", Heap{Allocated: 50 * mib}, Heap{Allocated: 10 * mib, Free: 30 * mib}, 16 * mib, true},
+		{"long requests whose buffers are kept: little allocated, but work began", Heap{Allocated: 900 * mib, Work: 40}, Heap{Allocated: 910 * mib, Objects: 100 * mib, Live: 60 * mib, Free: 40 * mib, Work: 45}, 16 * mib, false},
+		{"the same once the requests stopped", Heap{Allocated: 910 * mib, Work: 45}, Heap{Allocated: 911 * mib, Objects: 100 * mib, Live: 60 * mib, Free: 40 * mib, Work: 45}, 16 * mib, true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -123,6 +125,23 @@ func TestStepReleasesOnlyWhenIdle(t *testing.T) {
 	r.Step(look)
 	if released != 1 || next != len(heaps) {
 		t.Errorf("after the release: %d releases, %d looks; want 1 and %d", released, next, len(heaps))
+	}
+}
+
+// TestActivityCountsAtEachLook: with Config.Activity every look carries the
+// host's work count at that moment (TestIdle has what it decides); without
+// one it is 0.
+func TestActivityCountsAtEachLook(t *testing.T) {
+	work := uint64(3)
+	r := New(Config{Interval: DefaultInterval, MinBytes: DefaultMinBytes, Activity: func() uint64 { return work }}, nil, nil)
+	for _, want := range []uint64{3, 9} {
+		work = want
+		if got := r.read().Work; got != want {
+			t.Fatalf("look's work = %d, want %d", got, want)
+		}
+	}
+	if got := New(Config{Interval: DefaultInterval}, nil, nil).read().Work; got != 0 {
+		t.Errorf("look's work without Activity = %d, want 0", got)
 	}
 }
 

@@ -735,23 +735,25 @@ func TestConcurrentBookingsDrainToZero(t *testing.T) {
 	}
 }
 
-// TestDrainedRankGivesLongTablesBack: a rank that held a long prompt and
-// is drained at an upkeep (Expire) keeps no table larger than shrinkSlots,
-// so memory returns to what it was before the prompt; until then, and for
-// a short prompt's table always, the table stays for the next booking.
-// Both ways of releasing (the last booking's pass over the table, the probe
-// per block) leave the same loads.
+// TestDrainedRankGivesLongTablesBack: a rank that held a long prompt keeps
+// its table through the drain and the upkeeps of the next longTableHold, so
+// the next long prompt writes into pages already mapped, and gives it back
+// at the first upkeep after that, so memory returns to what it was before
+// the prompt; a short prompt's table stays always. The records' long path
+// keys follow the same rule. Both ways of releasing (the last booking's
+// pass over the table, the probe per block) leave the same loads.
 func TestDrainedRankGivesLongTablesBack(t *testing.T) {
 	w := index.WorkerKey{WorkerID: 1}
 	tr := newTracker(t, DefaultConfig(16), w)
 	long := benchHashes(20_000, 1)
 	short := benchHashes(100, 2)
+	now := t0
 	for _, tc := range []struct {
 		name  string
 		books [][]uint64
 	}{{"last booking", [][]uint64{long}}, {"shared prefix", [][]uint64{long, long[:19_000]}}, {"short after long", [][]uint64{long, short}}} {
 		for i, h := range tc.books {
-			mustAdd(t, tr, t0, Booking{RequestID: fmt.Sprint(i), Worker: w, TrackingHashes: h, ISL: 16 * len(h)})
+			mustAdd(t, tr, now, Booking{RequestID: fmt.Sprint(i), Worker: w, TrackingHashes: h, ISL: 16 * len(h)})
 		}
 		if err := tr.AddOutputBlock("0", frac(0.5)); err != nil {
 			t.Fatal(err)
@@ -762,25 +764,61 @@ func TestDrainedRankGivesLongTablesBack(t *testing.T) {
 			}
 		}
 		r := tr.ranks[w]
-		if cap(r.held) <= shrinkSlots {
-			t.Fatalf("%s: the table was freed at the drain; the next long prompt would allocate it again", tc.name)
+		longKeys := func() bool {
+			for _, rq := range tr.spare {
+				if cap(rq.keys) > shrinkSlots {
+					return true
+				}
+			}
+			return false
 		}
-		tr.Expire(t0)
-		for _, rq := range tr.spare {
-			if cap(rq.keys) > shrinkSlots {
-				t.Fatalf("%s: a recycled record keeps %d path keys past the upkeep", tc.name, cap(rq.keys))
+		// The upkeeps within the hold: the first after the booking, and
+		// one just short of longTableHold after it.
+		for _, at := range []time.Duration{time.Second, longTableHold} {
+			tr.Expire(now.Add(at))
+			if cap(r.held) <= shrinkSlots || !longKeys() {
+				t.Fatalf("%s: the table (%d slots) or the path keys were freed %v after the booking; the next long prompt would allocate them again",
+					tc.name, cap(r.held), at)
 			}
 		}
+		now = now.Add(time.Second + longTableHold)
+		tr.Expire(now)
+		if longKeys() {
+			t.Fatalf("%s: a recycled record keeps long path keys past the hold", tc.name)
+		}
 		if len(r.held) != 0 || cap(r.held) > shrinkSlots || r.unit != 0 || r.fracN != 0 || r.fracSum != 0 || r.requests != 0 {
-			t.Fatalf("%s: rank after drain: %d held in %d slots, unit %d, frac %d/%v, %d requests",
+			t.Fatalf("%s: rank after the hold: %d held in %d slots, unit %d, frac %d/%v, %d requests",
 				tc.name, len(r.held), cap(r.held), r.unit, r.fracN, r.fracSum, r.requests)
 		}
+		now = now.Add(time.Minute)
 	}
-	mustAdd(t, tr, t0, Booking{RequestID: "s", Worker: w, TrackingHashes: short})
+	// A rank booked again within the hold keeps its table: the hold counts
+	// from the last booking, not the first.
+	mustAdd(t, tr, now, Booking{RequestID: "a", Worker: w, TrackingHashes: long})
+	if err := tr.Free("a"); err != nil {
+		t.Fatal(err)
+	}
+	tr.Expire(now.Add(time.Second))
+	mustAdd(t, tr, now, Booking{RequestID: "b", Worker: w, TrackingHashes: long})
+	if err := tr.Free("b"); err != nil {
+		t.Fatal(err)
+	}
+	tr.Expire(now.Add(20 * time.Second))
+	tr.Expire(now.Add(40 * time.Second))
+	if cap(tr.ranks[w].held) <= shrinkSlots {
+		t.Fatal("a table booked 20 s ago was freed at 40 s")
+	}
+	tr.Expire(now.Add(20*time.Second + longTableHold))
+	if cap(tr.ranks[w].held) > shrinkSlots {
+		t.Fatal("the table outlived the hold after its last booking")
+	}
+	now = now.Add(time.Hour)
+	mustAdd(t, tr, now, Booking{RequestID: "s", Worker: w, TrackingHashes: short})
 	if err := tr.Free("s"); err != nil {
 		t.Fatal(err)
 	}
-	tr.Expire(t0)
+	tr.Expire(now)
+	tr.Expire(now.Add(time.Hour))
 	if c := cap(tr.ranks[w].held); c == 0 {
 		t.Fatal("a short prompt's table was freed on drain; the next booking would allocate it again")
 	}

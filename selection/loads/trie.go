@@ -2,6 +2,7 @@ package loads
 
 import (
 	"math/bits"
+	"time"
 
 	"github.com/kvselect/kvselect/selection/index"
 )
@@ -76,11 +77,21 @@ const (
 	maxLoadNum    = 3
 	maxLoadDenom  = 4
 	fibonacciMult = 0x9e3779b97f4a7c15
-	// shrinkSlots: a rank drained at an upkeep keeps a table up to this
-	// size (96 KiB, prompts of ~3,000 blocks) for the next booking, and
-	// frees a larger one.
+	// shrinkSlots: a drained rank keeps a table up to this size (96 KiB,
+	// prompts of ~3,000 blocks) for the next booking whatever the time,
+	// and a larger one for longTableHold after its last booking.
 	shrinkSlots = 4096
 )
+
+// longTableHold is how long a drained rank keeps a table larger than
+// shrinkSlots (3 MiB for a 1M-token prompt) after its last booking. Long
+// prompts come seconds apart on a rank (llm-d's 1M-token perf workload at a
+// twentieth of its rate, one every two seconds over four engines), and a
+// table dropped between them is allocated and cleared again by the next,
+// with a page fault for every 4 KiB page the runtime has returned to the
+// system meanwhile: on a virtual machine, 10–25 µs each. Thirty seconds
+// without a long prompt on the rank gives the memory back.
+const longTableHold = 30 * time.Second
 
 // rank is one (worker, dp_rank)'s state. Block weights are kept as an exact
 // count of unit-weight blocks plus a float sum of fractional ones, reset to
@@ -91,14 +102,17 @@ type rank struct {
 	// held is the rank's path table: its length is the number of held paths
 	// and its capacity the table size, so the slots are held[:cap(held)]
 	// (a power of two, or nil before the first booking). The table
-	// shrinks only at an upkeep (Expire) that finds the rank drained,
-	// and then only from beyond shrinkSlots: a rank that drains and
-	// fills again does not allocate, and a long prompt's table does not
-	// outlive the traffic that needed it.
+	// shrinks only at an upkeep (Expire) that finds the rank drained and
+	// without a booking for longTableHold, and then only from beyond
+	// shrinkSlots: a rank that drains and fills again does not allocate,
+	// and a long prompt's table does not outlive the traffic that needed
+	// it.
 	held       []slot
-	shift      uint8 // 64 - log2(cap(held))
-	unit       int   // blocks at weight 1
-	fracN      int   // blocks carrying a decay fraction
+	shift      uint8     // 64 - log2(cap(held))
+	booked     bool      // a booking came since the last upkeep
+	lastBooked time.Time // the upkeep that last saw booked
+	unit       int       // blocks at weight 1
+	fracN      int       // blocks carrying a decay fraction
 	fracSum    float64
 	prefill    int
 	prefilling int // requests without prefill completion
@@ -145,6 +159,7 @@ func (r *rank) find(tab []slot, k uint64) int {
 
 // acquire adds one booking's prompt path, given as its path keys.
 func (r *rank) acquire(keys []uint64) {
+	r.booked = true
 	if len(r.held) == 0 && len(keys)*maxLoadDenom > cap(r.held)*maxLoadNum {
 		// An empty rank takes a long prompt: one table of its size
 		// instead of a rehash at each doubling on the way there.
