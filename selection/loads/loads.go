@@ -166,11 +166,6 @@ type Tracker struct {
 	// steady-state Add does not allocate.
 	spare []*request
 	keys  []uint64 // Project scratch: the prompt's path keys
-	// longBooked: a booking of more than shrinkSlots blocks came since
-	// the last upkeep, which then sets lastLong. Spare records keep long
-	// path-key buffers until longTableHold after it.
-	longBooked bool
-	lastLong   time.Time
 }
 
 // request is one live booking.
@@ -327,7 +322,6 @@ func (t *Tracker) Add(now time.Time, b Booking) error {
 		}
 		rq.keys = appendPathKeys(rq.keys[:0], b.TrackingHashes)
 		r.acquire(rq.keys)
-		t.longBooked = t.longBooked || len(rq.keys) > shrinkSlots
 	}
 	if b.TrackPrefill && b.PrefillTokens > 0 {
 		rq.prefill = b.PrefillTokens
@@ -464,30 +458,28 @@ func (t *Tracker) Expire(now time.Time) (reclaimed []string) {
 	for _, id := range reclaimed {
 		t.free(t.reqs[id])
 	}
-	if t.longBooked {
-		t.longBooked, t.lastLong = false, now
-	} else if now.Sub(t.lastLong) >= longTableHold {
-		for i, rq := range t.spare {
-			if cap(rq.keys) > shrinkSlots {
-				// Nor do a long prompt's path keys (half a megabyte
-				// at 1M tokens) stay with a recycled record once long
-				// prompts stopped coming.
-				t.spare[i].keys = nil
-			}
-		}
-	}
+	longTables := false
 	for _, r := range t.sorted {
 		if r.booked {
 			r.booked, r.lastBooked = false, now
-			continue
-		}
-		if r.requests == 0 && cap(r.held) > shrinkSlots && now.Sub(r.lastBooked) >= longTableHold {
+		} else if r.requests == 0 && cap(r.held) > shrinkSlots && now.Sub(r.lastBooked) >= longTableHold {
 			// A drained rank gives a long prompt's table back, so
 			// memory returns to what it was before the prompt. Not at
 			// the drain itself, nor at the next upkeep: at a low rate
 			// every request drains its rank, and the next long prompt
 			// would allocate (and fault in) the table again.
 			r.held, r.shift = nil, 0
+		}
+		longTables = longTables || cap(r.held) > shrinkSlots
+	}
+	if !longTables {
+		// A long prompt's path keys (half a megabyte at 1M tokens) go
+		// with the last long table: a long booking's rank holds one for
+		// as long as the keys are worth keeping.
+		for i, rq := range t.spare {
+			if cap(rq.keys) > shrinkSlots {
+				t.spare[i].keys = nil
+			}
 		}
 	}
 	return reclaimed
