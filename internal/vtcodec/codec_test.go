@@ -51,9 +51,7 @@ func messages() map[string]proto.Message {
 		"streamed echo": &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseBody{ResponseBody: &extprocv3.BodyResponse{
 			Response: &extprocv3.CommonResponse{BodyMutation: &extprocv3.BodyMutation{Mutation: &extprocv3.BodyMutation_StreamedResponse{
 				StreamedResponse: &extprocv3.StreamedBodyResponse{Body: []byte("data: {}\n\n"), EndOfStream: true}}}}}}},
-		"large streamed body": &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestBody{RequestBody: &extprocv3.BodyResponse{
-			Response: &extprocv3.CommonResponse{BodyMutation: &extprocv3.BodyMutation{Mutation: &extprocv3.BodyMutation_StreamedResponse{
-				StreamedResponse: &extprocv3.StreamedBodyResponse{Body: big[:62000]}}}}}}},
+		"large streamed body": requestBodyEcho(big[:62000]),
 		"immediate response": &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ImmediateResponse{
 			ImmediateResponse: &extprocv3.ImmediateResponse{Status: &typev3.HttpStatus{Code: typev3.StatusCode_ServiceUnavailable},
 				Headers: &extprocv3.HeaderMutation{SetHeaders: []*corev3.HeaderValueOption{set("content-type", "application/json")}},
@@ -108,9 +106,7 @@ func TestReusedBuffersCarryNothingOver(t *testing.T) {
 	var last *byte
 	for i, n := range []int{20_000, 19_999, 18_500, 17_000, 16_385, 4_000, 1_100} {
 		body := bytes.Repeat([]byte{byte('a' + i)}, n)
-		m := &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestBody{RequestBody: &extprocv3.BodyResponse{
-			Response: &extprocv3.CommonResponse{BodyMutation: &extprocv3.BodyMutation{Mutation: &extprocv3.BodyMutation_StreamedResponse{
-				StreamedResponse: &extprocv3.StreamedBodyResponse{Body: body}}}}}}}
+		m := requestBodyEcho(body)
 		want, err := proto.Marshal(m)
 		if err != nil {
 			t.Fatal(err)
@@ -133,6 +129,14 @@ func TestReusedBuffersCarryNothingOver(t *testing.T) {
 	if !reused {
 		t.Fatal("no message reused the buffer the one before gave back; the test checks nothing")
 	}
+}
+
+// requestBodyEcho is the picker's echo of one request body chunk
+// (FULL_DUPLEX_STREAMED).
+func requestBodyEcho(body []byte) *extprocv3.ProcessingResponse {
+	return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestBody{RequestBody: &extprocv3.BodyResponse{
+		Response: &extprocv3.CommonResponse{BodyMutation: &extprocv3.BodyMutation{Mutation: &extprocv3.BodyMutation_StreamedResponse{
+			StreamedResponse: &extprocv3.StreamedBodyResponse{Body: body}}}}}}}
 }
 
 func sorted(b []byte) []byte {
@@ -196,9 +200,7 @@ func BenchmarkMarshalEcho(b *testing.B) {
 // lends a 1 MiB buffer cleared whole, and through NewCodec's own, which
 // lends a 64 KiB one as it was left.
 func BenchmarkMarshalLongChunk(b *testing.B) {
-	m := &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestBody{RequestBody: &extprocv3.BodyResponse{
-		Response: &extprocv3.CommonResponse{BodyMutation: &extprocv3.BodyMutation{Mutation: &extprocv3.BodyMutation_StreamedResponse{
-			StreamedResponse: &extprocv3.StreamedBodyResponse{Body: bytes.Repeat([]byte("1234, "), 62_000/6)}}}}}}}
+	m := requestBodyEcho(bytes.Repeat([]byte("1234, "), 62_000/6))
 	for _, c := range []struct {
 		name  string
 		codec Codec
