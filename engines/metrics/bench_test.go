@@ -10,6 +10,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"os/exec"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -81,24 +82,20 @@ func BenchmarkFleet(b *testing.B) {
 func benchmarkFleet(b *testing.B, interval time.Duration) {
 	const workers, run = 256, 5 * time.Second
 	for b.Loop() {
-		addr, stop := startEndpoints(b)
+		// One endpoint per worker, each at its own loopback address, so
+		// that every worker is its own host with its own keep-alive
+		// connection, as in a fleet.
+		addrs, stop := startEndpoints(b, workers)
 		var recs []catalog.Record
-		for i := range workers {
-			// One server, 256 workers: distinct metrics URLs by query, so
-			// each is its own target with its own keep-alive connection.
-			r := record(uint64(i+1), "http://"+addr)
-			r.MetricsEndpoint = ptr(fmt.Sprintf("http://%s/metrics?w=%d", addr, i))
-			recs = append(recs, r)
+		for i, addr := range addrs {
+			recs = append(recs, record(uint64(i+1), "http://"+addr))
 		}
 		svc := newCore(b, recs...)
 		m := NewMetrics()
-		// The default client keeps 2 idle connections per host; one host
-		// here stands for 256, so allow one per worker as 256 hosts would.
-		client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: workers, IdleConnTimeout: 90 * time.Second, DisableCompression: true}}
 		ctx, cancel := context.WithTimeout(context.Background(), run)
 		before := cpuTime(syscall.RUSAGE_SELF)
 		start := time.Now()
-		NewScraper(svc, m, Options{Interval: interval, Client: client}).Run(ctx)
+		NewScraper(svc, m, Options{Interval: interval}).Run(ctx)
 		elapsed := time.Since(start)
 		self := cpuTime(syscall.RUSAGE_SELF) - before
 		cancel()
@@ -126,9 +123,15 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
-// serveEndpoints answers every path with a mock worker's /metrics payload,
-// prints its address and serves until stdin closes.
+// serveEndpoints answers every path with a mock worker's /metrics payload on
+// as many loopback addresses as envServe says (127.0.1.1, 127.0.1.2, ...),
+// prints each address on a line and serves until stdin closes.
 func serveEndpoints() {
+	n, err := strconv.Atoi(os.Getenv(envServe))
+	if err != nil || n < 1 || n > 250*250 {
+		fmt.Fprintf(os.Stderr, "%s=%q: want a count of endpoints\n", envServe, os.Getenv(envServe))
+		os.Exit(1)
+	}
 	w, err := mockworker.New(mockworker.Config{Model: "m", WorkerID: 1, BlockSize: 16})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -137,22 +140,27 @@ func serveEndpoints() {
 	rec := httptest.NewRecorder()
 	w.Handler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/metrics", nil))
 	body := rec.Body.Bytes()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
+	handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { _, _ = w.Write(body) })
+	for i := range n {
+		// Linux routes all of 127.0.0.0/8 to the loopback interface.
+		ln, err := net.Listen("tcp", fmt.Sprintf("127.0.%d.%d:0", 1+i/250, 1+i%250))
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		fmt.Println(ln.Addr().String())
+		go func() { _ = http.Serve(ln, handler) }()
 	}
-	fmt.Println(ln.Addr().String())
-	go func() { _, _ = io.Copy(io.Discard, os.Stdin); os.Exit(0) }()
-	_ = http.Serve(ln, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { _, _ = w.Write(body) }))
+	_, _ = io.Copy(io.Discard, os.Stdin)
+	os.Exit(0)
 }
 
-// startEndpoints starts the endpoint child; stop ends it and waits, so that
-// its CPU time is in RUSAGE_CHILDREN afterwards.
-func startEndpoints(b *testing.B) (addr string, stop func()) {
+// startEndpoints starts the endpoint child with n endpoints; stop ends it
+// and waits, so that its CPU time is in RUSAGE_CHILDREN afterwards.
+func startEndpoints(b *testing.B, n int) (addrs []string, stop func()) {
 	b.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), envServe+"=1")
+	cmd.Env = append(os.Environ(), envServe+"="+strconv.Itoa(n))
 	cmd.Stderr = os.Stderr
 	in, err := cmd.StdinPipe()
 	if err != nil {
@@ -165,12 +173,17 @@ func startEndpoints(b *testing.B) (addr string, stop func()) {
 	if err := cmd.Start(); err != nil {
 		b.Fatal(err)
 	}
-	line, err := bufio.NewReader(out).ReadString('\n')
-	if err != nil {
-		_ = cmd.Process.Kill()
-		b.Fatalf("endpoint child: %v", err)
+	r := bufio.NewReader(out)
+	for range n {
+		line, err := r.ReadString('\n')
+		if err != nil {
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+			b.Fatalf("endpoint child: %v", err)
+		}
+		addrs = append(addrs, strings.TrimSpace(line))
 	}
-	return strings.TrimSpace(line), func() { in.Close(); _ = cmd.Wait() }
+	return addrs, func() { in.Close(); _ = cmd.Wait() }
 }
 
 func cpuTime(who int) time.Duration {

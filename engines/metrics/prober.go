@@ -3,8 +3,8 @@ package metrics
 import (
 	"context"
 	"fmt"
-	"io"
-	"net/http"
+
+	"github.com/valyala/fasthttp"
 
 	"github.com/kvselect/kvselect/selection"
 )
@@ -52,20 +52,13 @@ func (p *Prober) ProbeOnce(ctx context.Context, t selection.EngineTarget) select
 }
 
 func (p *Prober) get(ctx context.Context, url string) error {
-	ctx, cancel := context.WithTimeout(ctx, p.opts.Timeout)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-	if err != nil {
-		return fmt.Errorf("health request: %w", err)
-	}
-	resp, err := p.opts.Client.Do(req)
-	if err != nil {
+	resp := fasthttp.AcquireResponse()
+	defer fasthttp.ReleaseResponse(resp)
+	if err := get(ctx, p.opts.Client, url, "", p.opts.Timeout, resp); err != nil {
 		return fmt.Errorf("probe %s: %w", url, err)
 	}
-	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
-	resp.Body.Close()
-	if resp.StatusCode < 200 || resp.StatusCode > 299 {
-		return fmt.Errorf("probe %s: status %d", url, resp.StatusCode)
+	if code := resp.StatusCode(); code < 200 || code > 299 {
+		return fmt.Errorf("probe %s: status %d", url, code)
 	}
 	return nil
 }

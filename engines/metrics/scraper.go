@@ -8,17 +8,15 @@
 package metrics
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"hash/maphash"
-	"io"
 	"log/slog"
-	"net"
-	"net/http"
 	"sync"
 	"time"
+
+	"github.com/valyala/fasthttp"
 
 	"github.com/kvselect/kvselect/selection"
 )
@@ -50,8 +48,9 @@ type Options struct {
 	Concurrency int
 	// MaxBodyBytes refuses larger metrics payloads.
 	MaxBodyBytes int
-	// Client is the HTTP client; a keep-alive client of its own when nil.
-	Client *http.Client
+	// Client is the HTTP client; a keep-alive client of its own when nil
+	// (newClient).
+	Client *fasthttp.Client
 	// Clock stamps snapshots; time.Now when nil. It must be the core's clock.
 	Clock  func() time.Time
 	Logger *slog.Logger
@@ -77,15 +76,7 @@ func (o *Options) defaults() {
 		o.Logger = slog.Default()
 	}
 	if o.Client == nil {
-		o.Client = &http.Client{Transport: &http.Transport{
-			DialContext:         (&net.Dialer{Timeout: o.Timeout, KeepAlive: 30 * time.Second}).DialContext,
-			MaxIdleConnsPerHost: 2,
-			IdleConnTimeout:     90 * time.Second,
-			// A metrics payload is small and local: inflating gzip (which
-			// prometheus_client sends when asked) costs more CPU than the
-			// bytes it saves.
-			DisableCompression: true,
-		}}
+		o.Client = newClient(*o)
 	}
 }
 
@@ -187,7 +178,6 @@ type Scraper struct {
 	opts    Options
 	core    Core
 	m       *Metrics
-	bufPool sync.Pool // *bytes.Buffer: response bodies
 	parsers sync.Pool // *parser
 }
 
@@ -196,7 +186,6 @@ type Scraper struct {
 func NewScraper(core Core, m *Metrics, opts Options) *Scraper {
 	opts.defaults()
 	return &Scraper{opts: opts, core: core, m: m,
-		bufPool: sync.Pool{New: func() any { return new(bytes.Buffer) }},
 		parsers: sync.Pool{New: func() any { return newParser() }}}
 }
 
@@ -227,38 +216,21 @@ func (s *Scraper) fetch(ctx context.Context, t selection.EngineTarget) (map[uint
 	if !ok {
 		return nil, "unknown_engine", fmt.Errorf("unknown engine %q", t.Engine)
 	}
-	ctx, cancel := context.WithTimeout(ctx, s.opts.Timeout)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, t.URL, nil)
-	if err != nil {
-		return nil, "http_error", fmt.Errorf("metrics request: %w", err)
+	resp := fasthttp.AcquireResponse()
+	defer fasthttp.ReleaseResponse(resp)
+	if err := get(ctx, s.opts.Client, t.URL, "text/plain;version=0.0.4", s.opts.Timeout, resp); err != nil {
+		return nil, errReason(err), requestError(t.URL, err, s.opts.MaxBodyBytes)
 	}
-	req.Header.Set("Accept", "text/plain;version=0.0.4")
-	resp, err := s.opts.Client.Do(req)
-	if err != nil {
-		return nil, errReason(err), fmt.Errorf("GET %s: %w", t.URL, err)
+	if code := resp.StatusCode(); code != fasthttp.StatusOK {
+		return nil, "http_status", fmt.Errorf("GET %s: status %d", t.URL, code)
 	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
-		return nil, "http_status", fmt.Errorf("GET %s: status %d", t.URL, resp.StatusCode)
-	}
-	buf := s.bufPool.Get().(*bytes.Buffer)
-	buf.Reset()
-	defer func() {
-		if buf.Cap() <= 1<<20 {
-			s.bufPool.Put(buf)
-		}
-	}()
-	if _, err := buf.ReadFrom(io.LimitReader(resp.Body, int64(s.opts.MaxBodyBytes)+1)); err != nil {
-		return nil, errReason(err), fmt.Errorf("GET %s: reading the body: %w", t.URL, err)
-	}
-	if buf.Len() > s.opts.MaxBodyBytes {
+	if len(resp.Body()) > s.opts.MaxBodyBytes {
+		// A client of the caller's may not enforce the limit itself.
 		return nil, "too_large", fmt.Errorf("GET %s: %w: over %d bytes", t.URL, errTooLarge, s.opts.MaxBodyBytes)
 	}
 	dropped := Dropped{}
 	p := s.parsers.Get().(*parser)
-	ranks, err := d.parse(p, buf.Bytes(), t.Ranks, dropped)
+	ranks, err := d.parse(p, resp.Body(), t.Ranks, dropped)
 	if cap(p.kept) <= 1<<20 {
 		s.parsers.Put(p)
 	}
@@ -271,12 +243,4 @@ func (s *Scraper) fetch(ctx context.Context, t selection.EngineTarget) (map[uint
 		return nil, "parse_error", fmt.Errorf("%s: %w", t.URL, err)
 	}
 	return ranks, "ok", nil
-}
-
-func errReason(err error) string {
-	var ne net.Error
-	if errors.Is(err, context.DeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout()) {
-		return "timeout"
-	}
-	return "http_error"
 }

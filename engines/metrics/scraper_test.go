@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/valyala/fasthttp"
+
 	"github.com/kvselect/kvselect/mockworker"
 	"github.com/kvselect/kvselect/selection"
 	"github.com/kvselect/kvselect/selection/catalog"
@@ -273,5 +275,124 @@ func TestRunSpreadsVisitsOverTheInterval(t *testing.T) {
 		if n > workers/2 {
 			t.Fatalf("%d of %d workers first visited in slot %d", n, workers, b)
 		}
+	}
+}
+
+// Visits run at most Concurrency at a time, and a worker whose last visit
+// has not ended is skipped (and counted) instead of being visited twice.
+func TestRunBoundsVisitsAndSkipsBusyWorkers(t *testing.T) {
+	const workers, concurrency = 12, 3
+	var inFlight, most atomic.Int32
+	var mu sync.Mutex
+	perWorker := map[string]int{} // visits in flight per worker
+	twice := atomic.Bool{}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		n := inFlight.Add(1)
+		defer inFlight.Add(-1)
+		for {
+			m := most.Load()
+			if n <= m || most.CompareAndSwap(m, n) {
+				break
+			}
+		}
+		mu.Lock()
+		perWorker[r.URL.RawQuery]++
+		if perWorker[r.URL.RawQuery] > 1 {
+			twice.Store(true)
+		}
+		mu.Unlock()
+		time.Sleep(30 * time.Millisecond) // longer than the interval: the next round finds it busy
+		mu.Lock()
+		perWorker[r.URL.RawQuery]--
+		mu.Unlock()
+		fmt.Fprint(w, "vllm:num_requests_running 1\n")
+	}))
+	defer srv.Close()
+	var recs []catalog.Record
+	for i := range workers {
+		r := record(uint64(i+1), srv.URL)
+		r.MetricsEndpoint = ptr(fmt.Sprintf("%s/metrics?w=%d", srv.URL, i))
+		recs = append(recs, r)
+	}
+	svc := newCore(t, recs...)
+	m := NewMetrics()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		NewScraper(svc, m, Options{Interval: 10 * time.Millisecond, Timeout: time.Second, Concurrency: concurrency}).Run(ctx)
+		close(done)
+	}()
+	deadline := time.Now().Add(20 * time.Second)
+	for m.Count("scrapes", "ok") < 2*workers || m.Count("scrapes", "skipped_busy") == 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d scrapes, %d skipped", m.Count("scrapes", "ok"), m.Count("scrapes", "skipped_busy"))
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	cancel()
+	<-done
+	if n := inFlight.Load(); n != 0 {
+		t.Fatalf("%d visits still in flight after Run returned", n)
+	}
+	if got := most.Load(); got > concurrency {
+		t.Fatalf("%d visits in flight at once, want at most %d", got, concurrency)
+	}
+	if twice.Load() {
+		t.Fatal("a worker was visited twice at once")
+	}
+}
+
+// A client of the caller's that enforces no body limit still gets the
+// scraper's: the body is refused as too large, not parsed.
+func TestCallersClientKeepsTheBodyLimit(t *testing.T) {
+	body := "vllm:num_requests_waiting 3\nvllm:num_requests_running 1\n" + strings.Repeat("# padding\n", 200)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { fmt.Fprint(w, body) }))
+	defer srv.Close()
+	svc := newCore(t, record(1, srv.URL))
+	m := NewMetrics()
+	s := NewScraper(svc, m, Options{Client: &fasthttp.Client{}, MaxBodyBytes: 1 << 10})
+	if snap := s.ScrapeOnce(context.Background(), target(t, svc, 1)); !strings.Contains(snap.Err, "too large") || m.Count("scrapes", "too_large") != 1 {
+		t.Fatalf("snapshot %+v, too_large %d", snap, m.Count("scrapes", "too_large"))
+	}
+	s = NewScraper(svc, m, Options{Client: &fasthttp.Client{}, MaxBodyBytes: 4 << 10})
+	if snap := s.ScrapeOnce(context.Background(), target(t, svc, 1)); snap.Err != "" || snap.Ranks[selection.AllRanks].Waiting != 3 {
+		t.Fatalf("under the limit: %+v", snap)
+	}
+}
+
+// A metrics app mounted under a path answers /metrics with a redirect to
+// /metrics/ (Starlette's Mount); the scraper follows it, as it follows any
+// redirect a few times, and the prober too.
+func TestScrapeFollowsRedirects(t *testing.T) {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /metrics", func(w http.ResponseWriter, r *http.Request) {
+		http.Redirect(w, r, "/metrics/", http.StatusTemporaryRedirect)
+	})
+	mux.HandleFunc("GET /metrics/", func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprint(w, "vllm:num_requests_waiting 2\nvllm:num_requests_running 5\n")
+	})
+	mux.HandleFunc("GET /loop", func(w http.ResponseWriter, r *http.Request) {
+		http.Redirect(w, r, "/loop", http.StatusFound)
+	})
+	mux.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) {
+		http.Redirect(w, r, "/healthz", http.StatusMovedPermanently)
+	})
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {})
+	srv := httptest.NewServer(mux)
+	defer srv.Close()
+	loop := record(2, srv.URL)
+	loop.MetricsEndpoint = ptr(srv.URL + "/loop")
+	svc := newCore(t, record(1, srv.URL), loop)
+	m := NewMetrics()
+	s := NewScraper(svc, m, Options{Timeout: time.Second})
+	snap := s.ScrapeOnce(context.Background(), target(t, svc, 1))
+	if snap.Err != "" || snap.Ranks[selection.AllRanks].Waiting != 2 || snap.Ranks[selection.AllRanks].Running != 5 {
+		t.Fatalf("redirected scrape: %+v", snap)
+	}
+	if snap := s.ScrapeOnce(context.Background(), target(t, svc, 2)); !strings.Contains(snap.Err, "redirect") || m.Count("scrapes", "http_error") != 1 {
+		t.Fatalf("endless redirects: %+v, http_error %d", snap, m.Count("scrapes", "http_error"))
+	}
+	if o := NewProber(svc, m, Options{Timeout: time.Second}).ProbeOnce(context.Background(), target(t, svc, 1)); !o.OK {
+		t.Fatalf("redirected probe: %+v", o)
 	}
 }
