@@ -225,6 +225,18 @@ func TestProberEjectsAndRestores(t *testing.T) {
 	}
 }
 
+// workersOf returns n worker records served by the one server at url, told
+// apart by a query on their metrics URL (w=0, w=1, ...).
+func workersOf(url string, n int) []catalog.Record {
+	var recs []catalog.Record
+	for i := range n {
+		r := record(uint64(i+1), url)
+		r.MetricsEndpoint = ptr(fmt.Sprintf("%s/metrics?w=%d", url, i))
+		recs = append(recs, r)
+	}
+	return recs
+}
+
 // 256 workers at 200 ms are visited spread over the interval, a slot at a
 // time, each once per round: never the whole fleet in one burst.
 func TestRunSpreadsVisitsOverTheInterval(t *testing.T) {
@@ -240,13 +252,7 @@ func TestRunSpreadsVisitsOverTheInterval(t *testing.T) {
 		fmt.Fprint(w, "vllm:num_requests_running 1\n")
 	}))
 	defer srv.Close()
-	var recs []catalog.Record
-	for i := range workers {
-		r := record(uint64(i+1), srv.URL)
-		r.MetricsEndpoint = ptr(fmt.Sprintf("%s/metrics?w=%d", srv.URL, i))
-		recs = append(recs, r)
-	}
-	svc := newCore(t, recs...)
+	svc := newCore(t, workersOf(srv.URL, workers)...)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*interval)
 	defer cancel()
 	NewScraper(svc, NewMetrics(), Options{Interval: interval, Timeout: time.Second}).Run(ctx)
@@ -308,13 +314,7 @@ func TestRunBoundsVisitsAndSkipsBusyWorkers(t *testing.T) {
 		fmt.Fprint(w, "vllm:num_requests_running 1\n")
 	}))
 	defer srv.Close()
-	var recs []catalog.Record
-	for i := range workers {
-		r := record(uint64(i+1), srv.URL)
-		r.MetricsEndpoint = ptr(fmt.Sprintf("%s/metrics?w=%d", srv.URL, i))
-		recs = append(recs, r)
-	}
-	svc := newCore(t, recs...)
+	svc := newCore(t, workersOf(srv.URL, workers)...)
 	m := NewMetrics()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
