@@ -52,6 +52,11 @@ func get(ctx context.Context, c *fasthttp.Client, url, accept string, timeout ti
 	if err := ctx.Err(); err != nil {
 		return err
 	}
+	if timeout <= 0 {
+		// fasthttp reads a request without a positive timeout as one
+		// without any.
+		return context.DeadlineExceeded
+	}
 	req := fasthttp.AcquireRequest()
 	defer fasthttp.ReleaseRequest(req)
 	req.SetRequestURI(url)
