@@ -16,7 +16,7 @@ import (
 // reads its answer on the calling goroutine into pooled buffers. net/http's
 // client hands every request to a writer and a reader goroutine per
 // connection and streams the body back through a pipe; for a 10 KB payload
-// fetched five times a second from every engine those hand-offs were most of
+// fetched five times a second from every engine that client was about half of
 // a scrape's CPU (docs/benchmarks.md, "Engine metrics: scrape cost").
 func newClient(o Options) *fasthttp.Client {
 	return &fasthttp.Client{
@@ -37,8 +37,9 @@ func newClient(o Options) *fasthttp.Client {
 
 // maxRedirects is how many redirects a scrape or probe follows, as net/http's
 // client does: a metrics app mounted under a path answers /metrics with a
-// redirect to /metrics/ (Starlette's Mount, which vLLM and SGLang work around
-// on their side).
+// redirect to /metrics/ (Starlette's Mount; vLLM works around it on its side,
+// vllm/entrypoints/openai/api_server.py, a server that does not would
+// otherwise never be scraped).
 const maxRedirects = 10
 
 // get GETs url with the given Accept header (none when empty) into resp,
