@@ -289,32 +289,39 @@ const keepRaws = 512
 func (d *Decoder) Trim() { d.scratch.trim() }
 
 func (s *scratch) trim() {
-	if cap(s.blocks) > keepScratch {
-		s.bigBlocks.Put(s.blocks)
-		s.blocks = nil
-	}
-	if cap(s.locals) > keepScratch {
-		s.bigLocals.Put(s.locals)
-		s.locals = nil
-	}
+	s.blocks = keptTrim(&s.bigBlocks, s.blocks)
+	s.locals = keptTrim(&s.bigLocals, s.locals)
 	if cap(s.mmFlat) > keepScratch {
 		s.mmFlat, s.mmEnds, s.mm = nil, nil, nil
 	}
-	if cap(s.arena.tokens) > keepScratch {
-		s.arena.bigTokens.Put(s.arena.tokens)
-		s.arena.tokens = nil
-	}
-	if cap(s.arena.hashes) > keepScratch {
-		s.arena.bigHashes.Put(s.arena.hashes)
-		s.arena.hashes = nil
-	}
+	s.arena.tokens = keptTrim(&s.arena.bigTokens, s.arena.tokens)
+	s.arena.hashes = keptTrim(&s.arena.bigHashes, s.arena.hashes)
 	if cap(s.raws) > keepRaws {
 		s.raws = nil
 	}
-	if cap(s.sorted) > keepScratch {
-		s.bigSets.Put(s.sorted)
-		s.sorted = nil
+	s.sorted = keptTrim(&s.bigSets, s.sorted)
+}
+
+// keptGrow returns s with room for need elements: s itself while it has the
+// room or need is small, else a buffer of pool's, sized at once rather than
+// by append's doublings (each a new allocation, faulted in page by page),
+// holding s's elements. The old buffer is not given back: a batch's earlier
+// events may point into it.
+func keptGrow[T any](pool *sizepool.Pool[T], s []T, need int) []T {
+	if need <= cap(s) || need <= keepScratch {
+		return s
 	}
+	return append(pool.Get(need), s...)
+}
+
+// keptTrim hands a buffer over keepScratch to pool, for the next batch that
+// needs one, and returns nil; a smaller one stays.
+func keptTrim[T any](pool *sizepool.Pool[T], s []T) []T {
+	if cap(s) <= keepScratch {
+		return s
+	}
+	pool.Put(s)
+	return nil
 }
 
 // envelope reads the batch wrapper: the array [ts, events] or
@@ -617,19 +624,10 @@ func (d *Decoder) stored(r *rawEvent, w index.WorkerKey, tier index.Tier, dst []
 	if opts.Eagle {
 		window++
 	}
-	if n > cap(d.locals) && n > keepScratch {
-		// Sized at once from a kept buffer: append's doublings would
-		// each be a new allocation, faulted in page by page.
-		d.locals = d.bigLocals.Get(n)
-	}
-	d.locals = d.hasher.AppendBlockHashes(d.locals[:0], r.tokens[:window], d.salt(r.lora, ns), opts)
+	d.locals = d.hasher.AppendBlockHashes(keptGrow(&d.bigLocals, d.locals[:0], n), r.tokens[:window], d.salt(r.lora, ns), opts)
 
 	start := len(d.blocks)
-	if need := start + n; need > cap(d.blocks) && need > keepScratch {
-		// The batch's earlier events point into the old arena: it is
-		// copied, not given back.
-		d.blocks = append(d.bigBlocks.Get(need), d.blocks...)
-	}
+	d.blocks = keptGrow(&d.bigBlocks, d.blocks, start+n)
 	for i := range n {
 		d.blocks = append(d.blocks, index.Block{Ext: r.hashes[i], Local: d.locals[i]})
 	}
@@ -646,9 +644,7 @@ func (d *Decoder) stored(r *rawEvent, w index.WorkerKey, tier index.Tier, dst []
 // included (Dynamo convert.rs, "self-referencing block").
 func (d *Decoder) hasDuplicate(r *rawEvent) bool {
 	h := r.hashes
-	if need := index.RepeatsScratch(len(h)); need > cap(d.sorted) && need > keepScratch {
-		d.sorted = d.bigSets.Get(need)
-	}
+	d.sorted = keptGrow(&d.bigSets, d.sorted[:0], index.RepeatsScratch(len(h)))
 	return index.RepeatsExt(len(h), r.parent, r.hasParent, func(i int) uint64 { return h[i] }, &d.sorted)
 }
 

@@ -447,11 +447,7 @@ func (r *rawEvent) readHashes(b []byte) ([]byte, error) {
 	}
 	a := r.arena
 	start := len(a.hashes)
-	if need := start + int(n); need > cap(a.hashes) && need > keepScratch {
-		// A long prompt's hashes, in a kept arena; as with tokens, the
-		// old one stays with the batch's earlier events.
-		a.hashes = append(a.bigHashes.Get(need), a.hashes...)
-	}
+	a.hashes = keptGrow(&a.bigHashes, a.hashes, start+int(n))
 	for range n {
 		var h uint64
 		if h, b, err = readHash(b); err != nil {
@@ -492,11 +488,7 @@ func (r *rawEvent) readTokens(b []byte) ([]byte, error) {
 	r.bigram = n > 0 && msgp.NextType(b) == msgp.ArrayType
 	if !r.bigram {
 		// n ≤ len(b): growing by n at once is bounded by the payload.
-		if need := start + int(n); need > cap(a.tokens) && need > keepScratch {
-			// A long prompt's ids. The old arena is not given back: the
-			// batch's earlier events point into it.
-			a.tokens = append(a.bigTokens.Get(need), a.tokens...)
-		}
+		a.tokens = keptGrow(&a.bigTokens, a.tokens, start+int(n))
 		a.tokens = slices.Grow(a.tokens, int(n))[:start+int(n)]
 		toks := a.tokens[start:]
 		if b, err = readTokenRun(b, toks); err != nil {
