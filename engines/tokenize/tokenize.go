@@ -354,6 +354,15 @@ func (t *Tokenizer) start(rk reqKeys, req *selection.TokenizeRequest) *call {
 		t.mu.Unlock()
 		return c
 	}
+	if ids, ok := t.cache.get(k); ok {
+		// The call for k ended between the caller's cache miss and here:
+		// it stores its answer before it leaves inflight, so the answer
+		// is here and a second engine call would only repeat it.
+		t.mu.Unlock()
+		c := &call{done: make(chan struct{}), ids: ids}
+		close(c.done)
+		return c
+	}
 	c := &call{done: make(chan struct{})}
 	t.inflight[k] = c
 	t.mu.Unlock()
