@@ -191,10 +191,12 @@ bench-extproc:
 # The demo (README's "run it"): builds, starts kvselect and 4 mock workers on
 # loopback, replays a slice of the Mooncake conversation trace through the
 # ext_proc picker and then round-robin, prints the table and writes
-# bench/out/demo/demo.{json,svg}.
+# bench/out/demo/demo.{json,svg}. DEMO_ARGS go to kvbench demo, e.g.
+# make demo-nginx DEMO_ARGS='-rate 60' sends the requests evenly spaced.
+DEMO_ARGS ?=
 demo:
 	$(GO) build -o bin/ ./cmd/kvselect ./cmd/kvselect-mockworker ./cmd/kvbench
-	bin/kvbench demo -out $(BENCHOUT)/demo
+	bin/kvbench demo $(DEMO_ARGS) -out $(BENCHOUT)/demo
 
 # The demo with a third phase through NGINX Gateway Fabric's endpoint-picker
 # path (bench/ngf, docs/gateways.md): NGINX running NGF's epp.js, NGF's shim on
@@ -203,7 +205,7 @@ demo:
 .PHONY: demo-nginx
 demo-nginx:
 	$(GO) build -o bin/ ./cmd/kvselect ./cmd/kvselect-mockworker ./cmd/kvbench
-	bin/kvbench demo -gateway nginx -out $(BENCHOUT)/demo-nginx
+	bin/kvbench demo -gateway nginx $(DEMO_ARGS) -out $(BENCHOUT)/demo-nginx
 
 # The demo over a third-party engine: llm-d-inference-sim processes whose KV
 # events dial kvselect's collector (--kv-events-bind). Needs KVSELECT_LLMD_SIM.

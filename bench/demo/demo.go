@@ -1,6 +1,7 @@
 // Package demo measures what KV-aware routing buys on real processes:
 // kvselect and N engines on loopback, a slice of the Mooncake conversation
-// trace replayed twice at its (compressed) arrival times — once through
+// trace replayed twice at its (compressed) arrival times, or evenly spaced
+// at a steady rate (-rate) — once through
 // kvselect's ext_proc picker with the Envoy-faithful client (the way Envoy
 // reaches a worker behind an InferencePool), once round-robin (Envoy's plain
 // load balancing, no picker) — each from empty prefix caches. It reports the
@@ -30,6 +31,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -54,8 +56,13 @@ type Config struct {
 	// Out receives demo.json, demo.svg and the processes' logs.
 	fleet.Spec
 	mooncake.Slice
-	Compress    float64 // trace time is divided by this
-	Concurrency int     // most requests in flight
+	Compress float64 // trace time is divided by this
+	// Rate, when positive, sends the requests at this many a second,
+	// evenly spaced, instead of at the trace's (compressed) times: a
+	// steady arrival stream, without the trace's bursts, of the same
+	// prompts in the same order.
+	Rate        float64
+	Concurrency int // most requests in flight
 	// BlockTokens is the prompt tokens per trace block (the trace's blocks
 	// are 512 tokens; fewer keeps the demo quick).
 	BlockTokens int
@@ -112,6 +119,8 @@ func (c *Config) Validate() error {
 		return errors.New("-workers, -requests, -concurrency, -block-tokens, -block-size, -pool-blocks and -max-output must be positive")
 	case !(c.Compress > 0) || !(c.Engine.Speedup > 0):
 		return errors.New("-compress and -speedup must be positive")
+	case !(c.Rate >= 0) || math.IsInf(c.Rate, 1):
+		return fmt.Errorf("-rate %g: want a finite number of requests per second, or 0 for the trace's times", c.Rate)
 	}
 	switch c.Gateway {
 	case "":
@@ -177,7 +186,9 @@ type Report struct {
 	Trace    string       `json:"trace"`
 	Requests int          `json:"requests"`
 	Workers  int          `json:"workers"`
-	Phases   []Phase      `json:"phases"`
+	// Arrivals says when the requests were sent (Config.pace).
+	Arrivals string  `json:"arrivals"`
+	Phases   []Phase `json:"phases"`
 	// Gateway compares the NGINX path with envoysim's (-gateway nginx).
 	Gateway *GatewayGoals `json:"gateway,omitempty"`
 }
@@ -211,7 +222,7 @@ func Run(ctx context.Context, c Config, stdout, stderr io.Writer) (*Report, erro
 	if err != nil {
 		return nil, err
 	}
-	rep := &Report{Engines: c.Family, Trace: c.Trace, Requests: len(reqs), Workers: c.Workers}
+	rep := &Report{Engines: c.Family, Trace: c.Trace, Requests: len(reqs), Workers: c.Workers, Arrivals: c.pace()}
 	var fl *fleet.Fleet
 	defer func() {
 		if fl != nil {
@@ -360,10 +371,7 @@ func Replay(ctx context.Context, fl *fleet.Fleet, gw *ngf.Gateway, c Config, pol
 	} else {
 		tracked <- nil
 	}
-	t0 := reqs[0].Timestamp
-	err = relay.OpenLoop(ctx, start, len(reqs), func(i int) time.Duration {
-		return time.Duration(float64(time.Duration(reqs[i].Timestamp-t0)*time.Millisecond) / c.Compress)
-	}, c.Concurrency, one)
+	err = relay.OpenLoop(ctx, start, len(reqs), c.arrival(reqs), c.Concurrency, one)
 	wall := time.Since(start)
 	var cpu1 time.Duration
 	if picker {
@@ -387,6 +395,26 @@ func Replay(ctx context.Context, fl *fleet.Fleet, gw *ngf.Gateway, c Config, pol
 	}
 	err = ph.summarize(ctx, fl, q0, h0, pick0, wall)
 	return ph, err
+}
+
+// arrival is when request i is sent, from the phase's start: at the
+// trace's times divided by c.Compress, or every 1/c.Rate seconds.
+func (c *Config) arrival(reqs []mooncake.Request) func(i int) time.Duration {
+	if c.Rate > 0 {
+		return func(i int) time.Duration { return time.Duration(float64(i) / c.Rate * float64(time.Second)) }
+	}
+	t0 := reqs[0].Timestamp
+	return func(i int) time.Duration {
+		return time.Duration(float64(time.Duration(reqs[i].Timestamp-t0)*time.Millisecond) / c.Compress)
+	}
+}
+
+// pace describes c.arrival for the report.
+func (c *Config) pace() string {
+	if c.Rate > 0 {
+		return fmt.Sprintf("%g per second, evenly spaced", c.Rate)
+	}
+	return fmt.Sprintf("the trace's times, %gx faster", c.Compress)
 }
 
 // completionBodies are the phase's streamed completion requests, one per

@@ -3,35 +3,39 @@ package demo
 import (
 	"bytes"
 	"context"
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/kvselect/kvselect/bench/fleet"
 	"github.com/kvselect/kvselect/bench/fleet/fleettest"
+	"github.com/kvselect/kvselect/bench/mooncake"
 	"github.com/kvselect/kvselect/bench/report/reporttest"
 	"github.com/kvselect/kvselect/internal/peerproc"
 )
 
-// TestDemoCommand runs the demo on a short slice: both phases, the table,
+// TestDemoCommand runs the demo on a short slice, sent at a steady -rate
+// (the other demo tests replay the trace's times): both phases, the table,
 // the JSON and the SVG, no errors, no load left.
 func TestDemoCommand(t *testing.T) {
 	c := Defaults()
 	c.Binaries = fleettest.Binaries(t)
-	c.Trace, c.Requests, c.Workers, c.Compress, c.Engine.Speedup, c.Quiet, c.Out = fleettest.Trace, 80, 2, 400, 400, true, t.TempDir()
+	c.Trace, c.Requests, c.Workers, c.Rate, c.Engine.Speedup, c.Quiet, c.Out = fleettest.Trace, 80, 2, 400, 400, true, t.TempDir()
 	var stdout, stderr bytes.Buffer
 	if _, err := Run(context.Background(), c, &stdout, &stderr); err != nil {
 		t.Fatalf("demo: %v\n%s\n%s", err, stdout.String(), stderr.String())
 	}
-	for _, want := range []string{"prefix-cache hit rate", "TTFT p90 (ms)", "round-robin", "active requests after the run: 0",
-		"decision, kvselect's own p50 / p99", "decision, client-observed p50 / p99"} {
+	for _, want := range []string{"sent at 400 per second, evenly spaced", "prefix-cache hit rate", "TTFT p90 (ms)", "round-robin",
+		"active requests after the run: 0", "decision, kvselect's own p50 / p99", "decision, client-observed p50 / p99"} {
 		if !strings.Contains(stdout.String(), want) {
 			t.Errorf("output lacks %q:\n%s", want, stdout.String())
 		}
 	}
 	rep := reporttest.ReadJSON[Report](t, filepath.Join(c.Out, "demo.json"))
-	if len(rep.Phases) != 2 {
+	if len(rep.Phases) != 2 || rep.Arrivals != "400 per second, evenly spaced" {
 		t.Fatalf("demo.json: %+v", rep)
 	}
 	for _, ph := range rep.Phases {
@@ -105,5 +109,44 @@ func TestDemoOverLLMDSimNeedsTheBinary(t *testing.T) {
 	c.Family = fleet.FamilySim
 	if err := c.Validate(); err == nil || !strings.Contains(err.Error(), peerproc.EnvSim) {
 		t.Fatalf("err = %v, want one naming %s", err, peerproc.EnvSim)
+	}
+}
+
+// TestArrivals checks when each request is sent: at the trace's times
+// divided by -compress, or evenly at -rate; and that a rate that is not a
+// finite non-negative number is refused.
+func TestArrivals(t *testing.T) {
+	reqs := []mooncake.Request{{Timestamp: 1000}, {Timestamp: 1000}, {Timestamp: 3000}, {Timestamp: 9000}}
+	for _, tc := range []struct {
+		name     string
+		compress float64
+		rate     float64
+		want     []time.Duration
+		pace     string
+	}{
+		{"trace", 1, 0, []time.Duration{0, 0, 2 * time.Second, 8 * time.Second}, "the trace's times, 1x faster"},
+		{"trace compressed", 20, 0, []time.Duration{0, 0, 100 * time.Millisecond, 400 * time.Millisecond}, "the trace's times, 20x faster"},
+		{"steady", 20, 4, []time.Duration{0, 250 * time.Millisecond, 500 * time.Millisecond, 750 * time.Millisecond}, "4 per second, evenly spaced"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := Defaults()
+			c.Compress, c.Rate = tc.compress, tc.rate
+			at := c.arrival(reqs)
+			for i, want := range tc.want {
+				if got := at(i); got != want {
+					t.Errorf("request %d sent at %v, want %v", i, got, want)
+				}
+			}
+			if got := c.pace(); got != tc.pace {
+				t.Errorf("pace %q, want %q", got, tc.pace)
+			}
+		})
+	}
+	for _, rate := range []float64{-1, math.NaN(), math.Inf(1)} {
+		c := Defaults()
+		c.Rate = rate
+		if err := c.Validate(); err == nil || !strings.Contains(err.Error(), "-rate") {
+			t.Errorf("rate %g: err = %v, want one naming -rate", rate, err)
+		}
 	}
 }

@@ -12,7 +12,7 @@ import (
 
 // Table prints the phases side by side.
 func (rep *Report) Table(w io.Writer) error {
-	fmt.Fprintf(w, "\n%d requests of %s over %d %s, each policy from empty caches:\n\n", rep.Requests, rep.Trace, rep.Workers, rep.Engines.Noun())
+	fmt.Fprintf(w, "\n%d requests of %s over %d %s, sent at %s, each policy from empty caches:\n\n", rep.Requests, rep.Trace, rep.Workers, rep.Engines.Noun(), rep.Arrivals)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	row := report.Columns(tw, rep.Phases)
 	row("", func(p Phase) string { return p.Policy })

@@ -31,6 +31,7 @@ func demoFlags(fs *flag.FlagSet, c *demo.Config) {
 	c.Spec.Register(fs)
 	c.Slice.Register(fs)
 	fs.Float64Var(&c.Compress, "compress", c.Compress, "replay the trace this many `times` faster than recorded")
+	fs.Float64Var(&c.Rate, "rate", 0, "send the trace's requests evenly spaced at this many `per second` instead of at their (compressed) times: a steady stream without the trace's bursts (0: the trace's times)")
 	fs.IntVar(&c.Concurrency, "concurrency", c.Concurrency, "most requests in flight")
 	fs.IntVar(&c.BlockTokens, "block-tokens", c.BlockTokens, "prompt `tokens` per trace block (the trace's blocks are 512 tokens; smaller keeps the demo quick)")
 	fs.IntVar(&c.MaxOutput, "max-output", c.MaxOutput, "cap on output `tokens` per request (the trace's lengths scaled like the prompts, then capped: every streamed chunk is an ext_proc round trip)")
