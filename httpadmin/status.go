@@ -45,6 +45,8 @@ type routingRow struct {
 	Decisions    uint64 `json:"decisions"`
 	PromptTokens uint64 `json:"prompt_tokens"`
 	CachedTokens uint64 `json:"cached_tokens"`
+	// BestCachedTokens is what the best-cached candidates had cached.
+	BestCachedTokens uint64 `json:"best_cached_tokens"`
 }
 
 func (s *server) statusPage() http.Handler {
@@ -83,7 +85,7 @@ func (s *server) status(w http.ResponseWriter, r *http.Request) {
 	}
 	for _, p := range s.svc.Inspect().RoutingStats() {
 		doc.Routing = append(doc.Routing, routingRow{Model: p.Model, RoutingGroup: p.RoutingGroup,
-			Decisions: p.Decisions, PromptTokens: p.PromptTokens, CachedTokens: p.CachedTokens})
+			Decisions: p.Decisions, PromptTokens: p.PromptTokens, CachedTokens: p.CachedTokens, BestCachedTokens: p.BestCachedTokens})
 	}
 	if s.peers != nil {
 		doc.ReplicaSync = true

@@ -44,6 +44,7 @@ type decision struct {
 	// ranks were scored, the cheapest one it beat, and how long the
 	// selection waited in the queue.
 	candidates  int
+	mostCached  int // the most any scored rank had cached (Scratch.MostCached)
 	sreq        *scheduler.Request
 	runnerUp    scheduler.Scored
 	hasRunnerUp bool
@@ -293,7 +294,7 @@ func (s *Service) decide(rq *prepared, req *SelectRequest, booking *loads.Bookin
 		s.health.Chosen(chosen.Worker.WorkerID, now) // a probation worker's trial
 	}
 	d := &decision{part: p, worker: chosen.Worker, overlaps: ps.overlaps, scored: chosen, prompt: pr,
-		candidates: st.Scratch.Candidates(), sreq: ps.sreq}
+		candidates: st.Scratch.Candidates(), mostCached: st.Scratch.MostCached(), sreq: ps.sreq}
 	d.runnerUp, d.hasRunnerUp = st.Scratch.RunnerUp(chosen.Worker)
 	if ps.ticket != nil {
 		d.queueWait = now.Sub(ps.enqueued)

@@ -301,7 +301,7 @@ func (s *Service) response(d *decision, selectionID *string) *SelectResponse {
 	resp.Fallbacks = fallbacksOf(d)
 	resp.Decision = DecisionDetail{
 		Candidates: d.candidates, Cost: d.scored.Cost, ISLTokens: d.prompt.isl,
-		CachedTokens: d.scored.CachedTokens, QueueWait: d.queueWait,
+		CachedTokens: d.scored.CachedTokens, BestCachedTokens: d.mostCached, QueueWait: d.queueWait,
 	}
 	if d.hasRunnerUp {
 		resp.Decision.RunnerUp = &RankCost{WorkerID: d.runnerUp.Worker.WorkerID, DPRank: d.runnerUp.Worker.DPRank, Cost: d.runnerUp.Cost}
@@ -347,7 +347,7 @@ func fallbacksOf(d *decision) []RankEndpoint {
 // routing-quality totals and the decision log.
 func (s *Service) noteDecision(p *partition.Partition, op string, resp *SelectResponse) {
 	d := &resp.Decision
-	p.Routing().Observe(d.ISLTokens, d.CachedTokens)
+	p.Routing().Observe(d.ISLTokens, d.CachedTokens, d.BestCachedTokens)
 	if s.decisions == nil {
 		return
 	}
@@ -355,7 +355,7 @@ func (s *Service) noteDecision(p *partition.Partition, op string, resp *SelectRe
 		Time: s.clock(), Op: op, SelectionID: deref(resp.SelectionID, ""),
 		Model: resp.ModelName, RoutingGroup: resp.RoutingGroup,
 		WorkerID: resp.WorkerID, DPRank: resp.DPRank, Endpoint: resp.Endpoint,
-		ISLTokens: d.ISLTokens, CachedTokens: d.CachedTokens, Candidates: d.Candidates,
+		ISLTokens: d.ISLTokens, CachedTokens: d.CachedTokens, BestCachedTokens: d.BestCachedTokens, Candidates: d.Candidates,
 		Cost: d.Cost, RunnerUp: d.RunnerUp, QueueWaitMS: float64(d.QueueWait) / float64(time.Millisecond),
 	}
 	if pf := resp.Prefill.Selection; pf != nil {

@@ -202,6 +202,10 @@ type DecisionDetail struct {
 	// cached-prefix credit in tokens (device blocks, plus host and disk
 	// blocks at their cache-hit weights), as the cost counted them.
 	ISLTokens, CachedTokens int
+	// BestCachedTokens is the most any scored rank had cached, counted the
+	// same way: above CachedTokens when the policy chose a less-cached rank
+	// for its load.
+	BestCachedTokens int
 	// QueueWait is the time the selection spent queued (0 without queueing).
 	QueueWait time.Duration
 }

@@ -51,6 +51,8 @@ func TestMetricsAndPprofEndToEnd(t *testing.T) {
 		"kvselect_extproc_routed_total 1",
 		"kvselect_extproc_streams_total 1",
 		"kvselect_extproc_pick_duration_seconds_count 1",
+		`kvselect_selection_decisions_total{model="m"`,
+		`kvselect_selection_best_cached_tokens_total{model="m"`,
 		"go_goroutines ",
 	} {
 		if !strings.Contains(m, want) {

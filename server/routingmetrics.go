@@ -20,6 +20,9 @@ var (
 	descCachedTokens = prometheus.NewDesc("kvselect_selection_cached_tokens_total",
 		"Prompt tokens the chosen ranks had cached (the cost's prefix credit: device blocks, host and disk blocks at their hit weights), by partition.",
 		[]string{"model", "routing_group"}, nil)
+	descBestCachedTokens = prometheus.NewDesc("kvselect_selection_best_cached_tokens_total",
+		"Prompt tokens the best-cached candidate rank of each selection had cached, counted as kvselect_selection_cached_tokens_total is, by partition: the difference is the cache the policy gave up for load.",
+		[]string{"model", "routing_group"}, nil)
 	descWorkers = prometheus.NewDesc("kvselect_workers",
 		"Registered workers by model, routing group and lifecycle (schedulable, incomplete, draining): the catalog as GET /workers shows it.",
 		[]string{"model", "routing_group", "lifecycle"}, nil)
@@ -31,7 +34,7 @@ var (
 type routingMetrics struct{ svc *selection.Service }
 
 func (routingMetrics) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descDecisions, descPromptTokens, descCachedTokens, descMatchedPrefix, descWorkers} {
+	for _, d := range []*prometheus.Desc{descDecisions, descPromptTokens, descCachedTokens, descBestCachedTokens, descMatchedPrefix, descWorkers} {
 		ch <- d
 	}
 }
@@ -53,6 +56,7 @@ func (m routingMetrics) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(descDecisions, prometheus.CounterValue, float64(p.Decisions), p.Model, p.RoutingGroup)
 		ch <- prometheus.MustNewConstMetric(descPromptTokens, prometheus.CounterValue, float64(p.PromptTokens), p.Model, p.RoutingGroup)
 		ch <- prometheus.MustNewConstMetric(descCachedTokens, prometheus.CounterValue, float64(p.CachedTokens), p.Model, p.RoutingGroup)
+		ch <- prometheus.MustNewConstMetric(descBestCachedTokens, prometheus.CounterValue, float64(p.BestCachedTokens), p.Model, p.RoutingGroup)
 		buckets := make(map[float64]uint64, len(p.MatchedBuckets))
 		for i, ub := range selection.MatchedPrefixBuckets {
 			buckets[ub] = p.MatchedBuckets[i]

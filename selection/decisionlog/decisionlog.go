@@ -34,19 +34,22 @@ type Record struct {
 	Time time.Time `json:"time"`
 	// Op is "select" (POST /select) or "select_and_reserve" (the REST call
 	// and every ext_proc pick).
-	Op           string    `json:"op"`
-	SelectionID  string    `json:"selection_id,omitempty"`
-	Model        string    `json:"model"`
-	RoutingGroup string    `json:"routing_group"`
-	WorkerID     uint64    `json:"worker_id"`
-	DPRank       uint32    `json:"dp_rank"`
-	Endpoint     string    `json:"endpoint"`
-	ISLTokens    int       `json:"isl_tokens"`
-	CachedTokens int       `json:"cached_tokens"`
-	Candidates   int       `json:"candidates"`
-	Cost         float64   `json:"cost"`
-	RunnerUp     *RankCost `json:"runner_up"`
-	QueueWaitMS  float64   `json:"queue_wait_ms"`
+	Op           string `json:"op"`
+	SelectionID  string `json:"selection_id,omitempty"`
+	Model        string `json:"model"`
+	RoutingGroup string `json:"routing_group"`
+	WorkerID     uint64 `json:"worker_id"`
+	DPRank       uint32 `json:"dp_rank"`
+	Endpoint     string `json:"endpoint"`
+	ISLTokens    int    `json:"isl_tokens"`
+	CachedTokens int    `json:"cached_tokens"`
+	// BestCachedTokens is the most any candidate rank had cached: above
+	// CachedTokens when the pick gave cache up for load.
+	BestCachedTokens int       `json:"best_cached_tokens"`
+	Candidates       int       `json:"candidates"`
+	Cost             float64   `json:"cost"`
+	RunnerUp         *RankCost `json:"runner_up"`
+	QueueWaitMS      float64   `json:"queue_wait_ms"`
 	// PrefillWorkerID is the remote prefill worker of a disaggregated
 	// decision, nil when the decode worker prefills itself.
 	PrefillWorkerID *uint64 `json:"prefill_worker_id,omitempty"`
@@ -125,16 +128,19 @@ func (l *Log) Latest(n int) []Record {
 // that recording a decision takes no lock. The zero value is ready.
 type Counters struct {
 	decisions, promptTokens, cachedTokens atomic.Uint64
+	bestCachedTokens                      atomic.Uint64
 	matched                               [len(MatchedPrefixBuckets)]atomic.Uint64 // per bucket, not cumulative
 	matchedSumMicros                      atomic.Uint64
 }
 
 // Observe counts one decision of a prompt of isl tokens of which the chosen
-// rank had cached tokens.
-func (c *Counters) Observe(isl, cached int) {
+// rank had cached tokens and the best-cached candidate best (at least
+// cached).
+func (c *Counters) Observe(isl, cached, best int) {
 	c.decisions.Add(1)
 	c.promptTokens.Add(uint64(max(isl, 0)))
 	c.cachedTokens.Add(uint64(max(min(cached, isl), 0)))
+	c.bestCachedTokens.Add(uint64(max(min(max(best, cached), isl), 0)))
 	f := matchedFraction(cached, isl)
 	c.matchedSumMicros.Add(uint64(f * 1e6))
 	for i, ub := range MatchedPrefixBuckets {
@@ -152,6 +158,12 @@ type Routing struct {
 	// CachedTokens the part of those the chosen ranks had cached, so
 	// CachedTokens/PromptTokens over an interval is the hit rate.
 	Decisions, PromptTokens, CachedTokens uint64
+	// BestCachedTokens is the part of the prompts the best-cached candidate
+	// rank of each selection had cached: BestCachedTokens/PromptTokens is
+	// the hit rate a pick by the cache alone would have had on the same
+	// index, and the distance to CachedTokens the cache the policy traded
+	// for load.
+	BestCachedTokens uint64
 	// MatchedBuckets[i] counts decisions whose matched fraction is at most
 	// MatchedPrefixBuckets[i] (cumulative, as a Prometheus histogram's
 	// buckets are); MatchedSum is the sum of the fractions.
@@ -164,7 +176,8 @@ func (c *Counters) Totals(model, group string) Routing {
 	r := Routing{
 		Model: model, RoutingGroup: group,
 		Decisions: c.decisions.Load(), PromptTokens: c.promptTokens.Load(), CachedTokens: c.cachedTokens.Load(),
-		MatchedSum: float64(c.matchedSumMicros.Load()) / 1e6,
+		BestCachedTokens: c.bestCachedTokens.Load(),
+		MatchedSum:       float64(c.matchedSumMicros.Load()) / 1e6,
 	}
 	var cum uint64
 	for i := range c.matched {

@@ -48,5 +48,17 @@ func (s *Scratch) RunnerUp(chosen index.WorkerKey) (Scored, bool) {
 	return best, found
 }
 
+// MostCached is the most cached tokens of any row the last successful Select
+// scored: what a pick by the cache alone would have been credited, against
+// which the chosen row's CachedTokens shows the cache the policy gave up for
+// load. It allocates nothing.
+func (s *Scratch) MostCached() int {
+	most := 0
+	for _, r := range s.scored {
+		most = max(most, r.CachedTokens)
+	}
+	return most
+}
+
 // Candidates is how many rows the last successful Select scored.
 func (s *Scratch) Candidates() int { return len(s.scored) }
