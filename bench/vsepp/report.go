@@ -66,6 +66,12 @@ func (rep *Report) Table(w io.Writer) error {
 		return fmt.Sprintf("%.0f", r.SaturationCPUPerRequestUs)
 	})
 	row("prefix-cache hit rate (engines)", func(r PickerRun) string { return fmt.Sprintf("%.3f", r.HitRate) })
+	row("kvselect's index: hit rate chosen / best-cached", func(r PickerRun) string {
+		if r.IndexBestHitRate == 0 {
+			return "-"
+		}
+		return fmt.Sprintf("%.3f / %.3f", r.IndexHitRate, r.IndexBestHitRate)
+	})
 	row("TTFT p50 / p90 / p99 (ms)", func(r PickerRun) string {
 		return fmt.Sprintf("%.1f / %.1f / %.1f", r.TTFTP50Ms, r.TTFTP90Ms, r.TTFTP99Ms)
 	})

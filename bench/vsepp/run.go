@@ -260,7 +260,12 @@ func (c *Config) runTrace(ctx context.Context, f *runFleet, label string, reqs [
 	if err != nil {
 		return err
 	}
-	run.Histogram = h1.Minus(h0).Summarize(f.pk.hist)
+	delta := h1.Minus(h0)
+	run.Histogram = delta.Summarize(f.pk.hist)
+	if prompt := delta.Sum("kvselect_selection_prompt_tokens_total"); prompt > 0 {
+		run.IndexHitRate = delta.Sum("kvselect_selection_cached_tokens_total") / prompt
+		run.IndexBestHitRate = delta.Sum("kvselect_selection_best_cached_tokens_total") / prompt
+	}
 	q := func(d []time.Duration, p, unit float64) float64 { return float64(stats.Quantile(d, p)) / unit }
 	run.Decision = Pct{P50: q(run.decisions, 0.5, 1e3), P90: q(run.decisions, 0.9, 1e3), P95: q(run.decisions, 0.95, 1e3), P99: q(run.decisions, 0.99, 1e3)}
 	run.TTFTP50Ms, run.TTFTP90Ms, run.TTFTP99Ms = q(run.ttfts, 0.5, 1e6), q(run.ttfts, 0.9, 1e6), q(run.ttfts, 0.99, 1e6)

@@ -195,10 +195,16 @@ type PickerRun struct {
 	SaturationError           string  `json:"saturation_error_sample,omitempty"`
 	// HitRate is cached prompt tokens / prompt tokens from the engines' own
 	// vllm:prefix_cache_* counters.
-	HitRate   float64 `json:"prefix_cache_hit_rate"`
-	TTFTP50Ms float64 `json:"ttft_p50_ms"`
-	TTFTP90Ms float64 `json:"ttft_p90_ms"`
-	TTFTP99Ms float64 `json:"ttft_p99_ms"`
+	HitRate float64 `json:"prefix_cache_hit_rate"`
+	// IndexHitRate is the share of the prompts kvselect's index credited
+	// the chosen engines with, and IndexBestHitRate the share the
+	// best-cached candidate of each decision had: what a pick by the cache
+	// alone would have had on the same index (kvselect only).
+	IndexHitRate     float64 `json:"index_hit_rate,omitempty"`
+	IndexBestHitRate float64 `json:"index_best_cached_hit_rate,omitempty"`
+	TTFTP50Ms        float64 `json:"ttft_p50_ms"`
+	TTFTP90Ms        float64 `json:"ttft_p90_ms"`
+	TTFTP99Ms        float64 `json:"ttft_p99_ms"`
 	// ITLP90Ms is the p90 over requests of each one's mean inter-token
 	// latency (time between its SSE events after the first).
 	ITLP90Ms float64 `json:"itl_p90_ms"`

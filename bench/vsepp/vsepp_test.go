@@ -108,6 +108,10 @@ func vsHarness(t *testing.T, c Config, requests int, pickers []string, text bool
 			if r.LeakedBookings == nil || *r.LeakedBookings != 0 || r.Histogram.Name != "kvselect_extproc_pick_duration_seconds" {
 				t.Errorf("kvselect run: %+v", r)
 			}
+			// The best-cached candidate had at least what the chosen one had.
+			if r.IndexBestHitRate < r.IndexHitRate || r.IndexBestHitRate > 1 || r.IndexHitRate < 0 {
+				t.Errorf("kvselect's index hit rate %v chosen, %v best-cached", r.IndexHitRate, r.IndexBestHitRate)
+			}
 			if text && (r.TokenizeFallbacks == nil || *r.TokenizeFallbacks != 0) {
 				t.Errorf("kvselect routed text prompts on its text index: %v (%v)", r.TokenizeFallbacks, r.TokenizeFallbackReasons)
 			}
