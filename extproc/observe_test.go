@@ -80,7 +80,8 @@ func TestTraceContinuesTheGatewaysTrace(t *testing.T) {
 			t.Errorf("select span %s = %q, want %q", k, attrs[k], want)
 		}
 	}
-	for _, k := range []string{"kvselect.cost", "kvselect.runner_up.cost", "kvselect.overlap.gpu_blocks", "kvselect.effective_prefill_tokens", "kvselect.queue_wait_ms"} {
+	for _, k := range []string{"kvselect.cost", "kvselect.runner_up.cost", "kvselect.overlap.gpu_blocks", "kvselect.effective_prefill_tokens", "kvselect.queue_wait_ms",
+		"kvselect.best_cached_tokens"} {
 		if _, ok := attrs[k]; !ok {
 			t.Errorf("select span lacks %s: %v", k, attrs)
 		}

@@ -31,7 +31,7 @@ const (
 func SelectionAttributes(resp *selection.SelectResponse) []attribute.KeyValue {
 	d := &resp.Decision
 	bs := max(uint64(resp.BlockSize), 1)
-	a := make([]attribute.KeyValue, 0, 20)
+	a := make([]attribute.KeyValue, 0, 24) // the most appended below
 	a = append(a,
 		attribute.String("kvselect.model", resp.ModelName),
 		attribute.String("kvselect.routing_group", resp.RoutingGroup),
@@ -45,6 +45,7 @@ func SelectionAttributes(resp *selection.SelectResponse) []attribute.KeyValue {
 		attribute.Int64("kvselect.overlap.disk_blocks", int64(resp.Overlap.Disk/bs)),
 		attribute.Int("kvselect.isl_tokens", d.ISLTokens),
 		attribute.Int("kvselect.cached_tokens", d.CachedTokens),
+		attribute.Int("kvselect.best_cached_tokens", d.BestCachedTokens),
 		attribute.Int64("kvselect.effective_prefill_tokens", int64(resp.EffectivePrefillTokens)),
 		attribute.Float64("kvselect.queue_wait_ms", float64(d.QueueWait.Microseconds())/1000),
 	)
