@@ -111,3 +111,23 @@ func TestRunnerUpIsTheCheapestOtherRow(t *testing.T) {
 		t.Errorf("a single candidate has a runner-up (%v) or %d candidates", ok, s.Candidates())
 	}
 }
+
+// MostCached is the best-cached scored row, whichever row the policy chose,
+// and starts again with every selection.
+func TestMostCachedIsTheBestCachedScoredRow(t *testing.T) {
+	p, _ := New("least-loaded", nil)
+	req := &Request{ISL: 64, BlockSize: 16, Weights: DefaultWeights()}
+	var s Scratch
+	got := picks(t, p, &s, req, []Candidate{
+		{Worker: key(1), ActivePrefillTokens: 300, Overlap: index.Overlap{Device: 3}},
+		{Worker: key(2), ActivePrefillTokens: 0, Overlap: index.Overlap{Device: 1}},
+		{Worker: key(3), ActivePrefillTokens: 100},
+	}, 1)[0]
+	if got.WorkerID != 2 || s.MostCached() != 48 {
+		t.Errorf("chose worker %d with %d tokens at best, want worker 2 and 48 (worker 1's 3 blocks)", got.WorkerID, s.MostCached())
+	}
+	picks(t, p, &s, req, []Candidate{{Worker: key(7)}}, 1)
+	if s.MostCached() != 0 {
+		t.Errorf("a selection over an uncached rank kept %d tokens at best from the one before", s.MostCached())
+	}
+}

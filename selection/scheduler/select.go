@@ -155,7 +155,7 @@ func (s *Scratch) start(rnd *rand.Rand, req *Request) {
 	if s.hasLast {
 		s.ctx.Last = &s.last
 	}
-	s.scored = nil
+	s.scored, s.mostCached = nil, 0
 }
 
 // collect keeps, at the front of rows, the candidates to rank and makes them
@@ -235,6 +235,7 @@ func (p Policy) rank(rnd *rand.Rand, req *Request, s *Scratch) (Scored, error) {
 		if err := p.score(&s.ctx, &s.scored[i], i); err != nil {
 			return Scored{}, err
 		}
+		s.mostCached = max(s.mostCached, s.scored[i].CachedTokens)
 	}
 	row, err := p.Picker.Pick(rnd, &s.ctx, s.scored)
 	if err != nil {
@@ -278,6 +279,7 @@ func (p Policy) selectPinned(req *Request, rows []Scored, s *Scratch) (Scored, e
 	if err := p.score(&s.ctx, &s.scored[0], 0); err != nil {
 		return Scored{}, err
 	}
+	s.mostCached = s.scored[0].CachedTokens
 	return s.scored[0], nil
 }
 

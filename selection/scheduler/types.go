@@ -243,11 +243,14 @@ type Picker interface {
 // also remembers the rank the last ranked pick chose (Context.Last), so a
 // caller that serves several partitions keeps one Scratch for each.
 type Scratch struct {
-	rows    []Scored // the row buffer (Rows)
-	scored  []Scored // the rows the last Select ranked, within rows
-	ctx     Context
-	last    index.WorkerKey
-	hasLast bool
+	rows   []Scored // the row buffer (Rows)
+	scored []Scored // the rows the last Select ranked, within rows
+	// mostCached is the most CachedTokens of a scored row, kept as the rows
+	// are scored so that MostCached needs no pass over a fleet's rows.
+	mostCached int
+	ctx        Context
+	last       index.WorkerKey
+	hasLast    bool
 }
 
 // Errors of Select. Their texts are Dynamo's KvSchedulerError texts
