@@ -55,4 +55,9 @@ func TestStatusPageAsksForAToken(t *testing.T) {
 	if err != nil || !strings.Contains(worker, "http://worker-5:8000") {
 		t.Errorf("worker row %q (%v)", worker, err)
 	}
+	// One worker: nothing could be given up for load.
+	givenUp, err := chromedp.Run(tab, chromedp.Evaluate[string](`document.querySelector('#c-givenup').textContent`))
+	if err != nil || givenUp != "0.0 %" {
+		t.Errorf("cache given up for load %q (%v), want 0.0 %%", givenUp, err)
+	}
 }

@@ -69,6 +69,10 @@ func TestStatusDocument(t *testing.T) {
 	if r.num("routing", 0, "decisions") != 2 || r.num("routing", 0, "prompt_tokens") != 12 {
 		t.Errorf("routing %v, want 2 decisions over 12 prompt tokens", r.at("routing"))
 	}
+	// The select's 4 tokens are the prefix s-1 booked: some rank had them.
+	if r.num("decisions", 0, "best_cached_tokens") != 4 || r.num("routing", 0, "best_cached_tokens") < r.num("routing", 0, "cached_tokens") {
+		t.Errorf("best cached: decision %v, routing %v", r.at("decisions", 0), r.at("routing"))
+	}
 	if r.at("replica_sync") != false || r.at("collector") != nil || len(r.at("peers").([]any)) != 0 {
 		t.Errorf("replica sync %v, collector %v, peers %v: want off, null, []", r.at("replica_sync"), r.at("collector"), r.at("peers"))
 	}

@@ -26,9 +26,9 @@ function fixed(x, d) { return Number(x).toFixed(d); }
 function fill(id, rows) { const b = document.querySelector("#" + id + " tbody"); b.replaceChildren(...rows); }
 
 function totals(doc) {
-  let decisions = 0, prompt = 0, cached = 0;
-  for (const r of doc.routing) { decisions += r.decisions; prompt += r.prompt_tokens; cached += r.cached_tokens; }
-  return { t: Date.parse(doc.time), decisions, prompt, cached };
+  let decisions = 0, prompt = 0, cached = 0, best = 0;
+  for (const r of doc.routing) { decisions += r.decisions; prompt += r.prompt_tokens; cached += r.cached_tokens; best += r.best_cached_tokens || 0; }
+  return { t: Date.parse(doc.time), decisions, prompt, cached, best };
 }
 
 function listenerSummary(w) {
@@ -61,6 +61,7 @@ function render(doc) {
   const lastHit = [...history].reverse().find((h) => h.hit != null);
   document.getElementById("c-hit").textContent =
     (lastHit ? pct(lastHit.hit) : "–") + " · " + (now.prompt ? pct(now.cached / now.prompt) : "–");
+  document.getElementById("c-givenup").textContent = now.prompt ? pct(Math.max(now.best - now.cached, 0) / now.prompt) : "–";
   let listeners = 0, healthy = 0;
   for (const w of doc.workers) {
     const s = listenerSummary(w);
