@@ -21,3 +21,29 @@ func TestLogIsBounded(t *testing.T) {
 		t.Error("a disabled log returned records")
 	}
 }
+
+// Observe keeps the totals consistent whatever a caller passes: a prompt's
+// cached tokens are at most its length, and the best-cached tokens at least
+// the chosen rank's and at most the prompt.
+func TestObserveClampsTheTotals(t *testing.T) {
+	for _, tc := range []struct {
+		name                      string
+		isl, cached, best         int
+		wantPrompt, wantC, wantBC uint64
+	}{
+		{"the chosen rank was the best cached", 100, 40, 40, 100, 40, 40},
+		{"cache given up for load", 100, 10, 60, 100, 10, 60},
+		{"best below chosen reads as chosen", 100, 30, 0, 100, 30, 30},
+		{"both capped at the prompt", 16, 32, 48, 16, 16, 16},
+		{"negative counts read as none", 8, -4, -1, 8, 0, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var c Counters
+			c.Observe(tc.isl, tc.cached, tc.best)
+			r := c.Totals("m", "g")
+			if r.Decisions != 1 || r.PromptTokens != tc.wantPrompt || r.CachedTokens != tc.wantC || r.BestCachedTokens != tc.wantBC {
+				t.Errorf("totals %+v, want prompt %d, cached %d, best %d", r, tc.wantPrompt, tc.wantC, tc.wantBC)
+			}
+		})
+	}
+}
