@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"io"
-	"net"
 	"strings"
 	"testing"
 
@@ -36,7 +35,9 @@ func BenchmarkConnPerRequest(b *testing.B) {
 			if server == "kvselect" {
 				addr = benchPicker(b, extproc.Options{}).addr
 			} else {
-				addr = serveFloor(b, "10.1.0.1:8000")
+				addr = serveWith(b, func(g *grpc.Server) {
+					extprocv3.RegisterExternalProcessorServer(g, floorProcessor{dest: "10.1.0.1:8000"})
+				})
 			}
 			b.ReportAllocs()
 			cpu0 := processCPU()
@@ -132,19 +133,4 @@ func (f floorProcessor) Process(s extprocv3.ExternalProcessor_ProcessServer) err
 			return err
 		}
 	}
-}
-
-// serveFloor serves floorProcessor on loopback with the picker's server
-// options and returns its address.
-func serveFloor(b *testing.B, dest string) string {
-	b.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		b.Fatal(err)
-	}
-	g := grpc.NewServer(extproc.ServerOptions()...)
-	extprocv3.RegisterExternalProcessorServer(g, floorProcessor{dest: dest})
-	go func() { _ = g.Serve(ln) }()
-	b.Cleanup(g.Stop)
-	return ln.Addr().String()
 }

@@ -106,12 +106,19 @@ func start(t testing.TB, s setup) *harness {
 
 func serve(t testing.TB, srv *extproc.Server) string {
 	t.Helper()
+	return serveWith(t, srv.Register)
+}
+
+// serveWith serves what register registers on loopback, with the picker's
+// server options, until the test ends, and returns the address.
+func serveWith(t testing.TB, register func(*grpc.Server)) string {
+	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	g := grpc.NewServer(extproc.ServerOptions()...)
-	srv.Register(g)
+	register(g)
 	go func() { _ = g.Serve(ln) }()
 	t.Cleanup(g.Stop)
 	return ln.Addr().String()
