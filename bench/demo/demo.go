@@ -371,7 +371,7 @@ func Replay(ctx context.Context, fl *fleet.Fleet, gw *ngf.Gateway, c Config, pol
 	} else {
 		tracked <- nil
 	}
-	err = relay.OpenLoop(ctx, start, len(reqs), c.arrival(reqs), c.Concurrency, one)
+	err = relay.OpenLoop(ctx, start, len(reqs), mooncake.Arrivals(reqs, c.Compress, c.Rate), c.Concurrency, one)
 	wall := time.Since(start)
 	var cpu1 time.Duration
 	if picker {
@@ -397,19 +397,7 @@ func Replay(ctx context.Context, fl *fleet.Fleet, gw *ngf.Gateway, c Config, pol
 	return ph, err
 }
 
-// arrival is when request i is sent, from the phase's start: at the
-// trace's times divided by c.Compress, or every 1/c.Rate seconds.
-func (c *Config) arrival(reqs []mooncake.Request) func(i int) time.Duration {
-	if c.Rate > 0 {
-		return func(i int) time.Duration { return time.Duration(float64(i) / c.Rate * float64(time.Second)) }
-	}
-	t0 := reqs[0].Timestamp
-	return func(i int) time.Duration {
-		return time.Duration(float64(time.Duration(reqs[i].Timestamp-t0)*time.Millisecond) / c.Compress)
-	}
-}
-
-// pace describes c.arrival for the report.
+// pace describes the phases' arrivals (mooncake.Arrivals) for the report.
 func (c *Config) pace() string {
 	if c.Rate > 0 {
 		return fmt.Sprintf("%g per second, evenly spaced", c.Rate)

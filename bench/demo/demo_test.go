@@ -8,11 +8,9 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/kvselect/kvselect/bench/fleet"
 	"github.com/kvselect/kvselect/bench/fleet/fleettest"
-	"github.com/kvselect/kvselect/bench/mooncake"
 	"github.com/kvselect/kvselect/bench/report/reporttest"
 	"github.com/kvselect/kvselect/internal/peerproc"
 )
@@ -112,35 +110,24 @@ func TestDemoOverLLMDSimNeedsTheBinary(t *testing.T) {
 	}
 }
 
-// TestArrivals checks when each request is sent: at the trace's times
-// divided by -compress, or evenly at -rate; and that a rate that is not a
-// finite non-negative number is refused.
-func TestArrivals(t *testing.T) {
-	reqs := []mooncake.Request{{Timestamp: 1000}, {Timestamp: 1000}, {Timestamp: 3000}, {Timestamp: 9000}}
+// TestPaceAndRate checks how the report names the phases' arrivals (the
+// trace's times divided by -compress, or evenly at -rate:
+// mooncake.Arrivals) and that a rate that is not a finite non-negative
+// number is refused.
+func TestPaceAndRate(t *testing.T) {
 	for _, tc := range []struct {
-		name     string
-		compress float64
-		rate     float64
-		want     []time.Duration
-		pace     string
+		compress, rate float64
+		pace           string
 	}{
-		{"trace", 1, 0, []time.Duration{0, 0, 2 * time.Second, 8 * time.Second}, "the trace's times, 1x faster"},
-		{"trace compressed", 20, 0, []time.Duration{0, 0, 100 * time.Millisecond, 400 * time.Millisecond}, "the trace's times, 20x faster"},
-		{"steady", 20, 4, []time.Duration{0, 250 * time.Millisecond, 500 * time.Millisecond, 750 * time.Millisecond}, "4 per second, evenly spaced"},
+		{1, 0, "the trace's times, 1x faster"},
+		{20, 0, "the trace's times, 20x faster"},
+		{20, 4, "4 per second, evenly spaced"},
 	} {
-		t.Run(tc.name, func(t *testing.T) {
-			c := Defaults()
-			c.Compress, c.Rate = tc.compress, tc.rate
-			at := c.arrival(reqs)
-			for i, want := range tc.want {
-				if got := at(i); got != want {
-					t.Errorf("request %d sent at %v, want %v", i, got, want)
-				}
-			}
-			if got := c.pace(); got != tc.pace {
-				t.Errorf("pace %q, want %q", got, tc.pace)
-			}
-		})
+		c := Defaults()
+		c.Compress, c.Rate = tc.compress, tc.rate
+		if got := c.pace(); got != tc.pace {
+			t.Errorf("compress %g, rate %g: pace %q, want %q", tc.compress, tc.rate, got, tc.pace)
+		}
 	}
 	for _, rate := range []float64{-1, math.NaN(), math.Inf(1)} {
 		c := Defaults()

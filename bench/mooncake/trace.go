@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"time"
 )
 
 // BlockTokens is the number of tokens per block in the Mooncake traces.
@@ -22,6 +23,18 @@ type Request struct {
 	InputLength, OutputLength int
 	// HashIDs are the ids of the request's prompt blocks, in order.
 	HashIDs []uint64
+}
+
+// Arrivals is when each of reqs is sent, from the replay's start: at the
+// trace's own times divided by compress, or, with rate > 0, evenly every
+// 1/rate seconds (a steady stream of the same requests in the same order).
+func Arrivals(reqs []Request, compress, rate float64) func(i int) time.Duration {
+	if rate > 0 {
+		return func(i int) time.Duration { return time.Duration(float64(i) / rate * float64(time.Second)) }
+	}
+	return func(i int) time.Duration {
+		return time.Duration(float64(time.Duration(reqs[i].Timestamp-reqs[0].Timestamp)*time.Millisecond) / compress)
+	}
 }
 
 // LineError reports a malformed line of a trace file.

@@ -9,6 +9,7 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+	"time"
 )
 
 const shippedTrace = "../testdata/mooncake/conversation_trace.jsonl.gz"
@@ -150,5 +151,29 @@ func TestDuplicate(t *testing.T) {
 	}
 	if reqs[0].HashIDs[0] != 0 || reqs[1].HashIDs[2] != 4 {
 		t.Error("Duplicate modified its input")
+	}
+}
+
+// TestArrivals checks when each request is sent: at the trace's times
+// divided by compress, or evenly at rate.
+func TestArrivals(t *testing.T) {
+	reqs := []Request{{Timestamp: 1000}, {Timestamp: 1000}, {Timestamp: 3000}, {Timestamp: 9000}}
+	for _, tc := range []struct {
+		name           string
+		compress, rate float64
+		want           []time.Duration
+	}{
+		{"trace", 1, 0, []time.Duration{0, 0, 2 * time.Second, 8 * time.Second}},
+		{"trace compressed", 20, 0, []time.Duration{0, 0, 100 * time.Millisecond, 400 * time.Millisecond}},
+		{"steady", 20, 4, []time.Duration{0, 250 * time.Millisecond, 500 * time.Millisecond, 750 * time.Millisecond}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			at := Arrivals(reqs, tc.compress, tc.rate)
+			for i, want := range tc.want {
+				if got := at(i); got != want {
+					t.Errorf("request %d sent at %v, want %v", i, got, want)
+				}
+			}
+		})
 	}
 }

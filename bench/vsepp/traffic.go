@@ -42,12 +42,7 @@ func (c *Config) traffic(ctx context.Context, reqs []mooncake.Request, one func(
 		wg.Wait()
 		return ctx.Err()
 	}
-	return relay.OpenLoop(ctx, time.Now(), len(reqs), func(i int) time.Duration {
-		if c.Rate > 0 {
-			return time.Duration(float64(i) / c.Rate * float64(time.Second))
-		}
-		return time.Duration(float64(time.Duration(reqs[i].Timestamp-reqs[0].Timestamp)*time.Millisecond) / c.Compress)
-	}, c.Concurrency, one)
+	return relay.OpenLoop(ctx, time.Now(), len(reqs), mooncake.Arrivals(reqs, c.Compress, c.Rate), c.Concurrency, one)
 }
 
 // result is one request through a picker.
