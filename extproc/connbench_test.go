@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/kvselect/kvselect/bench/floorpicker"
 	"github.com/kvselect/kvselect/extproc"
 )
 
@@ -20,8 +21,8 @@ import (
 // headers and then the whole body in one message, half-close, read to the
 // end, close), as NGF's shim does (cmd/gateway/endpoint_picker.go in
 // nginx/nginx-gateway-fabric), one request at a time. "kvselect" is the
-// picker over 64 workers; "floor" is a processor that answers the same
-// messages with a fixed destination and does nothing else, served with the
+// picker over 64 workers; "floor" is bench/floorpicker, which answers the
+// same messages with a destination and does nothing else, served with the
 // same server options: the difference between the two is what kvselect adds
 // to a connection's cost. ns/op is the request's wall time, cpu-ns/op the
 // process's CPU per request (client and server together). As behind NGF,
@@ -35,9 +36,11 @@ func BenchmarkConnPerRequest(b *testing.B) {
 			if server == "kvselect" {
 				addr = benchPicker(b, extproc.Options{}).addr
 			} else {
-				addr = serveWith(b, func(g *grpc.Server) {
-					extprocv3.RegisterExternalProcessorServer(g, floorProcessor{dest: "10.1.0.1:8000"})
-				})
+				floor, err := floorpicker.New([]string{"10.1.0.1:8000"}, nil)
+				if err != nil {
+					b.Fatal(err)
+				}
+				addr = serveWith(b, func(g *grpc.Server) { extprocv3.RegisterExternalProcessorServer(g, floor) })
 			}
 			b.ReportAllocs()
 			cpu0 := processCPU()
@@ -96,41 +99,4 @@ func shimRequest(ctx context.Context, addr string, body []byte) error {
 		return errors.New("the answer named no destination")
 	}
 	return nil
-}
-
-// floorProcessor answers a request's body with a fixed destination and the
-// body unchanged: the least an ext_proc picker can do.
-type floorProcessor struct {
-	extprocv3.UnimplementedExternalProcessorServer
-	dest string
-}
-
-func (f floorProcessor) Process(s extprocv3.ExternalProcessor_ProcessServer) error {
-	for {
-		r, err := s.Recv()
-		if errors.Is(err, io.EOF) {
-			return nil
-		}
-		if err != nil {
-			return err
-		}
-		b := r.GetRequestBody()
-		if b == nil || !b.EndOfStream {
-			continue
-		}
-		route := &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestHeaders{
-			RequestHeaders: &extprocv3.HeadersResponse{Response: &extprocv3.CommonResponse{
-				HeaderMutation: &extprocv3.HeaderMutation{SetHeaders: []*corev3.HeaderValueOption{
-					{Header: &corev3.HeaderValue{Key: extproc.HeaderDestination, RawValue: []byte(f.dest)}}}}}}}}
-		if err := s.Send(route); err != nil {
-			return err
-		}
-		echo := &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestBody{
-			RequestBody: &extprocv3.BodyResponse{Response: &extprocv3.CommonResponse{
-				BodyMutation: &extprocv3.BodyMutation{Mutation: &extprocv3.BodyMutation_StreamedResponse{
-					StreamedResponse: &extprocv3.StreamedBodyResponse{Body: b.Body, EndOfStream: true}}}}}}}
-		if err := s.Send(echo); err != nil {
-			return err
-		}
-	}
 }

@@ -218,7 +218,7 @@ func (c *Config) cell(fam fleet.Family, sh Shape, wl string, rate float64) (*vse
 			if fam == fleet.FamilyMock {
 				// The EPP renders text through vLLM's render endpoint,
 				// which the mock does not serve: kvselect's pickers only.
-				vc.Pickers = slices.DeleteFunc(vc.Pickers, func(p string) bool { return !vsepp.IsKvselect(p) })
+				vc.Pickers = slices.DeleteFunc(vc.Pickers, func(p string) bool { return vsepp.IsEPP(p) })
 			}
 		}
 	case SharedPrefix, MultiTurn:

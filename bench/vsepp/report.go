@@ -135,7 +135,7 @@ func (rep *Report) goals(w io.Writer) {
 			continue
 		}
 		for _, e := range rep.Runs {
-			if IsKvselect(e.Picker) || e.Transport != k.Transport {
+			if !IsEPP(e.Picker) || e.Transport != k.Transport {
 				continue
 			}
 			fmt.Fprintf(w, "\n%s vs %s:\n", k.label(), e.label())
@@ -157,8 +157,24 @@ func (rep *Report) goals(w io.Writer) {
 				met(k.Decision.P50 > 0 && e.Decision.P50 >= 3*k.Decision.P50))
 			fmt.Fprintf(w, "  hit rate: %.3f vs %.3f (goal >=: %s)\n", k.HitRate, e.HitRate, met(k.HitRate >= e.HitRate))
 			fmt.Fprintf(w, "  TTFT p90: %.1f vs %.1f ms (goal lower: %s)\n", k.TTFTP90Ms, e.TTFTP90Ms, met(k.TTFTP90Ms < e.TTFTP90Ms))
+			if f, ok := rep.floor(k.Transport); ok {
+				fmt.Fprintf(w, "  above the floor (%.0f µs of CPU, decision p95 %.0f µs): CPU per request %.0f vs %.0f µs (%s less), decision p95 %.0f vs %.0f µs (%s lower)\n",
+					f.CPUPerRequestUs, f.Decision.P95,
+					k.CPUPerRequestUs-f.CPUPerRequestUs, e.CPUPerRequestUs-f.CPUPerRequestUs, ratio(k.CPUPerRequestUs-f.CPUPerRequestUs, e.CPUPerRequestUs-f.CPUPerRequestUs),
+					k.Decision.P95-f.Decision.P95, e.Decision.P95-f.Decision.P95, ratio(k.Decision.P95-f.Decision.P95, e.Decision.P95-f.Decision.P95))
+			}
 		}
 	}
+}
+
+// floor is the floor picker's run on a transport, if there is one.
+func (rep *Report) floor(transport string) (PickerRun, bool) {
+	for _, r := range rep.Runs {
+		if r.Picker == pickerFloor && r.Transport == transport {
+			return r, true
+		}
+	}
+	return PickerRun{}, false
 }
 
 // Charts are the report's figures, one bar per run.

@@ -16,9 +16,11 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/go-zeromq/zmq4"
 	"google.golang.org/grpc"
 
 	"github.com/kvselect/kvselect/bench/fleet"
+	"github.com/kvselect/kvselect/bench/floorpicker"
 	"github.com/kvselect/kvselect/bench/mooncake"
 	"github.com/kvselect/kvselect/bench/promtext"
 	"github.com/kvselect/kvselect/bench/report"
@@ -32,7 +34,7 @@ type picker struct {
 	pid     int
 	metrics string          // Prometheus URL
 	hist    string          // its decision histogram
-	kv      *fleet.KVSelect // nil for the EPP
+	kv      *fleet.KVSelect // nil for the EPP and the floor
 	conn    *grpc.ClientConn
 	stop    func()
 }
@@ -458,6 +460,31 @@ func (c *Config) startPicker(ctx context.Context, name string, secure bool, dir 
 		}
 		pk.kv, pk.stop, pk.pid = k, k.Stop, k.Proc.Pid()
 		pk.metrics, pk.hist, addr = k.REST+"/metrics", "kvselect_extproc_pick_duration_seconds", k.ExtProc
+	case pickerFloor:
+		cfg := floorpicker.Config{ExtProcPort: ports[0], HTTPPort: ports[1], Endpoints: endpoints}
+		logf, err := os.Create(filepath.Join(dir, name+".log"))
+		if err != nil {
+			return nil, err
+		}
+		// The engines' PUB sockets dial the collector (the mock worker
+		// fails without a listener). The floor indexes nothing: a SUB
+		// socket that subscribes to no topic accepts them, and nothing
+		// is published to it.
+		sink := zmq4.NewSub(context.WithoutCancel(ctx))
+		if err := sink.Listen(collector); err != nil {
+			sink.Close()
+			logf.Close()
+			return nil, fmt.Errorf("the floor's KV events sink: %w", err)
+		}
+		argv := append(append(slices.Clone(wrap), c.FloorPicker...), floorpicker.Args(cfg)...)
+		h, err := peerproc.StartHelper(ctx, "floor picker", argv, logf, "http://127.0.0.1:"+strconv.Itoa(cfg.HTTPPort)+"/health")
+		if err != nil {
+			sink.Close()
+			logf.Close()
+			return nil, err
+		}
+		pk.stop, pk.pid = func() { h.Stop(); sink.Close(); logf.Close() }, h.Pid()
+		pk.metrics, pk.hist, addr = "http://127.0.0.1:"+strconv.Itoa(cfg.HTTPPort)+"/metrics", floorpicker.HistogramName, "127.0.0.1:"+strconv.Itoa(cfg.ExtProcPort)
 	default:
 		profile := peerproc.EPPDefault
 		if name == pickerEPPTuned {

@@ -62,6 +62,10 @@ const (
 	pickerKvselectPrefix  = "kvselect-prefix"
 	pickerEPP             = "epp"
 	pickerEPPTuned        = "epp-tuned"
+	// pickerFloor is bench/floorpicker: only what the protocol requires,
+	// round-robin. Its figures are the floor under both pickers' (the
+	// messages on the same gRPC stack as kvselect's); not run by default.
+	pickerFloor = "floor"
 )
 
 // kvselectPolicies are the policy each of kvselect's pickers names ("":
@@ -82,6 +86,9 @@ const (
 // Pickers are every picker run, in the default order.
 var Pickers = []string{pickerKvselect, pickerKvselectCost, pickerKvselectPrefix, pickerEPP, pickerEPPTuned}
 
+// IsEPP reports whether a picker name is one of llm-d's endpoint picker's runs.
+func IsEPP(picker string) bool { return picker == pickerEPP || picker == pickerEPPTuned }
+
 // IsKvselect reports whether a picker name is one of kvselect's runs.
 func IsKvselect(picker string) bool {
 	_, ok := kvselectPolicies[picker]
@@ -97,6 +104,9 @@ type Config struct {
 	Prompts string // PromptsTokens or PromptsText
 	// KVSelectArgs and EPPArgs are more flags for the pickers.
 	KVSelectArgs, EPPArgs []string
+	// FloorPicker is the command that serves the picker "floor" (kvbench
+	// floor-picker: the harness adds its ports and the engines).
+	FloorPicker []string
 	mooncake.Slice
 	// SharedPrefix, when set, replaces the trace: inference-perf's
 	// shared_prefix workload, prompts of exactly its token lengths, arrivals
@@ -364,16 +374,22 @@ func (c *Config) Validate() error {
 		return errors.New("-pickers and -transports name at least one each")
 	}
 	for _, p := range c.Pickers {
-		if !IsKvselect(p) && p != pickerEPP && p != pickerEPPTuned {
+		if !IsKvselect(p) && !IsEPP(p) && p != pickerFloor {
 			return fmt.Errorf("-pickers: unknown picker %q", p)
 		}
-		if !IsKvselect(p) && c.EPP == "" {
+		if p == pickerFloor && len(c.FloorPicker) == 0 {
+			return errors.New("picker floor needs the command that serves it (kvbench floor-picker)")
+		}
+		if IsEPP(p) && c.EPP == "" {
 			return fmt.Errorf("picker %s needs llm-d's endpoint picker: set -epp-bin or $%s (build it from github.com/llm-d/llm-d-router, cmd/epp)", p, peerproc.EnvEPP)
 		}
 	}
 	for _, t := range c.Transports {
 		if t != "plain" && t != "tls" {
 			return fmt.Errorf("-transports: unknown transport %q", t)
+		}
+		if t == "tls" && slices.Contains(c.Pickers, pickerFloor) {
+			return errors.New("picker floor serves plaintext only: -transports plain")
 		}
 	}
 	switch c.Family {
@@ -394,7 +410,7 @@ func (c *Config) Validate() error {
 		for _, p := range c.Pickers {
 			// The EPP's token producer renders text through an engine's
 			// /v1/completions/render, which the mock worker does not serve.
-			if !IsKvselect(p) && c.Family == fleet.FamilyMock {
+			if IsEPP(p) && c.Family == fleet.FamilyMock {
 				return fmt.Errorf("-prompts text with picker %s needs -engine-family %s: the EPP renders text prompts through an engine's /v1/completions/render, which kvselect-mockworker does not serve", p, fleet.FamilySim)
 			}
 		}

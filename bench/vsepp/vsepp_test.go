@@ -14,6 +14,7 @@ import (
 
 	"github.com/kvselect/kvselect/bench/fleet"
 	"github.com/kvselect/kvselect/bench/fleet/fleettest"
+	"github.com/kvselect/kvselect/bench/floorpicker"
 	"github.com/kvselect/kvselect/bench/mooncake"
 	"github.com/kvselect/kvselect/internal/peerproc"
 )
@@ -37,7 +38,8 @@ func TestVsEPPHarness(t *testing.T) {
 		pickers  []string
 	}{
 		{fleet.FamilySim, PromptsTokens, 65, []string{pickerKvselect, pickerEPP}},
-		{fleet.FamilyMock, PromptsTokens, 40, []string{pickerKvselect, pickerEPP}},
+		// The floor beside them: the report's lines above the floor.
+		{fleet.FamilyMock, PromptsTokens, 40, []string{pickerKvselect, pickerEPP, pickerFloor}},
 		{fleet.FamilySim, PromptsText, 40, []string{pickerKvselect, pickerEPP}},
 		// The EPP renders text through an engine, which the mock cannot do.
 		{fleet.FamilyMock, PromptsText, 40, []string{pickerKvselect}},
@@ -52,6 +54,9 @@ func TestVsEPPHarness(t *testing.T) {
 				c.EPP = peerproc.EPPBinary(t)
 			}
 			c.Family, c.Prompts, c.Requests, c.Pickers = tc.family, tc.prompts, tc.requests, tc.pickers
+			if slices.Contains(tc.pickers, pickerFloor) {
+				c.FloorPicker = floorCommand()
+			}
 			vsHarness(t, c, tc.requests, tc.pickers, tc.prompts == PromptsText)
 		})
 	}
@@ -115,6 +120,11 @@ func vsHarness(t *testing.T, c Config, requests int, pickers []string, text bool
 			if text && (r.TokenizeFallbacks == nil || *r.TokenizeFallbacks != 0) {
 				t.Errorf("kvselect routed text prompts on its text index: %v (%v)", r.TokenizeFallbacks, r.TokenizeFallbackReasons)
 			}
+		} else if r.Picker == pickerFloor {
+			// Round-robin: 40 requests over two engines, 20 each.
+			if r.Histogram.Name != floorpicker.HistogramName || r.LoadCV != 0 || r.LeakedBookings != nil {
+				t.Errorf("floor run: histogram %q, load CV %v, bookings %v", r.Histogram.Name, r.LoadCV, r.LeakedBookings)
+			}
 		} else if r.WithScores != requests || r.Histogram.Name != "llm_d_epp_scheduler_e2e_duration_seconds" {
 			t.Errorf("EPP run: %d decisions with endpoint scores, histogram %q", r.WithScores, r.Histogram.Name)
 		}
@@ -122,6 +132,9 @@ func vsHarness(t *testing.T, c Config, requests int, pickers []string, text bool
 	want := []string{"decision p50 / p90 / p95 / p99", "prefix-cache hit rate"}
 	if len(pickers) > 1 {
 		want = append(want, "kvselect vs epp:")
+	}
+	if slices.Contains(pickers, pickerFloor) {
+		want = append(want, "above the floor (")
 	}
 	if text {
 		want = append(want, "tokenize fallbacks")
@@ -157,13 +170,17 @@ func TestVsEPPNeedsThePeers(t *testing.T) {
 }
 
 // The mock family needs no simulator; text prompts with the EPP need the
-// simulator family, whose engines render text for the EPP's token producer.
+// simulator family, whose engines render text for the EPP's token producer
+// (the floor reads no prompt and runs with either); the floor needs the
+// command that serves it and serves plaintext only.
 func TestVsEPPFamilyAndPromptsChecks(t *testing.T) {
 	for _, tc := range []struct {
 		family     fleet.Family
 		prompts    string
 		mockworker string
 		pickers    []string
+		floor      bool // FloorPicker set
+		transports []string
 		want       string // in the error; "" for none
 	}{
 		{family: fleet.FamilyMock},
@@ -172,6 +189,9 @@ func TestVsEPPFamilyAndPromptsChecks(t *testing.T) {
 		{family: fleet.FamilyMock, mockworker: "-", want: "-mockworker"},
 		{family: "vllm", want: "want llmd-sim or mock"},
 		{family: fleet.FamilyMock, prompts: "chat", want: "want tokens or text"},
+		{family: fleet.FamilyMock, pickers: []string{pickerFloor}, want: "picker floor needs the command"},
+		{family: fleet.FamilyMock, pickers: []string{pickerFloor}, floor: true, transports: []string{"plain", "tls"}, want: "picker floor serves plaintext only"},
+		{family: fleet.FamilyMock, prompts: PromptsText, pickers: []string{pickerKvselect, pickerFloor}, floor: true},
 	} {
 		c := Config{Slice: mooncake.Slice{Requests: 1}, Concurrency: 1, BlockTokens: 1, MaxOutput: 1,
 			Spec: fleet.Spec{Workers: 1, Engine: fleet.Engine{BlockSize: 1, PoolBlocks: 1, MaxNumSeqs: 1}, Family: tc.family,
@@ -186,6 +206,12 @@ func TestVsEPPFamilyAndPromptsChecks(t *testing.T) {
 		}
 		if tc.pickers != nil {
 			c.Pickers = tc.pickers
+		}
+		if tc.floor {
+			c.FloorPicker = floorCommand()
+		}
+		if tc.transports != nil {
+			c.Transports = tc.transports
 		}
 		err := c.Validate()
 		if tc.want == "" && err != nil || tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)) {

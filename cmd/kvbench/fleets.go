@@ -100,7 +100,7 @@ func vsEPPFlags(fs *flag.FlagSet, args []string) func() (vsepp.Config, error) {
 	fs.IntVar(&c.BlockTokens, "block-tokens", c.BlockTokens, "prompt `tokens` per trace block (the trace's blocks are 512 tokens)")
 	fs.IntVar(&c.Engine.MaxNumSeqs, "max-num-seqs", c.Engine.MaxNumSeqs, "requests an engine runs at once; the rest wait in its queue (small, so that piling requests on one engine costs TTFT)")
 	fs.IntVar(&c.MaxOutput, "max-output", c.MaxOutput, "cap on output `tokens` per request")
-	pickers := fs.String("pickers", strings.Join(c.Pickers, ","), "pickers to run, comma-separated: kvselect (its default policy), kvselect-latency (--policy predicted-latency), kvselect-kvcost (--policy kv-cost, Dynamo's cost), kvselect-prefix (--policy longest-prefix), epp (its sample configuration's weights), epp-tuned (llm-d-router's precise-prefix perf-test scorers)")
+	pickers := fs.String("pickers", strings.Join(c.Pickers, ","), "pickers to run, comma-separated: kvselect (its default policy), kvselect-latency (--policy predicted-latency), kvselect-kvcost (--policy kv-cost, Dynamo's cost), kvselect-prefix (--policy longest-prefix), epp (its sample configuration's weights), epp-tuned (llm-d-router's precise-prefix perf-test scorers), floor (kvbench floor-picker: only what the protocol requires, round-robin; the cost under every picker's)")
 	transports := fs.String("transports", "plain", "ext_proc `transports`, comma-separated: plain, tls (each picker serves a self-signed certificate; the client does not verify it)")
 	fs.DurationVar(&c.Idle, "idle", c.Idle, "idle window before traffic, to measure each picker's idle CPU")
 	fs.DurationVar(&c.Saturate, "saturate", c.Saturate, "saturating closed loop after the trace, picker only (0 skips it)")
@@ -116,9 +116,26 @@ func vsEPPFlags(fs *flag.FlagSet, args []string) func() (vsepp.Config, error) {
 		c.KVSelectArgs, c.EPPArgs = strings.Fields(*kvselectArgs), strings.Fields(*eppArgs)
 		c.Pickers, c.Transports = benchflag.Split(*pickers), benchflag.Split(*transports)
 		c.Args = strings.Join(args, " ")
-		err := applySharedPrefix(fs, &sp, &c)
+		var err error
+		if c.FloorPicker, err = floorCommand(c.Pickers); err != nil {
+			return c, err
+		}
+		err = applySharedPrefix(fs, &sp, &c)
 		return c, err
 	}
+}
+
+// floorCommand is the command that serves the picker "floor" when pickers
+// name it: this binary's floor-picker subcommand.
+func floorCommand(pickers []string) ([]string, error) {
+	if !slices.Contains(pickers, "floor") {
+		return nil, nil
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		return nil, fmt.Errorf("the floor picker runs this binary: %w", err)
+	}
+	return []string{exe, "floor-picker"}, nil
 }
 
 // applySharedPrefix turns vs-epp's shared_prefix flags into c's workload:
@@ -271,6 +288,10 @@ func suiteCmd(fs *flag.FlagSet, args []string) func(context.Context, io.Writer, 
 		}
 		c.Workloads, c.Shapes, c.Cells = benchflag.Split(*workloads), benchflag.Split(*shapes), benchflag.Split(*cells)
 		c.Base.Pickers, c.Base.KVSelectArgs = benchflag.Split(*pickers), strings.Fields(*kvselectArgs)
+		var err error
+		if c.Base.FloorPicker, err = floorCommand(c.Base.Pickers); err != nil {
+			return err
+		}
 		c.LadderRate = nil
 		for _, r := range benchflag.Split(*ladder) {
 			v, err := strconv.ParseFloat(r, 64)
@@ -280,7 +301,7 @@ func suiteCmd(fs *flag.FlagSet, args []string) func(context.Context, io.Writer, 
 			c.LadderRate = append(c.LadderRate, v)
 		}
 		c.Args = strings.Join(args, " ")
-		_, err := suite.Run(ctx, c, stdout, stderr)
+		_, err = suite.Run(ctx, c, stdout, stderr)
 		return err
 	}
 }

@@ -262,25 +262,65 @@ func startEngine(ctx context.Context, what, bin string, args, env []string, log 
 	if len(env) > 0 {
 		cmd.Env = append(os.Environ(), env...)
 	}
+	e := &Engine{port: port, replayPort: replayPort, model: model, cmd: cmd}
+	done, err := launch(ctx, cmd, log, e.URL()+"/health")
+	if err != nil {
+		return nil, fmt.Errorf("peerproc: %s on port %d: %w", what, port, err)
+	}
+	e.done = done
+	return e, nil
+}
+
+// launch starts cmd, its output to log (nil: discarded), and waits until GET
+// healthURL answers 200; done closes when the process has exited. On an error
+// the process is stopped.
+func launch(ctx context.Context, cmd *exec.Cmd, log io.Writer, healthURL string) (done chan struct{}, err error) {
 	if log == nil {
 		log = io.Discard
 	}
 	cmd.Stdout, cmd.Stderr = log, log
 	DieWithParent(cmd)
 	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("peerproc: start %s: %w", bin, err)
+		return nil, fmt.Errorf("start %s: %w", cmd.Path, err)
 	}
-	e := &Engine{port: port, replayPort: replayPort, model: model, cmd: cmd, done: make(chan struct{})}
+	done = make(chan struct{})
 	go func() {
 		_ = cmd.Wait()
-		close(e.done)
+		close(done)
 	}()
-	if err := waitHealthy(ctx, e.URL()+"/health", e.done); err != nil {
-		e.Stop()
-		return nil, fmt.Errorf("peerproc: %s on port %d: %w", what, port, err)
+	if err := waitHealthy(ctx, healthURL, done); err != nil {
+		stop(cmd, done)
+		return nil, err
 	}
-	return e, nil
+	return done, nil
 }
+
+// Helper is a process of this repository's own started by StartHelper (a
+// bench harness's picker, for one).
+type Helper struct {
+	cmd  *exec.Cmd
+	done chan struct{}
+}
+
+// StartHelper runs argv, its output to log, and waits until GET healthURL
+// answers 200.
+func StartHelper(ctx context.Context, what string, argv []string, log io.Writer, healthURL string) (*Helper, error) {
+	if len(argv) == 0 {
+		return nil, fmt.Errorf("peerproc: %s: no command", what)
+	}
+	cmd := exec.Command(argv[0], argv[1:]...)
+	done, err := launch(ctx, cmd, log, healthURL)
+	if err != nil {
+		return nil, fmt.Errorf("peerproc: %s: %w", what, err)
+	}
+	return &Helper{cmd: cmd, done: done}, nil
+}
+
+// Pid is the process id.
+func (h *Helper) Pid() int { return h.cmd.Process.Pid }
+
+// Stop ends the process (SIGTERM, then SIGKILL after 5 s) and waits for it.
+func (h *Helper) Stop() { stop(h.cmd, h.done) }
 
 // Stop ends the process (SIGTERM, then SIGKILL after 5 s) and waits for it.
 func (e *Engine) Stop() { stop(e.cmd, e.done) }
