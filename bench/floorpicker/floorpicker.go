@@ -24,6 +24,8 @@ import (
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/structpb"
 )
 
@@ -40,6 +42,11 @@ const (
 // they do.
 const echoChunkBytes = 62000
 
+// maxBodyBytes bounds the request body the floor holds, as kvselect's
+// --extproc-max-body-bytes bounds its own (64 MiB here: above any prompt the
+// harness sends, 1M-token ones included).
+const maxBodyBytes = 64 << 20
+
 // HistogramName is the floor's decision histogram: from the request's last
 // body message to the decision and the body sent back.
 const HistogramName = "floorpicker_pick_duration_seconds"
@@ -50,6 +57,7 @@ type Server struct {
 	endpoints []string
 	next      atomic.Uint64
 	pick      prometheus.Histogram
+	maxBody   int // maxBodyBytes; smaller in tests
 }
 
 // New returns a floor picker over endpoints (host:port, at least one),
@@ -58,7 +66,7 @@ func New(endpoints []string, reg prometheus.Registerer) (*Server, error) {
 	if len(endpoints) == 0 {
 		return nil, errors.New("floorpicker: no endpoints to route to")
 	}
-	s := &Server{endpoints: endpoints, pick: prometheus.NewHistogram(prometheus.HistogramOpts{
+	s := &Server{endpoints: endpoints, maxBody: maxBodyBytes, pick: prometheus.NewHistogram(prometheus.HistogramOpts{
 		Name: HistogramName,
 		Help: "Time from the request's last body message to the routing decision and the body sent back.",
 		// kvselect's pick histogram's buckets, so the two read alike.
@@ -75,6 +83,7 @@ func New(endpoints []string, reg prometheus.Registerer) (*Server, error) {
 // Process serves one HTTP request's exchange.
 func (s *Server) Process(stream extprocv3.ExternalProcessor_ProcessServer) error {
 	var body []byte
+	routed := false // the request's decision was sent
 	for {
 		req, err := stream.Recv()
 		if errors.Is(err, io.EOF) {
@@ -89,11 +98,14 @@ func (s *Server) Process(stream extprocv3.ExternalProcessor_ProcessServer) error
 			if !r.RequestHeaders.GetEndOfStream() {
 				// The decision waits for the body, held in one buffer
 				// of its announced length.
-				body = make([]byte, 0, contentLength(r.RequestHeaders))
+				body = make([]byte, 0, min(contentLength(r.RequestHeaders), s.maxBody))
 				continue
 			}
-			resp = s.route(0)
+			resp, routed = s.route(0), true
 		case *extprocv3.ProcessingRequest_RequestBody:
+			if len(body)+len(r.RequestBody.GetBody()) > s.maxBody {
+				return status.Errorf(codes.ResourceExhausted, "floorpicker: request body over %d bytes", s.maxBody)
+			}
 			body = append(body, r.RequestBody.GetBody()...)
 			if !r.RequestBody.GetEndOfStream() {
 				continue
@@ -101,15 +113,18 @@ func (s *Server) Process(stream extprocv3.ExternalProcessor_ProcessServer) error
 			if err := s.routeWithBody(stream, body, true); err != nil {
 				return err
 			}
-			body = nil
+			body, routed = nil, true
 			continue
 		case *extprocv3.ProcessingRequest_RequestTrailers:
-			// A body ended by trailers: the decision and the body, then
-			// the trailers' answer.
-			if err := s.routeWithBody(stream, body, false); err != nil {
-				return err
+			// A body ended by trailers: the decision and the body (unless
+			// the body already ended the request), then the trailers'
+			// answer.
+			if !routed {
+				if err := s.routeWithBody(stream, body, false); err != nil {
+					return err
+				}
+				body, routed = nil, true
 			}
-			body = nil
 			resp = &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestTrailers{RequestTrailers: &extprocv3.TrailersResponse{}}}
 		case *extprocv3.ProcessingRequest_ResponseHeaders:
 			resp = &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseHeaders{ResponseHeaders: &extprocv3.HeadersResponse{}}}
@@ -127,7 +142,7 @@ func (s *Server) Process(stream extprocv3.ExternalProcessor_ProcessServer) error
 }
 
 // contentLength is the request's announced body length (0: none or not a
-// number), capped at 64 MiB: a size to reserve, not to trust.
+// number): a size to reserve, within maxBody, not to trust.
 func contentLength(h *extprocv3.HttpHeaders) int {
 	for _, hv := range h.GetHeaders().GetHeaders() {
 		if hv.GetKey() != "content-length" {
@@ -141,7 +156,7 @@ func contentLength(h *extprocv3.HttpHeaders) int {
 		if err != nil || n < 0 {
 			return 0
 		}
-		return min(n, 64<<20)
+		return n
 	}
 	return 0
 }

@@ -6,14 +6,18 @@ import (
 	"flag"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
 
 	"github.com/kvselect/kvselect/envoysim"
 	"github.com/kvselect/kvselect/internal/peerproc"
@@ -145,6 +149,40 @@ func TestExchangesThroughTheFloor(t *testing.T) {
 	}
 	if want := HistogramName + "_count 3"; !strings.Contains(string(m), want) {
 		t.Errorf("/metrics lacks %q (three requests had a body):\n%s", want, m)
+	}
+}
+
+// TestBodyOverTheBound: a body longer than the floor holds ends the stream
+// with RESOURCE_EXHAUSTED instead of growing without bound.
+func TestBodyOverTheBound(t *testing.T) {
+	s, err := New([]string{"10.0.0.1:8000"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.maxBody = 1000
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := grpc.NewServer()
+	extprocv3.RegisterExternalProcessorServer(g, s)
+	go g.Serve(ln)
+	t.Cleanup(g.Stop)
+	conn, err := grpc.NewClient(ln.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	client := envoysim.New(conn)
+	for _, n := range []int{1000, 1001} {
+		body := bytes.Repeat([]byte("x"), n)
+		_, d, err := client.Start(context.Background(), &envoysim.Request{Body: body, ChunkSize: 300, Modes: envoysim.GIE})
+		switch {
+		case n <= 1000 && (err != nil || !bytes.Equal(d.Body, body)):
+			t.Errorf("%d bytes: %v", n, err)
+		case n > 1000 && status.Code(err) != codes.ResourceExhausted:
+			t.Errorf("%d bytes: error %v, want RESOURCE_EXHAUSTED", n, err)
+		}
 	}
 }
 
