@@ -27,25 +27,9 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/structpb"
+
+	"github.com/kvselect/kvselect/extproc"
 )
-
-// The protocol's names (GIE proposal 004): the destination header the
-// gateway routes on, and the dynamic metadata namespace that carries it too.
-const (
-	headerDestination = "x-gateway-destination-endpoint"
-	metadataLB        = "envoy.lb"
-)
-
-// echoChunkBytes is the largest body message sent back: the size GIE's and
-// llm-d's pickers stream a body back in (pkg/common/envoy/chunking.go in
-// llm-d-router), as kvselect does, so the floor sends as many messages as
-// they do.
-const echoChunkBytes = 62000
-
-// maxBodyBytes bounds the request body the floor holds, as kvselect's
-// --extproc-max-body-bytes bounds its own (64 MiB here: above any prompt the
-// harness sends, 1M-token ones included).
-const maxBodyBytes = 64 << 20
 
 // HistogramName is the floor's decision histogram: from the request's last
 // body message to the decision and the body sent back.
@@ -57,7 +41,7 @@ type Server struct {
 	endpoints []string
 	next      atomic.Uint64
 	pick      prometheus.Histogram
-	maxBody   int // maxBodyBytes; smaller in tests
+	maxBody   int // extproc.DefaultMaxBodyBytes, as kvselect; smaller in tests
 }
 
 // New returns a floor picker over endpoints (host:port, at least one),
@@ -66,7 +50,7 @@ func New(endpoints []string, reg prometheus.Registerer) (*Server, error) {
 	if len(endpoints) == 0 {
 		return nil, errors.New("floorpicker: no endpoints to route to")
 	}
-	s := &Server{endpoints: endpoints, maxBody: maxBodyBytes, pick: prometheus.NewHistogram(prometheus.HistogramOpts{
+	s := &Server{endpoints: endpoints, maxBody: extproc.DefaultMaxBodyBytes, pick: prometheus.NewHistogram(prometheus.HistogramOpts{
 		Name: HistogramName,
 		Help: "Time from the request's last body message to the routing decision and the body sent back.",
 		// kvselect's pick histogram's buckets, so the two read alike.
@@ -161,16 +145,17 @@ func contentLength(h *extprocv3.HttpHeaders) int {
 	return 0
 }
 
-// routeWithBody sends the decision for a request of body, then the body
-// in ≤ echoChunkBytes streamed messages; eos marks the last one
-// end_of_stream (false when trailers follow).
+// routeWithBody sends the decision for a request of body, then the body in
+// ≤ extproc.BodyChunkBytes streamed messages (the size kvselect and llm-d's
+// picker stream a body back in, so the floor sends as many messages); eos
+// marks the last one end_of_stream (false when trailers follow).
 func (s *Server) routeWithBody(stream extprocv3.ExternalProcessor_ProcessServer, body []byte, eos bool) error {
 	start := time.Now()
 	if err := stream.Send(s.route(len(body))); err != nil {
 		return err
 	}
 	for b := body; ; {
-		n := min(len(b), echoChunkBytes)
+		n := min(len(b), extproc.BodyChunkBytes)
 		last := n == len(b)
 		if err := stream.Send(streamed(true, b[:n], eos && last)); err != nil {
 			return err
@@ -188,7 +173,7 @@ func (s *Server) routeWithBody(stream extprocv3.ExternalProcessor_ProcessServer,
 // have changed the body must.
 func (s *Server) route(n int) *extprocv3.ProcessingResponse {
 	dest := s.endpoints[(s.next.Add(1)-1)%uint64(len(s.endpoints))]
-	set := []*corev3.HeaderValueOption{{Header: &corev3.HeaderValue{Key: headerDestination, RawValue: []byte(dest)}}}
+	set := []*corev3.HeaderValueOption{{Header: &corev3.HeaderValue{Key: extproc.HeaderDestination, RawValue: []byte(dest)}}}
 	if n > 0 {
 		set = append(set, &corev3.HeaderValueOption{Header: &corev3.HeaderValue{Key: "content-length", RawValue: []byte(strconv.Itoa(n))}})
 	}
@@ -196,8 +181,8 @@ func (s *Server) route(n int) *extprocv3.ProcessingResponse {
 		Response: &extprocv3.ProcessingResponse_RequestHeaders{RequestHeaders: &extprocv3.HeadersResponse{
 			Response: &extprocv3.CommonResponse{HeaderMutation: &extprocv3.HeaderMutation{SetHeaders: set}}}},
 		DynamicMetadata: &structpb.Struct{Fields: map[string]*structpb.Value{
-			metadataLB: structpb.NewStructValue(&structpb.Struct{Fields: map[string]*structpb.Value{
-				headerDestination: structpb.NewStringValue(dest),
+			extproc.MetadataLB: structpb.NewStructValue(&structpb.Struct{Fields: map[string]*structpb.Value{
+				extproc.HeaderDestination: structpb.NewStringValue(dest),
 			}}),
 		}},
 	}

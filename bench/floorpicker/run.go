@@ -111,3 +111,14 @@ func (f *Flags) Config() (Config, error) {
 	}
 	return cfg, nil
 }
+
+// Serve checks the parsed flags and serves until ctx ends, with opts as the
+// grpc.Server's options: the floor-picker command, wherever it is run.
+func (f *Flags) Serve(ctx context.Context, opts []grpc.ServerOption, log *slog.Logger) error {
+	cfg, err := f.Config()
+	if err != nil {
+		return err
+	}
+	cfg.ServerOptions = opts
+	return Run(ctx, cfg, log)
+}

@@ -36,15 +36,9 @@ func serveFloor(args []string) int {
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
-	cfg, err := f.Config()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "floor-picker:", err)
-		return 2
-	}
-	cfg.ServerOptions = extproc.ServerOptions()
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
-	if err := floorpicker.Run(ctx, cfg, slog.New(slog.NewTextHandler(os.Stderr, nil))); err != nil {
+	if err := f.Serve(ctx, extproc.ServerOptions(), slog.New(slog.NewTextHandler(os.Stderr, nil))); err != nil {
 		fmt.Fprintln(os.Stderr, "floor-picker:", err)
 		return 1
 	}

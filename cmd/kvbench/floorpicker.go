@@ -17,11 +17,6 @@ func floorPickerCmd(fs *flag.FlagSet, _ []string) func(ctx context.Context, stdo
 	var f floorpicker.Flags
 	f.Register(fs)
 	return func(ctx context.Context, _, stderr io.Writer) error {
-		cfg, err := f.Config()
-		if err != nil {
-			return err
-		}
-		cfg.ServerOptions = extproc.ServerOptions()
-		return floorpicker.Run(ctx, cfg, slog.New(slog.NewTextHandler(stderr, nil)))
+		return f.Serve(ctx, extproc.ServerOptions(), slog.New(slog.NewTextHandler(stderr, nil)))
 	}
 }
