@@ -73,18 +73,16 @@ func NewKVSelect(cfg KVSelectConfig) (*KVSelect, error) {
 }
 
 // FreePorts returns n distinct TCP ports that were free on 127.0.0.1 a
-// moment ago (peerproc.FreePort's), for processes that must know each
-// other's ports before they start.
+// moment ago (peerproc.FreePort's, which never repeats one), for processes
+// that must know each other's ports before they start.
 func FreePorts(n int) ([]int, error) {
 	ports := make([]int, 0, n)
-	for len(ports) < n {
+	for range n {
 		p, err := peerproc.FreePort()
 		if err != nil {
 			return nil, err
 		}
-		if !slices.Contains(ports, p) {
-			ports = append(ports, p)
-		}
+		ports = append(ports, p)
 	}
 	return ports, nil
 }

@@ -19,6 +19,7 @@ import (
 	"os/exec"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -111,24 +112,53 @@ func binary(tb testing.TB, env, howTo string, require ...string) string {
 // port of outgoing connections, and on a machine running many tests one of
 // those can take it in the seconds before the process that was meant to
 // listen there starts.
+//
+// A port is never handed out twice in one process: it is only checked free,
+// not held, so two calls a moment apart could otherwise both return it (a
+// simulator was once given the same port for its HTTP server and its replay
+// socket, and failed to start).
 func FreePort() (int, error) {
+	issued.Lock()
+	defer issued.Unlock()
+	if issued.ports == nil {
+		issued.ports = make(map[int]bool)
+	}
 	lo, hi := 10000, ephemeralStart()-1
 	for range 64 {
 		if hi <= lo {
 			break
 		}
 		port := lo + rand.IntN(hi-lo+1)
+		if issued.ports[port] {
+			continue
+		}
 		if l, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(port)); err == nil {
 			l.Close()
+			issued.ports[port] = true
 			return port, nil
 		}
 	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, fmt.Errorf("free port: %w", err)
+	for range 64 {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return 0, fmt.Errorf("free port: %w", err)
+		}
+		port := l.Addr().(*net.TCPAddr).Port
+		l.Close()
+		if !issued.ports[port] {
+			issued.ports[port] = true
+			return port, nil
+		}
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
+	return 0, errors.New("free port: every port the kernel offered was handed out before")
+}
+
+// issued is the set of ports FreePort has returned in this process. It is
+// package state because what it guards is: ports are one namespace for the
+// whole process (and machine), whichever test or harness asks.
+var issued struct {
+	sync.Mutex
+	ports map[int]bool
 }
 
 // ephemeralStart is the first port of the kernel's ephemeral range (Linux's

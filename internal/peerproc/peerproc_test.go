@@ -114,3 +114,20 @@ func TestFreePortIsBelowTheEphemeralRange(t *testing.T) {
 		l.Close()
 	}
 }
+
+// TestFreePortNeverRepeats: ports are checked free, not held, so without the
+// record two calls could return the same one; 2,000 draws from the ~22,000
+// ports below the ephemeral range would repeat dozens of times.
+func TestFreePortNeverRepeats(t *testing.T) {
+	seen := make(map[int]bool)
+	for i := range 2000 {
+		p, err := FreePort()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if seen[p] {
+			t.Fatalf("draw %d: port %d handed out twice", i, p)
+		}
+		seen[p] = true
+	}
+}
