@@ -40,6 +40,7 @@ import (
 	"time"
 
 	"github.com/kvselect/kvselect/bench/fleet"
+	"github.com/kvselect/kvselect/bench/floorpicker"
 	"github.com/kvselect/kvselect/bench/mooncake"
 	"github.com/kvselect/kvselect/bench/ngf"
 	"github.com/kvselect/kvselect/bench/promtext"
@@ -79,6 +80,13 @@ type Config struct {
 	// ExtProcTLS serves kvselect's picker over TLS (self-signed) and has
 	// every picker path reach it so, unverified.
 	ExtProcTLS bool
+	// GatewayFloor, with a gateway, adds two phases with the floor picker
+	// in kvselect's place (FloorPicker serves it: round-robin, nothing read
+	// or booked), one through envoysim and one through the gateway. The
+	// TTFT the gateway adds to a picker that costs nothing is the path's
+	// own, which no picker can take back.
+	GatewayFloor bool
+	FloorPicker  []string
 }
 
 // GatewayNGINX is -gateway nginx: NGINX Gateway Fabric's endpoint-picker
@@ -122,6 +130,15 @@ func (c *Config) Validate() error {
 	case !(c.Rate >= 0) || math.IsInf(c.Rate, 1):
 		return fmt.Errorf("-rate %g: want a finite number of requests per second, or 0 for the trace's times", c.Rate)
 	}
+	switch {
+	case !c.GatewayFloor:
+	case c.Gateway == "":
+		return errors.New("-gateway-floor measures a gateway's path: it needs -gateway")
+	case c.ExtProcTLS:
+		return errors.New("-gateway-floor: the floor picker serves plaintext only (drop -extproc-tls)")
+	case len(c.FloorPicker) == 0:
+		return errors.New("-gateway-floor needs the command that serves the floor picker (kvbench floor-picker)")
+	}
 	switch c.Gateway {
 	case "":
 	case GatewayNGINX:
@@ -152,9 +169,10 @@ type Phase struct {
 	Throughput  float64 `json:"throughput_rps"`
 	SelectP50Us float64 `json:"select_p50_us,omitempty"` // ext_proc decision latency as the client saw it
 	SelectP99Us float64 `json:"select_p99_us,omitempty"`
-	// ServerPick is kvselect's own decision time (its pick-duration
-	// histogram over the phase): what the picker spends, without the gRPC
-	// round trips and the scheduling of every process on the machine.
+	// ServerPick is the picker's own decision time (kvselect's
+	// pick-duration histogram over the phase, or the floor's): what the
+	// picker spends, without the gRPC round trips and the scheduling of
+	// every process on the machine.
 	ServerPick *promtext.Summary `json:"server_pick,omitempty"`
 	// HitRateOverTime is the workers' prefix-cache hit rate per second of
 	// the phase.
@@ -168,8 +186,11 @@ type Phase struct {
 	// InFlight compares kvselect's bookings with the client's requests in
 	// flight over the phase (picker phases only).
 	InFlight *InFlight `json:"in_flight,omitempty"`
-	// CPUPerRequestUs is kvselect's CPU time (user + system, /proc) over
-	// the phase divided by its requests (picker phases only).
+	// Routing is what kvselect's decisions expected (its phases only).
+	Routing *Routing `json:"routing,omitempty"`
+	// CPUPerRequestUs is the picker's CPU time (user + system, /proc):
+	// kvselect's, or the floor's in its phases, over the phase divided by
+	// its requests (picker phases only).
 	CPUPerRequestUs float64 `json:"kvselect_cpu_per_request_us,omitempty"`
 	ttfts, selDur   []time.Duration
 }
@@ -201,6 +222,10 @@ const (
 	// PolicyKVSelectNGINX is kvselect's picker reached through NGINX
 	// Gateway Fabric (-gateway nginx).
 	PolicyKVSelectNGINX = "kvselect-nginx"
+	// PolicyFloor and PolicyFloorNGINX are the floor picker reached as
+	// kvselect is in the two phases above (-gateway-floor).
+	PolicyFloor      = "floor"
+	PolicyFloorNGINX = "floor-nginx"
 )
 
 // The picker phases' paths to kvselect.
@@ -229,10 +254,14 @@ func Run(ctx context.Context, c Config, stdout, stderr io.Writer) (*Report, erro
 			fl.Stop()
 		}
 	}()
-	policies := []string{PolicyKVSelect, PolicyRoundRobin}
+	policies := []string{PolicyKVSelect}
 	if c.Gateway == GatewayNGINX {
-		policies = []string{PolicyKVSelect, PolicyKVSelectNGINX, PolicyRoundRobin}
+		policies = append(policies, PolicyKVSelectNGINX)
+		if c.GatewayFloor {
+			policies = append(policies, PolicyFloor, PolicyFloorNGINX)
+		}
 	}
+	policies = append(policies, PolicyRoundRobin)
 	for _, policy := range policies {
 		switch {
 		case c.Family == fleet.FamilySim:
@@ -254,19 +283,7 @@ func Run(ctx context.Context, c Config, stdout, stderr io.Writer) (*Report, erro
 				return nil, err
 			}
 		}
-		var gw *ngf.Gateway
-		if policy == PolicyKVSelectNGINX {
-			// Started per phase, after its kvselect: the configuration
-			// names the picker's port, and the shim's fixed port is held
-			// only while the demo uses it.
-			if gw, err = ngf.Start(ctx, ngf.Config{ShimDir: c.NGFShimDir, Dir: c.Out, Prefix: "demo", ExtProc: fl.KV.ExtProc, TLS: c.ExtProcTLS}); err != nil {
-				return nil, err
-			}
-		}
-		ph, err := Replay(ctx, fl, gw, c, policy, reqs, stderr)
-		if gw != nil {
-			gw.Stop()
-		}
+		ph, err := replayVia(ctx, fl, c, policy, reqs, stderr)
 		if err != nil {
 			return nil, err
 		}
@@ -293,6 +310,40 @@ func Run(ctx context.Context, c Config, stdout, stderr io.Writer) (*Report, erro
 	return rep, nil
 }
 
+// replayVia starts what the phase's requests pass through besides the
+// engines (the floor picker, the gateway), replays, and stops them.
+func replayVia(ctx context.Context, fl *fleet.Fleet, c Config, policy string, reqs []mooncake.Request, stderr io.Writer) (Phase, error) {
+	var via Via
+	extProc := fl.KV.ExtProc
+	if policy == PolicyFloor || policy == PolicyFloorNGINX {
+		f, err := StartFloor(ctx, c, fl, "demo-"+policy)
+		if err != nil {
+			return Phase{Policy: policy}, err
+		}
+		defer f.Stop()
+		via.Floor, extProc = f, f.ExtProc
+	}
+	if policy == PolicyKVSelectNGINX || policy == PolicyFloorNGINX {
+		// Started per phase, after its picker: the configuration names the
+		// picker's port, and the shim's fixed port is held only while the
+		// demo uses it.
+		gw, err := ngf.Start(ctx, ngf.Config{ShimDir: c.NGFShimDir, Dir: c.Out, Prefix: "demo-" + policy, ExtProc: extProc, TLS: c.ExtProcTLS})
+		if err != nil {
+			return Phase{Policy: policy}, err
+		}
+		defer gw.Stop()
+		via.Gateway = gw
+	}
+	return Replay(ctx, fl, via, c, policy, reqs, stderr)
+}
+
+// Via is what a phase's requests pass through besides the engines: the
+// gateway (the NGINX phases) and the floor picker (the floor phases).
+type Via struct {
+	Gateway *ngf.Gateway
+	Floor   *Floor
+}
+
 // StartFleet starts kvselect and c's engines; prefix names the logs of a
 // phase's own processes.
 func StartFleet(ctx context.Context, c Config, reqs []mooncake.Request, prefix string, stderr io.Writer) (*fleet.Fleet, error) {
@@ -304,23 +355,24 @@ func StartFleet(ctx context.Context, c Config, reqs []mooncake.Request, prefix s
 }
 
 // Replay runs one phase: open loop at the trace's (compressed) arrival
-// times, at most c.Concurrency requests in flight, through the picker
-// (PolicyKVSelect with envoysim, PolicyKVSelectNGINX through gw) or
+// times, at most c.Concurrency requests in flight, through a picker
+// (kvselect's or the floor, with envoysim or through via.Gateway) or
 // round-robin straight to the engines.
-func Replay(ctx context.Context, fl *fleet.Fleet, gw *ngf.Gateway, c Config, policy string, reqs []mooncake.Request, stderr io.Writer) (Phase, error) {
+func Replay(ctx context.Context, fl *fleet.Fleet, via Via, c Config, policy string, reqs []mooncake.Request, stderr io.Writer) (Phase, error) {
 	ph := Phase{Policy: policy, Requests: len(reqs), PerWorker: make([]int, len(fl.Workers))}
-	picker := policy != PolicyRoundRobin
-	ph.TLS = picker && c.ExtProcTLS
-	if policy == PolicyKVSelectNGINX && gw == nil {
-		return ph, errors.New("the NGINX phase needs a running gateway")
+	pk, err := pickerOf(fl, via, policy)
+	if err != nil {
+		return ph, err
 	}
+	picker := pk != nil
+	ph.TLS = picker && c.ExtProcTLS
 	q0, h0, err := fl.CacheCounters(ctx)
 	if err != nil {
 		return ph, err
 	}
 	var pick0 promtext.Samples
 	if picker {
-		if pick0, err = fl.KV.Metrics(ctx); err != nil {
+		if pick0, err = pk.metrics(ctx); err != nil {
 			return ph, err
 		}
 	}
@@ -332,7 +384,7 @@ func Replay(ctx context.Context, fl *fleet.Fleet, gw *ngf.Gateway, c Config, pol
 	if !c.Quiet {
 		bar = report.NewProgress(stderr, policy)
 	}
-	send := sender(fl, gw, policy)
+	send := sender(fl, via, policy)
 	var (
 		mu       sync.Mutex
 		done     atomic.Int64
@@ -349,7 +401,7 @@ func Replay(ctx context.Context, fl *fleet.Fleet, gw *ngf.Gateway, c Config, pol
 		mu.Lock()
 		lifeSum += life
 		// The client sees the decision's time only on envoysim's path.
-		if err := ph.add(res, worker, policy == PolicyKVSelect, err); err != nil && firstErr == nil {
+		if err := ph.add(res, worker, picker && via.Gateway == nil, err); err != nil && firstErr == nil {
 			firstErr = err
 		}
 		mu.Unlock()
@@ -357,7 +409,7 @@ func Replay(ctx context.Context, fl *fleet.Fleet, gw *ngf.Gateway, c Config, pol
 	}
 	var cpu0 time.Duration
 	if picker {
-		if cpu0, err = fleet.ProcessCPU(fl.KV.Proc.Pid()); err != nil {
+		if cpu0, err = fleet.ProcessCPU(pk.pid); err != nil {
 			return ph, err
 		}
 	}
@@ -366,7 +418,7 @@ func Replay(ctx context.Context, fl *fleet.Fleet, gw *ngf.Gateway, c Config, pol
 	sampled := make(chan []Point)
 	go func() { sampled <- sampleHitRate(ctx, fl, start, q0, h0, sampling) }()
 	tracked := make(chan *InFlight, 1)
-	if picker {
+	if picker && pk.books {
 		go func() { tracked <- sampleInFlight(ctx, fl.KV, &inFlight, fl.EngineRequests, inFlightEvery, sampling) }()
 	} else {
 		tracked <- nil
@@ -375,7 +427,7 @@ func Replay(ctx context.Context, fl *fleet.Fleet, gw *ngf.Gateway, c Config, pol
 	wall := time.Since(start)
 	var cpu1 time.Duration
 	if picker {
-		cpu1, _ = fleet.ProcessCPU(fl.KV.Proc.Pid())
+		cpu1, _ = fleet.ProcessCPU(pk.pid)
 	}
 	close(sampling)
 	hitRates := <-sampled
@@ -393,8 +445,44 @@ func Replay(ctx context.Context, fl *fleet.Fleet, gw *ngf.Gateway, c Config, pol
 	if firstErr != nil {
 		fmt.Fprintf(stderr, "%s: first error: %v\n", policy, firstErr)
 	}
-	err = ph.summarize(ctx, fl, q0, h0, pick0, wall)
+	err = ph.summarize(ctx, fl, pk, q0, h0, pick0, wall)
 	return ph, err
+}
+
+// phasePicker is what a phase measures of its picker.
+type phasePicker struct {
+	pid     int
+	metrics func(context.Context) (promtext.Samples, error)
+	hist    string // its decision-time histogram
+	// books says it books requests, which kvselect does (its bookings are
+	// tracked against the requests in flight) and the floor does not.
+	books bool
+}
+
+// pickerOf is the phase's picker, nil for round-robin, checking that via
+// holds what the policy passes through.
+func pickerOf(fl *fleet.Fleet, via Via, policy string) (*phasePicker, error) {
+	nginx := policy == PolicyKVSelectNGINX || policy == PolicyFloorNGINX
+	switch {
+	case nginx && via.Gateway == nil:
+		return nil, fmt.Errorf("the %s phase needs a running gateway", policy)
+	case !nginx && via.Gateway != nil:
+		return nil, fmt.Errorf("the %s phase does not pass through a gateway", policy)
+	}
+	switch policy {
+	case PolicyRoundRobin:
+		return nil, nil
+	case PolicyKVSelect, PolicyKVSelectNGINX:
+		return &phasePicker{pid: fl.KV.Proc.Pid(), metrics: fl.KV.Metrics, hist: pickHistogram, books: true}, nil
+	case PolicyFloor, PolicyFloorNGINX:
+		if via.Floor == nil {
+			return nil, fmt.Errorf("the %s phase needs a running floor picker", policy)
+		}
+		f := via.Floor
+		return &phasePicker{pid: f.Pid(), metrics: func(ctx context.Context) (promtext.Samples, error) { return f.Metrics(ctx, fl) },
+			hist: floorpicker.HistogramName}, nil
+	}
+	return nil, fmt.Errorf("unknown phase policy %q", policy)
 }
 
 // pace describes the phases' arrivals (mooncake.Arrivals) for the report.
@@ -426,15 +514,18 @@ func completionBodies(model string, c Config, reqs []mooncake.Request) ([][]byte
 // round-robin straight to an engine. It returns the result and the worker
 // that served it (-1 when it is not known: the picker named none of them,
 // or NGINX does not say).
-func sender(fl *fleet.Fleet, gw *ngf.Gateway, policy string) func(ctx context.Context, i int, body []byte) (relay.Result, int, error) {
+func sender(fl *fleet.Fleet, via Via, policy string) func(ctx context.Context, i int, body []byte) (relay.Result, int, error) {
 	switch policy {
-	case PolicyKVSelectNGINX:
+	case PolicyKVSelectNGINX, PolicyFloorNGINX:
 		return func(ctx context.Context, _ int, body []byte) (relay.Result, int, error) {
-			res, err := relay.Direct(ctx, fl.HTTP, gw.URL+"/v1/completions", body)
+			res, err := relay.Direct(ctx, fl.HTTP, via.Gateway.URL+"/v1/completions", body)
 			return res, fl.WorkerByID(res.WorkerID), err
 		}
-	case PolicyKVSelect:
+	case PolicyKVSelect, PolicyFloor:
 		rl := fl.Relay()
+		if policy == PolicyFloor {
+			rl = via.Floor.Relay(fl)
+		}
 		return func(ctx context.Context, i int, body []byte) (relay.Result, int, error) {
 			res, err := rl.Do(ctx, "/v1/completions", body, envoysim.Header{Key: "x-request-id", Value: fmt.Sprintf("demo-%d-%d", time.Now().UnixNano(), i)})
 			worker := -1
@@ -471,9 +562,9 @@ func (ph *Phase) add(res relay.Result, worker int, picker bool, err error) error
 
 // summarize fills the phase's figures once its requests, sent over wall,
 // are done: the hit rate since the engines' counters read q0 and h0, the
-// quantiles, and for the picker the bookings it still holds and its decision
-// time since its metrics read pick0.
-func (ph *Phase) summarize(ctx context.Context, fl *fleet.Fleet, q0, h0 float64, pick0 promtext.Samples, wall time.Duration) error {
+// quantiles, and for a picker (pk) the bookings it still holds, if it books,
+// and its decision time since its metrics read pick0.
+func (ph *Phase) summarize(ctx context.Context, fl *fleet.Fleet, pk *phasePicker, q0, h0 float64, pick0 promtext.Samples, wall time.Duration) error {
 	q1, h1, err := fl.CacheCounters(ctx)
 	if err != nil {
 		return err
@@ -481,20 +572,23 @@ func (ph *Phase) summarize(ctx context.Context, fl *fleet.Fleet, q0, h0 float64,
 	if prompt := q1 - q0; prompt > 0 {
 		ph.HitRate = (h1 - h0) / prompt
 	}
-	if ph.Policy == PolicyKVSelectNGINX {
+	switch ph.Policy {
+	case PolicyKVSelectNGINX, PolicyFloorNGINX:
 		ph.Path = PathNGINX
-	} else if ph.Policy == PolicyKVSelect {
+	case PolicyKVSelect, PolicyFloor:
 		ph.Path = PathEnvoysim
 	}
 	ph.TTFTP50Ms, ph.TTFTP90Ms = float64(stats.Quantile(ph.ttfts, 0.5))/1e6, float64(stats.Quantile(ph.ttfts, 0.9))/1e6
 	ph.SelectP50Us, ph.SelectP99Us = float64(stats.Quantile(ph.selDur, 0.5))/1e3, float64(stats.Quantile(ph.selDur, 0.99))/1e3
 	ph.WallSeconds = wall.Seconds()
 	ph.Throughput = float64(len(ph.ttfts)) / wall.Seconds()
-	if ph.Policy == PolicyRoundRobin {
+	if pk == nil {
 		return nil
 	}
-	if ph.LoadAfterRun, err = fl.KV.ActiveRequests(ctx); err != nil {
-		return err
+	if pk.books {
+		if ph.LoadAfterRun, err = fl.KV.ActiveRequests(ctx); err != nil {
+			return err
+		}
 	}
 	if ph.InFlight != nil {
 		// Bookings kvselect ends at an estimate (NGF's path) may trail the
@@ -506,18 +600,40 @@ func (ph *Phase) summarize(ctx context.Context, fl *fleet.Fleet, q0, h0 float64,
 		}
 		ph.InFlight.DrainMs = float64(time.Since(t0)) / 1e6
 	}
-	pick1, err := fl.KV.Metrics(ctx)
+	pick1, err := pk.metrics(ctx)
 	if err != nil {
 		return err
 	}
 	delta := pick1.Minus(pick0)
-	sp := delta.Summarize(pickHistogram)
+	sp := delta.Summarize(pk.hist)
 	ph.ServerPick = &sp
 	if ph.InFlight != nil {
 		ph.InFlight.lifetimes(delta)
 	}
+	if prompt := delta.Sum(promptTokens); pk.books && prompt > 0 {
+		cached, best := delta.Sum(cachedTokens), delta.Sum(bestCachedTokens)
+		ph.Routing = &Routing{CachedShare: cached / prompt, GivenUpForLoad: (best - cached) / prompt}
+	}
 	return nil
 }
+
+// Routing is what kvselect's decisions over a phase expected of the
+// engines' caches, from its selection counters.
+type Routing struct {
+	// CachedShare is the prompt tokens its index held on the chosen
+	// engines over the prompt tokens: the hit rate it routed for.
+	CachedShare float64 `json:"cached_share"`
+	// GivenUpForLoad is what the best-cached candidates held beyond the
+	// chosen ones, over the prompt tokens: cache traded for load.
+	GivenUpForLoad float64 `json:"given_up_for_load"`
+}
+
+// kvselect's selection counters Routing reads.
+const (
+	promptTokens     = "kvselect_selection_prompt_tokens_total"
+	cachedTokens     = "kvselect_selection_cached_tokens_total"
+	bestCachedTokens = "kvselect_selection_best_cached_tokens_total"
+)
 
 // sampleHitRate reads the workers' prefix-cache counters every second until
 // stop closes: the hit rate of each second of the phase (seconds without

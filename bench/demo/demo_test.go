@@ -137,3 +137,24 @@ func TestPaceAndRate(t *testing.T) {
 		}
 	}
 }
+
+// -gateway-floor measures a gateway's path with the floor picker, which
+// serves plaintext only and is run by a command the caller names.
+func TestGatewayFloorNeedsItsParts(t *testing.T) {
+	for _, tc := range []struct {
+		gateway string
+		tls     bool
+		command []string
+		want    string
+	}{
+		{want: "needs -gateway"},
+		{gateway: GatewayNGINX, tls: true, command: []string{"kvbench", "floor-picker"}, want: "plaintext only"},
+		{gateway: GatewayNGINX, want: "needs the command"},
+	} {
+		c := Defaults()
+		c.GatewayFloor, c.Gateway, c.ExtProcTLS, c.FloorPicker = true, tc.gateway, tc.tls, tc.command
+		if err := c.Validate(); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("gateway %q, TLS %v, command %q: err = %v, want one saying %q", tc.gateway, tc.tls, tc.command, err, tc.want)
+		}
+	}
+}

@@ -192,6 +192,23 @@ type GatewayGoals struct {
 	TTFTMet         bool    `json:"ttft_p90_within_5pct"`
 	InFlightMet     bool    `json:"in_flight_goal_met"`
 	CPUMet          bool    `json:"cpu_goal_met"`
+	// Path is the gap between the two kvselect phases in milliseconds, and
+	// TTFTAllowanceMs what the p90 goal allows: 5 % of envoysim's p90.
+	Path            PathCost `json:"path"`
+	TTFTAllowanceMs float64  `json:"ttft_p90_allowance_ms"`
+	// Floor is the same gap with the floor picker in kvselect's place
+	// (-gateway-floor; nil without its phases): what the gateway's path
+	// costs a picker that does nothing, none of which a picker can take
+	// back.
+	Floor *PathCost `json:"floor,omitempty"`
+}
+
+// PathCost is what a gateway's path added to a picker's phase, against the
+// same picker reached through envoysim in the same run.
+type PathCost struct {
+	TTFTP50GapMs float64 `json:"ttft_p50_gap_ms"` // NGINX's - envoysim's
+	TTFTP90GapMs float64 `json:"ttft_p90_gap_ms"`
+	TTFTP90Delta float64 `json:"ttft_p90_rel_delta"` // NGINX's / envoysim's - 1
 }
 
 // Goal thresholds.
@@ -201,32 +218,23 @@ const (
 	goalCPURatio = 2
 )
 
-// compareGateway is the NGINX phase against envoysim's, nil without both.
+// compareGateway is kvselect's NGINX phase against its envoysim phase, and
+// the floor's two phases likewise when they ran; nil without kvselect's.
 func compareGateway(phases []Phase) *GatewayGoals {
-	var env, gw *Phase
+	byPolicy := make(map[string]*Phase, len(phases))
 	for i := range phases {
-		switch phases[i].Path {
-		case PathEnvoysim:
-			env = &phases[i]
-		case PathNGINX:
-			gw = &phases[i]
-		}
+		byPolicy[phases[i].Policy] = &phases[i]
 	}
+	env, gw := byPolicy[PolicyKVSelect], byPolicy[PolicyKVSelectNGINX]
 	if env == nil || gw == nil {
 		return nil
 	}
-	// JSON has no NaN: a zero base (no hits, no TTFT) reads as no change
-	// when both are zero and as +100 % otherwise.
-	rel := func(a, b float64) float64 {
-		switch {
-		case b != 0:
-			return a/b - 1
-		case a == 0:
-			return 0
-		}
-		return 1
+	g := &GatewayGoals{HitRateDelta: relDelta(gw.HitRate, env.HitRate), Path: pathCost(env, gw), TTFTAllowanceMs: goalRelDelta * env.TTFTP90Ms}
+	g.TTFTP90Delta = g.Path.TTFTP90Delta
+	if env, gw := byPolicy[PolicyFloor], byPolicy[PolicyFloorNGINX]; env != nil && gw != nil {
+		f := pathCost(env, gw)
+		g.Floor = &f
 	}
-	g := &GatewayGoals{HitRateDelta: rel(gw.HitRate, env.HitRate), TTFTP90Delta: rel(gw.TTFTP90Ms, env.TTFTP90Ms)}
 	if env.CPUPerRequestUs > 0 {
 		g.CPURatio = gw.CPUPerRequestUs / env.CPUPerRequestUs
 	}
@@ -244,4 +252,23 @@ func compareGateway(phases []Phase) *GatewayGoals {
 	g.InFlightMet = g.InFlightWithin1 >= goalWithin1 && g.BookingsLeft == 0
 	g.CPUMet = g.CPURatio > 0 && g.CPURatio <= goalCPURatio
 	return g
+}
+
+// pathCost is what the gateway's phase gw added to the TTFT of env, the
+// same picker's phase through envoysim.
+func pathCost(env, gw *Phase) PathCost {
+	return PathCost{TTFTP50GapMs: gw.TTFTP50Ms - env.TTFTP50Ms, TTFTP90GapMs: gw.TTFTP90Ms - env.TTFTP90Ms,
+		TTFTP90Delta: relDelta(gw.TTFTP90Ms, env.TTFTP90Ms)}
+}
+
+// relDelta is a/b - 1. JSON has no NaN: a zero base (no hits, no TTFT)
+// reads as no change when both are zero and as +100 % otherwise.
+func relDelta(a, b float64) float64 {
+	switch {
+	case b != 0:
+		return a/b - 1
+	case a == 0:
+		return 0
+	}
+	return 1
 }

@@ -208,7 +208,7 @@ func replayScraped(ctx context.Context, fl *fleet.Fleet, prom *promProcess, d de
 		return start, end, err
 	}
 	start = time.Now()
-	ph, err := demo.Replay(ctx, fl, nil, d, demo.PolicyKVSelect, reqs, stderr)
+	ph, err := demo.Replay(ctx, fl, demo.Via{}, d, demo.PolicyKVSelect, reqs, stderr)
 	if err != nil {
 		return start, end, err
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/kvselect/kvselect/bench/fleet"
 	"github.com/kvselect/kvselect/bench/fleet/fleettest"
 	"github.com/kvselect/kvselect/bench/floorpicker"
+	"github.com/kvselect/kvselect/bench/floorpicker/floortest"
 	"github.com/kvselect/kvselect/bench/mooncake"
 	"github.com/kvselect/kvselect/internal/peerproc"
 )
@@ -55,7 +56,7 @@ func TestVsEPPHarness(t *testing.T) {
 			}
 			c.Family, c.Prompts, c.Requests, c.Pickers = tc.family, tc.prompts, tc.requests, tc.pickers
 			if slices.Contains(tc.pickers, pickerFloor) {
-				c.FloorPicker = floorCommand()
+				c.FloorPicker = floortest.Command()
 			}
 			vsHarness(t, c, tc.requests, tc.pickers, tc.prompts == PromptsText)
 		})
@@ -208,7 +209,7 @@ func TestVsEPPFamilyAndPromptsChecks(t *testing.T) {
 			c.Pickers = tc.pickers
 		}
 		if tc.floor {
-			c.FloorPicker = floorCommand()
+			c.FloorPicker = floortest.Command()
 		}
 		if tc.transports != nil {
 			c.Transports = tc.transports

@@ -48,8 +48,13 @@ func demoCmd(fs *flag.FlagSet, _ []string) func(context.Context, io.Writer, io.W
 	fs.StringVar(&c.Gateway, "gateway", "", "also replay the trace through this `gateway` beside envoysim: "+demo.GatewayNGINX+" (NGINX running NGINX Gateway Fabric's epp.js and shim; needs -ngf-shim-dir, nginx and its njs module)")
 	fs.StringVar(&c.NGFShimDir, "ngf-shim-dir", os.Getenv(ngf.EnvShimDir), "`folder` holding NGINX Gateway Fabric's ngf-epp-shim, epp.js and nginx.example.conf (default $"+ngf.EnvShimDir+")")
 	fs.BoolVar(&c.ExtProcTLS, "extproc-tls", false, "serve kvselect's ext_proc picker over TLS (self-signed); envoysim and NGF's shim reach it without verifying the certificate")
+	fs.BoolVar(&c.GatewayFloor, "gateway-floor", false, "with -gateway, also run the floor picker (kvbench floor-picker: round-robin, only what the protocol requires) through envoysim and through the gateway: the TTFT the gateway's path adds to a picker that does nothing")
 	return func(ctx context.Context, stdout, stderr io.Writer) error {
-		_, err := demo.Run(ctx, c, stdout, stderr)
+		var err error
+		if c.FloorPicker, err = floorCommand(c.GatewayFloor); err != nil {
+			return err
+		}
+		_, err = demo.Run(ctx, c, stdout, stderr)
 		return err
 	}
 }
@@ -117,7 +122,7 @@ func vsEPPFlags(fs *flag.FlagSet, args []string) func() (vsepp.Config, error) {
 		c.Pickers, c.Transports = benchflag.Split(*pickers), benchflag.Split(*transports)
 		c.Args = strings.Join(args, " ")
 		var err error
-		if c.FloorPicker, err = floorCommand(c.Pickers); err != nil {
+		if c.FloorPicker, err = floorCommand(slices.Contains(c.Pickers, "floor")); err != nil {
 			return c, err
 		}
 		err = applySharedPrefix(fs, &sp, &c)
@@ -125,10 +130,10 @@ func vsEPPFlags(fs *flag.FlagSet, args []string) func() (vsepp.Config, error) {
 	}
 }
 
-// floorCommand is the command that serves the picker "floor" when pickers
-// name it: this binary's floor-picker subcommand.
-func floorCommand(pickers []string) ([]string, error) {
-	if !slices.Contains(pickers, "floor") {
+// floorCommand is the command that serves the floor picker when a run
+// needs it: this binary's floor-picker subcommand.
+func floorCommand(needed bool) ([]string, error) {
+	if !needed {
 		return nil, nil
 	}
 	exe, err := os.Executable()
@@ -289,7 +294,7 @@ func suiteCmd(fs *flag.FlagSet, args []string) func(context.Context, io.Writer, 
 		c.Workloads, c.Shapes, c.Cells = benchflag.Split(*workloads), benchflag.Split(*shapes), benchflag.Split(*cells)
 		c.Base.Pickers, c.Base.KVSelectArgs = benchflag.Split(*pickers), strings.Fields(*kvselectArgs)
 		var err error
-		if c.Base.FloorPicker, err = floorCommand(c.Base.Pickers); err != nil {
+		if c.Base.FloorPicker, err = floorCommand(slices.Contains(c.Base.Pickers, "floor")); err != nil {
 			return err
 		}
 		c.LadderRate = nil

@@ -37,7 +37,7 @@ Subcommands:
   scale     selection, KV-event ingest and replica-mesh costs as the fleet grows (64 to 16,384 ranks, 1 to 8 replicas), in process
   soak      kvselect replicas, mock workers and traffic for an hour under seeded faults (workers, KV publishers, replicas, clients); checks for leaked load, index drift, resource growth and 5xx
   otlp-sink an OTLP trace receiver that counts spans (the other end of bench/tracing-overhead.sh)
-  floor-picker  an ext_proc picker that does only what the protocol requires (vs-epp's picker "floor")
+  floor-picker  an ext_proc picker that does only what the protocol requires (vs-epp's picker "floor", demo -gateway-floor)
 
 Run 'kvbench <subcommand> -h' for the flags.
 `
