@@ -201,6 +201,8 @@ demo:
 # The demo with a third phase through NGINX Gateway Fabric's endpoint-picker
 # path (bench/ngf, docs/gateways.md): NGINX running NGF's epp.js, NGF's shim on
 # its fixed 127.0.0.1:54800, kvselect's picker; one table, a row per path.
+# DEMO_ARGS='-gateway-floor' adds the floor picker on both paths: what NGINX's
+# path adds to a picker that does nothing.
 # Needs KVSELECT_NGF_SHIM_DIR and nginx-light + libnginx-mod-http-js.
 .PHONY: demo-nginx
 demo-nginx:

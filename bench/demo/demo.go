@@ -192,7 +192,12 @@ type Phase struct {
 	// kvselect's, or the floor's in its phases, over the phase divided by
 	// its requests (picker phases only).
 	CPUPerRequestUs float64 `json:"kvselect_cpu_per_request_us,omitempty"`
-	ttfts, selDur   []time.Duration
+	// KVSelectAsideCPUPerRequestUs is kvselect's CPU per request over a
+	// floor phase, where it picks nothing but still indexes the engines'
+	// KV events and answers the demo's samples: the part of its own phases'
+	// CPU that is not the picking.
+	KVSelectAsideCPUPerRequestUs float64 `json:"kvselect_aside_cpu_per_request_us,omitempty"`
+	ttfts, selDur                []time.Duration
 }
 
 // Point is one sample of a series over a phase.
@@ -407,9 +412,12 @@ func Replay(ctx context.Context, fl *fleet.Fleet, via Via, c Config, policy stri
 		mu.Unlock()
 		bar.Update(int(done.Add(1)), len(reqs))
 	}
-	var cpu0 time.Duration
+	var cpu0, kvCPU0 time.Duration
 	if picker {
 		if cpu0, err = fleet.ProcessCPU(pk.pid); err != nil {
+			return ph, err
+		}
+		if kvCPU0, err = fleet.ProcessCPU(fl.KV.Proc.Pid()); err != nil {
 			return ph, err
 		}
 	}
@@ -417,21 +425,27 @@ func Replay(ctx context.Context, fl *fleet.Fleet, via Via, c Config, policy stri
 	sampling := make(chan struct{})
 	sampled := make(chan []Point)
 	go func() { sampled <- sampleHitRate(ctx, fl, start, q0, h0, sampling) }()
+	// Every picker phase samples, so that the machine carries the same
+	// reads (kvselect's /loads, the engines' metrics) whichever picker it
+	// measures; a picker that books nothing has no figures to keep.
 	tracked := make(chan *InFlight, 1)
-	if picker && pk.books {
+	if picker {
 		go func() { tracked <- sampleInFlight(ctx, fl.KV, &inFlight, fl.EngineRequests, inFlightEvery, sampling) }()
 	} else {
 		tracked <- nil
 	}
 	err = relay.OpenLoop(ctx, start, len(reqs), mooncake.Arrivals(reqs, c.Compress, c.Rate), c.Concurrency, one)
 	wall := time.Since(start)
-	var cpu1 time.Duration
+	var cpu1, kvCPU1 time.Duration
 	if picker {
 		cpu1, _ = fleet.ProcessCPU(pk.pid)
+		kvCPU1, _ = fleet.ProcessCPU(fl.KV.Proc.Pid())
 	}
 	close(sampling)
 	hitRates := <-sampled
-	ph.InFlight = <-tracked
+	if ph.InFlight = <-tracked; pk != nil && !pk.books {
+		ph.InFlight = nil
+	}
 	if err != nil {
 		return ph, err
 	}
@@ -441,6 +455,9 @@ func Replay(ctx context.Context, fl *fleet.Fleet, via Via, c Config, policy stri
 	ph.HitRateOverTime = hitRates
 	if picker && cpu1 > cpu0 {
 		ph.CPUPerRequestUs = float64(cpu1-cpu0) / 1e3 / float64(len(reqs))
+	}
+	if picker && !pk.books && kvCPU1 > kvCPU0 {
+		ph.KVSelectAsideCPUPerRequestUs = float64(kvCPU1-kvCPU0) / 1e3 / float64(len(reqs))
 	}
 	if firstErr != nil {
 		fmt.Fprintf(stderr, "%s: first error: %v\n", policy, firstErr)

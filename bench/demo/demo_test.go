@@ -27,7 +27,7 @@ func TestDemoCommand(t *testing.T) {
 		t.Fatalf("demo: %v\n%s\n%s", err, stdout.String(), stderr.String())
 	}
 	for _, want := range []string{"sent at 400 per second, evenly spaced", "prefix-cache hit rate", "TTFT p90 (ms)", "round-robin",
-		"active requests after the run: 0", "decision, kvselect's own p50 / p99", "decision, client-observed p50 / p99"} {
+		"active requests after the run: 0", "decision, the picker's own p50 / p99", "decision, client-observed p50 / p99"} {
 		if !strings.Contains(stdout.String(), want) {
 			t.Errorf("output lacks %q:\n%s", want, stdout.String())
 		}
@@ -51,7 +51,7 @@ func TestDemoCommand(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"CDF", "Hit rate per second", "kvselect decision time", "<polyline"} {
+	for _, want := range []string{"CDF", "Hit rate per second", "kvselect: decision time", "<polyline"} {
 		if !strings.Contains(string(svg), want) {
 			t.Errorf("demo.svg lacks %q", want)
 		}

@@ -3,6 +3,7 @@ package demo
 import (
 	"fmt"
 	"io"
+	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -44,6 +45,14 @@ func (rep *Report) Table(w io.Writer) error {
 		}
 		return fmt.Sprintf("%.0f", p.CPUPerRequestUs)
 	})
+	if slices.ContainsFunc(rep.Phases, func(p Phase) bool { return p.KVSelectAsideCPUPerRequestUs > 0 }) {
+		row("kvselect CPU per request beside the floor (µs)", func(p Phase) string {
+			if p.KVSelectAsideCPUPerRequestUs == 0 {
+				return "-"
+			}
+			return fmt.Sprintf("%.0f", p.KVSelectAsideCPUPerRequestUs)
+		})
+	}
 	row("bookings within ±1 of engines' requests", func(p Phase) string {
 		if p.InFlight == nil || p.InFlight.Engines == nil || p.InFlight.Samples == 0 {
 			return "-"
@@ -110,7 +119,9 @@ func (rep *Report) Table(w io.Writer) error {
 	for _, p := range rep.Phases {
 		if p.Policy == PolicyFloorNGINX {
 			fmt.Fprintln(w, "\nfloor, floor-nginx: the floor picker (kvbench floor-picker) in kvselect's place, reached as kvselect is in the two phases\n"+
-				"before them: it names the engines round-robin and does only what the protocol requires (no prompt read, nothing booked).")
+				"before them: it names the engines round-robin and does only what the protocol requires (no prompt read, nothing booked).\n"+
+				"kvselect runs beside it, indexing the engines' KV events, and the demo samples /loads and the engines as in kvselect's\n"+
+				"phases, so that the machine carries the same load.")
 		}
 		if p.Policy == PolicyKVSelectNGINX {
 			transport := "plaintext"
