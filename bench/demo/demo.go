@@ -180,7 +180,7 @@ type Phase struct {
 	WallSeconds     float64 `json:"wall_seconds"`
 	PerWorker       []int   `json:"requests_per_worker"`
 	LoadAfterRun    uint64  `json:"active_requests_after_run,omitempty"`
-	// Path is how the picker phases reached kvselect: PathEnvoysim or
+	// Path is how a picker phase reached its picker: PathEnvoysim or
 	// PathNGINX.
 	Path string `json:"path,omitempty"`
 	// InFlight compares kvselect's bookings with the client's requests in
@@ -233,7 +233,7 @@ const (
 	PolicyFloorNGINX = "floor-nginx"
 )
 
-// The picker phases' paths to kvselect.
+// The picker phases' paths to their picker.
 const (
 	PathEnvoysim = "envoysim"
 	PathNGINX    = "nginx"
@@ -539,9 +539,11 @@ func sender(fl *fleet.Fleet, via Via, policy string) func(ctx context.Context, i
 			return res, fl.WorkerByID(res.WorkerID), err
 		}
 	case PolicyKVSelect, PolicyFloor:
-		rl := fl.Relay()
+		var rl *relay.Relay
 		if policy == PolicyFloor {
 			rl = via.Floor.Relay(fl)
+		} else {
+			rl = fl.Relay()
 		}
 		return func(ctx context.Context, i int, body []byte) (relay.Result, int, error) {
 			res, err := rl.Do(ctx, "/v1/completions", body, envoysim.Header{Key: "x-request-id", Value: fmt.Sprintf("demo-%d-%d", time.Now().UnixNano(), i)})
