@@ -22,7 +22,10 @@
 // llm-d-inference-sim, an engine kvselect's authors did not write: its KV
 // events dial kvselect's collector (--kv-events-bind, llm-d's topology), the
 // demo registers each simulator over REST, and every phase starts fresh
-// simulators, since they have no prefix-cache reset.
+// simulators, since they have no prefix-cache reset. With a gateway every
+// phase starts a fresh fleet whichever the family, kvselect included: what
+// kvselect learns from the responses of envoysim's phase must not help the
+// phase behind a gateway that shows it none.
 package demo
 
 import (
@@ -269,9 +272,14 @@ func Run(ctx context.Context, c Config, stdout, stderr io.Writer) (*Report, erro
 	policies = append(policies, PolicyRoundRobin)
 	for _, policy := range policies {
 		switch {
-		case c.Family == fleet.FamilySim:
+		case c.Family == fleet.FamilySim || c.Gateway != "":
 			// The simulator cannot empty its cache: fresh processes (and a
-			// fresh kvselect, whose index they feed) for every phase.
+			// fresh kvselect, whose index they feed) for every phase. Behind
+			// a gateway, too: kvselect learns from the responses it sees
+			// (its latency model, the output lengths it expects), and a
+			// phase behind a gateway that shows it none must not start
+			// from what envoysim's phase taught it, as no deployment behind
+			// that gateway would.
 			if fl != nil {
 				fl.Stop()
 			}
