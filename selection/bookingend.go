@@ -147,6 +147,14 @@ func (s *Service) estimate(r *reservation.Row, limit int, now time.Time) (bookin
 	start := now
 	if t := &r.Trace; t.Valid() {
 		req.TTFT, req.ITL, start = t.PredictedTTFT, t.PredictedITL, t.Booked
+		// The engine's own latest reading of its decode steps, when recent,
+		// paces the decode instead: the prediction starts from a prior and
+		// its first fits are unsteady (a few seconds of them behind a
+		// gateway that shows no response), and a booking kept to an
+		// estimated end carries its pace to the end.
+		if itl, ok := s.latency.EngineITL(t.Key, now.Add(-engineITLFresh)); ok {
+			req.ITL = itl
+		}
 	} else {
 		// Untraced (a REST reservation made without a decision): the
 		// model's pooled fit on an idle rank.
@@ -155,6 +163,10 @@ func (s *Service) estimate(r *reservation.Row, limit int, now time.Time) (bookin
 	}
 	return s.ends.Estimate(model, req), start
 }
+
+// engineITLFresh is how old an engine's inter-token reading may be to pace
+// an estimated end: older, it describes another load.
+const engineITLFresh = 10 * time.Second
 
 // MaintainEnds does Maintain's share for bookings kept to an estimated end
 // (EndByEstimate), alone: their prefill completes and they are freed once

@@ -567,3 +567,47 @@ func TestOutputBlocksMoveTheEstimatedEnd(t *testing.T) {
 		t.Fatalf("%d output blocks seen, want 5", n)
 	}
 }
+
+// TestEnginesITLPacesTheEstimatedEnd: once the booking's engine has reported
+// its decode steps, an estimated end is paced by that reading rather than by
+// the latency model's prior, and a reading older than engineITLFresh is not
+// used.
+func TestEnginesITLPacesTheEstimatedEnd(t *testing.T) {
+	s, clock, _ := newEndService(t)
+	report := func(count, sum float64) {
+		t.Helper()
+		snap := EngineSnapshot{At: clock.Now(), Ranks: map[uint32]EngineRank{AllRanks: {Running: 4,
+			ITL: EngineHistogram{Count: count, Sum: sum, Reported: true}}}}
+		if !s.ReportEngineMetrics(1, snap) {
+			t.Fatal("report dropped")
+		}
+	}
+	book := func(id string) reservation.End {
+		t.Helper()
+		req := selReq(id, 1, 2, 3, 4)
+		req.ExpectedOutputTokens = ptr(uint32(100))
+		if _, err := s.SelectAndReserve(bg, req); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.EndByEstimate(bg, id, 0); err != nil {
+			t.Fatal(err)
+		}
+		e, _ := s.resv.EndOf(id)
+		return e
+	}
+	prior := book("before")
+	if prior.ITL < 10*time.Millisecond {
+		t.Fatalf("ITL before any reading = %v, want the prior's (10 ms and up)", prior.ITL)
+	}
+	report(0, 0)
+	clock.Add(200 * time.Millisecond)
+	report(400, 1.2) // 400 gaps of 3 ms
+	e := book("paced")
+	if e.ITL != 3*time.Millisecond || e.Lifetime-e.TTFT != 300*time.Millisecond {
+		t.Fatalf("estimate after the engine's reading = ITL %v, decode %v; want 3ms, 300ms", e.ITL, e.Lifetime-e.TTFT)
+	}
+	clock.Add(engineITLFresh + time.Millisecond)
+	if stale := book("stale"); stale.ITL < 10*time.Millisecond {
+		t.Fatalf("ITL with a stale reading = %v, want the prediction's (10 ms and up)", stale.ITL)
+	}
+}

@@ -118,6 +118,10 @@ type ledger struct {
 	respondedTTFT, respondedITL atomic.Int64 // response-path observations, ever
 	seenTTFT, seenITL           int64        // their values at the last interval
 	lastTTFT, lastITL           time.Time    // when an interval last saw them grow
+	// engineITL is the mean inter-token gap of the latest interval in which
+	// the engine produced any (seconds), engineITLAt that interval's end.
+	engineITL   float64
+	engineITLAt time.Time
 }
 
 func (l *ledger) push(b booked) {
@@ -279,12 +283,35 @@ func (m *Model) ObserveEngine(k Key, iv EngineInterval) EngineOutcome {
 			m.engineTTFT(k, n, x, y, predicted, silentTTFT, &out)
 		}
 	}
+	if iv.Gaps > 0 {
+		l.mu.Lock()
+		l.engineITL, l.engineITLAt = iv.ITLSum/iv.Gaps, iv.At
+		l.mu.Unlock()
+	}
 	if iv.Gaps > 0 && iv.Running > 0 && silentITL {
 		x := [itlDim]float64{1, iv.Running}
 		m.observe(k, x[:], iv.ITLSum/iv.Gaps, func(ft *fit) *rls { return &ft.itl }, nil)
 		out.FittedITL = true
 	}
 	return out
+}
+
+// EngineITL is the mean inter-token latency (seconds) k's engine reported
+// over its latest interval with any output, when that interval ended at or
+// after since; ok is false otherwise (no latency histograms, or no output
+// lately). It is a reading, not a prediction: what the engine's decode
+// steps took just now, before any fit has learnt them.
+func (m *Model) EngineITL(k Key, since time.Time) (itl float64, ok bool) {
+	l := m.ledgerOf(k, false)
+	if l == nil {
+		return 0, false
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.engineITLAt.IsZero() || l.engineITLAt.Before(since) || !(l.engineITL >= 0) {
+		return 0, false
+	}
+	return l.engineITL, true
 }
 
 // engineTTFT compares an attributed interval of n first tokens with its

@@ -168,3 +168,37 @@ func TestLedgerBounds(t *testing.T) {
 		t.Fatal("Forget left the worker's ledger")
 	}
 }
+
+// EngineITL is the latest interval's mean gap, whatever the fit, while it is
+// recent; an interval without output keeps the reading before it.
+func TestEngineITLIsTheLatestReading(t *testing.T) {
+	m := NewModel(Config{})
+	k := Key{Model: "m", Worker: 1}
+	now := time.Unix(1_700_000_000, 0)
+	if _, ok := m.EngineITL(k, now.Add(-time.Hour)); ok {
+		t.Fatal("a reading from an engine never observed")
+	}
+	m.ObserveEngine(k, EngineInterval{At: now})
+	if _, ok := m.EngineITL(k, now.Add(-time.Hour)); ok {
+		t.Fatal("a reading from an interval without output")
+	}
+	m.ObserveEngine(k, EngineInterval{Gaps: 400, ITLSum: 1.2, Running: 4, At: now.Add(200 * time.Millisecond)})
+	m.ObserveEngine(k, EngineInterval{Running: 4, At: now.Add(400 * time.Millisecond)}) // no output: keeps 3 ms
+	for _, tc := range []struct {
+		since  time.Time
+		want   float64
+		wantOK bool
+	}{
+		{now, 0.003, true},
+		{now.Add(200 * time.Millisecond), 0.003, true},
+		{now.Add(201 * time.Millisecond), 0, false}, // older than asked for
+	} {
+		got, ok := m.EngineITL(k, tc.since)
+		if ok != tc.wantOK || math.Abs(got-tc.want) > 1e-12 {
+			t.Errorf("EngineITL(since %v) = %v, %v; want %v, %v", tc.since.Sub(now), got, ok, tc.want, tc.wantOK)
+		}
+	}
+	if p := m.Coeffs(k).PredictITL(4); math.Abs(p-0.003) < 1e-3 {
+		t.Errorf("one interval moved the pooled prediction to %v: the reading is not the fit", p)
+	}
+}
