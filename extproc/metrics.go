@@ -64,12 +64,16 @@ type metrics struct {
 
 func newMetrics() *metrics {
 	return &metrics{pick: prometheus.NewHistogram(prometheus.HistogramOpts{
-		Name: "kvselect_extproc_pick_duration_seconds",
-		Help: "Time from the complete request (headers, or headers and body) to the routing decision: body parse, selection and booking.",
-		// 50 µs to ~0.8 s.
-		Buckets: prometheus.ExponentialBuckets(50e-6, 2, 15),
+		Name:    "kvselect_extproc_pick_duration_seconds",
+		Help:    "Time from the complete request (headers, or headers and body) to the routing decision: body parse, selection and booking.",
+		Buckets: PickBuckets(),
 	})}
 }
+
+// PickBuckets are the pick-duration histogram's bucket bounds, 50 µs to
+// ~0.8 s: a picker measured beside kvselect (bench/floorpicker) uses them
+// too, so that the two histograms read alike.
+func PickBuckets() []float64 { return prometheus.ExponentialBuckets(50e-6, 2, 15) }
 
 func (m *metrics) immediateResponse(code typev3.StatusCode) {
 	for i, c := range immediateCodes {

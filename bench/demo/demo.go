@@ -334,7 +334,7 @@ func replayVia(ctx context.Context, fl *fleet.Fleet, c Config, policy string, re
 			return Phase{Policy: policy}, err
 		}
 		defer f.Stop()
-		via.Floor, extProc = f, f.ExtProc
+		via.Floor, extProc = f, f.ExtProc()
 	}
 	if policy == PolicyKVSelectNGINX || policy == PolicyFloorNGINX {
 		// Started per phase, after its picker: the configuration names the

@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"slices"
-	"strconv"
 
 	"google.golang.org/grpc"
 
@@ -23,29 +21,24 @@ import (
 // so that a path's cost can be measured with a picker that costs nothing
 // above it.
 type Floor struct {
-	ExtProc string // host:port, plaintext
-	metrics string // its /metrics URL
-	conn    *grpc.ClientConn
-	helper  *peerproc.Helper
-	log     *os.File
+	cfg    floorpicker.Config
+	conn   *grpc.ClientConn
+	helper *peerproc.Helper
+	log    *os.File
 }
 
 // StartFloor runs c.FloorPicker in front of fl's engines, its log in
 // c.Out/[prefix-]floor-picker.log, and dials it as Envoy would.
 func StartFloor(ctx context.Context, c Config, fl *fleet.Fleet, prefix string) (_ *Floor, err error) {
-	if len(c.FloorPicker) == 0 {
-		return nil, fmt.Errorf("the floor phases need the command that serves the floor picker (kvbench floor-picker)")
-	}
 	ports, err := fleet.FreePorts(2)
 	if err != nil {
 		return nil, err
 	}
-	cfg := floorpicker.Config{ExtProcPort: ports[0], HTTPPort: ports[1], Endpoints: fl.Workers}
+	f := &Floor{cfg: floorpicker.Config{ExtProcPort: ports[0], HTTPPort: ports[1], Endpoints: fl.Workers}}
 	name := "floor-picker.log"
 	if prefix != "" {
 		name = prefix + "-" + name
 	}
-	f := &Floor{ExtProc: "127.0.0.1:" + strconv.Itoa(cfg.ExtProcPort), metrics: "http://127.0.0.1:" + strconv.Itoa(cfg.HTTPPort) + "/metrics"}
 	if f.log, err = os.Create(filepath.Join(c.Out, name)); err != nil {
 		return nil, err
 	}
@@ -54,15 +47,17 @@ func StartFloor(ctx context.Context, c Config, fl *fleet.Fleet, prefix string) (
 			f.Stop()
 		}
 	}()
-	argv := append(slices.Clone(c.FloorPicker), floorpicker.Args(cfg)...)
-	if f.helper, err = peerproc.StartHelper(ctx, "floor picker", argv, f.log, "http://127.0.0.1:"+strconv.Itoa(cfg.HTTPPort)+"/health"); err != nil {
+	if f.helper, err = floorpicker.Start(ctx, c.FloorPicker, f.cfg, f.log); err != nil {
 		return nil, err
 	}
-	if f.conn, err = fleet.Dial(f.ExtProc, false); err != nil {
+	if f.conn, err = fleet.Dial(f.ExtProc(), false); err != nil {
 		return nil, fmt.Errorf("dial the floor picker: %w", err)
 	}
 	return f, nil
 }
+
+// ExtProc is where it serves ext_proc (host:port, plaintext).
+func (f *Floor) ExtProc() string { return f.cfg.ExtProcAddr() }
 
 // Stop closes the connection and ends the process.
 func (f *Floor) Stop() {
@@ -82,7 +77,7 @@ func (f *Floor) Pid() int { return f.helper.Pid() }
 
 // Metrics scrapes the floor picker's /metrics.
 func (f *Floor) Metrics(ctx context.Context, fl *fleet.Fleet) (promtext.Samples, error) {
-	return promtext.Scrape(ctx, fl.HTTP, f.metrics)
+	return promtext.Scrape(ctx, fl.HTTP, f.cfg.MetricsURL())
 }
 
 // Relay sends requests through the floor picker to fl's engines, as Envoy

@@ -51,10 +51,9 @@ func New(endpoints []string, reg prometheus.Registerer) (*Server, error) {
 		return nil, errors.New("floorpicker: no endpoints to route to")
 	}
 	s := &Server{endpoints: endpoints, maxBody: extproc.DefaultMaxBodyBytes, pick: prometheus.NewHistogram(prometheus.HistogramOpts{
-		Name: HistogramName,
-		Help: "Time from the request's last body message to the routing decision and the body sent back.",
-		// kvselect's pick histogram's buckets, so the two read alike.
-		Buckets: prometheus.ExponentialBuckets(50e-6, 2, 15),
+		Name:    HistogramName,
+		Help:    "Time from the request's last body message to the routing decision and the body sent back.",
+		Buckets: extproc.PickBuckets(),
 	})}
 	if reg != nil {
 		if err := reg.Register(s.pick); err != nil {

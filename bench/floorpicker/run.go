@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -17,6 +18,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"google.golang.org/grpc"
+
+	"github.com/kvselect/kvselect/internal/peerproc"
 )
 
 // Config is one floor picker process.
@@ -69,6 +72,25 @@ func Run(ctx context.Context, cfg Config, log *slog.Logger) error {
 		err = fmt.Errorf("floorpicker: %w", serr)
 	}
 	return err
+}
+
+// ExtProcAddr is where the picker serves ext_proc (host:port, plaintext).
+func (c Config) ExtProcAddr() string { return "127.0.0.1:" + strconv.Itoa(c.ExtProcPort) }
+
+// MetricsURL is its /metrics.
+func (c Config) MetricsURL() string { return c.httpURL() + "/metrics" }
+
+func (c Config) httpURL() string { return "http://127.0.0.1:" + strconv.Itoa(c.HTTPPort) }
+
+// Start runs command (the floor-picker command, e.g. kvbench floor-picker,
+// after any wrapper such as taskset) with cfg's flags, its output to log,
+// and waits until it serves.
+func Start(ctx context.Context, command []string, cfg Config, log io.Writer) (*peerproc.Helper, error) {
+	if len(command) == 0 {
+		return nil, errors.New("floorpicker: no command serves the floor picker (kvbench floor-picker)")
+	}
+	argv := append(slices.Clone(command), Args(cfg)...)
+	return peerproc.StartHelper(ctx, "floor picker", argv, log, cfg.httpURL()+"/health")
 }
 
 // Flags are the floor-picker command's flags (kvbench floor-picker).

@@ -170,7 +170,7 @@ func (rep *Report) goals(w io.Writer) {
 // floor is the floor picker's run on a transport, if there is one.
 func (rep *Report) floor(transport string) (PickerRun, bool) {
 	for _, r := range rep.Runs {
-		if r.Picker == pickerFloor && r.Transport == transport {
+		if r.Picker == PickerFloor && r.Transport == transport {
 			return r, true
 		}
 	}

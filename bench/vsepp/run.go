@@ -460,7 +460,7 @@ func (c *Config) startPicker(ctx context.Context, name string, secure bool, dir 
 		}
 		pk.kv, pk.stop, pk.pid = k, k.Stop, k.Proc.Pid()
 		pk.metrics, pk.hist, addr = k.REST+"/metrics", "kvselect_extproc_pick_duration_seconds", k.ExtProc
-	case pickerFloor:
+	case PickerFloor:
 		cfg := floorpicker.Config{ExtProcPort: ports[0], HTTPPort: ports[1], Endpoints: endpoints}
 		logf, err := os.Create(filepath.Join(dir, name+".log"))
 		if err != nil {
@@ -476,15 +476,14 @@ func (c *Config) startPicker(ctx context.Context, name string, secure bool, dir 
 			logf.Close()
 			return nil, fmt.Errorf("the floor's KV events sink: %w", err)
 		}
-		argv := append(append(slices.Clone(wrap), c.FloorPicker...), floorpicker.Args(cfg)...)
-		h, err := peerproc.StartHelper(ctx, "floor picker", argv, logf, "http://127.0.0.1:"+strconv.Itoa(cfg.HTTPPort)+"/health")
+		h, err := floorpicker.Start(ctx, append(slices.Clone(wrap), c.FloorPicker...), cfg, logf)
 		if err != nil {
 			sink.Close()
 			logf.Close()
 			return nil, err
 		}
 		pk.stop, pk.pid = func() { h.Stop(); sink.Close(); logf.Close() }, h.Pid()
-		pk.metrics, pk.hist, addr = "http://127.0.0.1:"+strconv.Itoa(cfg.HTTPPort)+"/metrics", floorpicker.HistogramName, "127.0.0.1:"+strconv.Itoa(cfg.ExtProcPort)
+		pk.metrics, pk.hist, addr = cfg.MetricsURL(), floorpicker.HistogramName, cfg.ExtProcAddr()
 	default:
 		profile := peerproc.EPPDefault
 		if name == pickerEPPTuned {

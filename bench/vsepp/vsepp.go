@@ -62,10 +62,10 @@ const (
 	pickerKvselectPrefix  = "kvselect-prefix"
 	pickerEPP             = "epp"
 	pickerEPPTuned        = "epp-tuned"
-	// pickerFloor is bench/floorpicker: only what the protocol requires,
+	// PickerFloor is bench/floorpicker: only what the protocol requires,
 	// round-robin. Its figures are the floor under both pickers' (the
 	// messages on the same gRPC stack as kvselect's); not run by default.
-	pickerFloor = "floor"
+	PickerFloor = "floor"
 )
 
 // kvselectPolicies are the policy each of kvselect's pickers names ("":
@@ -374,10 +374,10 @@ func (c *Config) Validate() error {
 		return errors.New("-pickers and -transports name at least one each")
 	}
 	for _, p := range c.Pickers {
-		if !IsKvselect(p) && !IsEPP(p) && p != pickerFloor {
+		if !IsKvselect(p) && !IsEPP(p) && p != PickerFloor {
 			return fmt.Errorf("-pickers: unknown picker %q", p)
 		}
-		if p == pickerFloor && len(c.FloorPicker) == 0 {
+		if p == PickerFloor && len(c.FloorPicker) == 0 {
 			return errors.New("picker floor needs the command that serves it (kvbench floor-picker)")
 		}
 		if IsEPP(p) && c.EPP == "" {
@@ -388,7 +388,7 @@ func (c *Config) Validate() error {
 		if t != "plain" && t != "tls" {
 			return fmt.Errorf("-transports: unknown transport %q", t)
 		}
-		if t == "tls" && slices.Contains(c.Pickers, pickerFloor) {
+		if t == "tls" && slices.Contains(c.Pickers, PickerFloor) {
 			return errors.New("picker floor serves plaintext only: -transports plain")
 		}
 	}

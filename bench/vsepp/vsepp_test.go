@@ -40,7 +40,7 @@ func TestVsEPPHarness(t *testing.T) {
 	}{
 		{fleet.FamilySim, PromptsTokens, 65, []string{pickerKvselect, pickerEPP}},
 		// The floor beside them: the report's lines above the floor.
-		{fleet.FamilyMock, PromptsTokens, 40, []string{pickerKvselect, pickerEPP, pickerFloor}},
+		{fleet.FamilyMock, PromptsTokens, 40, []string{pickerKvselect, pickerEPP, PickerFloor}},
 		{fleet.FamilySim, PromptsText, 40, []string{pickerKvselect, pickerEPP}},
 		// The EPP renders text through an engine, which the mock cannot do.
 		{fleet.FamilyMock, PromptsText, 40, []string{pickerKvselect}},
@@ -55,7 +55,7 @@ func TestVsEPPHarness(t *testing.T) {
 				c.EPP = peerproc.EPPBinary(t)
 			}
 			c.Family, c.Prompts, c.Requests, c.Pickers = tc.family, tc.prompts, tc.requests, tc.pickers
-			if slices.Contains(tc.pickers, pickerFloor) {
+			if slices.Contains(tc.pickers, PickerFloor) {
 				c.FloorPicker = floortest.Command()
 			}
 			vsHarness(t, c, tc.requests, tc.pickers, tc.prompts == PromptsText)
@@ -121,7 +121,7 @@ func vsHarness(t *testing.T, c Config, requests int, pickers []string, text bool
 			if text && (r.TokenizeFallbacks == nil || *r.TokenizeFallbacks != 0) {
 				t.Errorf("kvselect routed text prompts on its text index: %v (%v)", r.TokenizeFallbacks, r.TokenizeFallbackReasons)
 			}
-		} else if r.Picker == pickerFloor {
+		} else if r.Picker == PickerFloor {
 			// Round-robin: 40 requests over two engines, 20 each.
 			if r.Histogram.Name != floorpicker.HistogramName || r.LoadCV != 0 || r.LeakedBookings != nil {
 				t.Errorf("floor run: histogram %q, load CV %v, bookings %v", r.Histogram.Name, r.LoadCV, r.LeakedBookings)
@@ -134,7 +134,7 @@ func vsHarness(t *testing.T, c Config, requests int, pickers []string, text bool
 	if len(pickers) > 1 {
 		want = append(want, "kvselect vs epp:")
 	}
-	if slices.Contains(pickers, pickerFloor) {
+	if slices.Contains(pickers, PickerFloor) {
 		want = append(want, "above the floor (")
 	}
 	if text {
@@ -190,9 +190,9 @@ func TestVsEPPFamilyAndPromptsChecks(t *testing.T) {
 		{family: fleet.FamilyMock, mockworker: "-", want: "-mockworker"},
 		{family: "vllm", want: "want llmd-sim or mock"},
 		{family: fleet.FamilyMock, prompts: "chat", want: "want tokens or text"},
-		{family: fleet.FamilyMock, pickers: []string{pickerFloor}, want: "picker floor needs the command"},
-		{family: fleet.FamilyMock, pickers: []string{pickerFloor}, floor: true, transports: []string{"plain", "tls"}, want: "picker floor serves plaintext only"},
-		{family: fleet.FamilyMock, prompts: PromptsText, pickers: []string{pickerKvselect, pickerFloor}, floor: true},
+		{family: fleet.FamilyMock, pickers: []string{PickerFloor}, want: "picker floor needs the command"},
+		{family: fleet.FamilyMock, pickers: []string{PickerFloor}, floor: true, transports: []string{"plain", "tls"}, want: "picker floor serves plaintext only"},
+		{family: fleet.FamilyMock, prompts: PromptsText, pickers: []string{pickerKvselect, PickerFloor}, floor: true},
 	} {
 		c := Config{Slice: mooncake.Slice{Requests: 1}, Concurrency: 1, BlockTokens: 1, MaxOutput: 1,
 			Spec: fleet.Spec{Workers: 1, Engine: fleet.Engine{BlockSize: 1, PoolBlocks: 1, MaxNumSeqs: 1}, Family: tc.family,

@@ -122,7 +122,7 @@ func vsEPPFlags(fs *flag.FlagSet, args []string) func() (vsepp.Config, error) {
 		c.Pickers, c.Transports = benchflag.Split(*pickers), benchflag.Split(*transports)
 		c.Args = strings.Join(args, " ")
 		var err error
-		if c.FloorPicker, err = floorCommand(slices.Contains(c.Pickers, "floor")); err != nil {
+		if c.FloorPicker, err = floorCommand(slices.Contains(c.Pickers, vsepp.PickerFloor)); err != nil {
 			return c, err
 		}
 		err = applySharedPrefix(fs, &sp, &c)
@@ -294,7 +294,7 @@ func suiteCmd(fs *flag.FlagSet, args []string) func(context.Context, io.Writer, 
 		c.Workloads, c.Shapes, c.Cells = benchflag.Split(*workloads), benchflag.Split(*shapes), benchflag.Split(*cells)
 		c.Base.Pickers, c.Base.KVSelectArgs = benchflag.Split(*pickers), strings.Fields(*kvselectArgs)
 		var err error
-		if c.Base.FloorPicker, err = floorCommand(slices.Contains(c.Base.Pickers, "floor")); err != nil {
+		if c.Base.FloorPicker, err = floorCommand(slices.Contains(c.Base.Pickers, vsepp.PickerFloor)); err != nil {
 			return err
 		}
 		c.LadderRate = nil
